@@ -1,0 +1,52 @@
+//! `bertha embed`
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use bertha::Pooling;
+use serde_json::json;
+
+use super::EmbedArgs;
+use crate::output::JsonLines;
+use crate::texts::{progress_bar, report_truncation, TextArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    embed: EmbedArgs,
+
+    #[command(flatten)]
+    texts: TextArgs,
+
+    /// Write JSON Lines here instead of stdout.
+    #[arg(long, short = 'o')]
+    output: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let embedder = a.embed.load()?;
+    let texts = a.texts.read()?;
+    let bar = progress_bar(texts.len());
+    let mut progress = |done: usize| bar.set_position(done as u64);
+    let mut out = JsonLines::open(a.output.as_deref())?;
+    if embedder.pooling() == Pooling::None {
+        let rows = embedder.embed_tokens(&texts, a.embed.batch_size, &mut progress)?;
+        bar.finish_and_clear();
+        report_truncation(
+            &embedder.tokenizer().encode_batch(&texts)?,
+            embedder.tokenizer().max_length(),
+        );
+        for r in &rows {
+            out.write(r)?;
+        }
+    } else {
+        let encodings = embedder.tokenizer().encode_batch(&texts)?;
+        let rows = embedder.embed_encoded(&encodings, a.embed.batch_size, &mut progress)?;
+        bar.finish_and_clear();
+        report_truncation(&encodings, embedder.tokenizer().max_length());
+        for r in &rows {
+            out.write(&json!({ "embedding": r }))?;
+        }
+    }
+    out.finish()
+}

@@ -1,0 +1,71 @@
+pub mod bench;
+pub mod embed;
+pub mod similarity;
+pub mod tokenize;
+
+use anyhow::Result;
+use bertha::{EmbedOptions, Embedder, Pooling};
+
+use crate::model_dir::ModelArgs;
+
+/// Options shared by every command that runs the model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EmbedArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    /// cls, mean, max, mean_sqrt_len, pooler or none (default: the folder's
+    /// sentence-transformers pooling, else mean).
+    #[arg(long)]
+    pub pooling: Option<String>,
+
+    /// L2-normalise embeddings (default: as the folder's modules.json says).
+    #[arg(long, conflicts_with = "no_normalize")]
+    pub normalize: bool,
+
+    /// Do not normalise, even if the folder's modules.json says so.
+    #[arg(long)]
+    pub no_normalize: bool,
+
+    /// Truncate texts to this many tokens (default: sentence-transformers'
+    /// max_seq_length, else max_position_embeddings).
+    #[arg(long)]
+    pub max_length: Option<usize>,
+
+    /// Texts per forward pass.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+}
+
+impl EmbedArgs {
+    pub fn load(&self) -> Result<Embedder> {
+        let dir = self.model.resolve()?;
+        let pooling = self
+            .pooling
+            .as_deref()
+            .map(str::parse::<Pooling>)
+            .transpose()?;
+        let normalize = if self.normalize {
+            Some(true)
+        } else if self.no_normalize {
+            Some(false)
+        } else {
+            None
+        };
+        let opts = EmbedOptions {
+            pooling,
+            normalize,
+            max_length: self.max_length,
+        };
+        if self.batch_size == 0 {
+            anyhow::bail!("--batch-size must be at least 1");
+        }
+        Ok(Embedder::from_dir(&dir, &device()?, &opts)?)
+    }
+}
+
+/// The CUDA device when built with `--features cuda` and one is present,
+/// else the CPU.
+pub fn device() -> Result<bertha::Device> {
+    Ok(bertha::Device::cuda_if_available(0)?)
+}

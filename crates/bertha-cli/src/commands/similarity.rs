@@ -1,0 +1,43 @@
+//! `bertha similarity`
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use bertha::tasks::cosine_similarity_matrix;
+use serde_json::json;
+
+use super::EmbedArgs;
+use crate::output::JsonLines;
+use crate::texts::{report_truncation, TextArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    embed: EmbedArgs,
+
+    #[command(flatten)]
+    texts: TextArgs,
+
+    /// Write the JSON here instead of stdout.
+    #[arg(long, short = 'o')]
+    output: Option<PathBuf>,
+}
+
+/// Prints one JSON object: `{"texts": [...], "similarity": [[...], ...]}`.
+pub fn run(a: Args) -> Result<()> {
+    let embedder = a.embed.load()?;
+    if embedder.pooling() == bertha::Pooling::None {
+        bail!("similarity needs one vector per text: choose a pooling other than `none`");
+    }
+    let texts = a.texts.read()?;
+    if texts.len() < 2 {
+        bail!("similarity needs at least two texts, got {}", texts.len());
+    }
+    let encodings = embedder.tokenizer().encode_batch(&texts)?;
+    report_truncation(&encodings, embedder.tokenizer().max_length());
+    let vectors = embedder.embed_encoded(&encodings, a.embed.batch_size, &mut |_| {})?;
+    let matrix = cosine_similarity_matrix(&vectors);
+    let mut out = JsonLines::open(a.output.as_deref())?;
+    out.write(&json!({ "texts": texts, "similarity": matrix }))?;
+    out.finish()
+}

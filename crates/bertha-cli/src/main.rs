@@ -1,0 +1,68 @@
+//! The `bertha` command: tokenize, embed, similarity and bench.
+//!
+//! Output is JSON Lines on stdout (or `--output FILE`, written atomically);
+//! diagnostics, warnings and progress go to stderr.
+
+mod commands;
+mod model_dir;
+mod output;
+mod texts;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "bertha",
+    version,
+    about = "BERT, end to end: Hugging Face-compatible BERT inference from the shell"
+)]
+struct Cli {
+    /// Worker threads for tokenization and matrix multiplies (default: all cores).
+    #[arg(long, global = true, env = "RAYON_NUM_THREADS")]
+    threads: Option<usize>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Token ids, token types, attention mask, tokens and character offsets.
+    Tokenize(commands::tokenize::Args),
+    /// Sentence embeddings (or per-token embeddings with `--pooling none`).
+    Embed(commands::embed::Args),
+    /// Cosine similarity matrix of the given texts' embeddings.
+    Similarity(commands::similarity::Args),
+    /// Embedding throughput on a text file: texts/s and tokens/s.
+    Bench(commands::bench::Args),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BERTHA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if n == 0 {
+            eprintln!("error: --threads must be at least 1");
+            std::process::exit(2);
+        }
+        // candle's matrix multiply and tokenizers both size their pools
+        // from this variable; set it before either starts.
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+    let result = match cli.command {
+        Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Embed(a) => commands::embed::run(a),
+        Command::Similarity(a) => commands::similarity::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

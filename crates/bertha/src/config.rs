@@ -1,0 +1,461 @@
+//! `config.json` of a BERT checkpoint, read with transformers' defaults.
+//!
+//! Every field is read on its own so that a wrong type or an unsupported
+//! value is reported with the field's name. Options that would change the
+//! model's numbers but that bertha does not implement are errors, never
+//! silently ignored.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// The feed-forward non-linearity (`hidden_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `gelu`: the exact, erf-based GELU.
+    Gelu,
+    /// `gelu_new` / `gelu_pytorch_tanh`: the tanh approximation.
+    GeluTanh,
+    /// `relu`.
+    Relu,
+}
+
+impl Activation {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "gelu" => Some(Self::Gelu),
+            "gelu_new" | "gelu_pytorch_tanh" => Some(Self::GeluTanh),
+            "relu" => Some(Self::Relu),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gelu => "gelu",
+            Self::GeluTanh => "gelu_new",
+            Self::Relu => "relu",
+        }
+    }
+}
+
+/// Where each block's LayerNorm sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPosition {
+    /// BERT: `x = LN(x + sublayer(x))`.
+    Post,
+    /// The seed's mini BERT: `x = x + sublayer(LN(x))`.
+    Pre,
+}
+
+/// A BERT configuration. Field names and defaults follow transformers'
+/// `BertConfig`; `norm_position`, `embedding_layer_norm`,
+/// `final_layer_norm` and `add_pooling_layer` are bertha's spelling for the
+/// pre-LN variant (see the README).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BertConfig {
+    pub model_type: String,
+    pub architectures: Vec<String>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub intermediate_size: usize,
+    pub hidden_act: Activation,
+    pub hidden_dropout_prob: f64,
+    pub attention_probs_dropout_prob: f64,
+    pub max_position_embeddings: usize,
+    /// 0 means the model has no token-type embeddings.
+    pub type_vocab_size: usize,
+    pub initializer_range: f64,
+    pub layer_norm_eps: f64,
+    pub pad_token_id: u32,
+    pub tie_word_embeddings: bool,
+    pub norm_position: NormPosition,
+    pub embedding_layer_norm: bool,
+    pub final_layer_norm: bool,
+    pub add_pooling_layer: bool,
+    pub id2label: BTreeMap<usize, String>,
+}
+
+impl Default for BertConfig {
+    /// bert-base-uncased.
+    fn default() -> Self {
+        Self {
+            model_type: "bert".into(),
+            architectures: Vec::new(),
+            vocab_size: 30522,
+            hidden_size: 768,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            intermediate_size: 3072,
+            hidden_act: Activation::Gelu,
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            max_position_embeddings: 512,
+            type_vocab_size: 2,
+            initializer_range: 0.02,
+            layer_norm_eps: 1e-12,
+            pad_token_id: 0,
+            tie_word_embeddings: true,
+            norm_position: NormPosition::Post,
+            embedding_layer_norm: true,
+            final_layer_norm: false,
+            add_pooling_layer: true,
+            id2label: BTreeMap::new(),
+        }
+    }
+}
+
+/// Model types this build can run.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["bert"];
+
+impl BertConfig {
+    /// Reads `config.json` (or any file of that shape).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_json_str(&text, path)
+    }
+
+    /// Parses a config; `origin` names the source in error messages.
+    pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
+        let value: Value = serde_json::from_str(text).map_err(|source| Error::Json {
+            path: origin.to_path_buf(),
+            source,
+        })?;
+        let Value::Object(map) = value else {
+            return Err(Error::config(origin, "<root>", "expected a JSON object"));
+        };
+        Self::from_map(&map, origin)
+    }
+
+    fn from_map(map: &Map<String, Value>, origin: &Path) -> Result<Self> {
+        let r = FieldReader { map, origin };
+        let d = Self::default();
+
+        let model_type: String = r.get("model_type", "bert".to_string())?;
+        if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str()) {
+            return Err(Error::config(
+                origin,
+                "model_type",
+                format!(
+                    "`{model_type}` is not supported (supported: {})",
+                    SUPPORTED_MODEL_TYPES.join(", ")
+                ),
+            ));
+        }
+
+        // Options that change the computation and that we do not implement.
+        let position_embedding_type: String =
+            r.get("position_embedding_type", "absolute".to_string())?;
+        if position_embedding_type != "absolute" {
+            return Err(Error::config(
+                origin,
+                "position_embedding_type",
+                format!("`{position_embedding_type}` is not supported (only `absolute`)"),
+            ));
+        }
+        if r.get("is_decoder", false)? {
+            return Err(Error::config(
+                origin,
+                "is_decoder",
+                "decoder (causal) BERT is not supported; bertha runs bidirectional encoders",
+            ));
+        }
+        if r.get("add_cross_attention", false)? {
+            return Err(Error::config(
+                origin,
+                "add_cross_attention",
+                "cross-attention is not supported",
+            ));
+        }
+
+        let act_name: String = r.get("hidden_act", "gelu".to_string())?;
+        let hidden_act = Activation::parse(&act_name).ok_or_else(|| {
+            Error::config(
+                origin,
+                "hidden_act",
+                format!("`{act_name}` is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)"),
+            )
+        })?;
+
+        let norm_name: String = r.get("norm_position", "post".to_string())?;
+        let norm_position = match norm_name.as_str() {
+            "post" => NormPosition::Post,
+            "pre" => NormPosition::Pre,
+            other => {
+                return Err(Error::config(
+                    origin,
+                    "norm_position",
+                    format!("`{other}` is not one of `post`, `pre`"),
+                ))
+            }
+        };
+
+        let id2label: BTreeMap<String, String> = r.get("id2label", BTreeMap::new())?;
+        let id2label = id2label
+            .into_iter()
+            .map(|(k, v)| {
+                k.parse::<usize>().map(|k| (k, v)).map_err(|_| {
+                    Error::config(origin, "id2label", format!("key `{k}` is not an integer"))
+                })
+            })
+            .collect::<Result<_>>()?;
+
+        let cfg = Self {
+            model_type,
+            architectures: r.get("architectures", Vec::new())?,
+            vocab_size: r.get("vocab_size", d.vocab_size)?,
+            hidden_size: r.get("hidden_size", d.hidden_size)?,
+            num_hidden_layers: r.get("num_hidden_layers", d.num_hidden_layers)?,
+            num_attention_heads: r.get("num_attention_heads", d.num_attention_heads)?,
+            intermediate_size: r.get("intermediate_size", d.intermediate_size)?,
+            hidden_act,
+            hidden_dropout_prob: r.get("hidden_dropout_prob", d.hidden_dropout_prob)?,
+            attention_probs_dropout_prob: r.get(
+                "attention_probs_dropout_prob",
+                d.attention_probs_dropout_prob,
+            )?,
+            max_position_embeddings: r.get("max_position_embeddings", d.max_position_embeddings)?,
+            type_vocab_size: r.get("type_vocab_size", d.type_vocab_size)?,
+            initializer_range: r.get("initializer_range", d.initializer_range)?,
+            layer_norm_eps: r.get("layer_norm_eps", d.layer_norm_eps)?,
+            pad_token_id: r.get::<Option<u32>>("pad_token_id", Some(0))?.unwrap_or(0),
+            tie_word_embeddings: r.get("tie_word_embeddings", d.tie_word_embeddings)?,
+            norm_position,
+            embedding_layer_norm: r.get("embedding_layer_norm", d.embedding_layer_norm)?,
+            final_layer_norm: r.get("final_layer_norm", d.final_layer_norm)?,
+            add_pooling_layer: r.get("add_pooling_layer", d.add_pooling_layer)?,
+            id2label,
+        };
+        cfg.validate(origin)?;
+        Ok(cfg)
+    }
+
+    /// Checks the relations between fields that serde cannot.
+    pub fn validate(&self, origin: &Path) -> Result<()> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(Error::config(origin, field, "must be greater than 0"));
+            }
+        }
+        if self.hidden_size % self.num_attention_heads != 0 {
+            return Err(Error::config(
+                origin,
+                "num_attention_heads",
+                format!(
+                    "hidden_size {} is not a multiple of num_attention_heads {}",
+                    self.hidden_size, self.num_attention_heads
+                ),
+            ));
+        }
+        if !(self.layer_norm_eps > 0.0) {
+            return Err(Error::config(
+                origin,
+                "layer_norm_eps",
+                "must be greater than 0",
+            ));
+        }
+        for (field, p) in [
+            ("hidden_dropout_prob", self.hidden_dropout_prob),
+            (
+                "attention_probs_dropout_prob",
+                self.attention_probs_dropout_prob,
+            ),
+        ] {
+            if !(0.0..1.0).contains(&p) {
+                return Err(Error::config(
+                    origin,
+                    field,
+                    format!("{p} is not in [0, 1)"),
+                ));
+            }
+        }
+        if self.pad_token_id as usize >= self.vocab_size {
+            return Err(Error::config(
+                origin,
+                "pad_token_id",
+                format!(
+                    "{} is not below vocab_size {}",
+                    self.pad_token_id, self.vocab_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// The seed's "mini BERT": pre-LN blocks, ReLU, learned positions, no
+    /// token types, no embedding LayerNorm, no final LayerNorm, no pooler
+    /// (V=16, D=8, H=2, d_ff=16, L=2, T=4, eps 1e-6).
+    pub fn mini_bert_seed() -> Self {
+        Self {
+            architectures: vec!["BertModel".into()],
+            vocab_size: 16,
+            hidden_size: 8,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            intermediate_size: 16,
+            hidden_act: Activation::Relu,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            max_position_embeddings: 4,
+            type_vocab_size: 0,
+            layer_norm_eps: 1e-6,
+            norm_position: NormPosition::Pre,
+            embedding_layer_norm: false,
+            final_layer_norm: false,
+            add_pooling_layer: false,
+            ..Self::default()
+        }
+    }
+
+    /// The config as transformers-style JSON (plus bertha's extension keys
+    /// when they differ from BERT's), for writing checkpoints.
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_string(), v);
+        };
+        put("model_type", self.model_type.clone().into());
+        let arch = if self.architectures.is_empty() {
+            vec!["BertModel".to_string()]
+        } else {
+            self.architectures.clone()
+        };
+        put("architectures", arch.into());
+        put("vocab_size", self.vocab_size.into());
+        put("hidden_size", self.hidden_size.into());
+        put("num_hidden_layers", self.num_hidden_layers.into());
+        put("num_attention_heads", self.num_attention_heads.into());
+        put("intermediate_size", self.intermediate_size.into());
+        put("hidden_act", self.hidden_act.name().into());
+        put("hidden_dropout_prob", self.hidden_dropout_prob.into());
+        put(
+            "attention_probs_dropout_prob",
+            self.attention_probs_dropout_prob.into(),
+        );
+        put(
+            "max_position_embeddings",
+            self.max_position_embeddings.into(),
+        );
+        put("type_vocab_size", self.type_vocab_size.into());
+        put("initializer_range", self.initializer_range.into());
+        put("layer_norm_eps", self.layer_norm_eps.into());
+        put("pad_token_id", self.pad_token_id.into());
+        put("position_embedding_type", "absolute".into());
+        put("tie_word_embeddings", self.tie_word_embeddings.into());
+        if self.norm_position == NormPosition::Pre {
+            put("norm_position", "pre".into());
+        }
+        if !self.embedding_layer_norm {
+            put("embedding_layer_norm", false.into());
+        }
+        if self.final_layer_norm {
+            put("final_layer_norm", true.into());
+        }
+        if !self.add_pooling_layer {
+            put("add_pooling_layer", false.into());
+        }
+        if !self.id2label.is_empty() {
+            let labels: Map<String, Value> = self
+                .id2label
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::from(v.clone())))
+                .collect();
+            let ids: Map<String, Value> = self
+                .id2label
+                .iter()
+                .map(|(k, v)| (v.clone(), Value::from(*k)))
+                .collect();
+            put("id2label", labels.into());
+            put("label2id", ids.into());
+        }
+        Value::Object(m)
+    }
+}
+
+/// Reads single fields, naming the field on a type error.
+struct FieldReader<'a> {
+    map: &'a Map<String, Value>,
+    origin: &'a Path,
+}
+
+impl FieldReader<'_> {
+    fn get<T: DeserializeOwned>(&self, field: &str, default: T) -> Result<T> {
+        match self.map.get(field) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+                Error::config(PathBuf::from(self.origin), field, format!("{e} (got {v})"))
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<BertConfig> {
+        BertConfig::from_json_str(json, Path::new("config.json"))
+    }
+
+    #[test]
+    fn empty_object_gives_transformers_defaults() {
+        assert_eq!(parse("{}").unwrap(), BertConfig::default());
+    }
+
+    #[test]
+    fn unknown_model_type_names_the_field() {
+        let err = parse(r#"{"model_type": "gpt2"}"#).unwrap_err().to_string();
+        assert!(err.contains("model_type") && err.contains("gpt2"), "{err}");
+    }
+
+    #[test]
+    fn unsupported_options_name_the_field() {
+        for (json, field) in [
+            (
+                r#"{"position_embedding_type": "relative_key"}"#,
+                "position_embedding_type",
+            ),
+            (r#"{"is_decoder": true}"#, "is_decoder"),
+            (r#"{"hidden_act": "mish"}"#, "hidden_act"),
+            (
+                r#"{"hidden_size": 10, "num_attention_heads": 3}"#,
+                "num_attention_heads",
+            ),
+            (r#"{"hidden_size": "big"}"#, "hidden_size"),
+            (r#"{"norm_position": "middle"}"#, "norm_position"),
+        ] {
+            let err = parse(json).unwrap_err().to_string();
+            assert!(err.contains(field), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn mini_bert_round_trips_through_json() {
+        let cfg = BertConfig::mini_bert_seed();
+        let json = cfg.to_json().to_string();
+        assert_eq!(parse(&json).unwrap(), cfg);
+    }
+
+    #[test]
+    fn id2label_keys_become_integers() {
+        let cfg = parse(r#"{"id2label": {"0": "NEG", "1": "POS"}}"#).unwrap();
+        assert_eq!(cfg.id2label.get(&1).map(String::as_str), Some("POS"));
+    }
+}

@@ -1,0 +1,74 @@
+//! One error type for the library: every variant names the file, field or
+//! input at fault, so a user can act on the message without a backtrace.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A model folder lacks what a checkpoint needs.
+    #[error("{path} is not a usable model folder: {reason}")]
+    ModelDir { path: PathBuf, reason: String },
+
+    /// A configuration file parsed but holds a value we cannot honour.
+    #[error("{path}: field `{field}`: {reason}")]
+    Config {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+
+    /// A file is not valid JSON (or not the JSON we expect).
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// Weights are missing, malformed or of the wrong shape.
+    #[error("weights {path}: {reason}")]
+    Weights { path: PathBuf, reason: String },
+
+    /// The tokenizer could not be built or failed on an input.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// User input that cannot be processed (names the input).
+    #[error("{0}")]
+    Input(String),
+
+    /// A tensor operation failed; a shape bug or an unsupported device.
+    #[error(transparent)]
+    Tensor(#[from] candle_core::Error),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn config(
+        path: impl Into<PathBuf>,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Error::Config {
+            path: path.into(),
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}

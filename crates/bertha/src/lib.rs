@@ -1,0 +1,27 @@
+//! bertha: BERT, end to end.
+//!
+//! The crate follows the path of a text through a model:
+//! [`config`] → [`tokenizer`] → [`weights`] → [`model`] (embeddings,
+//! attention, layer, encoder, pooler) → [`pooling`] → [`tasks`].
+//! Every stage matches Hugging Face transformers numerically; the tests
+//! under `tests/` prove it against reference outputs made by transformers.
+
+pub mod config;
+pub mod error;
+pub mod input;
+pub mod model;
+pub mod pooling;
+pub mod tasks;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Activation, BertConfig, NormPosition};
+pub use error::{Error, Result};
+pub use model::{BertInput, BertModel, BertOutput, ForwardOptions};
+pub use pooling::Pooling;
+pub use tasks::{EmbedOptions, Embedder};
+pub use tokenizer::{Encoded, Tokenizer};
+pub use weights::Weights;
+
+/// The tensor types of our API, re-exported so users need not pin candle.
+pub use candle_core::{DType, Device, Tensor};

@@ -1,0 +1,100 @@
+//! `encoder.layer.N`: attention block then feed-forward block.
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::VarBuilder;
+
+use super::attention::BertAttention;
+use super::nn::{activate, Dense, Dropout, LayerNorm};
+use crate::config::{Activation, BertConfig, NormPosition};
+
+/// `intermediate`: the FFN's expansion and non-linearity.
+#[derive(Debug, Clone)]
+pub struct BertIntermediate {
+    dense: Dense,
+    act: Activation,
+}
+
+impl BertIntermediate {
+    pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Ok(Self {
+            dense: Dense::load(
+                vb.pp("dense"),
+                cfg.hidden_size,
+                cfg.intermediate_size,
+                cfg.initializer_range,
+            )?,
+            act: cfg.hidden_act,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        activate(&self.dense.forward(x)?, self.act)
+    }
+}
+
+/// `output`: the FFN's projection back, dropout, residual, LayerNorm.
+#[derive(Debug, Clone)]
+pub struct BertOutputBlock {
+    dense: Dense,
+    layer_norm: LayerNorm,
+    dropout: Dropout,
+}
+
+impl BertOutputBlock {
+    pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Ok(Self {
+            dense: Dense::load(
+                vb.pp("dense"),
+                cfg.intermediate_size,
+                cfg.hidden_size,
+                cfg.initializer_range,
+            )?,
+            layer_norm: LayerNorm::load(vb.pp("LayerNorm"), cfg.hidden_size, cfg.layer_norm_eps)?,
+            dropout: Dropout::new(cfg.hidden_dropout_prob),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BertLayer {
+    attention: BertAttention,
+    intermediate: BertIntermediate,
+    output: BertOutputBlock,
+    norm_position: NormPosition,
+}
+
+impl BertLayer {
+    pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Ok(Self {
+            attention: BertAttention::load(vb.pp("attention"), cfg)?,
+            intermediate: BertIntermediate::load(vb.pp("intermediate"), cfg)?,
+            output: BertOutputBlock::load(vb.pp("output"), cfg)?,
+            norm_position: cfg.norm_position,
+        })
+    }
+
+    /// Returns the layer's output and its attention probabilities.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let (h, probs) = self.attention.forward(x, mask, train)?;
+        let out = &self.output;
+        let y = match self.norm_position {
+            NormPosition::Post => {
+                let f = out.dense.forward(&self.intermediate.forward(&h)?)?;
+                out.layer_norm
+                    .forward(&(out.dropout.forward(&f, train)? + &h)?)?
+            }
+            NormPosition::Pre => {
+                let f = out
+                    .dense
+                    .forward(&self.intermediate.forward(&out.layer_norm.forward(&h)?)?)?;
+                (out.dropout.forward(&f, train)? + &h)?
+            }
+        };
+        Ok((y, probs))
+    }
+}

@@ -1,0 +1,19 @@
+//! The BERT encoder, one struct per Hugging Face module, each loaded from
+//! the checkpoint names transformers uses (`embeddings.word_embeddings`,
+//! `encoder.layer.N.attention.self.query`, ...).
+
+mod attention;
+mod bert;
+mod embeddings;
+mod encoder;
+mod layer;
+mod nn;
+mod pooler;
+
+pub use attention::{BertAttention, BertSelfAttention};
+pub use bert::{BertInput, BertModel, BertOutput, ForwardOptions};
+pub use embeddings::BertEmbeddings;
+pub use encoder::BertEncoder;
+pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
+pub use nn::{Dense, Dropout, LayerNorm};
+pub use pooler::BertPooler;

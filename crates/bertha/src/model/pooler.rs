@@ -1,0 +1,31 @@
+//! `pooler`: dense + tanh on the first ([CLS]) token.
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::VarBuilder;
+
+use super::nn::Dense;
+use crate::config::BertConfig;
+
+#[derive(Debug, Clone)]
+pub struct BertPooler {
+    dense: Dense,
+}
+
+impl BertPooler {
+    pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Ok(Self {
+            dense: Dense::load(
+                vb.pp("dense"),
+                cfg.hidden_size,
+                cfg.hidden_size,
+                cfg.initializer_range,
+            )?,
+        })
+    }
+
+    /// `hidden` [B, T, D] → [B, D].
+    pub fn forward(&self, hidden: &Tensor) -> Result<Tensor> {
+        let cls = hidden.narrow(1, 0, 1)?.squeeze(1)?;
+        self.dense.forward(&cls)?.tanh()
+    }
+}

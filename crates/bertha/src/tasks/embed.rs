@@ -1,0 +1,247 @@
+//! Sentence and token embeddings, like sentence-transformers' `encode`
+//! and TEI's `/embed` and `/embed_all`.
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+
+use crate::config::BertConfig;
+use crate::error::{Error, Result};
+use crate::model::{BertInput, BertModel, ForwardOptions};
+use crate::pooling::{self, Pooling, SentenceTransformerSpec};
+use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
+
+/// Overrides of what the model folder prescribes.
+#[derive(Debug, Clone, Default)]
+pub struct EmbedOptions {
+    pub pooling: Option<Pooling>,
+    pub normalize: Option<bool>,
+    pub max_length: Option<usize>,
+}
+
+/// One vector per token of one text (pooling `none`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TokenEmbeddings {
+    pub tokens: Vec<String>,
+    pub embeddings: Vec<Vec<f32>>,
+}
+
+pub struct Embedder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    pooling: Pooling,
+    normalize: bool,
+}
+
+impl Embedder {
+    /// Loads model, tokenizer and pooling from a model folder. Without
+    /// overrides, a sentence-transformers folder uses its own pooling,
+    /// normalisation and `max_seq_length`; a plain checkpoint uses mean
+    /// pooling without normalisation and `max_position_embeddings`.
+    pub fn from_dir(dir: &Path, device: &Device, opts: &EmbedOptions) -> Result<Self> {
+        let model = BertModel::from_dir(dir, device)?;
+        let max_length = match opts.max_length {
+            Some(n) => n,
+            None => default_max_length(dir, model.config())?,
+        };
+        check_max_length(max_length, model.config())?;
+        let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+        let spec = SentenceTransformerSpec::from_dir(dir)?;
+        let pooling = opts
+            .pooling
+            .or(spec.as_ref().map(|s| s.pooling))
+            .unwrap_or(Pooling::Mean);
+        let normalize = opts
+            .normalize
+            .or(spec.as_ref().map(|s| s.normalize))
+            .unwrap_or(false);
+        Self::new(model, tokenizer, pooling, normalize)
+    }
+
+    pub fn new(
+        model: BertModel,
+        tokenizer: Tokenizer,
+        pooling: Pooling,
+        normalize: bool,
+    ) -> Result<Self> {
+        if pooling == Pooling::Pooler && !model.has_pooler() {
+            return Err(Error::Input(
+                "pooling `pooler` needs a model with pooler weights".into(),
+            ));
+        }
+        Ok(Self {
+            model,
+            tokenizer,
+            pooling,
+            normalize,
+        })
+    }
+
+    pub fn model(&self) -> &BertModel {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
+    }
+
+    pub fn normalizes(&self) -> bool {
+        self.normalize
+    }
+
+    /// One vector per text, in input order. Texts are sorted by length and
+    /// run `batch_size` at a time so that little work goes to padding.
+    /// `progress` is called with the number of texts finished so far.
+    pub fn embed<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f32>>> {
+        if self.pooling == Pooling::None {
+            return Err(Error::Input(
+                "pooling `none` gives token vectors: use embed_tokens".into(),
+            ));
+        }
+        let encodings = self.tokenizer.encode_batch(texts)?;
+        self.embed_encoded(&encodings, batch_size, progress)
+    }
+
+    /// As [`Embedder::embed`], on texts already tokenized.
+    pub fn embed_encoded(
+        &self,
+        encodings: &[Encoded],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut out = vec![Vec::new(); encodings.len()];
+        let mut done = 0;
+        for batch in length_sorted_batches(encodings, batch_size) {
+            let rows =
+                self.run_pooled(&batch.iter().map(|&i| &encodings[i]).collect::<Vec<_>>())?;
+            for (row, i) in rows.into_iter().zip(batch.iter()) {
+                out[*i] = row;
+            }
+            done += batch.len();
+            progress(done);
+        }
+        Ok(out)
+    }
+
+    fn run_pooled(&self, encs: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
+        let (input, out) = self.forward(encs)?;
+        let mask = input
+            .attention_mask
+            .as_ref()
+            .expect("from_ids always sets a mask");
+        let mut pooled = pooling::pool(
+            &out.last_hidden_state,
+            mask,
+            self.pooling,
+            out.pooler_output.as_ref(),
+        )?;
+        if self.normalize {
+            pooled = pooling::normalize(&pooled)?;
+        }
+        Ok(pooled.to_vec2::<f32>()?)
+    }
+
+    fn forward(&self, encs: &[&Encoded]) -> Result<(BertInput, crate::model::BertOutput)> {
+        let ids: Vec<Vec<u32>> = encs.iter().map(|e| e.input_ids.clone()).collect();
+        let types: Vec<Vec<u32>> = encs.iter().map(|e| e.token_type_ids.clone()).collect();
+        let input =
+            BertInput::from_ids(&ids, &types, self.tokenizer.pad_id(), self.model.device())?;
+        let out = self.model.forward(&input, ForwardOptions::default())?;
+        Ok((input, out))
+    }
+
+    /// One vector per token for each text (TEI's `/embed_all`), in input
+    /// order; normalised per token when normalisation is on.
+    pub fn embed_tokens<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<TokenEmbeddings>> {
+        let encodings = self.tokenizer.encode_batch(texts)?;
+        let mut out: Vec<Option<TokenEmbeddings>> = vec![None; encodings.len()];
+        let mut done = 0;
+        for batch in length_sorted_batches(&encodings, batch_size) {
+            let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
+            let (_, res) = self.forward(&encs)?;
+            for (row, &i) in batch.iter().enumerate() {
+                let n = encodings[i].len();
+                let mut states: Tensor = res.last_hidden_state.get(row)?.narrow(0, 0, n)?;
+                if self.normalize {
+                    states = pooling::normalize(&states)?;
+                }
+                out[i] = Some(TokenEmbeddings {
+                    tokens: encodings[i].tokens.clone(),
+                    embeddings: states.to_vec2::<f32>()?,
+                });
+            }
+            done += batch.len();
+            progress(done);
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every index is in one batch"))
+            .collect())
+    }
+}
+
+fn check_max_length(max_length: usize, config: &BertConfig) -> Result<()> {
+    if max_length > config.max_position_embeddings {
+        return Err(Error::Input(format!(
+            "max length {max_length} is longer than the model's max_position_embeddings ({})",
+            config.max_position_embeddings
+        )));
+    }
+    Ok(())
+}
+
+/// Indices of `encodings`, longest first, cut into batches of at most
+/// `batch_size`.
+pub fn length_sorted_batches(encodings: &[Encoded], batch_size: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..encodings.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].len()));
+    order
+        .chunks(batch_size.max(1))
+        .map(<[usize]>::to_vec)
+        .collect()
+}
+
+/// Cosine similarity of every pair of rows.
+pub fn cosine_similarity_matrix(vectors: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let norms: Vec<f64> = vectors
+        .iter()
+        .map(|v| {
+            v.iter()
+                .map(|x| f64::from(*x) * f64::from(*x))
+                .sum::<f64>()
+                .sqrt()
+        })
+        .collect();
+    vectors
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            vectors
+                .iter()
+                .enumerate()
+                .map(|(j, b)| {
+                    let dot: f64 = a
+                        .iter()
+                        .zip(b)
+                        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                        .sum();
+                    (dot / (norms[i] * norms[j]).max(1e-12)) as f32
+                })
+                .collect()
+        })
+        .collect()
+}

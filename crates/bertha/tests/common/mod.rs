@@ -1,0 +1,58 @@
+//! Shared helpers for the parity tests: fixture paths and tensor diffs.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use bertha::{Device, Tensor};
+
+/// `tests/fixtures` at the repository root (copied from transformers'
+/// reference outputs; see its README.md).
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// The real all-MiniLM-L6-v2 folder fetched by `scripts/fetch-model.sh`.
+/// Its absence is a failure, not a skip: parity with the real checkpoint
+/// is the contract.
+pub fn minilm_dir() -> PathBuf {
+    let dir = match std::env::var_os("BERTHA_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/all-MiniLM-L6-v2")
+        }
+    };
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "all-MiniLM-L6-v2 is missing at {}: run scripts/fetch-model.sh first",
+        dir.display()
+    );
+    dir
+}
+
+pub fn load_safetensors(path: &PathBuf) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(path, &Device::Cpu)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+pub fn read_json(path: &PathBuf) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Max |a - b| over all elements; shapes must agree.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims(), "shape mismatch");
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[track_caller]
+pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f32) {
+    let d = max_abs_diff(got, want);
+    assert!(d <= tol, "{what}: max abs diff {d:e} > {tol:e}");
+}

@@ -1,0 +1,205 @@
+//! The real all-MiniLM-L6-v2 against transformers / sentence-transformers
+//! reference outputs (`tests/fixtures/minilm.safetensors`).
+
+mod common;
+
+use std::sync::OnceLock;
+
+use bertha::{
+    BertInput, BertModel, Device, EmbedOptions, Embedder, ForwardOptions, Tensor, Tokenizer,
+};
+use common::{assert_close, fixtures, load_safetensors, max_abs_diff, minilm_dir, read_json};
+
+struct Fixture {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    sentences: Vec<String>,
+    expected: std::collections::HashMap<String, Tensor>,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir = minilm_dir();
+        let meta = read_json(&fixtures().join("minilm.json"));
+        Fixture {
+            model: BertModel::from_dir(&dir, &Device::Cpu).unwrap(),
+            tokenizer: Tokenizer::from_dir(&dir, 512).unwrap(),
+            sentences: serde_json::from_value(meta["sentences"].clone()).unwrap(),
+            expected: load_safetensors(&fixtures().join("minilm.safetensors")),
+        }
+    })
+}
+
+fn run_one(f: &Fixture, text: &str, opts: ForwardOptions) -> bertha::BertOutput {
+    let e = f.tokenizer.encode(text).unwrap();
+    let input = BertInput::from_ids(&[e.input_ids], &[e.token_type_ids], 0, &Device::Cpu).unwrap();
+    f.model.forward(&input, opts).unwrap()
+}
+
+#[test]
+fn last_hidden_state_and_pooler_match_per_sentence() {
+    let f = fixture();
+    assert_eq!(f.sentences.len(), 17);
+    for (i, s) in f.sentences.iter().enumerate() {
+        let out = run_one(f, s, ForwardOptions::default());
+        let got = out.last_hidden_state.squeeze(0).unwrap();
+        assert_close(
+            &format!("last_hidden_state.{i}"),
+            &got,
+            &f.expected[&format!("last_hidden_state.{i}")],
+            1e-4,
+        );
+        let pooled = out.pooler_output.unwrap().squeeze(0).unwrap();
+        assert_close(
+            &format!("pooler_output.{i}"),
+            &pooled,
+            &f.expected[&format!("pooler_output.{i}")],
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn all_hidden_states_and_attentions_match() {
+    let f = fixture();
+    let opts = ForwardOptions {
+        output_hidden_states: true,
+        output_attentions: true,
+        train: false,
+    };
+    for i in 0..2 {
+        let out = run_one(f, &f.sentences[i], opts);
+        let hidden = Tensor::cat(&out.hidden_states.unwrap(), 0).unwrap(); // [7, T, D]
+        assert_close(
+            &format!("hidden_states.{i}"),
+            &hidden,
+            &f.expected[&format!("hidden_states.{i}")],
+            1e-4,
+        );
+        let att = Tensor::cat(&out.attentions.unwrap(), 0).unwrap(); // [6, H, T, T]
+        assert_close(
+            &format!("attentions.{i}"),
+            &att,
+            &f.expected[&format!("attentions.{i}")],
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn padded_batch_matches_reference_and_single_calls() {
+    let f = fixture();
+    let encs = f.tokenizer.encode_batch(&f.sentences).unwrap();
+    let ids: Vec<Vec<u32>> = encs.iter().map(|e| e.input_ids.clone()).collect();
+    let types: Vec<Vec<u32>> = encs.iter().map(|e| e.token_type_ids.clone()).collect();
+    let input = BertInput::from_ids(&ids, &types, 0, &Device::Cpu).unwrap();
+    let batch = f
+        .model
+        .forward(&input, ForwardOptions::default())
+        .unwrap()
+        .last_hidden_state;
+    let want = &f.expected["batch.last_hidden_state"];
+    assert_eq!(batch.dims(), want.dims());
+    for (i, e) in encs.iter().enumerate() {
+        let n = e.len();
+        let got = batch.get(i).unwrap().narrow(0, 0, n).unwrap();
+        assert_close(
+            &format!("batch row {i}"),
+            &got,
+            &want.get(i).unwrap().narrow(0, 0, n).unwrap(),
+            1e-4,
+        );
+        // Batch-size invariance: the same states as a call on its own.
+        let alone = run_one(f, &f.sentences[i], ForwardOptions::default())
+            .last_hidden_state
+            .squeeze(0)
+            .unwrap();
+        let d = max_abs_diff(&got, &alone);
+        assert!(d <= 1e-5, "row {i}: batched vs alone differ by {d:e}");
+    }
+}
+
+#[test]
+fn long_text_is_truncated_to_512_and_matches() {
+    let f = fixture();
+    let tok = read_json(&fixtures().join("tokenizer.json"));
+    let text = tok["long"]["text"].as_str().unwrap();
+    let e = f.tokenizer.encode(text).unwrap();
+    assert!(e.truncated);
+    assert_eq!(e.len(), 512);
+    let out = run_one(f, text, ForwardOptions::default());
+    assert_close(
+        "long.last_hidden_state",
+        &out.last_hidden_state.squeeze(0).unwrap(),
+        &f.expected["long.last_hidden_state"],
+        1e-4,
+    );
+}
+
+#[test]
+fn sentence_embeddings_match_sentence_transformers() {
+    let f = fixture();
+    let embedder =
+        Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
+    assert_eq!(embedder.pooling(), bertha::Pooling::Mean);
+    assert!(embedder.normalizes());
+    assert_eq!(
+        embedder.tokenizer().max_length(),
+        256,
+        "sentence_bert_config.json's max_seq_length"
+    );
+    for batch_size in [1, 4, 32] {
+        let got = embedder
+            .embed(&f.sentences, batch_size, &mut |_| {})
+            .unwrap();
+        for (i, v) in got.iter().enumerate() {
+            let v = Tensor::new(v.as_slice(), &Device::Cpu).unwrap();
+            assert_close(
+                &format!("sentence_embedding.{i} (batch {batch_size})"),
+                &v,
+                &f.expected[&format!("sentence_embedding.{i}")],
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn embedding_an_empty_text_works() {
+    let embedder =
+        Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
+    let v = embedder.embed(&["", "x"], 8, &mut |_| {}).unwrap();
+    assert_eq!(v[0].len(), 384);
+    let norm: f32 = v[0].iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "normalised: {norm}");
+    assert_ne!(v[0], v[1]);
+}
+
+#[test]
+fn ten_thousand_word_text_is_truncated_and_embedded() {
+    let opts = EmbedOptions {
+        max_length: Some(512),
+        ..Default::default()
+    };
+    let embedder = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts).unwrap();
+    let long = "token ".repeat(10_000);
+    let v = embedder
+        .embed(&[long.as_str(), "short"], 2, &mut |_| {})
+        .unwrap();
+    assert_eq!(v.len(), 2);
+    assert!(v[0].iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn max_length_above_the_model_window_is_an_error() {
+    let opts = EmbedOptions {
+        max_length: Some(1000),
+        ..Default::default()
+    };
+    let err = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("max_position_embeddings"), "{err}");
+}

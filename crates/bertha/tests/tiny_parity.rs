@@ -1,0 +1,255 @@
+//! Tiny random BERT checkpoints saved by transformers (every head class),
+//! and the seed's pre-LN mini BERT, against their reference outputs.
+
+mod common;
+
+use bertha::{BertConfig, BertInput, BertModel, Device, ForwardOptions, Tensor, Weights};
+use common::{fixtures, load_safetensors, read_json};
+
+fn ids(v: &serde_json::Value) -> Vec<Vec<u32>> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+/// Compares `got` [B, ...] with `want` at non-padded positions only:
+/// `seq_axes` are the axes (after batch) that index tokens.
+fn assert_close_masked(
+    what: &str,
+    got: &Tensor,
+    want: &Tensor,
+    lens: &[usize],
+    seq_axes: &[usize],
+) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shape");
+    for (b, &n) in lens.iter().enumerate() {
+        let mut g = got.get(b).unwrap();
+        let mut w = want.get(b).unwrap();
+        for &ax in seq_axes {
+            g = g.narrow(ax, 0, n).unwrap();
+            w = w.narrow(ax, 0, n).unwrap();
+        }
+        let d = common::max_abs_diff(&g.contiguous().unwrap(), &w.contiguous().unwrap());
+        assert!(d <= 1e-4, "{what}, sequence {b}: max abs diff {d:e}");
+    }
+}
+
+fn check_tiny(name: &str) {
+    let dir = fixtures().join("tiny").join(name);
+    let model = BertModel::from_dir(&dir, &Device::Cpu).unwrap();
+    let inputs = read_json(&dir.join("inputs.json"));
+    let input_ids = ids(&inputs["inputs"]["input_ids"]);
+    let types = ids(&inputs["inputs"]["token_type_ids"]);
+    let mask = ids(&inputs["inputs"]["attention_mask"]);
+    let lens: Vec<usize> = mask
+        .iter()
+        .map(|m| m.iter().filter(|&&x| x == 1).count())
+        .collect();
+    let (b, t) = (input_ids.len(), input_ids[0].len());
+    let flat = |v: &Vec<Vec<u32>>| Tensor::from_vec(v.concat(), (b, t), &Device::Cpu).unwrap();
+    let input = BertInput {
+        input_ids: flat(&input_ids),
+        token_type_ids: Some(flat(&types)),
+        attention_mask: Some(flat(&mask)),
+    };
+    let out = model
+        .forward(
+            &input,
+            ForwardOptions {
+                output_hidden_states: true,
+                output_attentions: true,
+                train: false,
+            },
+        )
+        .unwrap();
+    let expected = load_safetensors(&dir.join("expected.safetensors"));
+
+    // [L+1, B, T, D] → per batch row [L+1, T, D]
+    let hidden = Tensor::stack(&out.hidden_states.unwrap(), 1).unwrap();
+    assert_close_masked(
+        &format!("{name} hidden_states"),
+        &hidden,
+        &expected["hidden_states"].transpose(0, 1).unwrap(),
+        &lens,
+        &[1],
+    );
+    let last_want = expected["hidden_states"]
+        .get(expected["hidden_states"].dim(0).unwrap() - 1)
+        .unwrap();
+    assert_close_masked(
+        &format!("{name} last_hidden_state"),
+        &out.last_hidden_state,
+        &last_want,
+        &lens,
+        &[0],
+    );
+    if let Some(want) = expected.get("last_hidden_state") {
+        assert_close_masked(
+            &format!("{name} last_hidden_state"),
+            &out.last_hidden_state,
+            want,
+            &lens,
+            &[0],
+        );
+    }
+    // [L, B, H, T, T] → per batch row [L, H, T, T]; queries and keys both.
+    let att = Tensor::stack(&out.attentions.unwrap(), 1).unwrap();
+    assert_close_masked(
+        &format!("{name} attentions"),
+        &att,
+        &expected["attentions"].transpose(0, 1).unwrap(),
+        &lens,
+        &[2, 3],
+    );
+    if let Some(want) = expected.get("pooler_output") {
+        let got = out.pooler_output.expect("checkpoint has a pooler");
+        let d = common::max_abs_diff(&got, want);
+        assert!(d <= 1e-4, "{name} pooler_output: {d:e}");
+    }
+}
+
+#[test]
+fn bert_pretraining_checkpoint() {
+    check_tiny("bert-pretraining");
+}
+
+#[test]
+fn bert_mlm_checkpoint() {
+    check_tiny("bert-mlm");
+}
+
+#[test]
+fn bert_sequence_classification_checkpoint() {
+    check_tiny("bert-seqcls");
+}
+
+#[test]
+fn bert_token_classification_checkpoint() {
+    check_tiny("bert-tokcls");
+}
+
+#[test]
+fn bert_question_answering_checkpoint() {
+    check_tiny("bert-qa");
+}
+
+/// Builds the mini BERT from the fixture's own description of it.
+fn mini_bert_config(exp: &serde_json::Value) -> BertConfig {
+    let n = |k: &str| exp[k].as_u64().unwrap() as usize;
+    assert_eq!(exp["norm"], "pre");
+    assert_eq!(exp["activation"], "relu");
+    assert_eq!(exp["token_type_embeddings"], false);
+    assert_eq!(exp["embedding_layer_norm"], false);
+    assert_eq!(exp["final_layer_norm"], false);
+    let cfg = BertConfig {
+        vocab_size: n("vocab_size"),
+        hidden_size: n("d_model"),
+        num_attention_heads: n("num_heads"),
+        intermediate_size: n("d_ff"),
+        num_hidden_layers: n("num_layers"),
+        max_position_embeddings: n("max_len"),
+        layer_norm_eps: exp["layer_norm_eps"].as_f64().unwrap(),
+        ..BertConfig::mini_bert_seed()
+    };
+    assert_eq!(
+        cfg,
+        BertConfig::mini_bert_seed(),
+        "the preset is the seed's mini BERT"
+    );
+    cfg
+}
+
+#[test]
+fn mini_bert_seed_matches_the_reference_implementation() {
+    let dir = fixtures().join("mini_bert_seed000");
+    let exp = read_json(&dir.join("expected.json"));
+    let cfg = mini_bert_config(&exp);
+    let weights = Weights::from_safetensors(&[dir.join("weights.safetensors")]).unwrap();
+    let model = BertModel::from_weights(weights, cfg, &Device::Cpu).unwrap();
+    assert!(!model.has_pooler());
+    let tokens: Vec<u32> = serde_json::from_value(exp["token_ids"].clone()).unwrap();
+    let t = tokens.len();
+    let input = BertInput {
+        input_ids: Tensor::from_vec(tokens, (1, t), &Device::Cpu).unwrap(),
+        token_type_ids: None,
+        attention_mask: None,
+    };
+    let out = model.forward(&input, ForwardOptions::default()).unwrap();
+    let got = out
+        .last_hidden_state
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let want: Vec<f64> = serde_json::from_value(exp["expected_flat"].clone()).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((f64::from(*g) - w).abs() <= 1e-5, "element {i}: {g} vs {w}");
+    }
+}
+
+#[test]
+fn mini_bert_config_file_spelling_loads() {
+    let json = r#"{
+        "model_type": "bert", "vocab_size": 16, "hidden_size": 8, "num_attention_heads": 2,
+        "intermediate_size": 16, "num_hidden_layers": 2, "max_position_embeddings": 4,
+        "layer_norm_eps": 1e-6, "hidden_act": "relu", "type_vocab_size": 0,
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "norm_position": "pre", "embedding_layer_norm": false,
+        "final_layer_norm": false, "add_pooling_layer": false,
+        "architectures": ["BertModel"]
+    }"#;
+    let cfg = BertConfig::from_json_str(json, std::path::Path::new("mini.json")).unwrap();
+    assert_eq!(cfg, BertConfig::mini_bert_seed());
+}
+
+#[test]
+fn random_init_is_seeded_and_bert_like() {
+    let cfg = BertConfig::mini_bert_seed();
+    let a = BertModel::random(cfg.clone(), 7, &Device::Cpu).unwrap();
+    let b = BertModel::random(cfg.clone(), 7, &Device::Cpu).unwrap();
+    let c = BertModel::random(cfg, 8, &Device::Cpu).unwrap();
+    let input = BertInput {
+        input_ids: Tensor::new(&[[1u32, 5, 9, 2]], &Device::Cpu).unwrap(),
+        token_type_ids: None,
+        attention_mask: None,
+    };
+    let run = |m: &BertModel| {
+        m.forward(&input, ForwardOptions::default())
+            .unwrap()
+            .last_hidden_state
+    };
+    assert_eq!(
+        common::max_abs_diff(&run(&a), &run(&b)),
+        0.0,
+        "same seed, same model"
+    );
+    assert!(
+        common::max_abs_diff(&run(&a), &run(&c)) > 1e-3,
+        "another seed, another model"
+    );
+
+    // normal(0, 0.02): check the empirical std of a big random matrix.
+    let big = BertConfig {
+        vocab_size: 4096,
+        hidden_size: 64,
+        num_attention_heads: 4,
+        ..BertConfig::mini_bert_seed()
+    };
+    let m = BertModel::random(big, 0, &Device::Cpu).unwrap();
+    let w = m
+        .embeddings()
+        .word_embeddings()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let n = w.len() as f64;
+    let mean = w.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+    let std = (w
+        .iter()
+        .map(|&x| (f64::from(x) - mean).powi(2))
+        .sum::<f64>()
+        / n)
+        .sqrt();
+    assert!(mean.abs() < 1e-3, "mean {mean}");
+    assert!((std - 0.02).abs() < 1e-3, "std {std}");
+}
