@@ -250,7 +250,7 @@ impl BertConfig {
                 return Err(Error::config(origin, field, "must be greater than 0"));
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(Error::config(
                 origin,
                 "num_attention_heads",
@@ -260,7 +260,7 @@ impl BertConfig {
                 ),
             ));
         }
-        if !(self.layer_norm_eps > 0.0) {
+        if self.layer_norm_eps.is_nan() || self.layer_norm_eps <= 0.0 {
             return Err(Error::config(
                 origin,
                 "layer_norm_eps",

@@ -253,3 +253,24 @@ fn random_init_is_seeded_and_bert_like() {
     assert!(mean.abs() < 1e-3, "mean {mean}");
     assert!((std - 0.02).abs() < 1e-3, "std {std}");
 }
+
+#[test]
+fn pytorch_bin_checkpoint_loads_like_safetensors() {
+    // tests/fixtures/tiny-pth holds bert-mlm's tensors as pytorch_model.bin
+    // (made by scripts/make_pth_fixture.py in torch.save's zip layout).
+    let pth_dir = fixtures().join("tiny-pth");
+    assert!(!pth_dir.join("model.safetensors").exists());
+    let from_pth = BertModel::from_dir(&pth_dir, &Device::Cpu).unwrap();
+    let from_st = BertModel::from_dir(&fixtures().join("tiny/bert-mlm"), &Device::Cpu).unwrap();
+    let input = BertInput::from_ids(
+        &[vec![2, 528, 775, 973, 3]],
+        &[vec![0, 0, 0, 1, 1]],
+        0,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let opts = ForwardOptions::default();
+    let a = from_pth.forward(&input, opts).unwrap().last_hidden_state;
+    let b = from_st.forward(&input, opts).unwrap().last_hidden_state;
+    assert_eq!(common::max_abs_diff(&a, &b), 0.0);
+}
