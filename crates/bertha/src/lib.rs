@@ -9,15 +9,18 @@
 pub mod config;
 pub mod error;
 pub mod input;
+pub mod kernels;
 pub mod model;
 pub mod pooling;
 pub mod tasks;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, BertConfig, NormPosition};
+pub use config::{Activation, BertConfig, NormPosition, ProblemType};
 pub use error::{Error, Result};
-pub use model::{BertInput, BertModel, BertOutput, ForwardOptions};
+pub use model::{
+    BertForTask, BertHead, BertInput, BertModel, BertOutput, ForwardOptions, HeadInit, HeadKind,
+};
 pub use pooling::Pooling;
 pub use tasks::{EmbedOptions, Embedder};
 pub use tokenizer::{Encoded, Tokenizer};

@@ -213,3 +213,37 @@ fn read_pooling_config(path: &Path) -> Result<Pooling> {
         )),
     }
 }
+
+/// Pools one text's token states (`rows`, [tokens, d], no padding) to one
+/// vector; the slice form of [`pool`] for the packed fast path.
+/// [`Pooling::Pooler`] and [`Pooling::None`] are not token poolings and
+/// are handled by the caller.
+pub fn pool_rows(rows: &[f32], d: usize, pooling: Pooling) -> Vec<f32> {
+    let n = rows.len() / d.max(1);
+    match pooling {
+        Pooling::Cls | Pooling::Pooler | Pooling::None => rows[..d].to_vec(),
+        Pooling::Mean | Pooling::MeanSqrtLen => {
+            let mut sum = vec![0f32; d];
+            for r in rows.chunks(d) {
+                sum.iter_mut().zip(r).for_each(|(s, v)| *s += v);
+            }
+            let count = (n as f32).max(1e-9);
+            let denom = if pooling == Pooling::Mean { count } else { count.sqrt() };
+            sum.iter_mut().for_each(|s| *s /= denom);
+            sum
+        }
+        Pooling::Max => {
+            let mut max = vec![f32::NEG_INFINITY; d];
+            for r in rows.chunks(d) {
+                max.iter_mut().zip(r).for_each(|(m, v)| *m = m.max(*v));
+            }
+            max
+        }
+    }
+}
+
+/// L2-normalises a vector in place: x / max(‖x‖, 1e-12).
+pub fn normalize_in_place(v: &mut [f32]) {
+    let norm = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt().max(1e-12) as f32;
+    v.iter_mut().for_each(|x| *x /= norm);
+}

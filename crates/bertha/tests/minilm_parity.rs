@@ -203,3 +203,52 @@ fn max_length_above_the_model_window_is_an_error() {
         .to_string();
     assert!(err.contains("max_position_embeddings"), "{err}");
 }
+
+#[test]
+fn packed_fast_path_matches_candle_modules_and_is_batch_invariant() {
+    let f = fixture();
+    let mut embedder = Embedder::from_dir(
+        &minilm_dir(),
+        &Device::Cpu,
+        &EmbedOptions {
+            pooling: Some(bertha::Pooling::None),
+            normalize: Some(false),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(embedder.uses_fast_path());
+    let fast = embedder.embed_tokens(&f.sentences, 32, &mut |_| {}).unwrap();
+    let fast_alone: Vec<_> = f
+        .sentences
+        .iter()
+        .map(|s| embedder.embed_tokens(&[s], 1, &mut |_| {}).unwrap().remove(0))
+        .collect();
+    embedder.set_fast_path(false).unwrap();
+    let slow = embedder.embed_tokens(&f.sentences, 32, &mut |_| {}).unwrap();
+    for (i, ((a, b), c)) in fast.iter().zip(&slow).zip(&fast_alone).enumerate() {
+        let want = &f.expected[&format!("last_hidden_state.{i}")];
+        let a_t = Tensor::new(a.embeddings.clone(), &Device::Cpu).unwrap();
+        assert_close(&format!("fast path, sentence {i}"), &a_t, want, 1e-4);
+        for (x, y) in a.embeddings.iter().flatten().zip(b.embeddings.iter().flatten()) {
+            assert!((x - y).abs() <= 1e-4, "sentence {i}: fast {x} vs candle {y}");
+        }
+        for (x, y) in a.embeddings.iter().flatten().zip(c.embeddings.iter().flatten()) {
+            assert!((x - y).abs() <= 1e-5, "sentence {i}: batch 32 {x} vs alone {y}");
+        }
+    }
+}
+
+#[test]
+fn token_cap_splits_batches_without_changing_results() {
+    let f = fixture();
+    let mut embedder = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
+    let all = embedder.embed(&f.sentences, 32, &mut |_| {}).unwrap();
+    embedder.set_max_batch_tokens(20);
+    let capped = embedder.embed(&f.sentences, 32, &mut |_| {}).unwrap();
+    for (a, b) in all.iter().zip(&capped) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5);
+        }
+    }
+}

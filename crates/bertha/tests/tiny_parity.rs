@@ -274,3 +274,51 @@ fn pytorch_bin_checkpoint_loads_like_safetensors() {
     let b = from_st.forward(&input, opts).unwrap().last_hidden_state;
     assert_eq!(common::max_abs_diff(&a, &b), 0.0);
 }
+
+#[test]
+fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
+    // The seed's pre-LN mini BERT.
+    let dir = fixtures().join("mini_bert_seed000");
+    let exp = read_json(&dir.join("expected.json"));
+    let weights = Weights::from_safetensors(&[dir.join("weights.safetensors")]).unwrap();
+    let model = BertModel::from_weights(weights, mini_bert_config(&exp), &Device::Cpu).unwrap();
+    let packed = bertha::model::PackedBert::from_model(&model).unwrap().unwrap();
+    let tokens: Vec<u32> = serde_json::from_value(exp["token_ids"].clone()).unwrap();
+    let types = vec![0; tokens.len()];
+    let states = packed.forward(&[(&tokens, &types)]).unwrap();
+    let want: Vec<f64> = serde_json::from_value(exp["expected_flat"].clone()).unwrap();
+    for (g, w) in states.sequence(0).iter().zip(&want) {
+        assert!((f64::from(*g) - w).abs() <= 1e-5, "{g} vs {w}");
+    }
+
+    // Every tiny BERT checkpoint, both sequences packed together.
+    for name in ["bert-pretraining", "bert-mlm", "bert-seqcls", "bert-tokcls", "bert-qa"] {
+        let dir = fixtures().join("tiny").join(name);
+        let model = BertModel::from_dir(&dir, &Device::Cpu).unwrap();
+        let packed = bertha::model::PackedBert::from_model(&model).unwrap().unwrap();
+        let inputs = read_json(&dir.join("inputs.json"));
+        let input_ids = ids(&inputs["inputs"]["input_ids"]);
+        let types = ids(&inputs["inputs"]["token_type_ids"]);
+        let mask = ids(&inputs["inputs"]["attention_mask"]);
+        let seqs: Vec<(Vec<u32>, Vec<u32>)> = input_ids
+            .iter()
+            .zip(&types)
+            .zip(&mask)
+            .map(|((i, t), m)| {
+                let n = m.iter().filter(|&&x| x == 1).count();
+                (i[..n].to_vec(), t[..n].to_vec())
+            })
+            .collect();
+        let refs: Vec<(&[u32], &[u32])> = seqs.iter().map(|(i, t)| (&i[..], &t[..])).collect();
+        let states = packed.forward(&refs).unwrap();
+        let expected = load_safetensors(&dir.join("expected.safetensors"));
+        let hs = &expected["hidden_states"];
+        let last = hs.get(hs.dim(0).unwrap() - 1).unwrap();
+        for (b, (seq, _)) in seqs.iter().enumerate() {
+            let want = last.get(b).unwrap().narrow(0, 0, seq.len()).unwrap();
+            let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let d = states.sequence(b).iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+            assert!(d <= 1e-4, "{name} sequence {b}: {d:e}");
+        }
+    }
+}

@@ -6,6 +6,8 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde_json::json;
 
+use bertha::tasks::embed::encoder_flops;
+
 use super::EmbedArgs;
 
 #[derive(clap::Args, Debug)]
@@ -28,10 +30,20 @@ pub struct Args {
     /// Timed repetitions; the best is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+
+    /// Texts timed one at a time for the batch-1 latency (0 to skip).
+    #[arg(long, default_value_t = 64)]
+    latency_texts: usize,
+
+    /// Side of the square matrices timed for the matrix-multiply peak.
+    #[arg(long, default_value_t = 2048)]
+    peak_size: usize,
 }
 
-/// Prints one JSON line with the best repetition: texts/s and tokens/s of
-/// the whole `embed` path (tokenization included), in release builds.
+/// Prints one JSON line: throughput of the best repetition (texts/s and
+/// tokens/s of the whole `embed` path, tokenization included), achieved
+/// GFLOP/s of model work on real tokens, batch-1 latency percentiles, and
+/// the machine's matrix-multiply peak measured in the same run.
 pub fn run(a: Args) -> Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("warning: this is a debug build; measure with `cargo build --release`");
@@ -47,39 +59,37 @@ pub fn run(a: Args) -> Result<()> {
     if texts.is_empty() {
         bail!("{} has no texts", a.input.display());
     }
-    let tokens: usize = embedder
-        .tokenizer()
-        .encode_batch(&texts)?
-        .iter()
-        .map(|e| e.len())
-        .sum();
+    let encodings = embedder.tokenizer().encode_batch(&texts)?;
+    let lengths: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
+    let tokens: usize = lengths.iter().sum();
+    let flops = encoder_flops(embedder.model().config(), &lengths);
+
     // One untimed pass warms caches and the thread pool.
-    embedder.embed(
-        &texts[..texts.len().min(a.embed.batch_size)],
-        a.embed.batch_size,
-        &mut |_| {},
-    )?;
+    embedder.embed(&texts[..texts.len().min(a.embed.batch_size)], a.embed.batch_size, &mut |_| {})?;
     let mut best = f64::INFINITY;
     for rep in 0..a.reps.max(1) {
         let start = Instant::now();
         embedder.embed(&texts, a.embed.batch_size, &mut |_| {})?;
         let secs = start.elapsed().as_secs_f64();
-        eprintln!(
-            "rep {}: {:.3} s, {:.1} texts/s",
-            rep + 1,
-            secs,
-            texts.len() as f64 / secs
-        );
+        eprintln!("rep {}: {:.3} s, {:.1} texts/s", rep + 1, secs, texts.len() as f64 / secs);
         best = best.min(secs);
     }
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        });
+
+    // Batch-1 latency: the first --latency-texts texts, one call each.
+    let mut latencies: Vec<f64> = Vec::new();
+    for t in texts.iter().take(a.latency_texts) {
+        let start = Instant::now();
+        embedder.embed(std::slice::from_ref(t), 1, &mut |_| {})?;
+        latencies.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| -> Option<f64> {
+        (!latencies.is_empty()).then(|| latencies[((latencies.len() - 1) as f64 * p).round() as usize])
+    };
+
+    let peak = bertha::kernels::matmul_gflops(a.peak_size, 3);
+    let gflops = flops / best / 1e9;
+    let threads = rayon_threads();
     println!(
         "{}",
         json!({
@@ -91,8 +101,21 @@ pub fn run(a: Args) -> Result<()> {
             "seconds": best,
             "texts_per_s": texts.len() as f64 / best,
             "tokens_per_s": tokens as f64 / best,
-            "ms_per_text": 1000.0 * best / texts.len() as f64,
+            "model_gflops": gflops,
+            "matmul_peak_gflops": peak,
+            "fraction_of_peak": gflops / peak,
+            "batch1_texts": latencies.len(),
+            "batch1_p50_ms": pct(0.5),
+            "batch1_p99_ms": pct(0.99),
+            "fast_path": embedder.uses_fast_path(),
         })
     );
     Ok(())
+}
+
+fn rayon_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }

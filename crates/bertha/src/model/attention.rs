@@ -10,12 +10,12 @@ use crate::config::{BertConfig, NormPosition};
 /// `attention.self`: Q, K, V projections and scaled dot-product attention.
 #[derive(Debug, Clone)]
 pub struct BertSelfAttention {
-    query: Dense,
-    key: Dense,
-    value: Dense,
-    num_heads: usize,
-    head_dim: usize,
-    dropout: Dropout,
+    pub(crate) query: Dense,
+    pub(crate) key: Dense,
+    pub(crate) value: Dense,
+    pub(crate) num_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) dropout: Dropout,
 }
 
 impl BertSelfAttention {
@@ -67,11 +67,11 @@ impl BertSelfAttention {
 /// self-attention in pre-LN).
 #[derive(Debug, Clone)]
 pub struct BertAttention {
-    self_attention: BertSelfAttention,
-    dense: Dense,
-    layer_norm: LayerNorm,
-    dropout: Dropout,
-    norm_position: NormPosition,
+    pub(crate) self_attention: BertSelfAttention,
+    pub(crate) dense: Dense,
+    pub(crate) layer_norm: LayerNorm,
+    pub(crate) dropout: Dropout,
+    pub(crate) norm_position: NormPosition,
 }
 
 impl BertAttention {

@@ -78,11 +78,11 @@ pub struct BertOutput {
 
 #[derive(Debug, Clone)]
 pub struct BertModel {
-    embeddings: BertEmbeddings,
-    encoder: BertEncoder,
-    pooler: Option<BertPooler>,
-    config: BertConfig,
-    device: Device,
+    pub(crate) embeddings: BertEmbeddings,
+    pub(crate) encoder: BertEncoder,
+    pub(crate) pooler: Option<BertPooler>,
+    pub(crate) config: BertConfig,
+    pub(crate) device: Device,
 }
 
 impl BertModel {

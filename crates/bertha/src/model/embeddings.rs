@@ -8,13 +8,13 @@ use crate::config::BertConfig;
 
 #[derive(Debug, Clone)]
 pub struct BertEmbeddings {
-    word_embeddings: Embedding,
-    position_embeddings: Embedding,
+    pub(crate) word_embeddings: Embedding,
+    pub(crate) position_embeddings: Embedding,
     /// Absent when `type_vocab_size` is 0 (the seed's mini BERT).
-    token_type_embeddings: Option<Embedding>,
+    pub(crate) token_type_embeddings: Option<Embedding>,
     /// Absent when `embedding_layer_norm` is false.
-    layer_norm: Option<LayerNorm>,
-    dropout: Dropout,
+    pub(crate) layer_norm: Option<LayerNorm>,
+    pub(crate) dropout: Dropout,
     max_positions: usize,
 }
 

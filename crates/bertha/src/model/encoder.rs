@@ -10,8 +10,8 @@ use crate::config::BertConfig;
 
 #[derive(Debug, Clone)]
 pub struct BertEncoder {
-    layers: Vec<BertLayer>,
-    final_layer_norm: Option<LayerNorm>,
+    pub(crate) layers: Vec<BertLayer>,
+    pub(crate) final_layer_norm: Option<LayerNorm>,
 }
 
 /// What the encoder returns: the last state, and on request every layer's

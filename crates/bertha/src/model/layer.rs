@@ -10,8 +10,8 @@ use crate::config::{Activation, BertConfig, NormPosition};
 /// `intermediate`: the FFN's expansion and non-linearity.
 #[derive(Debug, Clone)]
 pub struct BertIntermediate {
-    dense: Dense,
-    act: Activation,
+    pub(crate) dense: Dense,
+    pub(crate) act: Activation,
 }
 
 impl BertIntermediate {
@@ -35,9 +35,9 @@ impl BertIntermediate {
 /// `output`: the FFN's projection back, dropout, residual, LayerNorm.
 #[derive(Debug, Clone)]
 pub struct BertOutputBlock {
-    dense: Dense,
-    layer_norm: LayerNorm,
-    dropout: Dropout,
+    pub(crate) dense: Dense,
+    pub(crate) layer_norm: LayerNorm,
+    pub(crate) dropout: Dropout,
 }
 
 impl BertOutputBlock {
@@ -57,10 +57,10 @@ impl BertOutputBlock {
 
 #[derive(Debug, Clone)]
 pub struct BertLayer {
-    attention: BertAttention,
-    intermediate: BertIntermediate,
-    output: BertOutputBlock,
-    norm_position: NormPosition,
+    pub(crate) attention: BertAttention,
+    pub(crate) intermediate: BertIntermediate,
+    pub(crate) output: BertOutputBlock,
+    pub(crate) norm_position: NormPosition,
 }
 
 impl BertLayer {

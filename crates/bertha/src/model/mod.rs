@@ -8,6 +8,7 @@ mod embeddings;
 mod encoder;
 mod layer;
 mod nn;
+mod packed;
 mod pooler;
 
 pub use attention::{BertAttention, BertSelfAttention};
@@ -16,4 +17,5 @@ pub use embeddings::BertEmbeddings;
 pub use encoder::BertEncoder;
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
 pub use nn::{Dense, Dropout, LayerNorm};
+pub use packed::{PackedBert, PackedStates};
 pub use pooler::BertPooler;

@@ -11,8 +11,8 @@ use crate::config::Activation;
 /// than a batched one over broadcast weights.
 #[derive(Debug, Clone)]
 pub struct Dense {
-    weight: Tensor,
-    bias: Option<Tensor>,
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Option<Tensor>,
 }
 
 impl Dense {
@@ -66,9 +66,9 @@ impl Module for Dense {
 /// LayerNorm over the last dimension with an affine transform.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
-    weight: Tensor,
-    bias: Tensor,
-    eps: f64,
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Tensor,
+    pub(crate) eps: f64,
 }
 
 impl LayerNorm {

@@ -8,7 +8,7 @@ use crate::config::BertConfig;
 
 #[derive(Debug, Clone)]
 pub struct BertPooler {
-    dense: Dense,
+    pub(crate) dense: Dense,
 }
 
 impl BertPooler {

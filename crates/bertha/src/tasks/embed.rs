@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::model::{BertInput, BertModel, ForwardOptions};
+use crate::model::{BertInput, BertModel, ForwardOptions, PackedBert};
 use crate::pooling::{self, Pooling, SentenceTransformerSpec};
 use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
 
@@ -28,10 +28,17 @@ pub struct TokenEmbeddings {
 
 pub struct Embedder {
     model: BertModel,
+    /// The packed CPU fast path (absent on other devices).
+    packed: Option<PackedBert>,
     tokenizer: Tokenizer,
     pooling: Pooling,
     normalize: bool,
+    max_batch_tokens: usize,
 }
+
+/// Default cap on the tokens of one batch: bounds memory for long texts
+/// (the FFN buffer is tokens × intermediate_size floats).
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16384;
 
 impl Embedder {
     /// Loads model, tokenizer and pooling from a model folder. Without
@@ -69,12 +76,31 @@ impl Embedder {
                 "pooling `pooler` needs a model with pooler weights".into(),
             ));
         }
+        let packed = PackedBert::from_model(&model)?;
         Ok(Self {
             model,
+            packed,
             tokenizer,
             pooling,
             normalize,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
         })
+    }
+
+    /// Turns the packed CPU fast path off (the candle modules then run
+    /// every batch) or back on. Both give the same numbers; tests compare.
+    pub fn set_fast_path(&mut self, on: bool) -> Result<()> {
+        self.packed = if on { PackedBert::from_model(&self.model)? } else { None };
+        Ok(())
+    }
+
+    pub fn uses_fast_path(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// Caps the tokens of one batch (texts still run `batch_size` at most).
+    pub fn set_max_batch_tokens(&mut self, tokens: usize) {
+        self.max_batch_tokens = tokens.max(1);
     }
 
     pub fn model(&self) -> &BertModel {
@@ -120,7 +146,7 @@ impl Embedder {
     ) -> Result<Vec<Vec<f32>>> {
         let mut out = vec![Vec::new(); encodings.len()];
         let mut done = 0;
-        for batch in length_sorted_batches(encodings, batch_size) {
+        for batch in length_sorted_batches(encodings, batch_size, self.max_batch_tokens) {
             let rows =
                 self.run_pooled(&batch.iter().map(|&i| &encodings[i]).collect::<Vec<_>>())?;
             for (row, i) in rows.into_iter().zip(batch.iter()) {
@@ -133,6 +159,21 @@ impl Embedder {
     }
 
     fn run_pooled(&self, encs: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
+        if let Some(packed) = &self.packed {
+            let seqs: Vec<(&[u32], &[u32])> = encs.iter().map(|e| (&e.input_ids[..], &e.token_type_ids[..])).collect();
+            let states = packed.forward(&seqs)?;
+            let mut rows = if self.pooling == Pooling::Pooler {
+                packed.pool(&states)?.ok_or_else(|| Error::Input("this model has no pooler".into()))?
+            } else {
+                (0..states.len())
+                    .map(|s| pooling::pool_rows(states.sequence(s), states.hidden, self.pooling))
+                    .collect()
+            };
+            if self.normalize {
+                rows.iter_mut().for_each(|r| pooling::normalize_in_place(r));
+            }
+            return Ok(rows);
+        }
         let (input, out) = self.forward(encs)?;
         let mask = input
             .attention_mask
@@ -170,8 +211,25 @@ impl Embedder {
         let encodings = self.tokenizer.encode_batch(texts)?;
         let mut out: Vec<Option<TokenEmbeddings>> = vec![None; encodings.len()];
         let mut done = 0;
-        for batch in length_sorted_batches(&encodings, batch_size) {
+        for batch in length_sorted_batches(&encodings, batch_size, self.max_batch_tokens) {
             let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
+            if let Some(packed) = &self.packed {
+                let seqs: Vec<(&[u32], &[u32])> = encs.iter().map(|e| (&e.input_ids[..], &e.token_type_ids[..])).collect();
+                let states = packed.forward(&seqs)?;
+                for (s, &i) in batch.iter().enumerate() {
+                    let mut vectors: Vec<Vec<f32>> = states.sequence(s).chunks(states.hidden).map(<[f32]>::to_vec).collect();
+                    if self.normalize {
+                        vectors.iter_mut().for_each(|v| pooling::normalize_in_place(v));
+                    }
+                    out[i] = Some(TokenEmbeddings {
+                        tokens: encodings[i].tokens.clone(),
+                        embeddings: vectors,
+                    });
+                }
+                done += batch.len();
+                progress(done);
+                continue;
+            }
             let (_, res) = self.forward(&encs)?;
             for (row, &i) in batch.iter().enumerate() {
                 let n = encodings[i].len();
@@ -205,14 +263,27 @@ fn check_max_length(max_length: usize, config: &BertConfig) -> Result<()> {
 }
 
 /// Indices of `encodings`, longest first, cut into batches of at most
-/// `batch_size`.
-pub fn length_sorted_batches(encodings: &[Encoded], batch_size: usize) -> Vec<Vec<usize>> {
+/// `batch_size` texts and at most `max_tokens` tokens (a text longer than
+/// the cap runs alone).
+pub fn length_sorted_batches(encodings: &[Encoded], batch_size: usize, max_tokens: usize) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..encodings.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].len()));
-    order
-        .chunks(batch_size.max(1))
-        .map(<[usize]>::to_vec)
-        .collect()
+    let mut batches = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut tokens = 0;
+    for i in order {
+        let n = encodings[i].len();
+        if !current.is_empty() && (current.len() >= batch_size.max(1) || tokens + n > max_tokens) {
+            batches.push(std::mem::take(&mut current));
+            tokens = 0;
+        }
+        current.push(i);
+        tokens += n;
+    }
+    if !current.is_empty() {
+        batches.push(current);
+    }
+    batches
 }
 
 /// Cosine similarity of every pair of rows.
@@ -244,4 +315,17 @@ pub fn cosine_similarity_matrix(vectors: &[Vec<f32>]) -> Vec<Vec<f32>> {
                 .collect()
         })
         .collect()
+}
+
+/// Floating-point operations of one encoder pass over texts of these
+/// token counts (multiply-adds count 2): the projections and FFN per
+/// token, and attention's two products per text, on real tokens only.
+pub fn encoder_flops(config: &BertConfig, lengths: &[usize]) -> f64 {
+    let d = config.hidden_size as f64;
+    let f = config.intermediate_size as f64;
+    let layers = config.num_hidden_layers as f64;
+    let per_token = 2.0 * (3.0 * d * d + d * d + 2.0 * d * f);
+    let tokens: f64 = lengths.iter().map(|&n| n as f64).sum();
+    let attention: f64 = lengths.iter().map(|&n| 4.0 * (n as f64).powi(2) * d).sum();
+    layers * (per_token * tokens + attention)
 }

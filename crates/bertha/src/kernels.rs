@@ -1,0 +1,309 @@
+//! CPU kernels for the inference fast path, on plain `f32` slices.
+//!
+//! candle runs each elementwise op as its own pass (single-threaded or
+//! through a spinning barrier pool) and allocates its result; here the
+//! work after each matrix multiply is fused into one pass over the rows,
+//! parallel over rows with rayon (the pool gemm uses too), writing into
+//! buffers the caller reuses.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Rows per rayon task: big enough that scheduling is noise.
+const ROWS_PER_TASK: usize = 16;
+
+fn parallelism() -> Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    }
+}
+
+/// `y[m, n] = x[m, k] · w[k, n] + bias[n]` with `w` stored row-major
+/// [k, n] (a transposed `nn.Linear` weight).
+pub fn linear(x: &[f32], w_t: &[f32], bias: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) {
+    assert_eq!(x.len(), m * k, "linear: input is not [{m}, {k}]");
+    assert_eq!(w_t.len(), k * n, "linear: weight is not [{k}, {n}]");
+    assert_eq!(bias.len(), n, "linear: bias is not [{n}]");
+    assert_eq!(y.len(), m * n, "linear: output is not [{m}, {n}]");
+    if m == 0 {
+        return;
+    }
+    // The bias goes in first and gemm accumulates onto it.
+    y.par_chunks_mut(n * ROWS_PER_TASK)
+        .for_each(|rows| rows.chunks_mut(n).for_each(|r| r.copy_from_slice(bias)));
+    // SAFETY: the slices have the asserted sizes and the strides below
+    // address exactly those row-major layouts.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w_t.as_ptr(),
+            1,
+            n as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(),
+        );
+    }
+}
+
+/// `x = LayerNorm(x + residual)` row by row (`residual` may be `None`).
+pub fn add_layer_norm(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: &[f32], eps: f32) {
+    let d = gamma.len();
+    let body = |(i, row): (usize, &mut [f32])| {
+        if let Some(r) = residual {
+            for (a, b) in row.iter_mut().zip(&r[i * d..(i + 1) * d]) {
+                *a += b;
+            }
+        }
+        layer_norm_row(row, gamma, beta, eps);
+    };
+    x.par_chunks_mut(d).enumerate().with_min_len(ROWS_PER_TASK).for_each(body);
+}
+
+/// LayerNorm of `src` rows into `dst` (pre-LN blocks keep the residual).
+pub fn layer_norm_into(src: &[f32], dst: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    let d = gamma.len();
+    dst.par_chunks_mut(d)
+        .zip(src.par_chunks(d))
+        .with_min_len(ROWS_PER_TASK)
+        .for_each(|(out, row)| {
+            out.copy_from_slice(row);
+            layer_norm_row(out, gamma, beta, eps);
+        });
+}
+
+#[inline]
+fn layer_norm_row(row: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    let n = row.len() as f32;
+    let mean = row.iter().sum::<f32>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let rstd = 1.0 / (var + eps).sqrt();
+    for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
+        *v = (*v - mean) * rstd * g + b;
+    }
+}
+
+/// `x += residual`, in parallel.
+pub fn add_in_place(x: &mut [f32], residual: &[f32]) {
+    x.par_chunks_mut(4096)
+        .zip(residual.par_chunks(4096))
+        .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+}
+
+/// The FFN non-linearity, in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    GeluErf,
+    GeluTanh,
+    Relu,
+}
+
+pub fn activate_in_place(x: &mut [f32], act: Act) {
+    x.par_chunks_mut(4096).for_each(|c| match act {
+        Act::GeluErf => c.iter_mut().for_each(|v| *v = gelu_erf(*v)),
+        Act::GeluTanh => c.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
+        Act::Relu => c.iter_mut().for_each(|v| *v = v.max(0.0)),
+    });
+}
+
+/// e^x for f32, branch-free so loops over it vectorise: range reduction
+/// to 2^n · e^r with |r| ≤ ln2/2 and a degree-6 polynomial (relative
+/// error ~2e-7 over the whole range; underflows to 0 below -87).
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    let x = x.clamp(-87.3, 88.7);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    // ln 2 split in two so n·ln2 is exact in the first part.
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let bits = ((n as i32 + 127) as u32) << 23;
+    p * f32::from_bits(bits)
+}
+
+/// erf(x) via Abramowitz & Stegun 7.1.26 (absolute error ≤ 1.5e-7).
+#[inline(always)]
+fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let y = 1.0 - poly * fast_exp(-a * a);
+    y.copysign(x)
+}
+
+#[inline(always)]
+fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+#[inline(always)]
+fn gelu_tanh(x: f32) -> f32 {
+    let inner = 0.797_884_6 * (x + 0.044_715 * x * x * x);
+    // tanh(u) = 1 - 2 / (e^{2u} + 1)
+    let t = 1.0 - 2.0 / (fast_exp(2.0 * inner) + 1.0);
+    0.5 * x * (1.0 + t)
+}
+
+/// A raw pointer that may cross threads: tasks below write disjoint
+/// elements of one buffer.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: every task writes a disjoint set of elements (see callers).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+/// Self-attention over packed sequences.
+///
+/// `qkv` is [tokens, 3·D] (Q | K | V per token, heads contiguous inside
+/// each); sequence `s` owns rows `offsets[s]..offsets[s+1]`, so no work is
+/// spent on padding. Writes the context [tokens, D] into `ctx`. One task
+/// per (sequence, head), so even a single text uses every core.
+pub fn packed_attention(qkv: &[f32], ctx: &mut [f32], offsets: &[usize], num_heads: usize, head_dim: usize) {
+    let d = num_heads * head_dim;
+    let tokens = offsets.last().copied().unwrap_or(0);
+    assert_eq!(qkv.len(), tokens * 3 * d, "packed_attention: qkv is not [{tokens}, {}]", 3 * d);
+    assert_eq!(ctx.len(), tokens * d, "packed_attention: ctx is not [{tokens}, {d}]");
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let out = SharedMut(ctx.as_mut_ptr());
+    let tasks: Vec<(usize, usize, usize)> = offsets
+        .windows(2)
+        .flat_map(|w| (0..num_heads).map(move |h| (w[0], w[1] - w[0], h)))
+        .collect();
+    tasks.into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(kt, scores): &mut (Vec<f32>, Vec<f32>), (start, len, h)| {
+            let out = out;
+            kt.resize(head_dim * len, 0.0);
+            scores.resize(len, 0.0);
+            // K of this head transposed to [head_dim, len]: the score loop
+            // then runs over contiguous keys.
+            for j in 0..len {
+                let k = &qkv[(start + j) * 3 * d + d + h * head_dim..][..head_dim];
+                for (c, v) in k.iter().enumerate() {
+                    kt[c * len + j] = *v;
+                }
+            }
+            for i in 0..len {
+                let q = &qkv[(start + i) * 3 * d + h * head_dim..][..head_dim];
+                scores.iter_mut().for_each(|s| *s = 0.0);
+                for (c, qc) in q.iter().enumerate() {
+                    let qc = qc * scale;
+                    for (s, k) in scores.iter_mut().zip(&kt[c * len..(c + 1) * len]) {
+                        *s += qc * k;
+                    }
+                }
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0;
+                for s in scores.iter_mut() {
+                    *s = fast_exp(*s - max);
+                    sum += *s;
+                }
+                let inv = 1.0 / sum;
+                let mut acc = [0f32; 256];
+                let acc = &mut acc[..head_dim.min(256)];
+                for (j, p) in scores.iter().enumerate() {
+                    let v = &qkv[(start + j) * 3 * d + 2 * d + h * head_dim..][..head_dim];
+                    let p = p * inv;
+                    for (a, b) in acc.iter_mut().zip(v) {
+                        *a += p * b;
+                    }
+                }
+                // SAFETY: row start+i, columns of head h: no other task
+                // writes them, and they lie inside ctx (asserted above).
+                unsafe {
+                    let dst = out.0.add((start + i) * d + h * head_dim);
+                    std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, head_dim);
+                }
+            }
+        },
+    );
+}
+
+/// The machine's fp32 matrix-multiply rate in GFLOP/s, measured now with
+/// the multiply the encoder uses (best of `reps` products of two
+/// `size`×`size` matrices), so benchmark figures can be read as a
+/// fraction of it on a machine whose speed drifts.
+pub fn matmul_gflops(size: usize, reps: usize) -> f64 {
+    let a: Vec<f32> = (0..size * size).map(|i| ((i % 7) as f32 - 3.0) * 0.1).collect();
+    let b: Vec<f32> = (0..size * size).map(|i| ((i % 5) as f32 - 2.0) * 0.1).collect();
+    let bias = vec![0f32; size];
+    let mut c = vec![0f32; size * size];
+    linear(&a, &b, &bias, &mut c, size, size, size);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = std::time::Instant::now();
+        linear(&a, &b, &bias, &mut c, size, size, size);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    2.0 * (size as f64).powi(3) / best / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let (got, want) = (fast_exp(x), x.exp());
+            assert!(((got - want) / want).abs() < 5e-7, "exp({x}) = {got}, want {want}");
+            x += 0.0173;
+        }
+        assert!(fast_exp(-1e9) < 1e-37, "underflows to (nearly) zero");
+    }
+
+    #[test]
+    fn gelu_matches_the_erf_definition() {
+        let mut x = -8.0f64;
+        while x < 8.0 {
+            let want = 0.5 * x * (1.0 + libm_erf(x / std::f64::consts::SQRT_2));
+            let got = f64::from(gelu_erf(x as f32));
+            assert!((got - want).abs() < 1e-6, "gelu({x}) = {got}, want {want}");
+            x += 0.01;
+        }
+    }
+
+    /// erf by its Taylor/continued series in f64, as an independent check.
+    fn libm_erf(x: f64) -> f64 {
+        // erf(x) = 2/sqrt(pi) * sum_n (-1)^n x^(2n+1) / (n! (2n+1)); beyond
+        // |x| = 4, |1 - |erf|| < 2e-8 and the series would lose precision.
+        if x.abs() > 4.0 {
+            return x.signum();
+        }
+        let mut sum = 0.0;
+        let mut term = x;
+        let mut n = 0.0;
+        while term.abs() > 1e-17 || n < 5.0 {
+            sum += term / (2.0 * n + 1.0);
+            n += 1.0;
+            term *= -x * x / n;
+            if n > 400.0 {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    #[test]
+    fn linear_adds_bias_and_multiplies() {
+        // x [2,3], w_t [3,2]
+        let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let w_t = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let mut y = [0.0; 4];
+        linear(&x, &w_t, &[10.0, 20.0], &mut y, 2, 3, 2);
+        assert_eq!(y, [14.0, 25.0, 20.0, 31.0]);
+    }
+}
