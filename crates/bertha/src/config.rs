@@ -43,6 +43,36 @@ impl Activation {
     }
 }
 
+/// How a sequence-classification head computes its loss (`problem_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemType {
+    /// One label per text: cross-entropy over softmax.
+    SingleLabelClassification,
+    /// Any number of labels per text: binary cross-entropy over sigmoids.
+    MultiLabelClassification,
+    /// Real-valued targets: mean squared error.
+    Regression,
+}
+
+impl ProblemType {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "single_label_classification" => Some(Self::SingleLabelClassification),
+            "multi_label_classification" => Some(Self::MultiLabelClassification),
+            "regression" => Some(Self::Regression),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SingleLabelClassification => "single_label_classification",
+            Self::MultiLabelClassification => "multi_label_classification",
+            Self::Regression => "regression",
+        }
+    }
+}
+
 /// Where each block's LayerNorm sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormPosition {
@@ -80,6 +110,11 @@ pub struct BertConfig {
     pub final_layer_norm: bool,
     pub add_pooling_layer: bool,
     pub id2label: BTreeMap<usize, String>,
+    /// How sequence classification is trained; `None` lets the head infer it
+    /// from the number of labels and the labels' type, as transformers does.
+    pub problem_type: Option<ProblemType>,
+    /// Dropout before a classification head; `None` means `hidden_dropout_prob`.
+    pub classifier_dropout: Option<f64>,
 }
 
 impl Default for BertConfig {
@@ -107,6 +142,8 @@ impl Default for BertConfig {
             final_layer_norm: false,
             add_pooling_layer: true,
             id2label: BTreeMap::new(),
+            problem_type: None,
+            classifier_dropout: None,
         }
     }
 }
@@ -197,7 +234,7 @@ impl BertConfig {
         };
 
         let id2label: BTreeMap<String, String> = r.get("id2label", BTreeMap::new())?;
-        let id2label = id2label
+        let id2label: BTreeMap<usize, String> = id2label
             .into_iter()
             .map(|(k, v)| {
                 k.parse::<usize>().map(|k| (k, v)).map_err(|_| {
@@ -205,6 +242,25 @@ impl BertConfig {
                 })
             })
             .collect::<Result<_>>()?;
+
+        let problem_type = match r.get::<Option<String>>("problem_type", None)? {
+            None => None,
+            Some(name) => Some(ProblemType::parse(&name).ok_or_else(|| {
+                Error::config(
+                    origin,
+                    "problem_type",
+                    format!(
+                        "`{name}` is not one of `single_label_classification`, \
+                         `multi_label_classification`, `regression`"
+                    ),
+                )
+            })?),
+        };
+        // transformers' `num_labels` (without `id2label`) means LABEL_0..LABEL_{n-1}.
+        let id2label = match r.get::<Option<usize>>("num_labels", None)? {
+            Some(n) if id2label.is_empty() => (0..n).map(|i| (i, format!("LABEL_{i}"))).collect(),
+            _ => id2label,
+        };
 
         let cfg = Self {
             model_type,
@@ -231,6 +287,8 @@ impl BertConfig {
             final_layer_norm: r.get("final_layer_norm", d.final_layer_norm)?,
             add_pooling_layer: r.get("add_pooling_layer", d.add_pooling_layer)?,
             id2label,
+            problem_type,
+            classifier_dropout: r.get("classifier_dropout", None)?,
         };
         cfg.validate(origin)?;
         Ok(cfg)
@@ -282,6 +340,30 @@ impl BertConfig {
                 ));
             }
         }
+        if let Some(p) = self.classifier_dropout {
+            if !(0.0..1.0).contains(&p) {
+                return Err(Error::config(
+                    origin,
+                    "classifier_dropout",
+                    format!("{p} is not in [0, 1)"),
+                ));
+            }
+        }
+        if let Some((&last, _)) = self.id2label.last_key_value() {
+            if last + 1 != self.id2label.len() {
+                let missing = (0..=last)
+                    .find(|i| !self.id2label.contains_key(i))
+                    .unwrap_or(0);
+                return Err(Error::config(
+                    origin,
+                    "id2label",
+                    format!(
+                        "label ids must be 0..{}, but id {missing} has no label",
+                        self.id2label.len()
+                    ),
+                ));
+            }
+        }
         if self.pad_token_id as usize >= self.vocab_size {
             return Err(Error::config(
                 origin,
@@ -293,6 +375,24 @@ impl BertConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The number of classes of a classification head: `id2label`'s size,
+    /// else transformers' default of 2.
+    pub fn num_labels(&self) -> usize {
+        if self.id2label.is_empty() {
+            2
+        } else {
+            self.id2label.len()
+        }
+    }
+
+    /// The name of class `id`: `id2label`'s, else transformers' `LABEL_{id}`.
+    pub fn label_name(&self, id: usize) -> String {
+        match self.id2label.get(&id) {
+            Some(name) => name.clone(),
+            None => format!("LABEL_{id}"),
+        }
     }
 
     pub fn head_dim(&self) -> usize {
@@ -385,6 +485,12 @@ impl BertConfig {
             put("id2label", labels.into());
             put("label2id", ids.into());
         }
+        if let Some(p) = self.problem_type {
+            put("problem_type", p.name().into());
+        }
+        if let Some(p) = self.classifier_dropout {
+            put("classifier_dropout", p.into());
+        }
         Value::Object(m)
     }
 }
@@ -451,6 +557,32 @@ mod tests {
         let cfg = BertConfig::mini_bert_seed();
         let json = cfg.to_json().to_string();
         assert_eq!(parse(&json).unwrap(), cfg);
+    }
+
+    #[test]
+    fn head_options_are_read_and_checked() {
+        let cfg = parse(
+            r#"{"problem_type": "multi_label_classification", "classifier_dropout": 0.3, "num_labels": 3}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.problem_type,
+            Some(ProblemType::MultiLabelClassification)
+        );
+        assert_eq!(cfg.classifier_dropout, Some(0.3));
+        assert_eq!(cfg.num_labels(), 3);
+        assert_eq!(cfg.label_name(2), "LABEL_2");
+        let json = cfg.to_json().to_string();
+        assert_eq!(parse(&json).unwrap(), cfg);
+        for (json, field) in [
+            (r#"{"problem_type": "ranking"}"#, "problem_type"),
+            (r#"{"classifier_dropout": 1.5}"#, "classifier_dropout"),
+            (r#"{"id2label": {"0": "A", "2": "C"}}"#, "id2label"),
+        ] {
+            let err = parse(json).unwrap_err().to_string();
+            assert!(err.contains(field), "{json}: {err}");
+        }
+        assert_eq!(parse("{}").unwrap().num_labels(), 2);
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod attention;
 mod bert;
 mod embeddings;
 mod encoder;
+mod heads;
 mod layer;
 mod nn;
 mod packed;
@@ -15,6 +16,13 @@ pub use attention::{BertAttention, BertSelfAttention};
 pub use bert::{BertInput, BertModel, BertOutput, ForwardOptions};
 pub use embeddings::BertEmbeddings;
 pub use encoder::BertEncoder;
+pub use heads::{
+    bce_with_logits, cross_entropy_with_ignore, BertForMaskedLM, BertForMultipleChoice,
+    BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
+    BertForSequenceClassification, BertForTask, BertForTokenClassification, BertHead,
+    BertLMPredictionHead, HeadInit, HeadKind, HeadOutput, PreTrainingOutput,
+    QuestionAnsweringOutput, IGNORE_INDEX,
+};
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
 pub use nn::{Dense, Dropout, LayerNorm};
 pub use packed::{PackedBert, PackedStates};
