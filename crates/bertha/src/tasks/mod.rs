@@ -1,5 +1,16 @@
 //! What users do with an encoder: one module per task.
 
+pub mod classify;
 pub mod embed;
+pub mod fill_mask;
+pub mod ner;
+pub mod nsp;
+mod pipeline;
+pub mod qa;
 
+pub use classify::{Classifier, LabelScore, ScoreFunction};
 pub use embed::{cosine_similarity_matrix, EmbedOptions, Embedder, TokenEmbeddings};
+pub use fill_mask::{FillMask, MaskPrediction};
+pub use ner::{Aggregation, Entity, TokenClassifier};
+pub use nsp::{NextSentence, NextSentenceScore};
+pub use qa::{Answer, QaOptions, QuestionAnswerer};

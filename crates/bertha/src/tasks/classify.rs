@@ -1,0 +1,117 @@
+//! Text classification, like transformers' `text-classification`
+//! pipeline: label scores for a text (or a text pair), by softmax, by
+//! sigmoid for multi-label models, raw for regression.
+
+use std::path::Path;
+
+use candle_core::Device;
+
+use super::pipeline::{self, sigmoid, softmax};
+use crate::config::{BertConfig, ProblemType};
+use crate::error::{Error, Result};
+use crate::model::{BertForSequenceClassification, ForwardOptions};
+use crate::tokenizer::Tokenizer;
+
+/// How logits become scores (transformers' `function_to_apply`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreFunction {
+    Softmax,
+    Sigmoid,
+    /// The raw logits.
+    None,
+}
+
+impl ScoreFunction {
+    /// transformers' default for a config: none for regression, sigmoid for
+    /// multi-label or single-output models, else softmax.
+    pub fn default_for(config: &BertConfig) -> Self {
+        match config.problem_type {
+            Some(ProblemType::Regression) => Self::None,
+            Some(ProblemType::MultiLabelClassification) => Self::Sigmoid,
+            _ if config.num_labels() == 1 => Self::Sigmoid,
+            _ => Self::Softmax,
+        }
+    }
+}
+
+/// A label with its score.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LabelScore {
+    pub label: String,
+    pub score: f32,
+}
+
+pub struct Classifier {
+    model: BertForSequenceClassification,
+    tokenizer: Tokenizer,
+    function: ScoreFunction,
+}
+
+impl Classifier {
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
+        let (model, tokenizer) =
+            pipeline::load::<BertForSequenceClassification>(dir, device, None, |m| m.config())?;
+        Ok(Self::new(model, tokenizer))
+    }
+
+    pub fn new(model: BertForSequenceClassification, tokenizer: Tokenizer) -> Self {
+        let function = ScoreFunction::default_for(model.config());
+        Self {
+            model,
+            tokenizer,
+            function,
+        }
+    }
+
+    pub fn with_function(mut self, function: ScoreFunction) -> Self {
+        self.function = function;
+        self
+    }
+
+    pub fn function(&self) -> ScoreFunction {
+        self.function
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Every label's score, best first (`top_k: None`), or the `k` best.
+    pub fn classify(
+        &self,
+        text: &str,
+        pair: Option<&str>,
+        top_k: Option<usize>,
+    ) -> Result<Vec<LabelScore>> {
+        if top_k == Some(0) {
+            return Err(Error::Input("top_k must be at least 1".into()));
+        }
+        let enc = match pair {
+            Some(p) => self.tokenizer.encode_pair(text, p)?,
+            None => self.tokenizer.encode(text)?,
+        };
+        pipeline::warn_truncated(&enc, self.tokenizer.max_length());
+        let input =
+            pipeline::single_input(&enc, self.tokenizer.pad_id(), self.model.bert().device())?;
+        let logits = self
+            .model
+            .forward(&input, None, ForwardOptions::default())?
+            .logits
+            .get(0)?
+            .to_vec1::<f32>()?;
+        let scores = match self.function {
+            ScoreFunction::Softmax => softmax(&logits),
+            ScoreFunction::Sigmoid => logits.iter().map(|&x| sigmoid(x)).collect(),
+            ScoreFunction::None => logits,
+        };
+        let k = top_k.unwrap_or(scores.len()).min(scores.len());
+        let config = self.model.config();
+        Ok(pipeline::top_k(&scores, k)
+            .into_iter()
+            .map(|i| LabelScore {
+                label: config.label_name(i),
+                score: scores[i],
+            })
+            .collect())
+    }
+}

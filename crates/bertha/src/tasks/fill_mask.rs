@@ -1,0 +1,121 @@
+//! Fill-mask, like transformers' `fill-mask` pipeline: for each mask token
+//! in a text, the `top_k` most likely tokens with their probabilities and
+//! the text with the mask filled in.
+
+use std::path::Path;
+
+use candle_core::Device;
+
+use super::pipeline::{self, softmax};
+use crate::error::{Error, Result};
+use crate::model::{BertForMaskedLM, ForwardOptions};
+use crate::tokenizer::Tokenizer;
+
+/// One candidate for one mask, with transformers' field names.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MaskPrediction {
+    /// Softmax probability over the vocabulary.
+    pub score: f32,
+    /// The token id.
+    pub token: u32,
+    /// The token decoded on its own (`##s` stays `##s`).
+    pub token_str: String,
+    /// The text with this mask filled in (with a single mask: special
+    /// tokens dropped; with several: the other masks kept, as transformers).
+    pub sequence: String,
+}
+
+pub struct FillMask {
+    model: BertForMaskedLM,
+    tokenizer: Tokenizer,
+    mask_id: u32,
+    mask_token: String,
+}
+
+impl FillMask {
+    /// Loads a masked-LM (or pre-training) checkpoint and its tokenizer.
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
+        let (model, tokenizer) =
+            pipeline::load::<BertForMaskedLM>(dir, device, None, |m| m.bert().config())?;
+        Self::new(model, tokenizer)
+    }
+
+    pub fn new(model: BertForMaskedLM, tokenizer: Tokenizer) -> Result<Self> {
+        let mask_token = "[MASK]".to_string();
+        let mask_id = tokenizer.token_to_id(&mask_token).ok_or_else(|| {
+            Error::Tokenizer(format!(
+                "the vocabulary has no mask token `{mask_token}`, so fill-mask cannot work"
+            ))
+        })?;
+        Ok(Self {
+            model,
+            tokenizer,
+            mask_id,
+            mask_token,
+        })
+    }
+
+    pub fn mask_token(&self) -> &str {
+        &self.mask_token
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The `top_k` candidates for each mask of `text`, masks in order.
+    pub fn fill(&self, text: &str, top_k: usize) -> Result<Vec<Vec<MaskPrediction>>> {
+        if top_k == 0 {
+            return Err(Error::Input("top_k must be at least 1".into()));
+        }
+        if !text.contains(&self.mask_token) {
+            return Err(Error::Input(format!(
+                "no mask token {} in the text {text:?}: fill-mask needs at least one",
+                self.mask_token
+            )));
+        }
+        let enc = self.tokenizer.encode(text)?;
+        let masks: Vec<usize> = enc
+            .input_ids
+            .iter()
+            .enumerate()
+            .filter(|(_, &id)| id == self.mask_id)
+            .map(|(i, _)| i)
+            .collect();
+        if masks.is_empty() {
+            return Err(Error::Input(format!(
+                "the mask token {} of {text:?} was cut off by truncation at {} tokens",
+                self.mask_token,
+                self.tokenizer.max_length()
+            )));
+        }
+        let input =
+            pipeline::single_input(&enc, self.tokenizer.pad_id(), self.model.bert().device())?;
+        let logits = self
+            .model
+            .forward(&input, None, ForwardOptions::default())?
+            .logits
+            .get(0)?;
+        let single = masks.len() == 1;
+        let mut out = Vec::with_capacity(masks.len());
+        for &pos in &masks {
+            let probs = softmax(&logits.get(pos)?.to_vec1::<f32>()?);
+            let k = top_k.min(probs.len());
+            let mut row = Vec::with_capacity(k);
+            for id in pipeline::top_k(&probs, k) {
+                let id = id as u32;
+                let mut ids = enc.input_ids.clone();
+                ids[pos] = id;
+                ids.retain(|&t| t != self.tokenizer.pad_id());
+                row.push(MaskPrediction {
+                    score: probs[id as usize],
+                    token: id,
+                    token_str: self.tokenizer.decode(&[id], false)?,
+                    sequence: self.tokenizer.decode(&ids, single)?,
+                });
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,103 @@
+//! What the task pipelines share: loading a head with its tokenizer,
+//! building inputs, softmax, turning tokens back into words.
+
+use std::path::Path;
+
+use candle_core::Device;
+use tokenizers::Decoder;
+
+use crate::config::BertConfig;
+use crate::error::{Error, Result};
+use crate::model::{BertHead, BertInput, HeadInit};
+use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
+
+/// Loads a head that must be in the checkpoint, and the folder's tokenizer
+/// truncating at `max_length` (default: the model's own limit).
+pub(crate) fn load<H: BertHead>(
+    dir: &Path,
+    device: &Device,
+    max_length: Option<usize>,
+    config_of: impl Fn(&H) -> &BertConfig,
+) -> Result<(H, Tokenizer)> {
+    let head = H::from_dir(dir, HeadInit::FromCheckpoint, device)?;
+    let config = config_of(&head);
+    let max_length = match max_length {
+        Some(n) if n > config.max_position_embeddings => {
+            return Err(Error::Input(format!(
+                "max length {n} is longer than the model's max_position_embeddings ({})",
+                config.max_position_embeddings
+            )))
+        }
+        Some(n) => n,
+        None => default_max_length(dir, config)?,
+    };
+    let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+    Ok((head, tokenizer))
+}
+
+/// One unpadded sequence as a batch of one.
+pub(crate) fn single_input(enc: &Encoded, pad_id: u32, device: &Device) -> Result<BertInput> {
+    Ok(BertInput::from_ids(
+        &[enc.input_ids.clone()],
+        &[enc.token_type_ids.clone()],
+        pad_id,
+        device,
+    )?)
+}
+
+/// Softmax of one row, computed in f64.
+pub(crate) fn softmax(logits: &[f32]) -> Vec<f32> {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exps: Vec<f64> = logits.iter().map(|&x| (x as f64 - m).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter().map(|e| (e / sum) as f32).collect()
+}
+
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    (1.0 / (1.0 + (-(x as f64)).exp())) as f32
+}
+
+/// Index of the first largest value (numpy's argmax).
+pub(crate) fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Indices of the `k` largest values, largest first (stable for ties).
+pub(crate) fn top_k(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+    idx.truncate(k);
+    idx
+}
+
+/// transformers' `convert_tokens_to_string`: the tokenizer's decoder
+/// (WordPiece: `##` pieces glued to the previous token), else BERT's rule.
+pub(crate) fn tokens_to_string(tokenizer: &Tokenizer, tokens: &[String]) -> String {
+    if let Some(dec) = tokenizer.inner().get_decoder() {
+        if let Ok(s) = dec.decode(tokens.to_vec()) {
+            return s;
+        }
+    }
+    tokens.join(" ").replace(" ##", "").trim().to_string()
+}
+
+/// The characters `start..end` of `text` (offsets count chars, not bytes).
+pub(crate) fn char_slice(text: &str, start: usize, end: usize) -> String {
+    text.chars()
+        .skip(start)
+        .take(end.saturating_sub(start))
+        .collect()
+}
+
+/// A text that lost tokens to truncation.
+pub(crate) fn warn_truncated(enc: &Encoded, max_length: usize) {
+    if enc.truncated {
+        tracing::warn!("a text was truncated to {max_length} tokens");
+    }
+}

@@ -1,0 +1,235 @@
+//! Extractive question answering, with the rule of transformers' v4
+//! `question-answering` pipeline: the question and (a window of) the
+//! context go through the model as a pair; the answer is the span of
+//! context tokens with start ≤ end and at most `max_answer_len` tokens that
+//! maximises softmax(start)[s] · softmax(end)[e], the softmaxes taken over
+//! the window's context tokens. Contexts longer than the model's window
+//! are split into windows overlapping by `doc_stride` tokens; the best
+//! span of any window wins. `start`/`end` are character offsets into the
+//! context.
+
+use std::path::Path;
+
+use candle_core::Device;
+use tokenizers::Encoding;
+
+use super::pipeline::{self, softmax};
+use crate::error::{Error, Result};
+use crate::model::{BertForQuestionAnswering, BertInput, ForwardOptions};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QaOptions {
+    /// How many answers (distinct spans), best first.
+    pub top_k: usize,
+    /// The longest answer, in tokens.
+    pub max_answer_len: usize,
+    /// Tokens shared by consecutive windows (default: min(128, max_seq_len / 2),
+    /// lowered when the question leaves less room than that).
+    pub doc_stride: Option<usize>,
+    /// Tokens per window, special tokens and question included (default:
+    /// min(384, max_position_embeddings)).
+    pub max_seq_len: Option<usize>,
+}
+
+impl Default for QaOptions {
+    fn default() -> Self {
+        Self {
+            top_k: 1,
+            max_answer_len: 15,
+            doc_stride: None,
+            max_seq_len: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Answer {
+    pub score: f32,
+    /// Character offsets into the context.
+    pub start: usize,
+    pub end: usize,
+    pub answer: String,
+}
+
+/// One window: `[CLS] question [SEP] context[from..from+len] [SEP]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub input_ids: Vec<u32>,
+    pub token_type_ids: Vec<u32>,
+    /// Index in `input_ids` of the first context token.
+    pub context_start: usize,
+    /// Index of the first context token in the whole context.
+    pub from: usize,
+    /// Number of context tokens.
+    pub len: usize,
+}
+
+pub struct QuestionAnswerer {
+    model: BertForQuestionAnswering,
+    /// The folder's tokenizer without truncation (windows are cut here).
+    tokenizer: tokenizers::Tokenizer,
+    cls_id: u32,
+    sep_id: u32,
+    pad_id: u32,
+}
+
+impl QuestionAnswerer {
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
+        let (model, tokenizer) =
+            pipeline::load::<BertForQuestionAnswering>(dir, device, None, |m| m.bert().config())?;
+        Self::new(model, &tokenizer)
+    }
+
+    pub fn new(model: BertForQuestionAnswering, tokenizer: &Tokenizer) -> Result<Self> {
+        let mut inner = tokenizer.inner().clone();
+        inner
+            .with_truncation(None)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let id = |t: &str| {
+            tokenizer
+                .token_to_id(t)
+                .ok_or_else(|| Error::Tokenizer(format!("the vocabulary has no `{t}` token")))
+        };
+        Ok(Self {
+            cls_id: id("[CLS]")?,
+            sep_id: id("[SEP]")?,
+            pad_id: tokenizer.pad_id(),
+            model,
+            tokenizer: inner,
+        })
+    }
+
+    fn encode(&self, text: &str) -> Result<Encoding> {
+        self.tokenizer
+            .encode_char_offsets(text, false)
+            .map_err(|e| Error::Tokenizer(format!("encoding text: {e}")))
+    }
+
+    fn max_seq_len(&self, opts: &QaOptions) -> Result<usize> {
+        let limit = self.model.bert().config().max_position_embeddings;
+        match opts.max_seq_len {
+            Some(n) if n > limit => Err(Error::Input(format!(
+                "max_seq_len {n} is longer than the model's max_position_embeddings ({limit})"
+            ))),
+            Some(n) => Ok(n),
+            None => Ok(limit.min(384)),
+        }
+    }
+
+    /// The windows the context is cut into for this question.
+    pub fn windows(&self, question: &str, context: &str, opts: &QaOptions) -> Result<Vec<Window>> {
+        let q = self.encode(question)?;
+        let c = self.encode(context)?;
+        self.windows_of(&q, &c, opts)
+    }
+
+    fn windows_of(&self, q: &Encoding, c: &Encoding, opts: &QaOptions) -> Result<Vec<Window>> {
+        if q.get_ids().is_empty() {
+            return Err(Error::Input("the question is empty".into()));
+        }
+        if c.get_ids().is_empty() {
+            return Err(Error::Input("the context is empty".into()));
+        }
+        let max_seq_len = self.max_seq_len(opts)?;
+        let q_len = q.get_ids().len();
+        let room = max_seq_len.saturating_sub(q_len + 3);
+        if room == 0 {
+            return Err(Error::Input(format!(
+                "the question ({q_len} tokens) does not leave room for the context in a window of \
+                 {max_seq_len} tokens ([CLS] question [SEP] context [SEP]); shorten the question"
+            )));
+        }
+        let stride = match opts.doc_stride {
+            Some(s) if s >= room => {
+                return Err(Error::Input(format!(
+                    "doc_stride {s} must be smaller than the {room} context tokens a window holds \
+                     next to this question (max_seq_len {max_seq_len})"
+                )))
+            }
+            Some(s) => s,
+            None => (max_seq_len / 2).min(128).min(room / 2),
+        };
+        let n = c.get_ids().len();
+        let step = room - stride;
+        let mut windows = Vec::new();
+        let mut from = 0;
+        loop {
+            let len = room.min(n - from);
+            let mut ids = vec![self.cls_id];
+            ids.extend_from_slice(q.get_ids());
+            ids.push(self.sep_id);
+            let context_start = ids.len();
+            ids.extend_from_slice(&c.get_ids()[from..from + len]);
+            ids.push(self.sep_id);
+            let mut types = vec![0u32; context_start];
+            types.resize(ids.len(), 1);
+            windows.push(Window {
+                input_ids: ids,
+                token_type_ids: types,
+                context_start,
+                from,
+                len,
+            });
+            if from + len >= n {
+                break;
+            }
+            from += step;
+        }
+        Ok(windows)
+    }
+
+    /// The `top_k` best answers to `question` in `context`.
+    pub fn answer(&self, question: &str, context: &str, opts: &QaOptions) -> Result<Vec<Answer>> {
+        if opts.top_k == 0 {
+            return Err(Error::Input("top_k must be at least 1".into()));
+        }
+        if opts.max_answer_len == 0 {
+            return Err(Error::Input("max_answer_len must be at least 1".into()));
+        }
+        let q = self.encode(question)?;
+        let c = self.encode(context)?;
+        let windows = self.windows_of(&q, &c, opts)?;
+        let offsets = c.get_offsets();
+        // (score, first token, last token) over the whole context.
+        let mut spans: Vec<(f32, usize, usize)> = Vec::new();
+        for chunk in windows.chunks(16) {
+            let ids: Vec<Vec<u32>> = chunk.iter().map(|w| w.input_ids.clone()).collect();
+            let types: Vec<Vec<u32>> = chunk.iter().map(|w| w.token_type_ids.clone()).collect();
+            let input = BertInput::from_ids(&ids, &types, self.pad_id, self.model.bert().device())?;
+            let out = self
+                .model
+                .forward(&input, None, None, ForwardOptions::default())?;
+            let starts = out.start_logits.to_vec2::<f32>()?;
+            let ends = out.end_logits.to_vec2::<f32>()?;
+            for (b, w) in chunk.iter().enumerate() {
+                let ctx = w.context_start..w.context_start + w.len;
+                let ps = softmax(&starts[b][ctx.clone()]);
+                let pe = softmax(&ends[b][ctx]);
+                for (i, &s) in ps.iter().enumerate() {
+                    for (j, &e) in pe.iter().enumerate().skip(i).take(opts.max_answer_len) {
+                        spans.push((s * e, w.from + i, w.from + j));
+                    }
+                }
+            }
+        }
+        spans.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut answers: Vec<Answer> = Vec::new();
+        for (score, i, j) in spans {
+            let (start, end) = (offsets[i].0, offsets[j].1);
+            if answers.iter().any(|a| a.start == start && a.end == end) {
+                continue;
+            }
+            answers.push(Answer {
+                score,
+                start,
+                end,
+                answer: pipeline::char_slice(context, start, end),
+            });
+            if answers.len() == opts.top_k {
+                break;
+            }
+        }
+        Ok(answers)
+    }
+}

@@ -1,0 +1,488 @@
+//! The task pipelines against transformers' pipelines on the tiny
+//! checkpoints (`tests/fixtures/pipelines.json`, made by
+//! `make_pipeline_fixtures.py`) and against values computed by hand from
+//! the heads' logits.
+
+mod common;
+
+use std::path::PathBuf;
+
+use bertha::model::{
+    BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
+};
+use bertha::tasks::{
+    Aggregation, Classifier, FillMask, NextSentence, QaOptions, QuestionAnswerer, ScoreFunction,
+    TokenClassifier,
+};
+use bertha::{BertHead, BertInput, Device, ForwardOptions, HeadInit, Tokenizer};
+use common::{fixtures, read_json};
+use serde_json::Value;
+
+/// Probabilities are compared within 1e-5 (the logits agree to 1e-4).
+const SCORE_TOL: f64 = 1e-5;
+
+fn tiny(name: &str) -> PathBuf {
+    fixtures().join("tiny").join(name)
+}
+
+fn pipelines() -> Value {
+    read_json(&fixtures().join("pipelines.json"))
+}
+
+fn close(what: &str, got: f64, want: &Value) {
+    let want = want.as_f64().unwrap();
+    assert!(
+        (got - want).abs() <= SCORE_TOL,
+        "{what}: got {got}, want {want}"
+    );
+}
+
+fn softmax(v: &[f32]) -> Vec<f64> {
+    let m = v.iter().cloned().fold(f32::MIN, f32::max) as f64;
+    let e: Vec<f64> = v.iter().map(|&x| (x as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+fn one(enc: &bertha::Encoded) -> BertInput {
+    BertInput::from_ids(
+        &[enc.input_ids.clone()],
+        &[enc.token_type_ids.clone()],
+        0,
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+#[test]
+fn fill_mask_matches_transformers() {
+    let fx = pipelines();
+    let fm = FillMask::from_dir(&tiny("bert-mlm"), &Device::Cpu).unwrap();
+    let top_k = fx["fill_mask"]["top_k"].as_u64().unwrap() as usize;
+    for case in fx["fill_mask"]["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let got = fm.fill(text, top_k).unwrap();
+        assert_eq!(got.len(), 1, "{text}: one mask");
+        let want = case["expected"].as_array().unwrap();
+        assert_eq!(got[0].len(), want.len(), "{text}");
+        for (g, w) in got[0].iter().zip(want) {
+            assert_eq!(g.token as u64, w["token"].as_u64().unwrap(), "{text}");
+            assert_eq!(g.token_str, w["token_str"].as_str().unwrap(), "{text}");
+            assert_eq!(g.sequence, w["sequence"].as_str().unwrap(), "{text}");
+            close(text, g.score as f64, &w["score"]);
+        }
+    }
+}
+
+#[test]
+fn fill_mask_several_masks_and_hand_computed_scores() {
+    let dir = tiny("bert-mlm");
+    let fm = FillMask::from_dir(&dir, &Device::Cpu).unwrap();
+    let text = "the [MASK] of the year was [MASK]";
+    let got = fm.fill(text, 3).unwrap();
+    assert_eq!(got.len(), 2);
+
+    // By hand: the MLM logits at the two mask positions, softmaxed.
+    let mlm = BertForMaskedLM::from_dir(&dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    let tok = Tokenizer::from_dir(&dir, 64).unwrap();
+    let enc = tok.encode(text).unwrap();
+    let mask_id = tok.token_to_id("[MASK]").unwrap();
+    let positions: Vec<usize> = (0..enc.len())
+        .filter(|&i| enc.input_ids[i] == mask_id)
+        .collect();
+    assert_eq!(positions.len(), 2);
+    let logits = mlm
+        .forward(&one(&enc), None, ForwardOptions::default())
+        .unwrap()
+        .logits;
+    for (m, &pos) in positions.iter().enumerate() {
+        let row: Vec<f32> = logits.get(0).unwrap().get(pos).unwrap().to_vec1().unwrap();
+        let p = softmax(&row);
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        for (k, g) in got[m].iter().enumerate() {
+            assert_eq!(g.token as usize, order[k]);
+            assert!((g.score as f64 - p[order[k]]).abs() <= 1e-6);
+            // With several masks the other mask stays in the sequence, and
+            // special tokens are kept, as transformers does.
+            assert!(g.sequence.starts_with("[CLS] "), "{}", g.sequence);
+            assert_eq!(g.sequence.matches("[MASK]").count(), 1, "{}", g.sequence);
+        }
+    }
+    // top_k larger than the vocabulary gives the whole vocabulary.
+    let all = fm.fill("[MASK]", 5000).unwrap();
+    assert_eq!(all[0].len(), 1024);
+    let total: f64 = all[0].iter().map(|p| p.score as f64).sum();
+    assert!((total - 1.0).abs() < 1e-4, "{total}");
+}
+
+#[test]
+fn fill_mask_bad_input() {
+    let fm = FillMask::from_dir(&tiny("bert-mlm"), &Device::Cpu).unwrap();
+    let err = fm.fill("no mask here", 5).unwrap_err().to_string();
+    assert!(err.contains("no mask token [MASK]"), "{err}");
+    let err = fm.fill("a [MASK]", 0).unwrap_err().to_string();
+    assert!(err.contains("top_k"), "{err}");
+    // The mask is past the truncation point.
+    let long = format!("{} [MASK]", "the year ".repeat(80));
+    let err = fm.fill(&long, 5).unwrap_err().to_string();
+    assert!(err.contains("truncation"), "{err}");
+    // A checkpoint without an MLM head.
+    let err = FillMask::from_dir(&tiny("bert-seqcls"), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("BertForMaskedLM") && err.contains("cls.predictions"),
+        "{err}"
+    );
+    let err = FillMask::from_dir(&common::minilm_dir(), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("no BertForMaskedLM head"), "{err}");
+}
+
+#[test]
+fn classify_matches_transformers() {
+    let fx = pipelines();
+    let cl = Classifier::from_dir(&tiny("bert-seqcls"), &Device::Cpu).unwrap();
+    assert_eq!(cl.function(), ScoreFunction::Softmax);
+    for key in ["classify", "classify_pair"] {
+        for case in fx[key]["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let pair = case.get("pair").and_then(Value::as_str);
+            let got = cl.classify(text, pair, None).unwrap();
+            let want = case["expected"].as_array().unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(g.label, w["label"].as_str().unwrap(), "{text}");
+                close(text, g.score as f64, &w["score"]);
+            }
+            // top_k 1 is the best label.
+            let top = cl.classify(text, pair, Some(1)).unwrap();
+            assert_eq!(top.len(), 1);
+            assert_eq!(top[0], got[0]);
+        }
+    }
+    let err = cl.classify("x", None, Some(0)).unwrap_err().to_string();
+    assert!(err.contains("top_k"), "{err}");
+}
+
+#[test]
+fn classify_multi_label_uses_sigmoid() {
+    let dir = tiny("bert-seqcls");
+    let weights = bertha::Weights::from_model_dir(&dir).unwrap();
+    let mut cfg = bertha::BertConfig::from_file(&dir.join("config.json")).unwrap();
+    cfg.problem_type = Some(bertha::ProblemType::MultiLabelClassification);
+    let model = BertForSequenceClassification::from_weights(
+        weights,
+        cfg,
+        HeadInit::FromCheckpoint,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let tok = Tokenizer::from_dir(&dir, 64).unwrap();
+    let enc = tok.encode("the album was very good").unwrap();
+    let logits: Vec<f32> = model
+        .forward(&one(&enc), None, ForwardOptions::default())
+        .unwrap()
+        .logits
+        .get(0)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let cl = Classifier::new(model, tok);
+    assert_eq!(cl.function(), ScoreFunction::Sigmoid);
+    let got = cl.classify("the album was very good", None, None).unwrap();
+    let names = ["negative", "neutral", "positive"];
+    for g in &got {
+        let i = names.iter().position(|n| *n == g.label).unwrap();
+        let want = 1.0 / (1.0 + (-(logits[i] as f64)).exp());
+        assert!((g.score as f64 - want).abs() <= 1e-6, "{}", g.label);
+    }
+    assert!(got.windows(2).all(|w| w[0].score >= w[1].score));
+}
+
+#[test]
+fn classifier_shape_and_label_errors_are_clear() {
+    // A config whose id2label disagrees with the classifier's rows.
+    let src = tiny("bert-seqcls");
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["model.safetensors", "vocab.txt"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let mut cfg: Value = serde_json::from_str(&cfg).unwrap();
+    cfg["id2label"] = serde_json::json!({"0": "a", "1": "b"});
+    cfg.as_object_mut().unwrap().remove("label2id");
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let err = Classifier::from_dir(tmp.path(), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("classifier.weight") && err.contains("[3, 32]") && err.contains("[2, 32]"),
+        "{err}"
+    );
+    // Label ids with a gap.
+    cfg["id2label"] = serde_json::json!({"0": "a", "1": "b", "5": "c"});
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let err = Classifier::from_dir(tmp.path(), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("id2label") && err.contains("id 2"), "{err}");
+}
+
+#[test]
+fn ner_matches_transformers_for_every_aggregation() {
+    let fx = pipelines();
+    let ner = TokenClassifier::from_dir(&tiny("bert-tokcls"), &Device::Cpu).unwrap();
+    for case in fx["ner"]["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let agg_name = case["aggregation"].as_str().unwrap();
+        let agg: Aggregation = agg_name.parse().unwrap();
+        let got = ner.entities(text, agg).unwrap();
+        let want = case["expected"].as_array().unwrap();
+        let what = format!("{agg_name}: {text}");
+        assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+        for (g, w) in got.iter().zip(want) {
+            let g = serde_json::to_value(g).unwrap();
+            for key in ["entity", "entity_group", "index", "word", "start", "end"] {
+                assert_eq!(g.get(key), w.get(key), "{what}: `{key}`");
+            }
+            close(&what, g["score"].as_f64().unwrap(), &w["score"]);
+        }
+    }
+    let err = "biggest".parse::<Aggregation>().unwrap_err().to_string();
+    assert!(err.contains("biggest"), "{err}");
+}
+
+#[test]
+fn ner_groups_by_hand() {
+    // Character offsets of a text with capitals, accents and punctuation
+    // point back into the original text.
+    let ner = TokenClassifier::from_dir(&tiny("bert-tokcls"), &Device::Cpu).unwrap();
+    let text = "John, élan of the Company!";
+    for agg in [Aggregation::None, Aggregation::Simple, Aggregation::First] {
+        for e in ner.entities(text, agg).unwrap() {
+            let span: String = text.chars().skip(e.start).take(e.end - e.start).collect();
+            // [UNK] tokens show the text itself, others the lowercased,
+            // accent-stripped WordPiece tokens.
+            let norm = span.to_lowercase().replace('é', "e");
+            let word = e.word.replace("##", "").replace(' ', "");
+            assert!(
+                norm.replace(' ', "") == word || span.replace(' ', "") == word,
+                "{agg:?}: span {span:?} vs word {:?}",
+                e.word
+            );
+        }
+    }
+}
+
+#[test]
+fn qa_matches_transformers_rule() {
+    let fx = pipelines();
+    let qa = QuestionAnswerer::from_dir(&tiny("bert-qa"), &Device::Cpu).unwrap();
+    let max_answer_len = fx["qa"]["max_answer_len"].as_u64().unwrap() as usize;
+    for case in fx["qa"]["cases"].as_array().unwrap() {
+        let q = case["question"].as_str().unwrap();
+        let c = case["context"].as_str().unwrap();
+        let opts = QaOptions {
+            max_answer_len,
+            ..QaOptions::default()
+        };
+        assert_eq!(qa.windows(q, c, &opts).unwrap().len(), 1);
+        let got = qa.answer(q, c, &opts).unwrap();
+        let w = &case["expected"];
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].answer, w["answer"].as_str().unwrap(), "{q}");
+        assert_eq!(got[0].start as u64, w["start"].as_u64().unwrap(), "{q}");
+        assert_eq!(got[0].end as u64, w["end"].as_u64().unwrap(), "{q}");
+        close(q, got[0].score as f64, &w["score"]);
+        // top_k: distinct spans, best first, the first the same answer.
+        let top = qa.answer(q, c, &QaOptions { top_k: 4, ..opts }).unwrap();
+        assert_eq!(top.len(), 4);
+        assert_eq!(top[0], got[0]);
+        assert!(top.windows(2).all(|p| p[0].score >= p[1].score));
+    }
+}
+
+/// The best span of one window, by brute force over its context tokens.
+fn best_in_window(
+    model: &BertForQuestionAnswering,
+    ids: &[u32],
+    types: &[u32],
+    ctx: std::ops::Range<usize>,
+    max_len: usize,
+) -> (f64, usize, usize) {
+    let input = BertInput::from_ids(&[ids.to_vec()], &[types.to_vec()], 0, &Device::Cpu).unwrap();
+    let out = model
+        .forward(&input, None, None, ForwardOptions::default())
+        .unwrap();
+    let s: Vec<f32> = out.start_logits.get(0).unwrap().to_vec1().unwrap();
+    let e: Vec<f32> = out.end_logits.get(0).unwrap().to_vec1().unwrap();
+    let (ps, pe) = (softmax(&s[ctx.clone()]), softmax(&e[ctx.clone()]));
+    let mut best = (f64::MIN, 0, 0);
+    for i in 0..ps.len() {
+        for j in i..ps.len().min(i + max_len) {
+            if ps[i] * pe[j] > best.0 {
+                best = (ps[i] * pe[j], i, j);
+            }
+        }
+    }
+    best
+}
+
+#[test]
+fn qa_long_context_uses_overlapping_windows() {
+    let dir = tiny("bert-qa");
+    let qa = QuestionAnswerer::from_dir(&dir, &Device::Cpu).unwrap();
+    let model =
+        BertForQuestionAnswering::from_dir(&dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    let question = "who released the album";
+    let context = "the best album of the year was released by the company in the district. \
+        john played the music and the company released the album. \
+        several districts began to play the game, and the leader told europe \
+        that the table was out. however the year was long and the music was good, \
+        so john left home and played music in the district with the company. \
+        the leader of the company told john that the album of the year was the best, \
+        and several districts played the music of the album for the whole year.";
+    let opts = QaOptions {
+        max_answer_len: 15,
+        doc_stride: Some(30),
+        ..QaOptions::default()
+    };
+    let windows = qa.windows(question, context, &opts).unwrap();
+    assert!(
+        windows.len() >= 3,
+        "{} windows: {:?}",
+        windows.len(),
+        windows.iter().map(|w| (w.from, w.len)).collect::<Vec<_>>()
+    );
+
+    // Windows by hand: [CLS] q [SEP] ctx[from..from+room] [SEP], 64 tokens
+    // at most, consecutive windows sharing 30 tokens, covering everything.
+    let mut raw = Tokenizer::from_dir(&dir, 64).unwrap().inner().clone();
+    raw.with_truncation(None).unwrap();
+    let q = raw.encode_char_offsets(question, false).unwrap();
+    let c = raw.encode_char_offsets(context, false).unwrap();
+    let room = 64 - q.get_ids().len() - 3;
+    assert!(
+        c.get_ids().len() > room,
+        "the context must not fit one window"
+    );
+    let mut from = 0;
+    let mut best = (f64::MIN, 0, 0);
+    for w in &windows {
+        assert_eq!(w.from, from);
+        assert!(w.input_ids.len() <= 64);
+        let len = room.min(c.get_ids().len() - from);
+        let mut ids = vec![2u32];
+        ids.extend(q.get_ids());
+        ids.push(3);
+        let ctx_start = ids.len();
+        ids.extend(&c.get_ids()[from..from + len]);
+        ids.push(3);
+        let mut types = vec![0u32; ctx_start];
+        types.resize(ids.len(), 1);
+        assert_eq!(w.input_ids, ids);
+        assert_eq!(w.token_type_ids, types);
+        let (score, i, j) = best_in_window(&model, &ids, &types, ctx_start..ctx_start + len, 15);
+        if score > best.0 {
+            best = (score, from + i, from + j);
+        }
+        from += room - 30;
+    }
+    assert_eq!(
+        windows.last().map(|w| w.from + w.len),
+        Some(c.get_ids().len())
+    );
+    let got = &qa.answer(question, context, &opts).unwrap()[0];
+    let offs = c.get_offsets();
+    assert_eq!((got.start, got.end), (offs[best.1].0, offs[best.2].1));
+    assert!((got.score as f64 - best.0).abs() <= 1e-6);
+    let chars: String = context
+        .chars()
+        .skip(got.start)
+        .take(got.end - got.start)
+        .collect();
+    assert_eq!(got.answer, chars);
+
+    // The default stride works too and gives an answer inside the context.
+    let a = &qa.answer(question, context, &QaOptions::default()).unwrap()[0];
+    assert!(a.end <= context.chars().count() && a.start < a.end);
+}
+
+#[test]
+fn qa_bad_input() {
+    let qa = QuestionAnswerer::from_dir(&tiny("bert-qa"), &Device::Cpu).unwrap();
+    let long_q = "who played the music ".repeat(20);
+    let err = qa
+        .answer(&long_q, "john played", &QaOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not leave room for the context"), "{err}");
+    let err = qa
+        .answer(
+            "who",
+            "john played the music",
+            &QaOptions {
+                doc_stride: Some(100),
+                ..QaOptions::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("doc_stride 100"), "{err}");
+    let err = qa
+        .answer(
+            "who",
+            "john",
+            &QaOptions {
+                max_seq_len: Some(1000),
+                ..QaOptions::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("max_position_embeddings"), "{err}");
+    let err = qa
+        .answer("who", "", &QaOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("context is empty"), "{err}");
+    let err = QuestionAnswerer::from_dir(&tiny("bert-mlm"), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("qa_outputs.weight"), "{err}");
+}
+
+#[test]
+fn nsp_is_the_softmax_of_the_seq_relationship_logits() {
+    let dir = tiny("bert-pretraining");
+    let nsp = NextSentence::from_dir(&dir, &Device::Cpu).unwrap();
+    let (a, b) = ("john played the music", "the company released the album");
+    let got = nsp.predict(a, b).unwrap();
+    let pt = BertForPreTraining::from_dir(&dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    let tok = Tokenizer::from_dir(&dir, 64).unwrap();
+    let enc = tok.encode_pair(a, b).unwrap();
+    let logits: Vec<f32> = pt
+        .forward(&one(&enc), None, None, ForwardOptions::default())
+        .unwrap()
+        .seq_relationship_logits
+        .get(0)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let p = softmax(&logits);
+    assert!((got.is_next as f64 - p[0]).abs() <= 1e-6);
+    assert!((got.not_next as f64 - p[1]).abs() <= 1e-6);
+    let err = NextSentence::from_dir(&tiny("bert-mlm"), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("cls.seq_relationship.weight"), "{err}");
+}
