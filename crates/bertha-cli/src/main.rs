@@ -1,4 +1,5 @@
-//! The `bertha` command: tokenize, embed, similarity and bench.
+//! The `bertha` command: tokenize, embed, similarity, bench, and the task
+//! pipelines fill-mask, classify, ner, qa and nsp.
 //!
 //! Output is JSON Lines on stdout (or `--output FILE`, written atomically);
 //! diagnostics, warnings and progress go to stderr.
@@ -35,6 +36,16 @@ enum Command {
     Similarity(commands::similarity::Args),
     /// Embedding throughput on a text file: texts/s and tokens/s.
     Bench(commands::bench::Args),
+    /// Fill in [MASK] tokens: the top-k tokens per mask (a masked-LM checkpoint).
+    FillMask(commands::fill_mask::Args),
+    /// Label scores of texts or text pairs (a sequence-classification checkpoint).
+    Classify(commands::classify::Args),
+    /// Named entities with character offsets (a token-classification checkpoint).
+    Ner(commands::ner::Args),
+    /// The answer span to a question in a context (a question-answering checkpoint).
+    Qa(commands::qa::Args),
+    /// Probability that TEXT_B follows TEXT_A (a checkpoint with BERT's NSP head).
+    Nsp(commands::nsp::Args),
 }
 
 fn main() {
@@ -60,6 +71,11 @@ fn main() {
         Command::Embed(a) => commands::embed::run(a),
         Command::Similarity(a) => commands::similarity::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::FillMask(a) => commands::fill_mask::run(a),
+        Command::Classify(a) => commands::classify::run(a),
+        Command::Ner(a) => commands::ner::run(a),
+        Command::Qa(a) => commands::qa::run(a),
+        Command::Nsp(a) => commands::nsp::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

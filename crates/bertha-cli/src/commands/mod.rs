@@ -1,5 +1,10 @@
 pub mod bench;
+pub mod classify;
 pub mod embed;
+pub mod fill_mask;
+pub mod ner;
+pub mod nsp;
+pub mod qa;
 pub mod similarity;
 pub mod tokenize;
 

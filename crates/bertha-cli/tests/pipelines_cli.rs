@@ -1,0 +1,263 @@
+//! `bertha fill-mask | classify | ner | qa | nsp` end to end on the tiny
+//! checkpoints, against transformers' pipelines (`pipelines.json`).
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tiny(name: &str) -> String {
+    repo()
+        .join("tests/fixtures/tiny")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn pipelines() -> Value {
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/pipelines.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bertha"))
+        .args(args)
+        .env_remove("BERTHA_MODEL")
+        .env("RAYON_NUM_THREADS", "2")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn ok_lines(out: &Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn failure(out: &Output) -> String {
+    assert!(!out.status.success(), "should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn assert_score(got: &Value, want: &Value) {
+    let (g, w) = (got.as_f64().unwrap(), want.as_f64().unwrap());
+    assert!((g - w).abs() <= 1e-5, "score {g} vs {w}");
+}
+
+#[test]
+fn fill_mask_prints_transformers_candidates() {
+    let fx = pipelines();
+    let cases = fx["fill_mask"]["cases"].as_array().unwrap();
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let model = tiny("bert-mlm");
+    let mut args = vec!["fill-mask", "--model", &model, "--top-k", "5"];
+    args.extend(&texts);
+    let lines = ok_lines(&run(&args));
+    assert_eq!(lines.len(), cases.len());
+    for (line, case) in lines.iter().zip(cases) {
+        let want = case["expected"].as_array().unwrap();
+        let got = line.as_array().unwrap();
+        assert_eq!(got.len(), 5);
+        for (g, w) in got.iter().zip(want) {
+            for k in ["token", "token_str", "sequence"] {
+                assert_eq!(g[k], w[k], "{k}");
+            }
+            assert_score(&g["score"], &w["score"]);
+        }
+    }
+    // Several masks: one list per mask.
+    let lines = ok_lines(&run(&[
+        "fill-mask",
+        "--model",
+        &tiny("bert-mlm"),
+        "--top-k",
+        "2",
+        "the [MASK] of the [MASK]",
+    ]));
+    let masks = lines[0].as_array().unwrap();
+    assert_eq!(masks.len(), 2);
+    assert_eq!(masks[1].as_array().unwrap().len(), 2);
+    // No mask: a clear error naming the text.
+    let err = failure(&run(&[
+        "fill-mask",
+        "--model",
+        &tiny("bert-mlm"),
+        "no mask",
+    ]));
+    assert!(
+        err.contains("text 1") && err.contains("no mask token"),
+        "{err}"
+    );
+}
+
+#[test]
+fn classify_top_k_all_scores_and_pairs() {
+    let fx = pipelines();
+    let case = &fx["classify"]["cases"][0];
+    let text = case["text"].as_str().unwrap();
+    let want = case["expected"].as_array().unwrap();
+    let model = tiny("bert-seqcls");
+    let top1 = ok_lines(&run(&["classify", "--model", &model, text]));
+    assert_eq!(top1[0].as_array().unwrap().len(), 1);
+    assert_eq!(top1[0][0]["label"], want[0]["label"]);
+    assert_score(&top1[0][0]["score"], &want[0]["score"]);
+    let top2 = ok_lines(&run(&["classify", "--model", &model, "--top-k", "2", text]));
+    assert_eq!(top2[0].as_array().unwrap().len(), 2);
+    let all = ok_lines(&run(&["classify", "--model", &model, "--all-scores", text]));
+    for (g, w) in all[0].as_array().unwrap().iter().zip(want) {
+        assert_eq!(g["label"], w["label"]);
+        assert_score(&g["score"], &w["score"]);
+    }
+    let pc = &fx["classify_pair"]["cases"][0];
+    let pair = ok_lines(&run(&[
+        "classify",
+        "--model",
+        &model,
+        "--all-scores",
+        "--pair",
+        pc["pair"].as_str().unwrap(),
+        pc["text"].as_str().unwrap(),
+    ]));
+    for (g, w) in pair[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(pc["expected"].as_array().unwrap())
+    {
+        assert_eq!(g["label"], w["label"]);
+        assert_score(&g["score"], &w["score"]);
+    }
+    // A headless checkpoint names the missing head.
+    let err = failure(&run(&["classify", "--model", &tiny("bert-mlm"), text]));
+    assert!(
+        err.contains("BertForSequenceClassification") && err.contains("classifier.weight"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ner_every_aggregation() {
+    let fx = pipelines();
+    for case in fx["ner"]["cases"].as_array().unwrap() {
+        let lines = ok_lines(&run(&[
+            "ner",
+            "--model",
+            &tiny("bert-tokcls"),
+            "--aggregation",
+            case["aggregation"].as_str().unwrap(),
+            case["text"].as_str().unwrap(),
+        ]));
+        let got = lines[0].as_array().unwrap();
+        let want = case["expected"].as_array().unwrap();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            for k in ["entity", "entity_group", "index", "word", "start", "end"] {
+                assert_eq!(g.get(k), w.get(k), "{k}");
+            }
+            assert_score(&g["score"], &w["score"]);
+        }
+    }
+    let err = failure(&run(&[
+        "ner",
+        "--model",
+        &tiny("bert-tokcls"),
+        "--aggregation",
+        "most",
+        "x",
+    ]));
+    assert!(err.contains("unknown aggregation `most`"), "{err}");
+}
+
+#[test]
+fn qa_answers_and_errors() {
+    let fx = pipelines();
+    for case in fx["qa"]["cases"].as_array().unwrap() {
+        let lines = ok_lines(&run(&[
+            "qa",
+            "--model",
+            &tiny("bert-qa"),
+            "--question",
+            case["question"].as_str().unwrap(),
+            "--context",
+            case["context"].as_str().unwrap(),
+        ]));
+        let w = &case["expected"];
+        for k in ["answer", "start", "end"] {
+            assert_eq!(lines[0][k], w[k], "{k}");
+        }
+        assert_score(&lines[0]["score"], &w["score"]);
+    }
+    let case = &fx["qa"]["cases"][0];
+    let lines = ok_lines(&run(&[
+        "qa",
+        "--model",
+        &tiny("bert-qa"),
+        "--question",
+        case["question"].as_str().unwrap(),
+        "--context",
+        case["context"].as_str().unwrap(),
+        "--top-k",
+        "3",
+    ]));
+    let answers = lines[0].as_array().unwrap();
+    assert_eq!(answers.len(), 3);
+    assert_eq!(answers[0]["answer"], case["expected"]["answer"]);
+    // A long context is split into windows; the answer is still in it.
+    let context = "john played the music and the company released the album. ".repeat(12);
+    let lines = ok_lines(&run(&[
+        "qa",
+        "--model",
+        &tiny("bert-qa"),
+        "--question",
+        "who played",
+        "--context",
+        &context,
+        "--doc-stride",
+        "16",
+    ]));
+    let (s, e) = (
+        lines[0]["start"].as_u64().unwrap() as usize,
+        lines[0]["end"].as_u64().unwrap() as usize,
+    );
+    assert_eq!(lines[0]["answer"].as_str().unwrap(), &context[s..e]);
+    let err = failure(&run(&[
+        "qa",
+        "--model",
+        &tiny("bert-qa"),
+        "--question",
+        &"who played the music ".repeat(20),
+        "--context",
+        "john",
+    ]));
+    assert!(err.contains("does not leave room"), "{err}");
+}
+
+#[test]
+fn nsp_probabilities() {
+    let lines = ok_lines(&run(&[
+        "nsp",
+        "--model",
+        &tiny("bert-pretraining"),
+        "john played the music",
+        "the company released the album",
+    ]));
+    let (a, b) = (
+        lines[0]["is_next"].as_f64().unwrap(),
+        lines[0]["not_next"].as_f64().unwrap(),
+    );
+    assert!((a + b - 1.0).abs() < 1e-6 && a > 0.0 && b > 0.0);
+    let err = failure(&run(&["nsp", "--model", &tiny("bert-qa"), "a", "b"]));
+    assert!(err.contains("cls.seq_relationship.weight"), "{err}");
+}
