@@ -359,8 +359,8 @@ fn fresh_heads_on_a_headless_checkpoint() {
     let tok = bertha::Tokenizer::from_dir(&dir, 128).unwrap();
     let enc = tok.encode("a fresh head").unwrap();
     let input = BertInput::from_ids(
-        &[enc.input_ids.clone()],
-        &[enc.token_type_ids.clone()],
+        std::slice::from_ref(&enc.input_ids),
+        std::slice::from_ref(&enc.token_type_ids),
         0,
         &dev,
     )

@@ -46,8 +46,8 @@ fn softmax(v: &[f32]) -> Vec<f64> {
 
 fn one(enc: &bertha::Encoded) -> BertInput {
     BertInput::from_ids(
-        &[enc.input_ids.clone()],
-        &[enc.token_type_ids.clone()],
+        std::slice::from_ref(&enc.input_ids),
+        std::slice::from_ref(&enc.token_type_ids),
         0,
         &Device::Cpu,
     )
@@ -325,10 +325,10 @@ fn best_in_window(
     let e: Vec<f32> = out.end_logits.get(0).unwrap().to_vec1().unwrap();
     let (ps, pe) = (softmax(&s[ctx.clone()]), softmax(&e[ctx.clone()]));
     let mut best = (f64::MIN, 0, 0);
-    for i in 0..ps.len() {
-        for j in i..ps.len().min(i + max_len) {
-            if ps[i] * pe[j] > best.0 {
-                best = (ps[i] * pe[j], i, j);
+    for (i, &s) in ps.iter().enumerate() {
+        for (j, &e) in pe.iter().enumerate().take(i + max_len).skip(i) {
+            if s * e > best.0 {
+                best = (s * e, i, j);
             }
         }
     }

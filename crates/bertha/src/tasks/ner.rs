@@ -117,7 +117,7 @@ impl TokenClassifier {
         }
         let ids = enc.get_ids().to_vec();
         let input = crate::model::BertInput::from_ids(
-            &[ids.clone()],
+            std::slice::from_ref(&ids),
             &[enc.get_type_ids().to_vec()],
             self.tokenizer.pad_id(),
             self.model.bert().device(),

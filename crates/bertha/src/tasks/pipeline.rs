@@ -38,8 +38,8 @@ pub(crate) fn load<H: BertHead>(
 /// One unpadded sequence as a batch of one.
 pub(crate) fn single_input(enc: &Encoded, pad_id: u32, device: &Device) -> Result<BertInput> {
     Ok(BertInput::from_ids(
-        &[enc.input_ids.clone()],
-        &[enc.token_type_ids.clone()],
+        std::slice::from_ref(&enc.input_ids),
+        std::slice::from_ref(&enc.token_type_ids),
         pad_id,
         device,
     )?)
