@@ -12,6 +12,69 @@ use rayon::prelude::*;
 /// Rows per rayon task: big enough that scheduling is noise.
 const ROWS_PER_TASK: usize = 16;
 
+/// Lanes of the manual accumulators below: sums kept in 16 independent
+/// partial sums vectorise without fast-math reassociation.
+const LANES: usize = 16;
+
+/// The widest instruction set the CPU has, detected once; the loops below
+/// are compiled for each and picked at run time, so one binary is fast on
+/// AVX-512 machines and still runs on any x86-64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Simd {
+    Baseline,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+fn simd() -> Simd {
+    static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
+            {
+                return Simd::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Simd::Avx2;
+            }
+        }
+        Simd::Baseline
+    })
+}
+
+/// Defines `pub(crate) fn $name` that runs `$body` (an `#[inline(always)]`
+/// function) compiled for the best instruction set available.
+macro_rules! multiversion {
+    ($(fn $name:ident = $body:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) { $body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) { $body($($arg),*) }
+                match simd() {
+                    // SAFETY: simd() checked that the CPU has these features.
+                    Simd::Avx512 => return unsafe { avx512($($arg),*) },
+                    Simd::Avx2 => return unsafe { avx2($($arg),*) },
+                    Simd::Baseline => {}
+                }
+            }
+            $body($($arg),*)
+        }
+    )*};
+}
+
+multiversion! {
+    fn norm_rows = norm_rows_body(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: &[f32], eps: f32);
+    fn activate_chunk = activate_body(x: &mut [f32], act: Act);
+    fn add_chunk = add_body(x: &mut [f32], y: &[f32]);
+    fn attend = attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize);
+}
+
 fn parallelism() -> Parallelism {
     match rayon::current_num_threads() {
         0 | 1 => Parallelism::None,
@@ -60,39 +123,78 @@ pub fn linear(x: &[f32], w_t: &[f32], bias: &[f32], y: &mut [f32], m: usize, k: 
 }
 
 /// `x = LayerNorm(x + residual)` row by row (`residual` may be `None`).
-pub fn add_layer_norm(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: &[f32], eps: f32) {
+pub fn add_layer_norm(
+    x: &mut [f32],
+    residual: Option<&[f32]>,
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+) {
     let d = gamma.len();
-    let body = |(i, row): (usize, &mut [f32])| {
+    let task = d * ROWS_PER_TASK;
+    match residual {
+        Some(r) => x
+            .par_chunks_mut(task)
+            .zip(r.par_chunks(task))
+            .for_each(|(rows, res)| norm_rows(rows, Some(res), gamma, beta, eps)),
+        None => x
+            .par_chunks_mut(task)
+            .for_each(|rows| norm_rows(rows, None, gamma, beta, eps)),
+    }
+}
+
+/// LayerNorm of `src` rows into `dst` (pre-LN blocks keep the residual).
+pub fn layer_norm_into(src: &[f32], dst: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    let task = gamma.len() * ROWS_PER_TASK;
+    dst.par_chunks_mut(task)
+        .zip(src.par_chunks(task))
+        .for_each(|(out, rows)| {
+            out.copy_from_slice(rows);
+            norm_rows(out, None, gamma, beta, eps);
+        });
+}
+
+#[inline(always)]
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline(always)]
+fn norm_rows_body(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: &[f32], eps: f32) {
+    let d = gamma.len();
+    for (i, row) in x.chunks_exact_mut(d).enumerate() {
         if let Some(r) = residual {
             for (a, b) in row.iter_mut().zip(&r[i * d..(i + 1) * d]) {
                 *a += b;
             }
         }
-        layer_norm_row(row, gamma, beta, eps);
-    };
-    x.par_chunks_mut(d).enumerate().with_min_len(ROWS_PER_TASK).for_each(body);
-}
-
-/// LayerNorm of `src` rows into `dst` (pre-LN blocks keep the residual).
-pub fn layer_norm_into(src: &[f32], dst: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
-    let d = gamma.len();
-    dst.par_chunks_mut(d)
-        .zip(src.par_chunks(d))
-        .with_min_len(ROWS_PER_TASK)
-        .for_each(|(out, row)| {
-            out.copy_from_slice(row);
-            layer_norm_row(out, gamma, beta, eps);
-        });
-}
-
-#[inline]
-fn layer_norm_row(row: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
-    let n = row.len() as f32;
-    let mean = row.iter().sum::<f32>() / n;
-    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-    let rstd = 1.0 / (var + eps).sqrt();
-    for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
-        *v = (*v - mean) * rstd * g + b;
+        let n = d as f32;
+        let mean = lane_sum(row) / n;
+        let mut acc = [0f32; LANES];
+        let chunks = row.chunks_exact(LANES);
+        let tail: f32 = chunks
+            .remainder()
+            .iter()
+            .map(|v| (v - mean) * (v - mean))
+            .sum();
+        for c in chunks {
+            for (a, v) in acc.iter_mut().zip(c) {
+                *a += (v - mean) * (v - mean);
+            }
+        }
+        let var = (acc.iter().sum::<f32>() + tail) / n;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
+            *v = (*v - mean) * rstd * g + b;
+        }
     }
 }
 
@@ -100,7 +202,12 @@ fn layer_norm_row(row: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
 pub fn add_in_place(x: &mut [f32], residual: &[f32]) {
     x.par_chunks_mut(4096)
         .zip(residual.par_chunks(4096))
-        .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+        .for_each(|(a, b)| add_chunk(a, b));
+}
+
+#[inline(always)]
+fn add_body(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
 /// The FFN non-linearity, in place.
@@ -112,11 +219,16 @@ pub enum Act {
 }
 
 pub fn activate_in_place(x: &mut [f32], act: Act) {
-    x.par_chunks_mut(4096).for_each(|c| match act {
-        Act::GeluErf => c.iter_mut().for_each(|v| *v = gelu_erf(*v)),
-        Act::GeluTanh => c.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
-        Act::Relu => c.iter_mut().for_each(|v| *v = v.max(0.0)),
-    });
+    x.par_chunks_mut(4096).for_each(|c| activate_chunk(c, act));
+}
+
+#[inline(always)]
+fn activate_body(x: &mut [f32], act: Act) {
+    match act {
+        Act::GeluErf => x.iter_mut().for_each(|v| *v = gelu_erf(*v)),
+        Act::GeluTanh => x.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
+        Act::Relu => x.iter_mut().for_each(|v| *v = v.max(0.0)),
+    }
 }
 
 /// e^x for f32, branch-free so loops over it vectorise: range reduction
@@ -125,10 +237,16 @@ pub fn activate_in_place(x: &mut [f32], act: Act) {
 #[inline(always)]
 pub fn fast_exp(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.7);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    // Round to nearest with the 1.5·2^23 trick: `f32::round` is a libm
+    // call on baseline x86-64 and would stop the loop from vectorising.
+    const SHIFT: f32 = 12_582_912.0;
+    let n = (x * std::f32::consts::LOG2_E + SHIFT) - SHIFT;
     // ln 2 split in two so n·ln2 is exact in the first part.
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
     let bits = ((n as i32 + 127) as u32) << 23;
     p * f32::from_bits(bits)
 }
@@ -138,7 +256,9 @@ pub fn fast_exp(x: f32) -> f32 {
 fn erf(x: f32) -> f32 {
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
     let y = 1.0 - poly * fast_exp(-a * a);
     y.copysign(x)
 }
@@ -156,13 +276,30 @@ fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + t)
 }
 
-/// A raw pointer that may cross threads: tasks below write disjoint
+/// A raw pointer that may cross threads: attention tasks write disjoint
 /// elements of one buffer.
 #[derive(Clone, Copy)]
 struct SharedMut(*mut f32);
-// SAFETY: every task writes a disjoint set of elements (see callers).
+// SAFETY: every task writes a disjoint set of elements (see `attend_body`).
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
+
+/// What every attention task shares.
+struct AttentionJob<'a> {
+    qkv: &'a [f32],
+    out: SharedMut,
+    d: usize,
+    head_dim: usize,
+    scale: f32,
+}
+
+/// Per-thread buffers of the attention tasks.
+#[derive(Default)]
+struct Scratch {
+    kt: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+}
 
 /// Self-attention over packed sequences.
 ///
@@ -170,65 +307,104 @@ unsafe impl Sync for SharedMut {}
 /// each); sequence `s` owns rows `offsets[s]..offsets[s+1]`, so no work is
 /// spent on padding. Writes the context [tokens, D] into `ctx`. One task
 /// per (sequence, head), so even a single text uses every core.
-pub fn packed_attention(qkv: &[f32], ctx: &mut [f32], offsets: &[usize], num_heads: usize, head_dim: usize) {
+pub fn packed_attention(
+    qkv: &[f32],
+    ctx: &mut [f32],
+    offsets: &[usize],
+    num_heads: usize,
+    head_dim: usize,
+) {
     let d = num_heads * head_dim;
     let tokens = offsets.last().copied().unwrap_or(0);
-    assert_eq!(qkv.len(), tokens * 3 * d, "packed_attention: qkv is not [{tokens}, {}]", 3 * d);
-    assert_eq!(ctx.len(), tokens * d, "packed_attention: ctx is not [{tokens}, {d}]");
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let out = SharedMut(ctx.as_mut_ptr());
+    assert_eq!(
+        qkv.len(),
+        tokens * 3 * d,
+        "packed_attention: qkv is not [{tokens}, {}]",
+        3 * d
+    );
+    assert_eq!(
+        ctx.len(),
+        tokens * d,
+        "packed_attention: ctx is not [{tokens}, {d}]"
+    );
+    let job = AttentionJob {
+        qkv,
+        out: SharedMut(ctx.as_mut_ptr()),
+        d,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
     let tasks: Vec<(usize, usize, usize)> = offsets
         .windows(2)
         .flat_map(|w| (0..num_heads).map(move |h| (w[0], w[1] - w[0], h)))
         .collect();
-    tasks.into_par_iter().for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(kt, scores): &mut (Vec<f32>, Vec<f32>), (start, len, h)| {
-            let out = out;
-            kt.resize(head_dim * len, 0.0);
-            scores.resize(len, 0.0);
-            // K of this head transposed to [head_dim, len]: the score loop
-            // then runs over contiguous keys.
-            for j in 0..len {
-                let k = &qkv[(start + j) * 3 * d + d + h * head_dim..][..head_dim];
-                for (c, v) in k.iter().enumerate() {
-                    kt[c * len + j] = *v;
-                }
+    tasks
+        .into_par_iter()
+        .for_each_init(Scratch::default, |scratch, (start, len, h)| {
+            attend(&job, scratch, start, len, h)
+        });
+}
+
+#[inline(always)]
+fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
+    let AttentionJob {
+        qkv,
+        d,
+        head_dim,
+        scale,
+        ..
+    } = *job;
+    let Scratch { kt, scores, acc } = scratch;
+    kt.resize(head_dim * len, 0.0);
+    scores.resize(len, 0.0);
+    acc.resize(head_dim, 0.0);
+    // K of this head transposed to [head_dim, len]: the score loop then
+    // runs over contiguous keys.
+    for j in 0..len {
+        let k = &qkv[(start + j) * 3 * d + d + h * head_dim..][..head_dim];
+        for (c, v) in k.iter().enumerate() {
+            kt[c * len + j] = *v;
+        }
+    }
+    for i in 0..len {
+        let q = &qkv[(start + i) * 3 * d + h * head_dim..][..head_dim];
+        scores.iter_mut().for_each(|s| *s = 0.0);
+        for (c, qc) in q.iter().enumerate() {
+            let qc = qc * scale;
+            for (s, k) in scores.iter_mut().zip(&kt[c * len..(c + 1) * len]) {
+                *s += qc * k;
             }
-            for i in 0..len {
-                let q = &qkv[(start + i) * 3 * d + h * head_dim..][..head_dim];
-                scores.iter_mut().for_each(|s| *s = 0.0);
-                for (c, qc) in q.iter().enumerate() {
-                    let qc = qc * scale;
-                    for (s, k) in scores.iter_mut().zip(&kt[c * len..(c + 1) * len]) {
-                        *s += qc * k;
-                    }
-                }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for s in scores.iter_mut() {
-                    *s = fast_exp(*s - max);
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                let mut acc = [0f32; 256];
-                let acc = &mut acc[..head_dim.min(256)];
-                for (j, p) in scores.iter().enumerate() {
-                    let v = &qkv[(start + j) * 3 * d + 2 * d + h * head_dim..][..head_dim];
-                    let p = p * inv;
-                    for (a, b) in acc.iter_mut().zip(v) {
-                        *a += p * b;
-                    }
-                }
-                // SAFETY: row start+i, columns of head h: no other task
-                // writes them, and they lie inside ctx (asserted above).
-                unsafe {
-                    let dst = out.0.add((start + i) * d + h * head_dim);
-                    std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, head_dim);
-                }
+        }
+        let mut maxes = [f32::NEG_INFINITY; LANES];
+        let chunks = scores.chunks_exact(LANES);
+        let mut max = chunks
+            .remainder()
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        for c in chunks {
+            for (m, s) in maxes.iter_mut().zip(c) {
+                *m = if *s > *m { *s } else { *m };
             }
-        },
-    );
+        }
+        max = maxes.iter().copied().fold(max, f32::max);
+        scores.iter_mut().for_each(|s| *s = fast_exp(*s - max));
+        let inv = 1.0 / lane_sum(scores);
+        acc.iter_mut().for_each(|v| *v = 0.0);
+        for (j, p) in scores.iter().enumerate() {
+            let v = &qkv[(start + j) * 3 * d + 2 * d + h * head_dim..][..head_dim];
+            for (a, b) in acc.iter_mut().zip(v) {
+                *a += p * b;
+            }
+        }
+        acc.iter_mut().for_each(|v| *v *= inv);
+        // SAFETY: row start+i, columns of head h: no other task writes
+        // them, and they lie inside ctx (asserted by packed_attention).
+        unsafe {
+            let dst = job.out.0.add((start + i) * d + h * head_dim);
+            std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, head_dim);
+        }
+    }
 }
 
 /// The machine's fp32 matrix-multiply rate in GFLOP/s, measured now with
@@ -236,8 +412,12 @@ pub fn packed_attention(qkv: &[f32], ctx: &mut [f32], offsets: &[usize], num_hea
 /// `size`×`size` matrices), so benchmark figures can be read as a
 /// fraction of it on a machine whose speed drifts.
 pub fn matmul_gflops(size: usize, reps: usize) -> f64 {
-    let a: Vec<f32> = (0..size * size).map(|i| ((i % 7) as f32 - 3.0) * 0.1).collect();
-    let b: Vec<f32> = (0..size * size).map(|i| ((i % 5) as f32 - 2.0) * 0.1).collect();
+    let a: Vec<f32> = (0..size * size)
+        .map(|i| ((i % 7) as f32 - 3.0) * 0.1)
+        .collect();
+    let b: Vec<f32> = (0..size * size)
+        .map(|i| ((i % 5) as f32 - 2.0) * 0.1)
+        .collect();
     let bias = vec![0f32; size];
     let mut c = vec![0f32; size * size];
     linear(&a, &b, &bias, &mut c, size, size, size);
@@ -259,7 +439,10 @@ mod tests {
         let mut x = -80.0f32;
         while x < 80.0 {
             let (got, want) = (fast_exp(x), x.exp());
-            assert!(((got - want) / want).abs() < 5e-7, "exp({x}) = {got}, want {want}");
+            assert!(
+                ((got - want) / want).abs() < 5e-7,
+                "exp({x}) = {got}, want {want}"
+            );
             x += 0.0173;
         }
         assert!(fast_exp(-1e9) < 1e-37, "underflows to (nearly) zero");

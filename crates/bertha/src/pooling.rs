@@ -228,7 +228,11 @@ pub fn pool_rows(rows: &[f32], d: usize, pooling: Pooling) -> Vec<f32> {
                 sum.iter_mut().zip(r).for_each(|(s, v)| *s += v);
             }
             let count = (n as f32).max(1e-9);
-            let denom = if pooling == Pooling::Mean { count } else { count.sqrt() };
+            let denom = if pooling == Pooling::Mean {
+                count
+            } else {
+                count.sqrt()
+            };
             sum.iter_mut().for_each(|s| *s /= denom);
             sum
         }
@@ -244,6 +248,11 @@ pub fn pool_rows(rows: &[f32], d: usize, pooling: Pooling) -> Vec<f32> {
 
 /// L2-normalises a vector in place: x / max(‖x‖, 1e-12).
 pub fn normalize_in_place(v: &mut [f32]) {
-    let norm = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt().max(1e-12) as f32;
+    let norm = v
+        .iter()
+        .map(|x| f64::from(*x) * f64::from(*x))
+        .sum::<f64>()
+        .sqrt()
+        .max(1e-12) as f32;
     v.iter_mut().for_each(|x| *x /= norm);
 }

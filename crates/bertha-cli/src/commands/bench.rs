@@ -65,13 +65,22 @@ pub fn run(a: Args) -> Result<()> {
     let flops = encoder_flops(embedder.model().config(), &lengths);
 
     // One untimed pass warms caches and the thread pool.
-    embedder.embed(&texts[..texts.len().min(a.embed.batch_size)], a.embed.batch_size, &mut |_| {})?;
+    embedder.embed(
+        &texts[..texts.len().min(a.embed.batch_size)],
+        a.embed.batch_size,
+        &mut |_| {},
+    )?;
     let mut best = f64::INFINITY;
     for rep in 0..a.reps.max(1) {
         let start = Instant::now();
         embedder.embed(&texts, a.embed.batch_size, &mut |_| {})?;
         let secs = start.elapsed().as_secs_f64();
-        eprintln!("rep {}: {:.3} s, {:.1} texts/s", rep + 1, secs, texts.len() as f64 / secs);
+        eprintln!(
+            "rep {}: {:.3} s, {:.1} texts/s",
+            rep + 1,
+            secs,
+            texts.len() as f64 / secs
+        );
         best = best.min(secs);
     }
 
@@ -84,7 +93,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| -> Option<f64> {
-        (!latencies.is_empty()).then(|| latencies[((latencies.len() - 1) as f64 * p).round() as usize])
+        (!latencies.is_empty())
+            .then(|| latencies[((latencies.len() - 1) as f64 * p).round() as usize])
     };
 
     let peak = bertha::kernels::matmul_gflops(a.peak_size, 3);
@@ -117,5 +127,9 @@ fn rayon_threads() -> usize {
     std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
 }

@@ -79,13 +79,18 @@ impl PackedStates {
 }
 
 fn flat(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+    Ok(t.to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
 }
 
 fn linear_of(parts: &[&Dense]) -> Result<Linear> {
     // Stack the [out_i, in] weights of several projections into one
     // [Σout, in] (for fused QKV), then transpose to [in, Σout].
-    let w = Tensor::cat(&parts.iter().map(|p| p.weight().clone()).collect::<Vec<_>>(), 0)?;
+    let w = Tensor::cat(
+        &parts.iter().map(|p| p.weight().clone()).collect::<Vec<_>>(),
+        0,
+    )?;
     let (out_dim, in_dim) = w.dims2()?;
     let w_t = flat(&w.t()?.contiguous()?)?;
     let mut bias = Vec::with_capacity(out_dim);
@@ -115,7 +120,7 @@ impl PackedBert {
     /// Copies the weights of `model`; `None` when the model cannot run on
     /// this path (not on the CPU).
     pub fn from_model(model: &BertModel) -> Result<Option<Self>> {
-        if !model.device().is_cpu() || model.config().head_dim() > 256 {
+        if !model.device().is_cpu() {
             return Ok(None);
         }
         let cfg = model.config();
@@ -156,7 +161,12 @@ impl PackedBert {
             },
             embed_norm: emb.layer_norm.as_ref().map(norm_of).transpose()?,
             layers,
-            final_norm: model.encoder.final_layer_norm.as_ref().map(norm_of).transpose()?,
+            final_norm: model
+                .encoder
+                .final_layer_norm
+                .as_ref()
+                .map(norm_of)
+                .transpose()?,
             pooler: match &model.pooler {
                 Some(p) => Some(linear_of(&[&p.dense])?),
                 None => None,
@@ -199,7 +209,13 @@ impl PackedBert {
             match self.norm_position {
                 NormPosition::Post => {
                     run(&layer.qkv, &x, &mut qkv, n);
-                    kernels::packed_attention(&qkv, &mut ctx, &offsets, self.num_heads, self.head_dim);
+                    kernels::packed_attention(
+                        &qkv,
+                        &mut ctx,
+                        &offsets,
+                        self.num_heads,
+                        self.head_dim,
+                    );
                     run(&layer.attn_out, &ctx, &mut tmp, n);
                     let an = &layer.attn_norm;
                     kernels::add_layer_norm(&mut tmp, Some(&x), &an.gamma, &an.beta, an.eps);
@@ -215,7 +231,13 @@ impl PackedBert {
                     let an = &layer.attn_norm;
                     kernels::layer_norm_into(&x, &mut tmp, &an.gamma, &an.beta, an.eps);
                     run(&layer.qkv, &tmp, &mut qkv, n);
-                    kernels::packed_attention(&qkv, &mut ctx, &offsets, self.num_heads, self.head_dim);
+                    kernels::packed_attention(
+                        &qkv,
+                        &mut ctx,
+                        &offsets,
+                        self.num_heads,
+                        self.head_dim,
+                    );
                     run(&layer.attn_out, &ctx, &mut tmp, n);
                     kernels::add_in_place(&mut x, &tmp);
                     let fnn = &layer.ffn_norm;
@@ -257,7 +279,9 @@ impl PackedBert {
                 if let Some((table, n_types)) = &self.token_type {
                     let t = types.get(pos).copied().unwrap_or(0) as usize;
                     if t >= *n_types {
-                        return Err(Error::Input(format!("text {s}: token type {t} is not below type_vocab_size {n_types}")));
+                        return Err(Error::Input(format!(
+                            "text {s}: token type {t} is not below type_vocab_size {n_types}"
+                        )));
                     }
                     for (o, v) in out.iter_mut().zip(&table[t * d..(t + 1) * d]) {
                         *o += v;
@@ -284,7 +308,11 @@ impl PackedBert {
         }
         let mut out = vec![0f32; states.len() * p.out_dim];
         run(p, &cls, &mut out, states.len());
-        Ok(Some(out.chunks(p.out_dim).map(|r| r.iter().map(|v| v.tanh()).collect()).collect()))
+        Ok(Some(
+            out.chunks(p.out_dim)
+                .map(|r| r.iter().map(|v| v.tanh()).collect())
+                .collect(),
+        ))
     }
 }
 

@@ -90,7 +90,11 @@ impl Embedder {
     /// Turns the packed CPU fast path off (the candle modules then run
     /// every batch) or back on. Both give the same numbers; tests compare.
     pub fn set_fast_path(&mut self, on: bool) -> Result<()> {
-        self.packed = if on { PackedBert::from_model(&self.model)? } else { None };
+        self.packed = if on {
+            PackedBert::from_model(&self.model)?
+        } else {
+            None
+        };
         Ok(())
     }
 
@@ -160,10 +164,15 @@ impl Embedder {
 
     fn run_pooled(&self, encs: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
         if let Some(packed) = &self.packed {
-            let seqs: Vec<(&[u32], &[u32])> = encs.iter().map(|e| (&e.input_ids[..], &e.token_type_ids[..])).collect();
+            let seqs: Vec<(&[u32], &[u32])> = encs
+                .iter()
+                .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+                .collect();
             let states = packed.forward(&seqs)?;
             let mut rows = if self.pooling == Pooling::Pooler {
-                packed.pool(&states)?.ok_or_else(|| Error::Input("this model has no pooler".into()))?
+                packed
+                    .pool(&states)?
+                    .ok_or_else(|| Error::Input("this model has no pooler".into()))?
             } else {
                 (0..states.len())
                     .map(|s| pooling::pool_rows(states.sequence(s), states.hidden, self.pooling))
@@ -214,12 +223,21 @@ impl Embedder {
         for batch in length_sorted_batches(&encodings, batch_size, self.max_batch_tokens) {
             let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
             if let Some(packed) = &self.packed {
-                let seqs: Vec<(&[u32], &[u32])> = encs.iter().map(|e| (&e.input_ids[..], &e.token_type_ids[..])).collect();
+                let seqs: Vec<(&[u32], &[u32])> = encs
+                    .iter()
+                    .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+                    .collect();
                 let states = packed.forward(&seqs)?;
                 for (s, &i) in batch.iter().enumerate() {
-                    let mut vectors: Vec<Vec<f32>> = states.sequence(s).chunks(states.hidden).map(<[f32]>::to_vec).collect();
+                    let mut vectors: Vec<Vec<f32>> = states
+                        .sequence(s)
+                        .chunks(states.hidden)
+                        .map(<[f32]>::to_vec)
+                        .collect();
                     if self.normalize {
-                        vectors.iter_mut().for_each(|v| pooling::normalize_in_place(v));
+                        vectors
+                            .iter_mut()
+                            .for_each(|v| pooling::normalize_in_place(v));
                     }
                     out[i] = Some(TokenEmbeddings {
                         tokens: encodings[i].tokens.clone(),
@@ -265,7 +283,11 @@ fn check_max_length(max_length: usize, config: &BertConfig) -> Result<()> {
 /// Indices of `encodings`, longest first, cut into batches of at most
 /// `batch_size` texts and at most `max_tokens` tokens (a text longer than
 /// the cap runs alone).
-pub fn length_sorted_batches(encodings: &[Encoded], batch_size: usize, max_tokens: usize) -> Vec<Vec<usize>> {
+pub fn length_sorted_batches(
+    encodings: &[Encoded],
+    batch_size: usize,
+    max_tokens: usize,
+) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..encodings.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].len()));
     let mut batches = Vec::new();
