@@ -455,3 +455,107 @@ fn multiple_choice_scores_each_choice() {
     let err = m.forward(&flat, None, opts()).unwrap_err().to_string();
     assert!(err.contains("[batch, choices, seq]"), "{err}");
 }
+
+/// The losses train: loaded into a `VarMap` in transformers' layout, each
+/// head's loss backpropagates to the gradients transformers computed for
+/// the head parameters listed in `inputs.json` (≤ 1e-4 of the tensor's
+/// max abs value).
+#[test]
+fn losses_backpropagate_like_transformers() {
+    use candle_nn::{VarBuilder, VarMap};
+    for name in [
+        "bert-pretraining",
+        "bert-mlm",
+        "bert-seqcls",
+        "bert-tokcls",
+        "bert-qa",
+    ] {
+        let c = case(name);
+        let config = bertha::BertConfig::from_file(&c.dir.join("config.json")).unwrap();
+        let mut varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let l = |k: &str| int_labels(&c.labels[k]);
+        let loss = match name {
+            "bert-pretraining" => {
+                let m = BertForPreTraining::load(vb, config).unwrap();
+                varmap.load(c.dir.join("model.safetensors")).unwrap();
+                m.forward(
+                    &c.input,
+                    Some(&l("labels")),
+                    Some(&l("next_sentence_label")),
+                    opts(),
+                )
+                .unwrap()
+                .loss
+            }
+            "bert-mlm" => {
+                let m = BertForMaskedLM::load(vb, config).unwrap();
+                varmap.load(c.dir.join("model.safetensors")).unwrap();
+                m.forward(&c.input, Some(&l("labels")), opts())
+                    .unwrap()
+                    .loss
+            }
+            "bert-seqcls" => {
+                let m = BertForSequenceClassification::load(vb, config).unwrap();
+                varmap.load(c.dir.join("model.safetensors")).unwrap();
+                m.forward(&c.input, Some(&l("labels")), opts())
+                    .unwrap()
+                    .loss
+            }
+            "bert-tokcls" => {
+                let m = BertForTokenClassification::load(vb, config).unwrap();
+                varmap.load(c.dir.join("model.safetensors")).unwrap();
+                m.forward(&c.input, Some(&l("labels")), opts())
+                    .unwrap()
+                    .loss
+            }
+            _ => {
+                let m = BertForQuestionAnswering::load(vb, config).unwrap();
+                varmap.load(c.dir.join("model.safetensors")).unwrap();
+                m.forward(
+                    &c.input,
+                    Some(&l("start_positions")),
+                    Some(&l("end_positions")),
+                    opts(),
+                )
+                .unwrap()
+                .loss
+            }
+        }
+        .unwrap();
+        assert_loss(name, Some(loss.clone()), &c.expected["loss"]);
+        let grads = loss.backward().unwrap();
+        let vars = varmap.data().lock().unwrap();
+        let inputs = read_json(&c.dir.join("inputs.json"));
+        let mut checked = 0;
+        for p in inputs["grad_params"].as_array().unwrap() {
+            let p = p.as_str().unwrap();
+            // Only the heads' own parameters (and the pooler): gradients
+            // into the encoder also depend on the encoder's backward pass.
+            if p.starts_with("bert.embeddings.") || p.starts_with("bert.encoder.") {
+                continue;
+            }
+            let var = vars
+                .get(p)
+                .unwrap_or_else(|| panic!("{name}: no variable {p}"));
+            let got = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: no gradient for {p}"));
+            let want = &c.expected[&format!("grad.{p}")];
+            let scale = want
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let d = common::max_abs_diff(got, want);
+            assert!(
+                d <= 1e-4 * scale.max(1e-12),
+                "{name} grad.{p}: max abs diff {d:e}, scale {scale:e}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 0, "{name}: no head parameter checked");
+    }
+}
