@@ -36,6 +36,8 @@ enum Command {
     Similarity(commands::similarity::Args),
     /// Embedding throughput on a text file: texts/s and tokens/s.
     Bench(commands::bench::Args),
+    /// HTTP server: TEI- and OpenAI-compatible routes, task routes, a web playground.
+    Serve(commands::serve::Args),
     /// Fill in [MASK] tokens: the top-k tokens per mask (a masked-LM checkpoint).
     FillMask(commands::fill_mask::Args),
     /// Label scores of texts or text pairs (a sequence-classification checkpoint).
@@ -71,6 +73,7 @@ fn main() {
         Command::Embed(a) => commands::embed::run(a),
         Command::Similarity(a) => commands::similarity::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Serve(a) => commands::serve::run(a),
         Command::FillMask(a) => commands::fill_mask::run(a),
         Command::Classify(a) => commands::classify::run(a),
         Command::Ner(a) => commands::ner::run(a),

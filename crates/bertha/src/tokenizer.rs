@@ -68,9 +68,12 @@ impl Default for SpecialTokens {
     }
 }
 
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     max_length: usize,
+    /// Drop tokens from the end (transformers' default) or the start.
+    truncate_left: bool,
     pad_id: u32,
     source: PathBuf,
 }
@@ -218,6 +221,7 @@ impl Tokenizer {
         let mut t = Self {
             inner,
             max_length: 0,
+            truncate_left: false,
             pad_id,
             source: source.to_path_buf(),
         };
@@ -234,7 +238,11 @@ impl Tokenizer {
         }
         self.inner
             .with_truncation(Some(TruncationParams {
-                direction: TruncationDirection::Right,
+                direction: if self.truncate_left {
+                    TruncationDirection::Left
+                } else {
+                    TruncationDirection::Right
+                },
                 max_length,
                 strategy: TruncationStrategy::LongestFirst,
                 stride: 0,
@@ -246,6 +254,13 @@ impl Tokenizer {
 
     pub fn max_length(&self) -> usize {
         self.max_length
+    }
+
+    /// Truncates from the start of the text instead of its end (TEI's
+    /// `truncation_direction: "Left"`).
+    pub fn set_truncate_left(&mut self, left: bool) -> Result<()> {
+        self.truncate_left = left;
+        self.set_max_length(self.max_length)
     }
 
     pub fn pad_id(&self) -> u32 {

@@ -5,6 +5,7 @@ pub mod fill_mask;
 pub mod ner;
 pub mod nsp;
 pub mod qa;
+pub mod serve;
 pub mod similarity;
 pub mod tokenize;
 

@@ -68,6 +68,12 @@ impl Classifier {
         self
     }
 
+    /// Label names in id order.
+    pub fn labels(&self) -> Vec<String> {
+        let cfg = self.model.bert().config();
+        (0..cfg.num_labels()).map(|i| cfg.label_name(i)).collect()
+    }
+
     pub fn function(&self) -> ScoreFunction {
         self.function
     }

@@ -218,9 +218,19 @@ impl Embedder {
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<TokenEmbeddings>> {
         let encodings = self.tokenizer.encode_batch(texts)?;
+        self.embed_tokens_encoded(&encodings, batch_size, progress)
+    }
+
+    /// As [`Embedder::embed_tokens`], on texts already tokenized.
+    pub fn embed_tokens_encoded(
+        &self,
+        encodings: &[Encoded],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<TokenEmbeddings>> {
         let mut out: Vec<Option<TokenEmbeddings>> = vec![None; encodings.len()];
         let mut done = 0;
-        for batch in length_sorted_batches(&encodings, batch_size, self.max_batch_tokens) {
+        for batch in length_sorted_batches(encodings, batch_size, self.max_batch_tokens) {
             let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
             if let Some(packed) = &self.packed {
                 let seqs: Vec<(&[u32], &[u32])> = encs

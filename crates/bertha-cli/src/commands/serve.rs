@@ -1,0 +1,89 @@
+//! `bertha serve`
+
+use anyhow::{Context, Result};
+use bertha::Pooling;
+use bertha_server::{AppState, ServerConfig};
+
+use crate::model_dir::ModelArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+
+    /// Most tokens run in one model batch.
+    #[arg(long, default_value_t = 16384)]
+    max_batch_tokens: usize,
+
+    /// Requests in flight at once; more are refused with 429.
+    #[arg(long, default_value_t = 512)]
+    max_concurrent_requests: usize,
+
+    /// Most inputs in one request.
+    #[arg(long, default_value_t = 32)]
+    max_client_batch_size: usize,
+
+    /// Longest input in tokens (default: the model's limit).
+    #[arg(long)]
+    max_input_length: Option<usize>,
+
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 2_000_000)]
+    payload_limit: usize,
+
+    /// Require `Authorization: Bearer KEY`.
+    #[arg(long, env = "BERTHA_API_KEY")]
+    api_key: Option<String>,
+
+    /// Pooling for /embed (default: the folder's, else mean).
+    #[arg(long)]
+    pooling: Option<String>,
+
+    /// Name reported by /info and OpenAI's `model` (default: the folder name).
+    #[arg(long)]
+    model_id: Option<String>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let dir = a.model.resolve()?;
+    let mut config = ServerConfig::new(&dir);
+    if let Some(id) = a.model_id {
+        config.model_id = id;
+    }
+    config.pooling = a
+        .pooling
+        .as_deref()
+        .map(str::parse::<Pooling>)
+        .transpose()?;
+    config.max_batch_tokens = a.max_batch_tokens.max(1);
+    config.max_concurrent_requests = a.max_concurrent_requests.max(1);
+    config.max_client_batch_size = a.max_client_batch_size.max(1);
+    config.max_input_length = a.max_input_length;
+    config.payload_limit = a.payload_limit;
+    config.api_key = a.api_key;
+    let state = AppState::load(config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        eprintln!(
+            "bertha serving {} on http://{}",
+            dir.display(),
+            listener.local_addr()?
+        );
+        bertha_server::serve(listener, state, bertha_server::shutdown_signal()).await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,820 @@
+//! Route handlers. Request and response bodies follow TEI's where TEI has
+//! the route, OpenAI's for `/v1/embeddings`, and transformers' pipelines
+//! for the routes beyond TEI (`/fill-mask`, `/ner`, `/qa`, `/attention`).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use bertha::tasks::{Aggregation, Answer, Entity, LabelScore, MaskPrediction, QaOptions};
+use bertha::{Encoded, ForwardOptions};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::batcher::{Output, Want};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+type AppResult<T> = Result<T, ApiError>;
+
+/// One item, or a list when the request was a batch. Responses are typed
+/// (not `serde_json::Value`) so f32 numbers print in their shortest form.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+type Shared = State<Arc<AppState>>;
+
+/// `Json` whose rejections are 422s naming the field, in TEI's error shape.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(JsonRejection::MissingJsonContentType(e)) => Err(ApiError {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                error_type: "Validation",
+                message: e.body_text(),
+            }),
+            Err(JsonRejection::BytesRejection(e)) => Err(ApiError {
+                status: e.status(),
+                error_type: "Validation",
+                message: e.body_text(),
+            }),
+            Err(e) => Err(ApiError::validation(e.body_text())),
+        }
+    }
+}
+
+/// One string or a list of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Inputs {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Inputs {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Inputs::One(s) => vec![s],
+            Inputs::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+pub enum TruncationDirection {
+    Left,
+    #[default]
+    Right,
+}
+
+/// Holds a slot of `--max-concurrent-requests`; refuses at once when none
+/// is free.
+fn admit(state: &AppState) -> AppResult<OwnedSemaphorePermit> {
+    state
+        .limit
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::overloaded())
+}
+
+fn check_batch(state: &AppState, n: usize) -> AppResult<()> {
+    if n == 0 {
+        return Err(ApiError::validation("`inputs` cannot be empty"));
+    }
+    let max = state.config.max_client_batch_size;
+    if n > max {
+        return Err(ApiError::validation(format!(
+            "batch size {n} > maximum allowed batch size {max}"
+        )));
+    }
+    Ok(())
+}
+
+/// Tokenizes off the async runtime; over-long inputs are a 413 unless
+/// the request asked for truncation.
+async fn tokenize(
+    state: &Arc<AppState>,
+    texts: Vec<String>,
+    truncate: bool,
+    direction: TruncationDirection,
+) -> AppResult<Vec<Encoded>> {
+    let st = state.clone();
+    let encodings = tokio::task::spawn_blocking(move || {
+        let tok = match direction {
+            TruncationDirection::Right => st.embedder.tokenizer(),
+            TruncationDirection::Left => &st.left_tokenizer,
+        };
+        tok.encode_batch(&texts)
+    })
+    .await
+    .map_err(|e| ApiError::backend(e.to_string()))??;
+    if !truncate {
+        if let Some(i) = encodings.iter().position(|e| e.truncated) {
+            return Err(ApiError::too_long(format!(
+                "Input validation error: `inputs[{i}]` must have at most {} tokens; set `truncate` to true to cut it",
+                state.max_input_length()
+            )));
+        }
+    }
+    Ok(encodings)
+}
+
+fn normalize(v: &mut [f32]) {
+    bertha::pooling::normalize_in_place(v);
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedRequest {
+    inputs: Inputs,
+    normalize: Option<bool>,
+    #[serde(default)]
+    truncate: bool,
+    #[serde(default)]
+    truncation_direction: TruncationDirection,
+    #[serde(default)]
+    #[allow(dead_code)]
+    prompt_name: Option<String>,
+}
+
+async fn pooled(
+    state: &Arc<AppState>,
+    texts: Vec<String>,
+    truncate: bool,
+    dir: TruncationDirection,
+    norm: bool,
+) -> AppResult<(Vec<Vec<f32>>, usize)> {
+    let encodings = tokenize(state, texts, truncate, dir).await?;
+    let tokens = encodings.iter().map(Encoded::len).sum();
+    let out = state
+        .batcher
+        .run(encodings, Want::Pooled)
+        .await
+        .map_err(ApiError::backend)?;
+    let Output::Pooled(mut rows) = out else {
+        return Err(ApiError::backend("the batcher answered with token vectors"));
+    };
+    if norm {
+        rows.iter_mut().for_each(|r| normalize(r));
+    }
+    Ok((rows, tokens))
+}
+
+/// `POST /embed` → `[[f32]]`
+pub async fn embed(
+    State(state): Shared,
+    Body(req): Body<EmbedRequest>,
+) -> AppResult<Json<Vec<Vec<f32>>>> {
+    let _permit = admit(&state)?;
+    let texts = req.inputs.into_vec();
+    check_batch(&state, texts.len())?;
+    let norm = req.normalize.unwrap_or(state.normalize_default);
+    let (rows, _) = pooled(&state, texts, req.truncate, req.truncation_direction, norm).await?;
+    Ok(Json(rows))
+}
+
+/// `POST /embed_all` → `[[[f32]]]`: every token's vector.
+pub async fn embed_all(
+    State(state): Shared,
+    Body(req): Body<EmbedRequest>,
+) -> AppResult<Json<Vec<Vec<Vec<f32>>>>> {
+    let _permit = admit(&state)?;
+    let texts = req.inputs.into_vec();
+    check_batch(&state, texts.len())?;
+    let encodings = tokenize(&state, texts, req.truncate, req.truncation_direction).await?;
+    let out = state
+        .batcher
+        .run(encodings, Want::Tokens)
+        .await
+        .map_err(ApiError::backend)?;
+    let Output::Tokens(rows) = out else {
+        return Err(ApiError::backend(
+            "the batcher answered with pooled vectors",
+        ));
+    };
+    let norm = req.normalize.unwrap_or(false);
+    Ok(Json(
+        rows.into_iter()
+            .map(|mut t| {
+                if norm {
+                    t.embeddings.iter_mut().for_each(|v| normalize(v));
+                }
+                t.embeddings
+            })
+            .collect(),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SimilarityInputs {
+    source_sentence: String,
+    sentences: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SimilarityRequest {
+    inputs: SimilarityInputs,
+    #[serde(default)]
+    truncate: bool,
+    #[serde(default)]
+    truncation_direction: TruncationDirection,
+}
+
+/// `POST /similarity` → cosine similarity of `source_sentence` to each of
+/// `sentences`.
+pub async fn similarity(
+    State(state): Shared,
+    Body(req): Body<SimilarityRequest>,
+) -> AppResult<Json<Vec<f32>>> {
+    let _permit = admit(&state)?;
+    let SimilarityInputs {
+        source_sentence,
+        sentences,
+    } = req.inputs;
+    check_batch(&state, sentences.len() + 1)?;
+    let mut texts = vec![source_sentence];
+    texts.extend(sentences);
+    let (rows, _) = pooled(&state, texts, req.truncate, req.truncation_direction, true).await?;
+    let (source, others) = rows.split_first().expect("at least one row");
+    Ok(Json(
+        others
+            .iter()
+            .map(|o| o.iter().zip(source).map(|(a, b)| a * b).sum())
+            .collect(),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    inputs: Inputs,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Serialize)]
+pub struct SimpleToken {
+    id: u32,
+    text: String,
+    special: bool,
+    /// Character offsets into the input; `null` for special tokens.
+    start: Option<usize>,
+    stop: Option<usize>,
+}
+
+/// `POST /tokenize` → `[[{id, text, special, start, stop}]]`
+pub async fn tokenize_route(
+    State(state): Shared,
+    Body(req): Body<TokenizeRequest>,
+) -> AppResult<Json<Vec<Vec<SimpleToken>>>> {
+    let texts = req.inputs.into_vec();
+    check_batch(&state, texts.len())?;
+    let st = state.clone();
+    let out = tokio::task::spawn_blocking(move || -> AppResult<Vec<Vec<SimpleToken>>> {
+        let inner = st.embedder.tokenizer().inner();
+        texts
+            .iter()
+            .map(|t| {
+                let e = inner
+                    .encode_char_offsets(t.as_str(), req.add_special_tokens)
+                    .map_err(|e| ApiError::validation(e.to_string()))?;
+                Ok(e.get_ids()
+                    .iter()
+                    .zip(e.get_tokens())
+                    .zip(e.get_offsets())
+                    .zip(e.get_special_tokens_mask())
+                    .map(|(((id, text), (s, end)), special)| SimpleToken {
+                        id: *id,
+                        text: text.clone(),
+                        special: *special == 1,
+                        start: (*special == 0).then_some(*s),
+                        stop: (*special == 0).then_some(*end),
+                    })
+                    .collect())
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::backend(e.to_string()))??;
+    Ok(Json(out))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Ids {
+    One(Vec<u32>),
+    Many(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DecodeRequest {
+    ids: Ids,
+    #[serde(default = "yes")]
+    skip_special_tokens: bool,
+}
+
+/// `POST /decode` → `[String]`
+pub async fn decode(
+    State(state): Shared,
+    Body(req): Body<DecodeRequest>,
+) -> AppResult<Json<Vec<String>>> {
+    let lists = match req.ids {
+        Ids::One(v) => vec![v],
+        Ids::Many(v) => v,
+    };
+    let vocab = state.embedder.tokenizer().vocab_size();
+    let mut out = Vec::with_capacity(lists.len());
+    for ids in &lists {
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+            return Err(ApiError::validation(format!(
+                "id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        out.push(
+            state
+                .embedder
+                .tokenizer()
+                .decode(ids, req.skip_special_tokens)?,
+        );
+    }
+    Ok(Json(out))
+}
+
+/// `GET /health`: 200 once a forward pass succeeds.
+pub async fn health(State(state): Shared) -> Response {
+    let probe = state
+        .embedder
+        .tokenizer()
+        .encode("")
+        .map_err(|e| e.to_string());
+    let ok = match probe {
+        Ok(e) => state.batcher.run(vec![e], Want::Pooled).await.is_ok(),
+        Err(_) => false,
+    };
+    if ok {
+        StatusCode::OK.into_response()
+    } else {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            error_type: "Unhealthy",
+            message: "the model is not answering".into(),
+        }
+        .into_response()
+    }
+}
+
+/// `GET /info`
+pub async fn info(State(state): Shared) -> Json<Value> {
+    let c = &state.config;
+    let cfg = state.embedder.model().config();
+    Json(json!({
+        "model_id": c.model_id,
+        "model_sha": null,
+        "model_dtype": "float32",
+        "model_type": { "embedding": { "pooling": state.embedder.pooling().name() } },
+        "architectures": cfg.architectures,
+        "hidden_size": cfg.hidden_size,
+        "max_concurrent_requests": c.max_concurrent_requests,
+        "max_input_length": state.max_input_length(),
+        "max_batch_tokens": c.max_batch_tokens,
+        "max_batch_requests": null,
+        "max_client_batch_size": c.max_client_batch_size,
+        "tokenization_workers": rayon_threads(),
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// `GET /metrics` (Prometheus text format)
+pub async fn metrics(State(state): Shared) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    #[default]
+    Float,
+    Base64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OpenAiRequest {
+    input: Inputs,
+    model: Option<String>,
+    #[serde(default)]
+    encoding_format: EncodingFormat,
+    #[allow(dead_code)]
+    user: Option<String>,
+    dimensions: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OpenAiVector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize)]
+pub struct OpenAiEmbedding {
+    object: &'static str,
+    embedding: OpenAiVector,
+    index: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OpenAiUsage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OpenAiResponse {
+    object: &'static str,
+    data: Vec<OpenAiEmbedding>,
+    model: String,
+    usage: OpenAiUsage,
+}
+
+/// `POST /v1/embeddings` (OpenAI): normalised vectors, `usage` in tokens.
+pub async fn openai_embeddings(
+    State(state): Shared,
+    Body(req): Body<OpenAiRequest>,
+) -> AppResult<Json<OpenAiResponse>> {
+    let _permit = admit(&state)?;
+    if let Some(d) = req.dimensions {
+        if d != state.embedder.model().config().hidden_size {
+            return Err(ApiError::validation(format!(
+                "`dimensions` {d} is not supported: this model gives {} dimensions",
+                state.embedder.model().config().hidden_size
+            )));
+        }
+    }
+    let texts = req.input.into_vec();
+    check_batch(&state, texts.len())?;
+    let (rows, tokens) = pooled(&state, texts, false, TruncationDirection::Right, true).await?;
+    let data = rows
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let embedding = match req.encoding_format {
+                EncodingFormat::Float => OpenAiVector::Float(v),
+                EncodingFormat::Base64 => {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    OpenAiVector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            };
+            OpenAiEmbedding {
+                object: "embedding",
+                embedding,
+                index,
+            }
+        })
+        .collect();
+    Ok(Json(OpenAiResponse {
+        object: "list",
+        data,
+        model: req.model.unwrap_or_else(|| state.config.model_id.clone()),
+        usage: OpenAiUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    }))
+}
+
+/// TEI's predict input: a text, a pair `[a, b]`, or a batch of either.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Sequence {
+    Single(String),
+    Pair(String, String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PredictInput {
+    Single(Sequence),
+    Batch(Vec<Sequence>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PredictRequest {
+    inputs: PredictInput,
+    #[serde(default)]
+    raw_scores: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    truncate: bool,
+}
+
+fn head_missing(what: &str, reason: String) -> ApiError {
+    ApiError::not_supported(format!("this model cannot {what}: {reason}"))
+}
+
+/// Runs blocking model work (the task pipelines) off the async runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> AppResult<T> + Send + 'static,
+) -> AppResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::backend(e.to_string()))?
+}
+
+/// `POST /predict` → `[{score, label}]`, or a list of those for a batch.
+pub async fn predict(
+    State(state): Shared,
+    Body(req): Body<PredictRequest>,
+) -> AppResult<Json<OneOrMany<Vec<LabelScore>>>> {
+    let _permit = admit(&state)?;
+    let classifier = state
+        .classifier(req.raw_scores)
+        .map_err(|e| head_missing("classify", e))?;
+    let (seqs, batch) = match req.inputs {
+        PredictInput::Single(s) => (vec![s], false),
+        PredictInput::Batch(v) => (v, true),
+    };
+    check_batch(&state, seqs.len())?;
+    let results = blocking(move || {
+        seqs.iter()
+            .map(|s| match s {
+                Sequence::Single(t) => classifier.classify(t, None, None),
+                Sequence::Pair(a, b) => classifier.classify(a, Some(b), None),
+            })
+            .collect::<bertha::Result<Vec<_>>>()
+            .map_err(ApiError::from)
+    })
+    .await?;
+    Ok(Json(if batch {
+        OneOrMany::Many(results)
+    } else {
+        OneOrMany::One(results.into_iter().next().expect("one input"))
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RerankRequest {
+    query: String,
+    texts: Vec<String>,
+    #[serde(default)]
+    return_text: bool,
+    #[serde(default)]
+    raw_scores: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    truncate: bool,
+}
+
+/// `POST /rerank` → `[{index, score, text?}]`, best first: a
+/// sequence-classification checkpoint scores each (query, text) pair.
+/// Single-output models give sigmoid(logit); several labels give the
+/// probability of the last label (the "relevant" class).
+#[derive(Debug, Serialize)]
+pub struct Rank {
+    index: usize,
+    score: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+}
+
+pub async fn rerank(
+    State(state): Shared,
+    Body(req): Body<RerankRequest>,
+) -> AppResult<Json<Vec<Rank>>> {
+    let _permit = admit(&state)?;
+    check_batch(&state, req.texts.len())?;
+    let classifier = state
+        .classifier(req.raw_scores)
+        .map_err(|e| head_missing("rerank", e))?;
+    let RerankRequest {
+        query,
+        texts,
+        return_text,
+        ..
+    } = req;
+    let ranked = blocking(move || {
+        let labels = classifier.labels();
+        let relevant = labels.last().cloned().unwrap_or_default();
+        let mut ranked = Vec::with_capacity(texts.len());
+        for (i, t) in texts.iter().enumerate() {
+            let scores = classifier.classify(&query, Some(t), None)?;
+            let score = scores
+                .iter()
+                .find(|s| s.label == relevant)
+                .map(|s| s.score)
+                .unwrap_or(f32::NAN);
+            ranked.push(Rank {
+                index: i,
+                score,
+                text: return_text.then(|| t.clone()),
+            });
+        }
+        ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
+        Ok(ranked)
+    })
+    .await?;
+    Ok(Json(ranked))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FillMaskRequest {
+    inputs: String,
+    #[serde(default = "five")]
+    top_k: usize,
+}
+
+fn five() -> usize {
+    5
+}
+
+/// `POST /fill-mask` → per mask, the `top_k` candidates (transformers'
+/// fill-mask fields: score, token, token_str, sequence).
+pub async fn fill_mask(
+    State(state): Shared,
+    Body(req): Body<FillMaskRequest>,
+) -> AppResult<Json<Vec<Vec<MaskPrediction>>>> {
+    let _permit = admit(&state)?;
+    let fm = state
+        .fill_mask()
+        .map_err(|e| head_missing("fill masks", e))?;
+    let out = blocking(move || fm.fill(&req.inputs, req.top_k).map_err(ApiError::from)).await?;
+    Ok(Json(out))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NerRequest {
+    inputs: String,
+    #[serde(default)]
+    aggregation_strategy: Option<String>,
+}
+
+/// `POST /ner` → entities (transformers' token-classification fields).
+pub async fn ner(
+    State(state): Shared,
+    Body(req): Body<NerRequest>,
+) -> AppResult<Json<Vec<Entity>>> {
+    let _permit = admit(&state)?;
+    let tc = state.ner().map_err(|e| head_missing("tag entities", e))?;
+    let agg: Aggregation = req
+        .aggregation_strategy
+        .as_deref()
+        .unwrap_or("simple")
+        .parse()
+        .map_err(|e: bertha::Error| ApiError::validation(e.to_string()))?;
+    let out = blocking(move || tc.entities(&req.inputs, agg).map_err(ApiError::from)).await?;
+    Ok(Json(out))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct QaRequest {
+    question: String,
+    context: String,
+    #[serde(default = "one")]
+    top_k: usize,
+    #[serde(default = "fifteen")]
+    max_answer_len: usize,
+    doc_stride: Option<usize>,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn fifteen() -> usize {
+    15
+}
+
+/// `POST /qa` → `{answer, score, start, end}` (a list when `top_k` > 1).
+pub async fn qa(
+    State(state): Shared,
+    Body(req): Body<QaRequest>,
+) -> AppResult<Json<OneOrMany<Answer>>> {
+    let _permit = admit(&state)?;
+    let model = state
+        .qa()
+        .map_err(|e| head_missing("answer questions", e))?;
+    let opts = QaOptions {
+        top_k: req.top_k,
+        max_answer_len: req.max_answer_len,
+        doc_stride: req.doc_stride,
+        max_seq_len: None,
+    };
+    let answers = blocking(move || {
+        model
+            .answer(&req.question, &req.context, &opts)
+            .map_err(ApiError::from)
+    })
+    .await?;
+    Ok(Json(if req.top_k == 1 && answers.len() == 1 {
+        OneOrMany::One(answers.into_iter().next().expect("one answer"))
+    } else {
+        OneOrMany::Many(answers)
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AttentionRequest {
+    inputs: String,
+    layer: Option<usize>,
+    head: Option<usize>,
+}
+
+/// `POST /attention` → `{tokens, layers, heads, attentions}`: attention
+/// probabilities [layer][head][query][key] (or one layer / head).
+#[derive(Debug, Serialize)]
+pub struct AttentionResponse {
+    tokens: Vec<String>,
+    layers: usize,
+    heads: usize,
+    /// [layer][head][query][key], only the requested layer / head if any.
+    attentions: Vec<Vec<Vec<Vec<f32>>>>,
+}
+
+pub async fn attention(
+    State(state): Shared,
+    Body(req): Body<AttentionRequest>,
+) -> AppResult<Json<AttentionResponse>> {
+    let _permit = admit(&state)?;
+    let st = state.clone();
+    let out = blocking(move || {
+        let e = st.embedder.tokenizer().encode(&req.inputs)?;
+        let model = st.embedder.model();
+        let input = bertha::BertInput::from_ids(
+            &[e.input_ids.clone()],
+            &[e.token_type_ids.clone()],
+            0,
+            model.device(),
+        )
+        .map_err(bertha::Error::from)?;
+        let opts = ForwardOptions {
+            output_attentions: true,
+            ..Default::default()
+        };
+        let res = model.forward(&input, opts)?;
+        let layers = res.attentions.unwrap_or_default();
+        let (n_layers, n_heads) = (layers.len(), model.config().num_attention_heads);
+        let pick = |i: usize, max: usize, what: &str| -> AppResult<()> {
+            (i < max).then_some(()).ok_or_else(|| {
+                ApiError::validation(format!("{what} {i} is out of range (0..{max})"))
+            })
+        };
+        if let Some(l) = req.layer {
+            pick(l, n_layers, "layer")?;
+        }
+        if let Some(h) = req.head {
+            pick(h, n_heads, "head")?;
+        }
+        let mut out = Vec::new();
+        for (l, t) in layers.iter().enumerate() {
+            if req.layer.is_some_and(|x| x != l) {
+                continue;
+            }
+            let heads: Vec<Vec<Vec<f32>>> = t
+                .squeeze(0)
+                .and_then(|t| t.to_vec3())
+                .map_err(bertha::Error::from)?;
+            let heads: Vec<_> = heads
+                .into_iter()
+                .enumerate()
+                .filter(|(h, _)| req.head.is_none_or(|x| x == *h))
+                .map(|(_, m)| m)
+                .collect();
+            out.push(heads);
+        }
+        Ok(AttentionResponse {
+            tokens: e.tokens,
+            layers: n_layers,
+            heads: n_heads,
+            attentions: out,
+        })
+    })
+    .await?;
+    Ok(Json(out))
+}

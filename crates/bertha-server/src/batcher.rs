@@ -1,0 +1,146 @@
+//! Dynamic batching: requests queue their tokenized inputs; one worker
+//! thread (off the async runtime) takes everything queued, up to
+//! `max_batch_tokens`, runs it as one batch, and answers each request
+//! with its own rows, in its own order.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bertha::tasks::TokenEmbeddings;
+use bertha::{Embedder, Encoded};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::Metrics;
+
+/// What a request wants from the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// One pooled (unnormalised) vector per input.
+    Pooled,
+    /// One vector per token per input.
+    Tokens,
+}
+
+pub enum Output {
+    Pooled(Vec<Vec<f32>>),
+    Tokens(Vec<TokenEmbeddings>),
+}
+
+struct Job {
+    inputs: Vec<Encoded>,
+    want: Want,
+    reply: oneshot::Sender<Result<Output, String>>,
+}
+
+#[derive(Clone)]
+pub struct Batcher {
+    tx: mpsc::UnboundedSender<Job>,
+    metrics: Arc<Metrics>,
+}
+
+impl Batcher {
+    /// Starts the worker thread. The embedder must not normalise: requests
+    /// choose normalisation for themselves.
+    pub fn start(embedder: Arc<Embedder>, max_batch_tokens: usize, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker_metrics = metrics.clone();
+        std::thread::Builder::new()
+            .name("bertha-batcher".into())
+            .spawn(move || worker(rx, embedder, max_batch_tokens, worker_metrics))
+            .expect("spawning the batching thread");
+        Self { tx, metrics }
+    }
+
+    pub async fn run(&self, inputs: Vec<Encoded>, want: Want) -> Result<Output, String> {
+        let (reply, rx) = oneshot::channel();
+        self.metrics.queue_depth.inc();
+        if self
+            .tx
+            .send(Job {
+                inputs,
+                want,
+                reply,
+            })
+            .is_err()
+        {
+            self.metrics.queue_depth.dec();
+            return Err("the model worker has stopped".into());
+        }
+        rx.await
+            .map_err(|_| "the model worker dropped the request".to_string())?
+    }
+}
+
+fn worker(
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    embedder: Arc<Embedder>,
+    max_batch_tokens: usize,
+    metrics: Arc<Metrics>,
+) {
+    let mut pending: Option<Job> = None;
+    loop {
+        let first = match pending.take() {
+            Some(job) => job,
+            None => match rx.blocking_recv() {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        // Take whatever else is queued for the same kind of work, within
+        // the token budget.
+        let want = first.want;
+        let mut tokens: usize = first.inputs.iter().map(Encoded::len).sum();
+        let mut jobs = vec![first];
+        while let Ok(job) = rx.try_recv() {
+            let n: usize = job.inputs.iter().map(Encoded::len).sum();
+            if job.want != want || tokens + n > max_batch_tokens {
+                pending = Some(job);
+                break;
+            }
+            tokens += n;
+            jobs.push(job);
+        }
+        for _ in &jobs {
+            metrics.queue_depth.dec();
+        }
+        let started = Instant::now();
+        let all: Vec<Encoded> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
+        metrics.batch_texts.observe(all.len() as f64);
+        metrics.batch_tokens.observe(tokens as f64);
+        metrics.input_tokens.inc_by(tokens as u64);
+        let result = match want {
+            Want::Pooled => embedder
+                .embed_encoded(&all, all.len().max(1), &mut |_| {})
+                .map(Output::Pooled),
+            Want::Tokens => embedder
+                .embed_tokens_encoded(&all, all.len().max(1), &mut |_| {})
+                .map(Output::Tokens),
+        };
+        tracing::debug!(
+            texts = all.len(),
+            tokens,
+            ms = started.elapsed().as_millis() as u64,
+            "batch"
+        );
+        match result {
+            Err(e) => {
+                let msg = e.to_string();
+                for job in jobs {
+                    let _ = job.reply.send(Err(msg.clone()));
+                }
+            }
+            Ok(Output::Pooled(mut rows)) => {
+                for job in jobs.into_iter().rev() {
+                    let mine = rows.split_off(rows.len() - job.inputs.len());
+                    let _ = job.reply.send(Ok(Output::Pooled(mine)));
+                }
+            }
+            Ok(Output::Tokens(mut rows)) => {
+                for job in jobs.into_iter().rev() {
+                    let mine = rows.split_off(rows.len() - job.inputs.len());
+                    let _ = job.reply.send(Ok(Output::Tokens(mine)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Errors as TEI sends them: a status code and
+//! `{"error": "...", "error_type": "..."}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub error_type: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn validation(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            error_type: "Validation",
+            message: message.into(),
+        }
+    }
+
+    pub fn too_long(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            error_type: "Validation",
+            message: message.into(),
+        }
+    }
+
+    pub fn overloaded() -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            error_type: "Overloaded",
+            message: "Model is overloaded".into(),
+        }
+    }
+
+    pub fn unauthorized() -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            error_type: "Unauthorized",
+            message: "Unauthorized: missing or wrong API key".into(),
+        }
+    }
+
+    pub fn backend(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            error_type: "Backend",
+            message: message.into(),
+        }
+    }
+
+    pub fn not_supported(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            error_type: "Validation",
+            message: message.into(),
+        }
+    }
+}
+
+impl From<bertha::Error> for ApiError {
+    fn from(e: bertha::Error) -> Self {
+        match e {
+            bertha::Error::Input(m) | bertha::Error::Tokenizer(m) => Self::validation(m),
+            other => Self::backend(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({ "error": self.message, "error_type": self.error_type }));
+        (self.status, body).into_response()
+    }
+}

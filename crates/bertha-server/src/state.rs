@@ -1,0 +1,151 @@
+//! What every handler shares: the model, its optional task heads, limits
+//! and metrics.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use bertha::tasks::{Classifier, FillMask, QuestionAnswerer, ScoreFunction, TokenClassifier};
+use bertha::{Device, EmbedOptions, Embedder, Pooling, Tokenizer};
+use tokio::sync::Semaphore;
+
+use crate::batcher::Batcher;
+use crate::metrics::Metrics;
+
+/// Server settings (the `bertha serve` flags).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model_dir: PathBuf,
+    /// Name reported by `/info` and OpenAI's `model` field.
+    pub model_id: String,
+    pub pooling: Option<Pooling>,
+    pub max_batch_tokens: usize,
+    pub max_concurrent_requests: usize,
+    pub max_client_batch_size: usize,
+    /// Longest input in tokens (default: the model's own limit).
+    pub max_input_length: Option<usize>,
+    /// Largest request body in bytes.
+    pub payload_limit: usize,
+    pub api_key: Option<String>,
+}
+
+impl ServerConfig {
+    pub fn new(model_dir: impl Into<PathBuf>) -> Self {
+        let model_dir = model_dir.into();
+        let model_id = model_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "bertha".into());
+        Self {
+            model_dir,
+            model_id,
+            pooling: None,
+            max_batch_tokens: 16384,
+            max_concurrent_requests: 512,
+            max_client_batch_size: 32,
+            max_input_length: None,
+            payload_limit: 2_000_000,
+            api_key: None,
+        }
+    }
+}
+
+/// A task head loaded on first use; `Err` keeps the reason it is absent.
+type Lazy<T> = OnceLock<Result<Arc<T>, String>>;
+
+pub struct AppState {
+    pub config: ServerConfig,
+    pub embedder: Arc<Embedder>,
+    /// The same tokenizer, truncating from the left.
+    pub left_tokenizer: Tokenizer,
+    pub normalize_default: bool,
+    pub batcher: Batcher,
+    pub limit: Arc<Semaphore>,
+    pub metrics: Arc<Metrics>,
+    classifier: Lazy<Classifier>,
+    raw_classifier: Lazy<Classifier>,
+    fill_mask: Lazy<FillMask>,
+    ner: Lazy<TokenClassifier>,
+    qa: Lazy<QuestionAnswerer>,
+}
+
+impl AppState {
+    pub fn load(config: ServerConfig) -> bertha::Result<Arc<Self>> {
+        let dir = &config.model_dir;
+        // Requests choose normalisation themselves, so the embedder never
+        // normalises; the folder's own choice becomes the default.
+        let spec = bertha::pooling::SentenceTransformerSpec::from_dir(dir)?;
+        let opts = EmbedOptions {
+            pooling: config.pooling,
+            normalize: Some(false),
+            max_length: config.max_input_length,
+        };
+        let mut embedder = Embedder::from_dir(dir, &Device::Cpu, &opts)?;
+        embedder.set_max_batch_tokens(config.max_batch_tokens);
+        let embedder = Arc::new(embedder);
+        let mut left_tokenizer = embedder.tokenizer().clone();
+        left_tokenizer.set_truncate_left(true)?;
+        let metrics = Arc::new(Metrics::new());
+        let batcher = Batcher::start(embedder.clone(), config.max_batch_tokens, metrics.clone());
+        Ok(Arc::new(Self {
+            limit: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
+            normalize_default: spec.map(|s| s.normalize).unwrap_or(true),
+            config,
+            embedder,
+            left_tokenizer,
+            batcher,
+            metrics,
+            classifier: OnceLock::new(),
+            raw_classifier: OnceLock::new(),
+            fill_mask: OnceLock::new(),
+            ner: OnceLock::new(),
+            qa: OnceLock::new(),
+        }))
+    }
+
+    pub fn max_input_length(&self) -> usize {
+        self.embedder.tokenizer().max_length()
+    }
+
+    pub fn classifier(&self, raw: bool) -> Result<Arc<Classifier>, String> {
+        let cell = if raw {
+            &self.raw_classifier
+        } else {
+            &self.classifier
+        };
+        cell.get_or_init(|| {
+            let c = Classifier::from_dir(&self.config.model_dir, &Device::Cpu)
+                .map_err(|e| e.to_string())?;
+            Ok(Arc::new(if raw {
+                c.with_function(ScoreFunction::None)
+            } else {
+                c
+            }))
+        })
+        .clone()
+    }
+
+    pub fn fill_mask(&self) -> Result<Arc<FillMask>, String> {
+        load(&self.fill_mask, &self.config.model_dir, FillMask::from_dir)
+    }
+
+    pub fn ner(&self) -> Result<Arc<TokenClassifier>, String> {
+        load(&self.ner, &self.config.model_dir, TokenClassifier::from_dir)
+    }
+
+    pub fn qa(&self) -> Result<Arc<QuestionAnswerer>, String> {
+        load(&self.qa, &self.config.model_dir, QuestionAnswerer::from_dir)
+    }
+}
+
+fn load<T>(
+    cell: &Lazy<T>,
+    dir: &Path,
+    f: fn(&Path, &Device) -> bertha::Result<T>,
+) -> Result<Arc<T>, String> {
+    cell.get_or_init(|| {
+        f(dir, &Device::Cpu)
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    })
+    .clone()
+}
