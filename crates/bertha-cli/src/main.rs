@@ -32,6 +32,8 @@ enum Command {
     Tokenize(commands::tokenize::Args),
     /// Sentence embeddings (or per-token embeddings with `--pooling none`).
     Embed(commands::embed::Args),
+    /// A t-SNE / PCA map of sentence vectors coloured by label, as PNG or SVG.
+    EmbedMap(commands::embed_map::Args),
     /// Cosine similarity matrix of the given texts' embeddings.
     Similarity(commands::similarity::Args),
     /// Embedding throughput on a text file: texts/s and tokens/s.
@@ -71,6 +73,7 @@ fn main() {
     let result = match cli.command {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Embed(a) => commands::embed::run(a),
+        Command::EmbedMap(a) => commands::embed_map::run(a),
         Command::Similarity(a) => commands::similarity::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),

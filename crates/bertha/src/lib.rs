@@ -12,6 +12,8 @@ pub mod input;
 pub mod kernels;
 pub mod model;
 pub mod pooling;
+#[cfg(feature = "show")]
+pub mod show;
 pub mod tasks;
 pub mod tokenizer;
 pub mod weights;

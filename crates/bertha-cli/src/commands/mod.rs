@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod classify;
 pub mod embed;
+pub mod embed_map;
 pub mod fill_mask;
 pub mod ner;
 pub mod nsp;
