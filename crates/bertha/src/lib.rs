@@ -18,7 +18,9 @@ pub mod tasks;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Activation, BertConfig, NormPosition, ProblemType};
+pub use config::{
+    Activation, AlbertOptions, BertConfig, DebertaOptions, Family, NormPosition, ProblemType,
+};
 pub use error::{Error, Result};
 pub use model::{
     BertForTask, BertHead, BertInput, BertModel, BertOutput, ForwardOptions, HeadInit, HeadKind,

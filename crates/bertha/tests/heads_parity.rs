@@ -458,8 +458,8 @@ fn multiple_choice_scores_each_choice() {
 
 /// The losses train: loaded into a `VarMap` in transformers' layout, each
 /// head's loss backpropagates to the gradients transformers computed for
-/// the head parameters listed in `inputs.json` (≤ 1e-4 of the tensor's
-/// max abs value).
+/// every parameter listed in `inputs.json` — head, pooler, encoder and
+/// embeddings (≤ 1e-4 of the tensor's max abs value).
 #[test]
 fn losses_backpropagate_like_transformers() {
     use candle_nn::{VarBuilder, VarMap};
@@ -530,11 +530,8 @@ fn losses_backpropagate_like_transformers() {
         let mut checked = 0;
         for p in inputs["grad_params"].as_array().unwrap() {
             let p = p.as_str().unwrap();
-            // Only the heads' own parameters (and the pooler): gradients
-            // into the encoder also depend on the encoder's backward pass.
-            if p.starts_with("bert.embeddings.") || p.starts_with("bert.encoder.") {
-                continue;
-            }
+            // Head, pooler, encoder and embedding parameters alike: the
+            // attention's softmax has a backward pass.
             let var = vars
                 .get(p)
                 .unwrap_or_else(|| panic!("{name}: no variable {p}"));
@@ -550,12 +547,36 @@ fn losses_backpropagate_like_transformers() {
                 .to_scalar::<f32>()
                 .unwrap();
             let d = common::max_abs_diff(got, want);
+            if scale < 1e-6 {
+                // Zero in exact arithmetic, rounding noise on both sides:
+                // QA's start/end cross-entropies have gradients that sum
+                // to 0 over the positions, so the last LayerNorm's bias
+                // (added at every position, read by the same linear
+                // qa_outputs) gets Σ_t (p_t - y_t) · W = 0 — transformers'
+                // value is ~1e-8 of noise, and a relative comparison with
+                // noise means nothing. Ours must be zero to the same order.
+                let ours = got
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(
+                    ours <= 1e-6,
+                    "{name} grad.{p}: transformers' gradient is zero (max {scale:e}), ours has {ours:e}"
+                );
+                println!("{name} grad.{p}: zero in exact arithmetic (ours {ours:e}, transformers {scale:e})");
+                checked += 1;
+                continue;
+            }
+            println!("{name} grad.{p}: {:.2e} of max {scale:.2e}", d / scale);
             assert!(
                 d <= 1e-4 * scale.max(1e-12),
                 "{name} grad.{p}: max abs diff {d:e}, scale {scale:e}"
             );
             checked += 1;
         }
-        assert!(checked > 0, "{name}: no head parameter checked");
+        assert!(checked > 0, "{name}: no parameter checked");
     }
 }

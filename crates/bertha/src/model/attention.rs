@@ -1,9 +1,10 @@
 //! `attention`: bidirectional multi-head self-attention with the padding
 //! mask, and its output projection with the residual connection.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
+use super::deberta_v2::{Disentangled, RelativeContext};
 use super::nn::{Dense, Dropout, LayerNorm};
 use crate::config::{BertConfig, NormPosition};
 
@@ -16,6 +17,8 @@ pub struct BertSelfAttention {
     pub(crate) num_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) dropout: Dropout,
+    /// DeBERTa's relative-position terms.
+    pub(crate) disentangled: Option<Disentangled>,
 }
 
 impl BertSelfAttention {
@@ -29,6 +32,7 @@ impl BertSelfAttention {
             num_heads: cfg.num_attention_heads,
             head_dim: cfg.head_dim(),
             dropout: Dropout::new(cfg.attention_probs_dropout_prob),
+            disentangled: None,
         })
     }
 
@@ -41,6 +45,17 @@ impl BertSelfAttention {
         mask: Option<&Tensor>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
+        self.forward_rel(x, mask, None, train)
+    }
+
+    /// As [`forward`](Self::forward), with DeBERTa's relative positions.
+    pub fn forward_rel(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rel: Option<&RelativeContext>,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
         let (b, t, d) = x.dims3()?;
         let split = |y: Tensor| -> Result<Tensor> {
             y.reshape((b, t, self.num_heads, self.head_dim))?
@@ -50,12 +65,20 @@ impl BertSelfAttention {
         let q = split(self.query.forward(x)?)?;
         let k = split(self.key.forward(x)?)?;
         let v = split(self.value.forward(x)?)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scale_factor = self.disentangled.as_ref().map_or(1, |dis| dis.scale_factor);
+        let scale = 1.0 / ((self.head_dim * scale_factor) as f64).sqrt();
         let mut scores = (q.matmul(&k.t()?)? * scale)?;
+        if let (Some(dis), Some(rel)) = (&self.disentangled, rel) {
+            if let Some(bias) = dis.bias(self, &q, &k, rel, train)? {
+                scores = (scores + bias)?;
+            }
+        }
         if let Some(mask) = mask {
             scores = scores.broadcast_add(mask)?;
         }
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        // The softmax with a backward pass (these modules train; inference
+        // goes through the packed path).
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
         let dropped = self.dropout.forward(&probs, train)?;
         let context = dropped.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
         Ok((context, probs))
@@ -92,15 +115,25 @@ impl BertAttention {
         mask: Option<&Tensor>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
+        self.forward_rel(x, mask, None, train)
+    }
+
+    pub fn forward_rel(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rel: Option<&RelativeContext>,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
         match self.norm_position {
             NormPosition::Post => {
-                let (ctx, probs) = self.self_attention.forward(x, mask, train)?;
+                let (ctx, probs) = self.self_attention.forward_rel(x, mask, rel, train)?;
                 let h = self.dropout.forward(&self.dense.forward(&ctx)?, train)?;
                 Ok((self.layer_norm.forward(&(h + x)?)?, probs))
             }
             NormPosition::Pre => {
                 let normed = self.layer_norm.forward(x)?;
-                let (ctx, probs) = self.self_attention.forward(&normed, mask, train)?;
+                let (ctx, probs) = self.self_attention.forward_rel(&normed, mask, rel, train)?;
                 let h = self.dropout.forward(&self.dense.forward(&ctx)?, train)?;
                 Ok(((h + x)?, probs))
             }

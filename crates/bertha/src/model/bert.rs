@@ -110,11 +110,11 @@ impl BertModel {
     /// prefix of head checkpoints.
     pub fn from_weights(weights: Weights, config: BertConfig, device: &Device) -> Result<Self> {
         let origin = weights.origin().to_path_buf();
-        let prefix = weights.base_prefix(&config.model_type).ok_or_else(|| Error::Weights {
+        let prefix = weights.base_prefix(config.family.prefix()).ok_or_else(|| Error::Weights {
             path: origin.clone(),
             reason: format!(
                 "missing tensor `embeddings.word_embeddings.weight` (also looked for `{}.embeddings.word_embeddings.weight`)",
-                config.model_type
+                config.family.prefix()
             ),
         })?;
         let has_pooler = weights.contains(&format!("{prefix}pooler.dense.weight"));
@@ -147,7 +147,11 @@ impl BertModel {
     /// Loads from any `VarBuilder` rooted at the base model.
     pub fn load(vb: VarBuilder, config: BertConfig, with_pooler: bool) -> CResult<Self> {
         let embeddings = BertEmbeddings::load(vb.pp("embeddings"), &config)?;
-        let encoder = BertEncoder::load(vb.pp("encoder"), &config)?;
+        let encoder_name = match config.family {
+            crate::config::Family::DistilBert => "transformer",
+            _ => "encoder",
+        };
+        let encoder = BertEncoder::load(vb.pp(encoder_name), &config)?;
         let pooler = if with_pooler && config.add_pooling_layer {
             Some(BertPooler::load(vb.pp("pooler"), &config)?)
         } else {
@@ -180,9 +184,10 @@ impl BertModel {
 
     pub fn forward(&self, input: &BertInput, opts: ForwardOptions) -> Result<BertOutput> {
         let (_, t) = input.input_ids.dims2()?;
-        if t > self.config.max_position_embeddings {
+        if t > self.config.max_sequence_length() {
             return Err(Error::Input(format!(
-                "input of {t} tokens is longer than the model's max_position_embeddings ({}); truncate it",
+                "input of {t} tokens is longer than the model's limit of {} (max_position_embeddings {}); truncate it",
+                self.config.max_sequence_length(),
                 self.config.max_position_embeddings
             )));
         }
@@ -190,9 +195,12 @@ impl BertModel {
     }
 
     fn forward_tensors(&self, input: &BertInput, opts: ForwardOptions) -> CResult<BertOutput> {
-        let x =
-            self.embeddings
-                .forward(&input.input_ids, input.token_type_ids.as_ref(), opts.train)?;
+        let x = self.embeddings.forward_masked(
+            &input.input_ids,
+            input.token_type_ids.as_ref(),
+            input.attention_mask.as_ref(),
+            opts.train,
+        )?;
         let mask = match &input.attention_mask {
             Some(m) => Some(additive_mask(m)?),
             None => None,

@@ -1,15 +1,81 @@
 //! `embeddings`: word + learned position (+ token type), LayerNorm, dropout.
+//! The family's variations: RoBERTa's offset positions, DeBERTa's
+//! missing positions, projection and padding mask, ALBERT's narrower
+//! width (`embedding_size`).
 
-use candle_core::{DType, Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{Embedding, Init, VarBuilder};
 
-use super::nn::{Dropout, LayerNorm};
-use crate::config::BertConfig;
+use super::nn::{Dense, Dropout, LayerNorm};
+use crate::config::{BertConfig, Family};
+
+/// `nn.Embedding(padding_idx=...)`: the rows of `ids`, where positions
+/// holding `padding_idx` read a detached copy of its row, so that no
+/// gradient reaches it (the values are the same).
+fn lookup(table: &Embedding, ids: &Tensor, padding_idx: u32) -> Result<Tensor> {
+    let ids = ids.to_dtype(DType::U32)?;
+    let live = table.forward(&ids)?;
+    let is_pad = ids.eq(padding_idx)?;
+    if is_pad.max_all()?.to_scalar::<u8>()? == 0 {
+        return Ok(live);
+    }
+    let frozen = Embedding::new(table.embeddings().detach(), live.dim(D::Minus1)?).forward(&ids)?;
+    is_pad
+        .unsqueeze(D::Minus1)?
+        .broadcast_as(live.shape())?
+        .where_cond(&frozen, &live)
+}
+
+/// How position ids are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PositionIds {
+    /// `0..T` (BERT, DistilBERT, ALBERT).
+    Absolute,
+    /// RoBERTa's `create_position_ids_from_input_ids`: non-padding tokens
+    /// count from `padding_idx + 1`, padding tokens get `padding_idx`.
+    FromPadding { padding_idx: u32 },
+    /// No position embeddings (DeBERTa with `position_biased_input` false).
+    None,
+}
+
+/// RoBERTa's position ids for `input_ids` [B, T]: each non-padding token
+/// gets `padding_idx` + its 1-based rank among the non-padding tokens of
+/// its row; padding tokens get `padding_idx`.
+pub fn roberta_position_ids(input_ids: &Tensor, padding_idx: u32) -> Result<Tensor> {
+    let (b, t) = input_ids.dims2()?;
+    let ids = input_ids.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+    let mut out = Vec::with_capacity(b * t);
+    for row in ids {
+        let mut count = 0u32;
+        for id in row {
+            if id == padding_idx {
+                out.push(padding_idx);
+            } else {
+                count += 1;
+                out.push(padding_idx + count);
+            }
+        }
+    }
+    Tensor::from_vec(out, (b, t), input_ids.device())
+}
 
 #[derive(Debug, Clone)]
 pub struct BertEmbeddings {
     pub(crate) word_embeddings: Embedding,
-    pub(crate) position_embeddings: Embedding,
+    /// Absent for DeBERTa without `position_biased_input`.
+    pub(crate) position_embeddings: Option<Embedding>,
+    pub(crate) position_ids: PositionIds,
+    /// DeBERTa's `embed_proj` (before the LayerNorm), when
+    /// `embedding_size` differs from `hidden_size`.
+    pub(crate) projection: Option<Dense>,
+    /// DeBERTa zeroes the embeddings of padding tokens.
+    pub(crate) mask_padding: bool,
+    /// RoBERTa-style models whose tokenizers give no token types: type
+    /// ids from a WordPiece pair encoding are ignored (all 0).
+    pub(crate) ignore_token_types: bool,
+    /// transformers' `padding_idx` of the word embeddings: lookups of this
+    /// id pass no gradient back to its row.
+    pub(crate) padding_idx: u32,
     /// Absent when `type_vocab_size` is 0 (the seed's mini BERT).
     pub(crate) token_type_embeddings: Option<Embedding>,
     /// Absent when `embedding_layer_norm` is false.
@@ -33,27 +99,75 @@ fn embedding(vb: VarBuilder, rows: usize, dim: usize, std: f64) -> Result<Embedd
 impl BertEmbeddings {
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
         let d = cfg.hidden_size;
+        let e = cfg.embedding_size();
         let std = cfg.initializer_range;
+        let (position_ids, projection, mask_padding) = match &cfg.family {
+            Family::Roberta => (
+                PositionIds::FromPadding {
+                    padding_idx: cfg.pad_token_id,
+                },
+                None,
+                false,
+            ),
+            Family::DebertaV2(o) => (
+                if o.position_biased_input {
+                    PositionIds::Absolute
+                } else {
+                    PositionIds::None
+                },
+                if e != d {
+                    let w = vb.pp("embed_proj").get_with_hints(
+                        (d, e),
+                        "weight",
+                        Init::Randn {
+                            mean: 0.0,
+                            stdev: std,
+                        },
+                    )?;
+                    Some(Dense::new(w, None))
+                } else {
+                    None
+                },
+                true,
+            ),
+            _ => (PositionIds::Absolute, None, false),
+        };
+        // The LayerNorm is over the embedding width, before any projection
+        // (ALBERT's projection lives in its encoder); DeBERTa projects first.
+        let norm_dim = if projection.is_some() { d } else { e };
         Ok(Self {
-            word_embeddings: embedding(vb.pp("word_embeddings"), cfg.vocab_size, d, std)?,
-            position_embeddings: embedding(
-                vb.pp("position_embeddings"),
-                cfg.max_position_embeddings,
-                d,
-                std,
-            )?,
+            word_embeddings: embedding(vb.pp("word_embeddings"), cfg.vocab_size, e, std)?,
+            position_embeddings: if position_ids == PositionIds::None {
+                None
+            } else {
+                Some(embedding(
+                    vb.pp("position_embeddings"),
+                    cfg.max_position_embeddings,
+                    e,
+                    std,
+                )?)
+            },
+            position_ids,
+            projection,
+            mask_padding,
+            ignore_token_types: matches!(cfg.family, Family::Roberta) && cfg.type_vocab_size <= 1,
+            padding_idx: cfg.pad_token_id,
             token_type_embeddings: if cfg.type_vocab_size > 0 {
                 Some(embedding(
                     vb.pp("token_type_embeddings"),
                     cfg.type_vocab_size,
-                    d,
+                    e,
                     std,
                 )?)
             } else {
                 None
             },
             layer_norm: if cfg.embedding_layer_norm {
-                Some(LayerNorm::load(vb.pp("LayerNorm"), d, cfg.layer_norm_eps)?)
+                Some(LayerNorm::load(
+                    vb.pp("LayerNorm"),
+                    norm_dim,
+                    cfg.layer_norm_eps,
+                )?)
             } else {
                 None
             },
@@ -74,27 +188,63 @@ impl BertEmbeddings {
         token_type_ids: Option<&Tensor>,
         train: bool,
     ) -> Result<Tensor> {
+        self.forward_masked(input_ids, token_type_ids, None, train)
+    }
+
+    /// As [`forward`](Self::forward), with the attention mask [B, T]
+    /// (1 for tokens, 0 for padding) for the models that use it here.
+    pub fn forward_masked(
+        &self,
+        input_ids: &Tensor,
+        token_type_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        train: bool,
+    ) -> Result<Tensor> {
         let (_, seq_len) = input_ids.dims2()?;
-        if seq_len > self.max_positions {
-            candle_core::bail!(
-                "sequence of {seq_len} tokens is longer than max_position_embeddings {}",
-                self.max_positions
-            );
+        let mut x = lookup(&self.word_embeddings, input_ids, self.padding_idx)?;
+        if let Some(pe) = &self.position_embeddings {
+            match self.position_ids {
+                PositionIds::FromPadding { padding_idx } => {
+                    let positions = roberta_position_ids(input_ids, padding_idx)?;
+                    let last = padding_idx as usize + seq_len;
+                    if last >= self.max_positions {
+                        candle_core::bail!(
+                            "sequence of {seq_len} tokens needs position {last}, beyond max_position_embeddings {}",
+                            self.max_positions
+                        );
+                    }
+                    // RoBERTa's position table has the same padding_idx.
+                    x = (x + lookup(pe, &positions, padding_idx)?)?;
+                }
+                _ => {
+                    if seq_len > self.max_positions {
+                        candle_core::bail!(
+                            "sequence of {seq_len} tokens is longer than max_position_embeddings {}",
+                            self.max_positions
+                        );
+                    }
+                    let positions = Tensor::arange(0u32, seq_len as u32, input_ids.device())?;
+                    x = x.broadcast_add(&pe.forward(&positions)?)?;
+                }
+            }
         }
-        let positions = Tensor::arange(0u32, seq_len as u32, input_ids.device())?;
-        let mut x = self
-            .word_embeddings
-            .forward(input_ids)?
-            .broadcast_add(&self.position_embeddings.forward(&positions)?)?;
         if let Some(tt) = &self.token_type_embeddings {
             let types = match token_type_ids {
-                Some(t) => t.clone(),
-                None => input_ids.zeros_like()?,
+                Some(t) if !self.ignore_token_types => t.to_dtype(DType::U32)?,
+                _ => input_ids.zeros_like()?.to_dtype(DType::U32)?,
             };
-            x = (x + tt.forward(&types.to_dtype(DType::U32)?)?)?;
+            x = (x + tt.forward(&types)?)?;
+        }
+        if let Some(p) = &self.projection {
+            x = p.forward(&x)?;
         }
         if let Some(ln) = &self.layer_norm {
             x = ln.forward(&x)?;
+        }
+        if self.mask_padding {
+            if let Some(m) = attention_mask {
+                x = x.broadcast_mul(&m.to_dtype(x.dtype())?.unsqueeze(2)?)?;
+            }
         }
         self.dropout.forward(&x, train)
     }

@@ -19,7 +19,7 @@ use candle_nn::{Init, VarBuilder};
 
 use super::bert::{BertInput, BertModel, ForwardOptions};
 use super::nn::{activate, Dense, Dropout, LayerNorm};
-use crate::config::{Activation, BertConfig, ProblemType};
+use crate::config::{Activation, BertConfig, Family, ProblemType};
 use crate::error::{Error, Result};
 use crate::weights::{strip_backtrace, SeededInit, Weights};
 
@@ -66,38 +66,102 @@ impl HeadKind {
         Self::ALL.into_iter().find(|k| k.architecture() == name)
     }
 
-    /// Whether the head reads the pooler output (and so needs the pooler).
+    /// Whether the head reads the base model's pooler output (and so
+    /// needs the pooler): BERT's and ALBERT's classifiers do; RoBERTa,
+    /// DistilBERT and DeBERTa classify from their own head on the first
+    /// token.
     pub fn uses_pooler(self) -> bool {
-        matches!(
-            self,
-            Self::PreTraining
-                | Self::NextSentencePrediction
-                | Self::SequenceClassification
-                | Self::MultipleChoice
+        self.uses_pooler_in(&Family::Bert)
+    }
+
+    pub fn uses_pooler_in(self, family: &Family) -> bool {
+        match self {
+            Self::PreTraining | Self::NextSentencePrediction => true,
+            Self::SequenceClassification => {
+                matches!(family, Family::Bert | Family::Albert(_))
+            }
+            Self::MultipleChoice => {
+                matches!(family, Family::Bert | Family::Albert(_) | Family::Roberta)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether bertha has this head for this family member.
+    pub fn supported_by(self, family: &Family) -> bool {
+        match self {
+            Self::PreTraining | Self::NextSentencePrediction => family.is_bert(),
+            Self::MultipleChoice => {
+                matches!(family, Family::Bert | Family::Albert(_) | Family::Roberta)
+            }
+            _ => true,
+        }
+    }
+
+    /// transformers' class name for this head in `family`
+    /// (`RobertaForMaskedLM`).
+    pub fn class_name(self, family: &Family) -> String {
+        let arch = self.architecture();
+        format!(
+            "{}{}",
+            family.class_prefix(),
+            arch.strip_prefix("Bert").unwrap_or(arch)
         )
+    }
+
+    /// The head of a class name of any family member.
+    pub fn from_any_architecture(name: &str) -> Option<Self> {
+        ["Bert", "Roberta", "DistilBert", "Albert", "DebertaV2"]
+            .iter()
+            .find_map(|p| {
+                let rest = name.strip_prefix(p)?;
+                Self::ALL
+                    .into_iter()
+                    .find(|k| k.architecture().strip_prefix("Bert") == Some(rest))
+            })
     }
 
     /// The tensors (relative to the checkpoint root) that the head itself
     /// owns; `base` is the encoder's prefix (`"bert."` or `""`).
-    fn head_tensors(self, base: &str) -> Vec<String> {
-        let mlm = [
-            "cls.predictions.transform.dense.weight",
-            "cls.predictions.transform.dense.bias",
-            "cls.predictions.transform.LayerNorm.weight",
-            "cls.predictions.transform.LayerNorm.bias",
-        ];
+    fn head_tensors(self, base: &str, config: &BertConfig) -> Vec<String> {
+        let family = &config.family;
+        let m = MlmNames::of(config);
+        let mlm: Vec<String> = [m.dense, m.norm]
+            .iter()
+            .flat_map(|n| {
+                ["weight", "bias"]
+                    .iter()
+                    .map(move |w| format!("{}{n}.{w}", m.root))
+            })
+            .collect();
         let nsp = ["cls.seq_relationship.weight", "cls.seq_relationship.bias"];
         let classifier = ["classifier.weight", "classifier.bias"];
         let mut names: Vec<String> = match self {
-            Self::PreTraining => mlm.iter().chain(&nsp).map(|s| s.to_string()).collect(),
-            Self::MaskedLM => mlm.iter().map(|s| s.to_string()).collect(),
+            Self::PreTraining => mlm
+                .into_iter()
+                .chain(nsp.iter().map(|s| s.to_string()))
+                .collect(),
+            Self::MaskedLM => mlm,
             Self::NextSentencePrediction => nsp.iter().map(|s| s.to_string()).collect(),
-            Self::SequenceClassification | Self::TokenClassification | Self::MultipleChoice => {
+            Self::SequenceClassification => match family {
+                Family::Roberta => vec![
+                    "classifier.dense.weight".into(),
+                    "classifier.out_proj.weight".into(),
+                ],
+                Family::DistilBert => {
+                    vec!["pre_classifier.weight".into(), "classifier.weight".into()]
+                }
+                Family::DebertaV2(_) => {
+                    vec!["pooler.dense.weight".into(), "classifier.weight".into()]
+                }
+                _ => classifier.iter().map(|s| s.to_string()).collect(),
+            },
+            Self::TokenClassification | Self::MultipleChoice => {
                 classifier.iter().map(|s| s.to_string()).collect()
             }
             Self::QuestionAnswering => vec!["qa_outputs.weight".into(), "qa_outputs.bias".into()],
         };
-        if self.uses_pooler() {
+        if self.uses_pooler_in(family) {
             names.push(format!("{base}pooler.dense.weight"));
             names.push(format!("{base}pooler.dense.bias"));
         }
@@ -105,16 +169,92 @@ impl HeadKind {
     }
 
     /// Name prefixes a fresh initialisation may fill in.
-    fn fresh_prefixes(self, base: &str) -> Vec<String> {
-        let mut p = vec![
-            "cls.".to_string(),
-            "classifier.".to_string(),
-            "qa_outputs.".to_string(),
-        ];
-        if self.uses_pooler() {
+    fn fresh_prefixes(self, base: &str, config: &BertConfig) -> Vec<String> {
+        let mut p: Vec<String> = [
+            "cls.",
+            "classifier.",
+            "qa_outputs.",
+            "lm_head.",
+            "lm_predictions.",
+            "predictions.",
+            "vocab_transform.",
+            "vocab_layer_norm.",
+            "vocab_projector.",
+            "pre_classifier.",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if matches!(config.family, Family::DebertaV2(_)) {
+            p.push("pooler.".into());
+        }
+        if self.uses_pooler_in(&config.family) {
             p.push(format!("{base}pooler."));
         }
         p
+    }
+}
+
+/// Where a family keeps its MLM head: `{root}{dense}`, `{root}{norm}`,
+/// `{root}{decoder}` and the output bias `{root}{bias}`.
+struct MlmNames {
+    root: &'static str,
+    dense: &'static str,
+    norm: &'static str,
+    decoder: &'static str,
+    bias: &'static str,
+    act: Activation,
+    /// The width the head maps to before the decoder (ALBERT: embedding_size).
+    width: usize,
+    eps: f64,
+}
+
+impl MlmNames {
+    fn of(config: &BertConfig) -> Self {
+        let bert = Self {
+            root: "cls.predictions.",
+            dense: "transform.dense",
+            norm: "transform.LayerNorm",
+            decoder: "decoder",
+            bias: "bias",
+            act: config.hidden_act,
+            width: config.hidden_size,
+            eps: config.layer_norm_eps,
+        };
+        match &config.family {
+            Family::Bert => bert,
+            Family::DebertaV2(o) if o.legacy => bert,
+            Family::DebertaV2(_) => Self {
+                root: "lm_predictions.lm_head.",
+                dense: "dense",
+                norm: "LayerNorm",
+                ..bert
+            },
+            Family::Roberta => Self {
+                root: "lm_head.",
+                dense: "dense",
+                norm: "layer_norm",
+                // RobertaLMHead applies the exact GELU whatever hidden_act says.
+                act: Activation::Gelu,
+                ..bert
+            },
+            Family::DistilBert => Self {
+                root: "",
+                dense: "vocab_transform",
+                norm: "vocab_layer_norm",
+                decoder: "vocab_projector",
+                bias: "vocab_projector.bias",
+                eps: 1e-12,
+                ..bert
+            },
+            Family::Albert(a) => Self {
+                root: "predictions.",
+                dense: "dense",
+                norm: "LayerNorm",
+                width: a.embedding_size,
+                ..bert
+            },
+        }
     }
 }
 
@@ -192,7 +332,7 @@ pub trait BertHead: Sized {
     /// Loads from a `VarBuilder` in transformers' layout (encoder under
     /// `bert.`), e.g. a `VarMap` for training.
     fn load(vb: VarBuilder, config: BertConfig) -> CResult<Self> {
-        Self::load_parts(vb.pp("bert"), vb, config)
+        Self::load_parts(vb.pp(config.family.prefix()), vb, config)
     }
 
     /// Loads `config.json` and the weights of a model folder.
@@ -263,15 +403,26 @@ fn head_var_builders(
 )> {
     let origin = weights.origin().to_path_buf();
     let prefix = weights
-        .base_prefix(&config.model_type)
+        .base_prefix(config.family.prefix())
         .ok_or_else(|| Error::Weights {
             path: origin.clone(),
             reason: format!(
                 "missing tensor `embeddings.word_embeddings.weight` (also looked for `{}.embeddings.word_embeddings.weight`)",
-                config.model_type
+                config.family.prefix()
             ),
         })?;
-    if kind.uses_pooler() && !config.add_pooling_layer {
+    if !kind.supported_by(&config.family) {
+        return Err(Error::config(
+            &origin,
+            "model_type",
+            format!(
+                "bertha has no {} head for `{}` models",
+                kind.class_name(&config.family),
+                config.model_type
+            ),
+        ));
+    }
+    if kind.uses_pooler_in(&config.family) && !config.add_pooling_layer {
         return Err(Error::config(
             &origin,
             "add_pooling_layer",
@@ -282,7 +433,7 @@ fn head_var_builders(
         && !config
             .architectures
             .iter()
-            .any(|a| a == kind.architecture())
+            .any(|a| *a == kind.class_name(&config.family))
     {
         tracing::debug!(
             "{}: loading {kind} from a checkpoint saved as {:?}",
@@ -293,7 +444,7 @@ fn head_var_builders(
     let fresh = match init {
         HeadInit::FromCheckpoint => {
             if let Some(missing) = kind
-                .head_tensors(&prefix)
+                .head_tensors(&prefix, config)
                 .into_iter()
                 .find(|n| !weights.contains(n))
             {
@@ -302,6 +453,7 @@ fn head_var_builders(
                 } else {
                     format!("saved as {}", config.architectures.join(", "))
                 };
+                let kind = kind.class_name(&config.family);
                 return Err(Error::Weights {
                     path: origin,
                     reason: format!(
@@ -312,7 +464,9 @@ fn head_var_builders(
             }
             None
         }
-        HeadInit::Fresh { seed } => Some((SeededInit::new(seed), kind.fresh_prefixes(&prefix))),
+        HeadInit::Fresh { seed } => {
+            Some((SeededInit::new(seed), kind.fresh_prefixes(&prefix, config)))
+        }
     };
     let initialised: Fresh = Arc::default();
     let backend = HeadBackend {
@@ -380,14 +534,42 @@ impl BertLMPredictionHead {
     /// `vb` is rooted at `cls.predictions`; `word_embeddings` [V, D] is the
     /// encoder's matrix, used when the decoder is tied.
     pub fn load(vb: VarBuilder, config: &BertConfig, word_embeddings: &Tensor) -> CResult<Self> {
-        let (d, v) = (config.hidden_size, config.vocab_size);
+        let names = MlmNames::of(&BertConfig {
+            family: Family::Bert,
+            ..config.clone()
+        });
+        Self::load_named(vb, &names, config, word_embeddings)
+    }
+
+    /// The family's MLM head (`cls.predictions`, `lm_head`, `vocab_*`,
+    /// `predictions`), `root` at the checkpoint root.
+    pub fn load_for(
+        root: VarBuilder,
+        config: &BertConfig,
+        word_embeddings: &Tensor,
+    ) -> CResult<Self> {
+        let names = MlmNames::of(config);
+        let vb = match names.root.trim_end_matches('.') {
+            "" => root,
+            r => root.pp(r),
+        };
+        Self::load_named(vb, &names, config, word_embeddings)
+    }
+
+    fn load_named(
+        vb: VarBuilder,
+        names: &MlmNames,
+        config: &BertConfig,
+        word_embeddings: &Tensor,
+    ) -> CResult<Self> {
+        let (d, v, e) = (config.hidden_size, config.vocab_size, names.width);
         let std = config.initializer_range;
-        let dense = Dense::load(vb.pp("transform").pp("dense"), d, d, std)?;
-        let layer_norm =
-            LayerNorm::load(vb.pp("transform").pp("LayerNorm"), d, config.layer_norm_eps)?;
-        let weight = if vb.contains_tensor("decoder.weight") || !config.tie_word_embeddings {
-            vb.pp("decoder").get_with_hints(
-                (v, d),
+        let dense = Dense::load(vb.pp(names.dense), d, e, std)?;
+        let layer_norm = LayerNorm::load(vb.pp(names.norm), e, names.eps)?;
+        let decoder_weight = format!("{}.weight", names.decoder);
+        let weight = if vb.contains_tensor(&decoder_weight) || !config.tie_word_embeddings {
+            vb.pp(names.decoder).get_with_hints(
+                (v, e),
                 "weight",
                 Init::Randn {
                     mean: 0.0,
@@ -397,17 +579,17 @@ impl BertLMPredictionHead {
         } else {
             word_embeddings.clone()
         };
-        // The bias is `cls.predictions.bias` (tied to `decoder.bias`);
-        // some old checkpoints carry only the latter.
-        let bias = if !vb.contains_tensor("bias") && vb.contains_tensor("decoder.bias") {
-            vb.pp("decoder")
-                .get_with_hints(v, "bias", Init::Const(0.0))?
+        // The bias is `{root}bias` (tied to `decoder.bias`); some old
+        // checkpoints carry only the latter.
+        let decoder_bias = format!("{}.bias", names.decoder);
+        let bias = if !vb.contains_tensor(names.bias) && vb.contains_tensor(&decoder_bias) {
+            vb.get_with_hints(v, &decoder_bias, Init::Const(0.0))?
         } else {
-            vb.get_with_hints(v, "bias", Init::Const(0.0))?
+            vb.get_with_hints(v, names.bias, Init::Const(0.0))?
         };
         Ok(Self {
             dense,
-            act: config.hidden_act,
+            act: names.act,
             layer_norm,
             decoder: Dense::new(weight, Some(bias)),
         })
@@ -433,12 +615,20 @@ fn pooled(out: &super::bert::BertOutput) -> Result<&Tensor> {
 }
 
 fn load_bert(base: VarBuilder, config: BertConfig, kind: HeadKind) -> CResult<BertModel> {
-    if kind.uses_pooler() && !config.add_pooling_layer {
+    if !kind.supported_by(&config.family) {
+        candle_core::bail!(
+            "bertha has no {} head for `{}` models",
+            kind.class_name(&config.family),
+            config.model_type
+        );
+    }
+    let pooler = kind.uses_pooler_in(&config.family);
+    if pooler && !config.add_pooling_layer {
         candle_core::bail!(
             "{kind} reads the pooler output, but the config has add_pooling_layer false"
         );
     }
-    BertModel::load(base, config, kind.uses_pooler())
+    BertModel::load(base, config, pooler)
 }
 
 fn classifier_dropout(config: &BertConfig) -> Dropout {
@@ -534,11 +724,8 @@ impl BertHead for BertForMaskedLM {
 
     fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
         let bert = load_bert(base, config.clone(), Self::KIND)?;
-        let predictions = BertLMPredictionHead::load(
-            root.pp("cls").pp("predictions"),
-            &config,
-            bert.embeddings().word_embeddings(),
-        )?;
+        let predictions =
+            BertLMPredictionHead::load_for(root, &config, bert.embeddings().word_embeddings())?;
         Ok(Self { bert, predictions })
     }
 }
@@ -954,7 +1141,7 @@ impl BertForTask {
         config
             .architectures
             .iter()
-            .find_map(|a| HeadKind::from_architecture(a))
+            .find_map(|a| HeadKind::from_any_architecture(a))
             .ok_or_else(|| {
                 let known: Vec<&str> = HeadKind::ALL.iter().map(|k| k.architecture()).collect();
                 Error::config(

@@ -4,6 +4,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::attention::BertAttention;
+use super::deberta_v2::RelativeContext;
 use super::nn::{activate, Dense, Dropout, LayerNorm};
 use crate::config::{Activation, BertConfig, NormPosition};
 
@@ -80,7 +81,18 @@ impl BertLayer {
         mask: Option<&Tensor>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
-        let (h, probs) = self.attention.forward(x, mask, train)?;
+        self.forward_rel(x, mask, None, train)
+    }
+
+    /// As [`forward`](Self::forward), with DeBERTa's relative positions.
+    pub fn forward_rel(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rel: Option<&RelativeContext>,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let (h, probs) = self.attention.forward_rel(x, mask, rel, train)?;
         let out = &self.output;
         let y = match self.norm_position {
             NormPosition::Post => {

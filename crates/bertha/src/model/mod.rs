@@ -2,8 +2,11 @@
 //! the checkpoint names transformers uses (`embeddings.word_embeddings`,
 //! `encoder.layer.N.attention.self.query`, ...).
 
+mod albert;
 mod attention;
 mod bert;
+mod deberta_v2;
+mod distilbert;
 mod embeddings;
 mod encoder;
 mod heads;
@@ -14,7 +17,8 @@ mod pooler;
 
 pub use attention::{BertAttention, BertSelfAttention};
 pub use bert::{BertInput, BertModel, BertOutput, ForwardOptions};
-pub use embeddings::BertEmbeddings;
+pub use deberta_v2::{log_bucket_position, relative_positions, RelativeContext};
+pub use embeddings::{roberta_position_ids, BertEmbeddings, PositionIds};
 pub use encoder::BertEncoder;
 pub use heads::{
     bce_with_logits, cross_entropy_with_ignore, BertForMaskedLM, BertForMultipleChoice,

@@ -124,7 +124,15 @@ impl PackedBert {
             return Ok(None);
         }
         let cfg = model.config();
+        // Only BERT itself: the family's positions, shared layers and
+        // relative attention run on the candle modules.
+        if !cfg.family.is_bert() || !model.encoder.is_plain() {
+            return Ok(None);
+        }
         let emb = &model.embeddings;
+        let Some(position_embeddings) = &emb.position_embeddings else {
+            return Ok(None);
+        };
         let layers = model
             .encoder
             .layers
@@ -154,7 +162,7 @@ impl PackedBert {
             norm_position: cfg.norm_position,
             word: flat(emb.word_embeddings.embeddings())?,
             vocab: cfg.vocab_size,
-            position: flat(emb.position_embeddings.embeddings())?,
+            position: flat(position_embeddings.embeddings())?,
             token_type: match &emb.token_type_embeddings {
                 Some(t) => Some((flat(t.embeddings())?, cfg.type_vocab_size)),
                 None => None,
