@@ -152,7 +152,24 @@ impl Tokenizer {
                 )),
             }
         };
-        let d = SpecialTokens::default();
+        // RoBERTa-style vocabularies (`<s>`, `</s>`, `<mask>`, ...) have no
+        // `[CLS]`: their special tokens are the defaults then.
+        let roberta_style = {
+            let text = std::fs::read_to_string(vocab).map_err(|e| Error::io(vocab, e))?;
+            let has = |t: &str| text.lines().any(|l| l == t);
+            !has("[CLS]") && has("<s>") && has("</s>")
+        };
+        let d = if roberta_style {
+            SpecialTokens {
+                unk: "<unk>".into(),
+                sep: "</s>".into(),
+                pad: "<pad>".into(),
+                cls: "<s>".into(),
+                mask: "<mask>".into(),
+            }
+        } else {
+            SpecialTokens::default()
+        };
         let special = SpecialTokens {
             unk: token("unk_token", &d.unk)?,
             sep: token("sep_token", &d.sep)?,
@@ -369,9 +386,9 @@ pub fn default_max_length(dir: &Path, config: &BertConfig) -> Result<usize> {
                         format!("expected a positive integer, got {n}"),
                     )
                 })?;
-                return Ok((n as usize).min(config.max_position_embeddings));
+                return Ok((n as usize).min(config.max_sequence_length()));
             }
         }
     }
-    Ok(config.max_position_embeddings)
+    Ok(config.max_sequence_length())
 }

@@ -239,3 +239,63 @@ fn family_gradients_match_transformers() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// fill-mask on every family checkpoint: the mask token of its
+/// vocabulary (`[MASK]`, or RoBERTa's `<mask>` with `<s>`/`</s>` around
+/// the text), candidates in descending order, and each score the softmax
+/// of the MLM logits at the mask, computed here from the model directly.
+#[test]
+fn fill_mask_runs_on_the_family() {
+    use bertha::tasks::FillMask;
+    for (name, text) in [
+        ("roberta-mlm", "tok5 <mask> tok7 tok8"),
+        ("distilbert-mlm", "the [MASK] of the world"),
+        ("albert-mlm", "the [MASK] of the world"),
+        ("deberta-v2-mlm", "the [MASK] of the world"),
+    ] {
+        let dir = fixtures().join("tiny").join(name);
+        let fm = FillMask::from_dir(&dir, &Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let enc = fm.tokenizer().encode(text).unwrap();
+        if name == "roberta-mlm" {
+            assert_eq!(fm.mask_token(), "<mask>");
+            // <s> tok5 <mask> tok7 tok8 </s>
+            assert_eq!(enc.input_ids, vec![0, 10, 4, 12, 13, 2]);
+        }
+        let pos = enc
+            .tokens
+            .iter()
+            .position(|t| t == fm.mask_token())
+            .unwrap();
+        let got = fm.fill(text, 5).unwrap();
+        assert_eq!(got.len(), 1, "{name}: one mask");
+        let m = BertForMaskedLM::from_dir(&dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+        let n = enc.input_ids.len();
+        let input = BertInput {
+            input_ids: Tensor::from_vec(enc.input_ids.clone(), (1, n), &Device::Cpu).unwrap(),
+            token_type_ids: None,
+            attention_mask: None,
+        };
+        let logits = m
+            .forward(&input, None, ForwardOptions::default())
+            .unwrap()
+            .logits;
+        let row = logits
+            .get(0)
+            .unwrap()
+            .get(pos)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+        let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+        let mut last = f32::INFINITY;
+        for p in &got[0] {
+            let want = ((row[p.token as usize] as f64 - max).exp() / sum) as f32;
+            assert!((p.score - want).abs() < 1e-6, "{name}: {p:?} vs {want}");
+            assert!(p.score <= last, "{name}: order");
+            last = p.score;
+        }
+        let err = fm.fill("no mask here", 5).unwrap_err().to_string();
+        assert!(err.contains(fm.mask_token()), "{name}: {err}");
+    }
+}

@@ -41,12 +41,16 @@ impl FillMask {
     }
 
     pub fn new(model: BertForMaskedLM, tokenizer: Tokenizer) -> Result<Self> {
-        let mask_token = "[MASK]".to_string();
-        let mask_id = tokenizer.token_to_id(&mask_token).ok_or_else(|| {
-            Error::Tokenizer(format!(
-                "the vocabulary has no mask token `{mask_token}`, so fill-mask cannot work"
-            ))
-        })?;
+        // BERT's `[MASK]`, or RoBERTa's / DeBERTa's `<mask>`.
+        let (mask_token, mask_id) = ["[MASK]", "<mask>"]
+            .iter()
+            .find_map(|t| tokenizer.token_to_id(t).map(|id| (t.to_string(), id)))
+            .ok_or_else(|| {
+                Error::Tokenizer(
+                    "the vocabulary has no mask token (`[MASK]` or `<mask>`), so fill-mask cannot work"
+                        .into(),
+                )
+            })?;
         Ok(Self {
             model,
             tokenizer,

@@ -22,9 +22,10 @@ pub(crate) fn load<H: BertHead>(
     let head = H::from_dir(dir, HeadInit::FromCheckpoint, device)?;
     let config = config_of(&head);
     let max_length = match max_length {
-        Some(n) if n > config.max_position_embeddings => {
+        Some(n) if n > config.max_sequence_length() => {
             return Err(Error::Input(format!(
-                "max length {n} is longer than the model's max_position_embeddings ({})",
+                "max length {n} is longer than the model's limit of {} tokens (max_position_embeddings {})",
+                config.max_sequence_length(),
                 config.max_position_embeddings
             )))
         }

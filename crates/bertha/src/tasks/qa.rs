@@ -86,14 +86,18 @@ impl QuestionAnswerer {
         inner
             .with_truncation(None)
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        let id = |t: &str| {
+        // BERT's `[CLS]`/`[SEP]`, or RoBERTa's `<s>`/`</s>`.
+        let id = |t: &str, alt: &str| {
             tokenizer
                 .token_to_id(t)
-                .ok_or_else(|| Error::Tokenizer(format!("the vocabulary has no `{t}` token")))
+                .or_else(|| tokenizer.token_to_id(alt))
+                .ok_or_else(|| {
+                    Error::Tokenizer(format!("the vocabulary has no `{t}` (or `{alt}`) token"))
+                })
         };
         Ok(Self {
-            cls_id: id("[CLS]")?,
-            sep_id: id("[SEP]")?,
+            cls_id: id("[CLS]", "<s>")?,
+            sep_id: id("[SEP]", "</s>")?,
             pad_id: tokenizer.pad_id(),
             model,
             tokenizer: inner,
@@ -107,10 +111,10 @@ impl QuestionAnswerer {
     }
 
     fn max_seq_len(&self, opts: &QaOptions) -> Result<usize> {
-        let limit = self.model.bert().config().max_position_embeddings;
+        let limit = self.model.bert().config().max_sequence_length();
         match opts.max_seq_len {
             Some(n) if n > limit => Err(Error::Input(format!(
-                "max_seq_len {n} is longer than the model's max_position_embeddings ({limit})"
+                "max_seq_len {n} is longer than the model's limit of {limit} tokens"
             ))),
             Some(n) => Ok(n),
             None => Ok(limit.min(384)),
