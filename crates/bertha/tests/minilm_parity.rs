@@ -218,23 +218,48 @@ fn packed_fast_path_matches_candle_modules_and_is_batch_invariant() {
     )
     .unwrap();
     assert!(embedder.uses_fast_path());
-    let fast = embedder.embed_tokens(&f.sentences, 32, &mut |_| {}).unwrap();
+    let fast = embedder
+        .embed_tokens(&f.sentences, 32, &mut |_| {})
+        .unwrap();
     let fast_alone: Vec<_> = f
         .sentences
         .iter()
-        .map(|s| embedder.embed_tokens(&[s], 1, &mut |_| {}).unwrap().remove(0))
+        .map(|s| {
+            embedder
+                .embed_tokens(&[s], 1, &mut |_| {})
+                .unwrap()
+                .remove(0)
+        })
         .collect();
     embedder.set_fast_path(false).unwrap();
-    let slow = embedder.embed_tokens(&f.sentences, 32, &mut |_| {}).unwrap();
+    let slow = embedder
+        .embed_tokens(&f.sentences, 32, &mut |_| {})
+        .unwrap();
     for (i, ((a, b), c)) in fast.iter().zip(&slow).zip(&fast_alone).enumerate() {
         let want = &f.expected[&format!("last_hidden_state.{i}")];
         let a_t = Tensor::new(a.embeddings.clone(), &Device::Cpu).unwrap();
         assert_close(&format!("fast path, sentence {i}"), &a_t, want, 1e-4);
-        for (x, y) in a.embeddings.iter().flatten().zip(b.embeddings.iter().flatten()) {
-            assert!((x - y).abs() <= 1e-4, "sentence {i}: fast {x} vs candle {y}");
+        for (x, y) in a
+            .embeddings
+            .iter()
+            .flatten()
+            .zip(b.embeddings.iter().flatten())
+        {
+            assert!(
+                (x - y).abs() <= 1e-4,
+                "sentence {i}: fast {x} vs candle {y}"
+            );
         }
-        for (x, y) in a.embeddings.iter().flatten().zip(c.embeddings.iter().flatten()) {
-            assert!((x - y).abs() <= 1e-5, "sentence {i}: batch 32 {x} vs alone {y}");
+        for (x, y) in a
+            .embeddings
+            .iter()
+            .flatten()
+            .zip(c.embeddings.iter().flatten())
+        {
+            assert!(
+                (x - y).abs() <= 1e-5,
+                "sentence {i}: batch 32 {x} vs alone {y}"
+            );
         }
     }
 }
@@ -242,7 +267,8 @@ fn packed_fast_path_matches_candle_modules_and_is_batch_invariant() {
 #[test]
 fn token_cap_splits_batches_without_changing_results() {
     let f = fixture();
-    let mut embedder = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
+    let mut embedder =
+        Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
     let all = embedder.embed(&f.sentences, 32, &mut |_| {}).unwrap();
     embedder.set_max_batch_tokens(20);
     let capped = embedder.embed(&f.sentences, 32, &mut |_| {}).unwrap();

@@ -282,7 +282,9 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
     let exp = read_json(&dir.join("expected.json"));
     let weights = Weights::from_safetensors(&[dir.join("weights.safetensors")]).unwrap();
     let model = BertModel::from_weights(weights, mini_bert_config(&exp), &Device::Cpu).unwrap();
-    let packed = bertha::model::PackedBert::from_model(&model).unwrap().unwrap();
+    let packed = bertha::model::PackedBert::from_model(&model)
+        .unwrap()
+        .unwrap();
     let tokens: Vec<u32> = serde_json::from_value(exp["token_ids"].clone()).unwrap();
     let types = vec![0; tokens.len()];
     let states = packed.forward(&[(&tokens, &types)]).unwrap();
@@ -292,10 +294,18 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
     }
 
     // Every tiny BERT checkpoint, both sequences packed together.
-    for name in ["bert-pretraining", "bert-mlm", "bert-seqcls", "bert-tokcls", "bert-qa"] {
+    for name in [
+        "bert-pretraining",
+        "bert-mlm",
+        "bert-seqcls",
+        "bert-tokcls",
+        "bert-qa",
+    ] {
         let dir = fixtures().join("tiny").join(name);
         let model = BertModel::from_dir(&dir, &Device::Cpu).unwrap();
-        let packed = bertha::model::PackedBert::from_model(&model).unwrap().unwrap();
+        let packed = bertha::model::PackedBert::from_model(&model)
+            .unwrap()
+            .unwrap();
         let inputs = read_json(&dir.join("inputs.json"));
         let input_ids = ids(&inputs["inputs"]["input_ids"]);
         let types = ids(&inputs["inputs"]["token_type_ids"]);
@@ -317,7 +327,12 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
         for (b, (seq, _)) in seqs.iter().enumerate() {
             let want = last.get(b).unwrap().narrow(0, 0, seq.len()).unwrap();
             let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let d = states.sequence(b).iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+            let d = states
+                .sequence(b)
+                .iter()
+                .zip(&want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
             assert!(d <= 1e-4, "{name} sequence {b}: {d:e}");
         }
     }
