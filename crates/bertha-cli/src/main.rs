@@ -34,6 +34,8 @@ enum Command {
     Embed(commands::embed::Args),
     /// A t-SNE / PCA map of sentence vectors coloured by label, as PNG or SVG.
     EmbedMap(commands::embed_map::Args),
+    /// Attention heatmap of one text (one head, or [CLS] across layers), PNG/SVG or JSON.
+    Attention(commands::attention::Args),
     /// Cosine similarity matrix of the given texts' embeddings.
     Similarity(commands::similarity::Args),
     /// Embedding throughput on a text file: texts/s and tokens/s.
@@ -74,6 +76,7 @@ fn main() {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Embed(a) => commands::embed::run(a),
         Command::EmbedMap(a) => commands::embed_map::run(a),
+        Command::Attention(a) => commands::attention::run(a),
         Command::Similarity(a) => commands::similarity::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),

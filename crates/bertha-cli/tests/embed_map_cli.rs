@@ -163,6 +163,8 @@ fn svg_has_one_circle_per_text_with_pca_and_a_labels_file() {
         labels.to_str().unwrap(),
         "--method",
         "pca",
+        "--label-names",
+        "a=alpha,c=gamma",
         "--pooling",
         "cls",
         "--out",
@@ -180,7 +182,11 @@ fn svg_has_one_circle_per_text_with_pca_and_a_labels_file() {
         svg.contains("bert-mlm · cls pooling · PCA"),
         "title names model, pooling, method"
     );
-    assert!(svg.contains("c (n=8)"), "legend with counts");
+    assert!(
+        svg.contains("gamma (n=8)"),
+        "legend with named labels and counts"
+    );
+    assert!(svg.contains("b (n=8)") && svg.contains("alpha (n=9)"));
 }
 
 #[test]

@@ -767,8 +767,8 @@ pub async fn attention(
         let e = st.embedder.tokenizer().encode(&req.inputs)?;
         let model = st.embedder.model();
         let input = bertha::BertInput::from_ids(
-            &[e.input_ids.clone()],
-            &[e.token_type_ids.clone()],
+            std::slice::from_ref(&e.input_ids),
+            std::slice::from_ref(&e.token_type_ids),
             0,
             model.device(),
         )

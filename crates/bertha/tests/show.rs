@@ -284,6 +284,12 @@ fn png_and_svg_are_valid_with_one_point_per_input() {
     );
     assert!(svg.contains("a (n=9)") && svg.contains("test map"));
 
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&png_path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o644, 0o644, "readable by all: {mode:o}");
+    }
     // No temporary files are left behind.
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(left.len(), 2);

@@ -40,6 +40,10 @@ pub struct Args {
     #[arg(long, default_value = "tsne")]
     method: String,
 
+    /// Names for the labels in the legend and CSV, e.g. `0=negative,1=positive`.
+    #[arg(long)]
+    label_names: Option<String>,
+
     /// t-SNE perplexity (neighbours per point are 3 × perplexity).
     #[arg(long, default_value_t = 30.0)]
     perplexity: f64,
@@ -112,7 +116,10 @@ pub fn run(a: Args) -> Result<()> {
         label_column: a.label_column.clone(),
         labels_file: a.labels.clone(),
     };
-    let data = LabeledTexts::read(&a.input, &spec)?.select(a.per_label, a.limit)?;
+    let mut data = LabeledTexts::read(&a.input, &spec)?.select(a.per_label, a.limit)?;
+    if let Some(names) = &a.label_names {
+        data.rename_labels(names)?;
+    }
     let tsne = TsneOptions {
         perplexity: a.perplexity,
         seed: a.seed,

@@ -1,3 +1,4 @@
+pub mod attention;
 pub mod bench;
 pub mod classify;
 pub mod embed;

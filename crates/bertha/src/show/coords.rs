@@ -17,6 +17,19 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp.write_all(bytes)
         .and_then(|()| tmp.flush())
         .map_err(|e| Error::io(tmp.path(), e))?;
+    persist(tmp, path)
+}
+
+/// Renames a finished temporary file to `path`, readable by all like a
+/// file created normally (temporary files are created owner-only).
+pub(crate) fn persist(tmp: tempfile::NamedTempFile, path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| Error::io(tmp.path(), e))?;
+    }
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     Ok(())
 }

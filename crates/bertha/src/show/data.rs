@@ -126,6 +126,33 @@ impl LabeledTexts {
         self.texts.is_empty()
     }
 
+    /// Renames labels by `KEY=NAME` pairs separated by commas (e.g.
+    /// `0=negative,1=positive`); labels not named keep their value.
+    pub fn rename_labels(&mut self, spec: &str) -> Result<()> {
+        let mut names = HashMap::new();
+        for pair in spec.split(',').filter(|p| !p.trim().is_empty()) {
+            let (key, name) = pair
+                .split_once('=')
+                .map(|(k, n)| (k.trim(), n.trim()))
+                .filter(|(k, n)| !k.is_empty() && !n.is_empty())
+                .ok_or_else(|| {
+                    Error::Input(format!(
+                        "label names: `{pair}` is not KEY=NAME (e.g. 0=negative,1=positive)"
+                    ))
+                })?;
+            names.insert(key.to_string(), name.to_string());
+        }
+        let labels = self.labels.as_mut().ok_or_else(|| {
+            Error::Input("label names were given but the input has no labels".into())
+        })?;
+        for l in labels.iter_mut() {
+            if let Some(n) = names.get(l.as_str()) {
+                l.clone_from(n);
+            }
+        }
+        Ok(())
+    }
+
     /// The first `per_label` texts of each label (in input order), then the
     /// first `limit` of those.
     pub fn select(&self, per_label: Option<usize>, limit: Option<usize>) -> Result<Self> {

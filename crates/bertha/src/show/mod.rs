@@ -14,10 +14,12 @@
 pub mod cluster;
 pub mod coords;
 pub mod data;
+pub mod heatmap;
 pub mod plot;
 pub mod reduce;
 
 pub use cluster::{knn_accuracy, silhouette, Quality, KNN_K};
 pub use data::{LabeledTexts, ReadSpec};
+pub use heatmap::Heatmap;
 pub use plot::{ImageFormat, MapPlot};
 pub use reduce::{Method, Reduced, TsneOptions};

@@ -15,9 +15,9 @@ use crate::error::{Error, Result};
 static DEJAVU_SANS: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
 /// The font family every text of a plot uses.
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
-fn register_fonts() -> Result<()> {
+pub(crate) fn register_fonts() -> Result<()> {
     static DONE: OnceLock<bool> = OnceLock::new();
     let ok = *DONE.get_or_init(|| {
         plotters::style::register_font(FONT, FontStyle::Normal, DEJAVU_SANS).is_ok()
@@ -169,8 +169,7 @@ impl MapPlot<'_> {
                     let root = BitMapBackend::new(tmp.path(), self.size).into_drawing_area();
                     self.draw(&root).map_err(|e| drawing_error(e.to_string()))?;
                 }
-                tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
-                Ok(())
+                super::coords::persist(tmp, path)
             }
         }
     }

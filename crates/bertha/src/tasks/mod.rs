@@ -1,5 +1,6 @@
 //! What users do with an encoder: one module per task.
 
+pub mod attention;
 pub mod classify;
 pub mod embed;
 pub mod fill_mask;
@@ -8,6 +9,7 @@ pub mod nsp;
 mod pipeline;
 pub mod qa;
 
+pub use attention::{AttentionMaps, AttentionModel};
 pub use classify::{Classifier, LabelScore, ScoreFunction};
 pub use embed::{cosine_similarity_matrix, EmbedOptions, Embedder, TokenEmbeddings};
 pub use fill_mask::{FillMask, MaskPrediction};
