@@ -111,10 +111,12 @@ impl QuestionAnswerer {
     }
 
     fn max_seq_len(&self, opts: &QaOptions) -> Result<usize> {
-        let limit = self.model.bert().config().max_sequence_length();
+        let config = self.model.bert().config();
+        let limit = config.max_sequence_length();
         match opts.max_seq_len {
             Some(n) if n > limit => Err(Error::Input(format!(
-                "max_seq_len {n} is longer than the model's limit of {limit} tokens"
+                "max_seq_len {n} is longer than the model's limit of {limit} tokens (max_position_embeddings {})",
+                config.max_position_embeddings
             ))),
             Some(n) => Ok(n),
             None => Ok(limit.min(384)),
