@@ -52,6 +52,8 @@ enum Command {
     Qa(commands::qa::Args),
     /// Probability that TEXT_B follows TEXT_A (a checkpoint with BERT's NSP head).
     Nsp(commands::nsp::Args),
+    /// Masked-LM (+NSP) pre-training on plain-text corpora; checkpoints transformers loads.
+    Pretrain(commands::pretrain::Args),
 }
 
 fn main() {
@@ -85,6 +87,7 @@ fn main() {
         Command::Ner(a) => commands::ner::run(a),
         Command::Qa(a) => commands::qa::run(a),
         Command::Nsp(a) => commands::nsp::run(a),
+        Command::Pretrain(a) => commands::pretrain::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

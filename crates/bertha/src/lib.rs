@@ -16,6 +16,7 @@ pub mod pooling;
 pub mod show;
 pub mod tasks;
 pub mod tokenizer;
+pub mod training;
 pub mod weights;
 
 pub use config::{

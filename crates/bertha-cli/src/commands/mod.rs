@@ -6,6 +6,7 @@ pub mod embed_map;
 pub mod fill_mask;
 pub mod ner;
 pub mod nsp;
+pub mod pretrain;
 pub mod qa;
 pub mod serve;
 pub mod similarity;

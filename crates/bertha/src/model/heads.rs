@@ -676,6 +676,15 @@ impl BertForPreTraining {
         &self.bert
     }
 
+    pub fn predictions(&self) -> &BertLMPredictionHead {
+        &self.predictions
+    }
+
+    /// The NSP classifier on the pooled output, [B, D] → [B, 2].
+    pub fn seq_relationship(&self) -> &Dense {
+        &self.seq_relationship
+    }
+
     /// `labels` [B, T] (token ids, -100 where not masked) and
     /// `next_sentence_label` [B] (0: B follows A, 1: random B): the loss is
     /// the sum of both cross-entropies, computed when both are given.

@@ -28,6 +28,6 @@ pub use heads::{
     QuestionAnsweringOutput, IGNORE_INDEX,
 };
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
-pub use nn::{Dense, Dropout, LayerNorm};
+pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
 pub use packed::{PackedBert, PackedStates};
 pub use pooler::BertPooler;

@@ -1,6 +1,10 @@
 //! Small building blocks shared by the BERT modules.
 
+use std::cell::RefCell;
+
 use candle_core::{Module, Result, Tensor, D};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use candle_nn::{Init, VarBuilder};
 
 use crate::config::Activation;
@@ -108,8 +112,33 @@ impl Dropout {
         if !train || self.p == 0.0 {
             return Ok(x.clone());
         }
-        candle_nn::ops::dropout(x, self.p as f32)
+        if self.p >= 1.0 {
+            return x.zeros_like();
+        }
+        let keep = 1.0 - self.p;
+        let scale = (1.0 / keep) as f32;
+        let n = x.elem_count();
+        let mask: Vec<f32> = DROPOUT_RNG.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let rng = slot.get_or_insert_with(StdRng::from_os_rng);
+            (0..n)
+                .map(|_| if rng.random::<f64>() < keep { scale } else { 0.0 })
+                .collect()
+        });
+        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+        x * mask
     }
+}
+
+thread_local! {
+    /// Dropout draws from this generator (candle's own is unseeded), so a
+    /// training step is reproducible: the trainer reseeds it every step.
+    static DROPOUT_RNG: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+}
+
+/// Seeds the dropout masks of this thread's next forward passes.
+pub fn seed_dropout(seed: u64) {
+    DROPOUT_RNG.with(|cell| *cell.borrow_mut() = Some(StdRng::seed_from_u64(seed)));
 }
 
 pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {

@@ -13,6 +13,7 @@
 
 pub mod cluster;
 pub mod coords;
+pub mod curve;
 pub mod data;
 pub mod heatmap;
 pub mod plot;

@@ -1,0 +1,275 @@
+//! `bertha pretrain`: masked-LM (+NSP) pre-training from scratch (or from
+//! `--init`) on plain-text corpora, with a progress bar, metrics JSON
+//! Lines, a loss curve and checkpoints that `--resume` continues exactly.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use bertha::training::{
+    presets::resolve_config, Corpus, CorpusOptions, MaskSplit, Masker, Pretrainer,
+    PretrainOptions, ScheduleKind,
+};
+use bertha::training::checkpoint::Checkpoint;
+use bertha::training::pretrain::Event;
+use bertha::{Tokenizer, Weights};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::model_dir::ModelArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Plain-text files or folders (documents are blank-line-separated
+    /// blocks; a file without blank lines is one document).
+    #[arg(long, required = true, num_args = 1..)]
+    corpus: Vec<PathBuf>,
+
+    /// A preset (tiny, mini, small, base, mini-bert-seed) or a config.json.
+    #[arg(long, default_value = "mini")]
+    config: String,
+
+    /// The tokenizer: a model folder (tokenizer.json or vocab.txt) or a
+    /// vocab.txt file. Default: the --init folder, else the default model's.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+
+    /// Start from this checkpoint's weights instead of a random init.
+    #[arg(long)]
+    init: Option<PathBuf>,
+
+    /// The output folder: metrics.jsonl, loss.png, checkpoint-N/ and the
+    /// final model files.
+    #[arg(long)]
+    out: PathBuf,
+
+    /// Also train next-sentence prediction on sentence pairs.
+    #[arg(long)]
+    nsp: bool,
+
+    /// Optimiser steps.
+    #[arg(long, conflicts_with = "epochs")]
+    steps: Option<u64>,
+
+    /// Passes over the corpus (default 1 when --steps is not given).
+    #[arg(long)]
+    epochs: Option<f64>,
+
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+
+    /// Micro-batches per optimiser step.
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+
+    #[arg(long, default_value_t = 1e-4)]
+    lr: f64,
+
+    /// Warmup: a number of steps, or a fraction of all steps when below 1.
+    #[arg(long, default_value = "0.06")]
+    warmup: f64,
+
+    /// linear, cosine or constant (after the warmup).
+    #[arg(long, default_value = "linear")]
+    schedule: String,
+
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f64,
+
+    /// Clip the global gradient norm (0 turns clipping off).
+    #[arg(long, default_value_t = 1.0)]
+    max_grad_norm: f64,
+
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+
+    #[arg(long, default_value_t = 0.15)]
+    mask_prob: f64,
+
+    /// Percentages of chosen tokens replaced by [MASK], by a random token,
+    /// and kept.
+    #[arg(long, default_value = "80,10,10")]
+    mask_split: String,
+
+    /// Choose whole words (a word and its ## pieces) for masking.
+    #[arg(long)]
+    whole_word_mask: bool,
+
+    /// Held-out text; default: the last --eval-size sequences of the corpus.
+    #[arg(long, num_args = 1..)]
+    eval_corpus: Vec<PathBuf>,
+
+    /// Held-out sequences taken from the corpus when --eval-corpus is not given.
+    #[arg(long, default_value_t = 256)]
+    eval_size: usize,
+
+    /// Evaluate every N steps (and at the end).
+    #[arg(long)]
+    eval_every: Option<u64>,
+
+    /// Write checkpoint-N every N steps (and at the end).
+    #[arg(long)]
+    save_every: Option<u64>,
+
+    /// Continue a run from a checkpoint folder (or the newest checkpoint-N
+    /// of an output folder); give the same corpus and options.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let t = if path.is_file() {
+        let config = path.with_file_name("tokenizer_config.json");
+        Tokenizer::from_vocab(path, &config, usize::MAX)?
+    } else {
+        Tokenizer::from_dir(path, usize::MAX)?
+    };
+    Ok(t)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let tokenizer_source = match (&a.tokenizer, &a.init) {
+        (Some(t), _) => t.clone(),
+        (None, Some(init)) => init.clone(),
+        (None, None) => ModelArgs { model: None }.resolve()?,
+    };
+    let tokenizer = load_tokenizer(&tokenizer_source)
+        .with_context(|| format!("loading the tokenizer from {}", tokenizer_source.display()))?;
+    let vocab_size = tokenizer.vocab_size();
+    let config = match &a.init {
+        Some(dir) => bertha::BertConfig::from_file(&dir.join("config.json"))?,
+        None => resolve_config(&a.config, vocab_size, a.seq_len)?,
+    };
+    if config.vocab_size < vocab_size {
+        bail!(
+            "the model's vocab_size {} is smaller than the tokenizer's {vocab_size} tokens",
+            config.vocab_size
+        );
+    }
+    let init = a.init.as_deref().map(Weights::from_model_dir).transpose()?;
+
+    let corpus_opts = CorpusOptions {
+        seq_len: a.seq_len,
+        nsp: a.nsp,
+        seed: a.seed,
+    };
+    let t0 = std::time::Instant::now();
+    let mut train = Corpus::read(&a.corpus, &tokenizer, &corpus_opts)?;
+    let eval = if a.eval_corpus.is_empty() {
+        let n = a.eval_size.min(train.len() / 10);
+        train.split_off_last(n)
+    } else {
+        Corpus::read(&a.eval_corpus, &tokenizer, &corpus_opts)?
+    };
+    eprintln!(
+        "corpus: {} documents, {} tokens → {} training and {} held-out sequences of ≤{} tokens ({:.1} s)",
+        train.documents,
+        train.tokens,
+        train.len(),
+        eval.len(),
+        a.seq_len,
+        t0.elapsed().as_secs_f64()
+    );
+
+    let per_step = a.batch_size * a.grad_accum;
+    let total_steps = match (a.steps, a.epochs) {
+        (Some(s), _) => s,
+        (None, e) => ((train.len() / per_step.max(1)) as f64 * e.unwrap_or(1.0)).ceil() as u64,
+    };
+    if total_steps == 0 {
+        bail!("no steps to take: the corpus gave {} sequences for batches of {per_step}", train.len());
+    }
+    let warmup_steps = if a.warmup < 1.0 {
+        (a.warmup * total_steps as f64).round() as u64
+    } else {
+        a.warmup as u64
+    };
+
+    let mask_id = ["[MASK]", "<mask>"]
+        .iter()
+        .find_map(|t| tokenizer.token_to_id(t))
+        .context("the vocabulary has no [MASK] token")?;
+    let mut masker = Masker::new(a.mask_prob, MaskSplit::parse(&a.mask_split)?, mask_id, vocab_size as u32)?;
+    masker.special = ["[CLS]", "[SEP]", "[PAD]", "[MASK]", "<s>", "</s>", "<pad>", "<mask>"]
+        .iter()
+        .filter_map(|t| tokenizer.token_to_id(t))
+        .collect();
+    if a.whole_word_mask {
+        masker.continuation = Some(
+            (0..vocab_size as u32)
+                .map(|id| tokenizer.id_to_token(id).is_some_and(|t| t.starts_with("##")))
+                .collect(),
+        );
+    }
+
+    let opts = PretrainOptions {
+        batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
+        total_steps,
+        warmup_steps,
+        schedule: ScheduleKind::parse(&a.schedule)?,
+        lr: a.lr,
+        adamw: bertha::training::AdamWConfig {
+            max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
+            ..Default::default()
+        },
+        weight_decay: a.weight_decay,
+        seed: a.seed,
+        nsp: a.nsp,
+        eval_every: a.eval_every,
+        save_every: a.save_every,
+        out: a.out.clone(),
+    };
+    let mut trainer = Pretrainer::new(
+        config,
+        init,
+        masker,
+        train,
+        eval,
+        opts,
+        tokenizer.pad_id(),
+        &tokenizer_source,
+    )?;
+    if let Some(dir) = &a.resume {
+        let ck = Checkpoint::find(dir)?;
+        trainer.resume(&ck)?;
+        eprintln!("resumed from {} at step {}", ck.display(), trainer.step());
+    }
+    eprintln!(
+        "model: {} layers, hidden {}, {} parameters; {total_steps} steps of {per_step} sequences",
+        trainer.config().num_hidden_layers,
+        trainer.config().hidden_size,
+        trainer.params().num_values()
+    );
+
+    let bar = ProgressBar::new(total_steps);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_position(trainer.step());
+    trainer.run(|event| match event {
+        Event::Step(m) => {
+            bar.set_position(m.step);
+            bar.set_message(format!(
+                "loss {:.4} acc {:.3} lr {:.2e} {:.0} tok/s",
+                m.loss, m.mlm_accuracy, m.lr, m.tokens_per_s
+            ));
+        }
+        Event::Eval(e) => bar.println(format!(
+            "step {}: held-out MLM loss {:.4}, perplexity {:.2}, accuracy {:.3}",
+            e.step, e.eval_mlm_loss, e.eval_perplexity, e.eval_mlm_accuracy
+        )),
+        Event::Saved(dir) => bar.println(format!("saved {}", dir.display())),
+    })?;
+    bar.finish_and_clear();
+    eprintln!(
+        "done: model in {}, metrics in {}",
+        a.out.display(),
+        a.out.join("metrics.jsonl").display()
+    );
+    Ok(())
+}

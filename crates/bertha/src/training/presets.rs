@@ -1,0 +1,99 @@
+//! Model sizes for pre-training from scratch: Google's small BERTs
+//! (Turc et al., 2019) and the seed's pre-LN mini BERT.
+
+use std::path::Path;
+
+use crate::config::BertConfig;
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// L=2, H=128, A=2
+    Tiny,
+    /// L=4, H=256, A=4
+    Mini,
+    /// L=4, H=512, A=8
+    Small,
+    /// L=12, H=768, A=12 (bert-base)
+    Base,
+    /// The seed's pre-LN, ReLU mini BERT, widened to the tokenizer.
+    MiniBertSeed,
+}
+
+impl Preset {
+    pub const NAMES: &'static str = "tiny, mini, small, base, mini-bert-seed";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "tiny" => Self::Tiny,
+            "mini" => Self::Mini,
+            "small" => Self::Small,
+            "base" => Self::Base,
+            "mini-bert-seed" => Self::MiniBertSeed,
+            _ => return None,
+        })
+    }
+
+    /// The config for a vocabulary of `vocab_size` and sequences of
+    /// `seq_len` tokens.
+    pub fn config(self, vocab_size: usize, seq_len: usize) -> BertConfig {
+        let (layers, hidden, heads) = match self {
+            Self::Tiny => (2, 128, 2),
+            Self::Mini => (4, 256, 4),
+            Self::Small => (4, 512, 8),
+            Self::Base => (12, 768, 12),
+            Self::MiniBertSeed => {
+                return BertConfig {
+                    vocab_size,
+                    max_position_embeddings: seq_len.max(4),
+                    ..BertConfig::mini_bert_seed()
+                }
+            }
+        };
+        BertConfig {
+            vocab_size,
+            hidden_size: hidden,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            intermediate_size: 4 * hidden,
+            max_position_embeddings: 512.max(seq_len),
+            ..BertConfig::default()
+        }
+    }
+}
+
+/// `--config`: a preset name or a `config.json`-shaped file.
+pub fn resolve_config(spec: &str, vocab_size: usize, seq_len: usize) -> Result<BertConfig> {
+    if let Some(p) = Preset::parse(spec) {
+        return Ok(p.config(vocab_size, seq_len));
+    }
+    let path = Path::new(spec);
+    if !path.is_file() {
+        return Err(Error::Input(format!(
+            "--config `{spec}`: neither a preset ({}) nor a config.json file",
+            Preset::NAMES
+        )));
+    }
+    let config = BertConfig::from_file(path)?;
+    if config.vocab_size != vocab_size {
+        return Err(Error::config(
+            path,
+            "vocab_size",
+            format!(
+                "{} but the tokenizer has {vocab_size} tokens",
+                config.vocab_size
+            ),
+        ));
+    }
+    if config.max_position_embeddings < seq_len {
+        return Err(Error::config(
+            path,
+            "max_position_embeddings",
+            format!(
+                "{} is shorter than --seq-len {seq_len}",
+                config.max_position_embeddings
+            ),
+        ));
+    }
+    Ok(config)
+}
