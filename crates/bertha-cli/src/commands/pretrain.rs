@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use bertha::training::{
-    presets::resolve_config, Corpus, CorpusOptions, MaskSplit, Masker, Pretrainer,
-    PretrainOptions, ScheduleKind,
-};
 use bertha::training::checkpoint::Checkpoint;
 use bertha::training::pretrain::Event;
+use bertha::training::{
+    presets::resolve_config, Corpus, CorpusOptions, MaskSplit, Masker, PretrainOptions, Pretrainer,
+    ScheduleKind,
+};
 use bertha::{Tokenizer, Weights};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -180,7 +180,10 @@ pub fn run(a: Args) -> Result<()> {
         (None, e) => ((train.len() / per_step.max(1)) as f64 * e.unwrap_or(1.0)).ceil() as u64,
     };
     if total_steps == 0 {
-        bail!("no steps to take: the corpus gave {} sequences for batches of {per_step}", train.len());
+        bail!(
+            "no steps to take: the corpus gave {} sequences for batches of {per_step}",
+            train.len()
+        );
     }
     let warmup_steps = if a.warmup < 1.0 {
         (a.warmup * total_steps as f64).round() as u64
@@ -188,22 +191,12 @@ pub fn run(a: Args) -> Result<()> {
         a.warmup as u64
     };
 
-    let mask_id = ["[MASK]", "<mask>"]
-        .iter()
-        .find_map(|t| tokenizer.token_to_id(t))
-        .context("the vocabulary has no [MASK] token")?;
-    let mut masker = Masker::new(a.mask_prob, MaskSplit::parse(&a.mask_split)?, mask_id, vocab_size as u32)?;
-    masker.special = ["[CLS]", "[SEP]", "[PAD]", "[MASK]", "<s>", "</s>", "<pad>", "<mask>"]
-        .iter()
-        .filter_map(|t| tokenizer.token_to_id(t))
-        .collect();
-    if a.whole_word_mask {
-        masker.continuation = Some(
-            (0..vocab_size as u32)
-                .map(|id| tokenizer.id_to_token(id).is_some_and(|t| t.starts_with("##")))
-                .collect(),
-        );
-    }
+    let masker = Masker::for_tokenizer(
+        &tokenizer,
+        a.mask_prob,
+        MaskSplit::parse(&a.mask_split)?,
+        a.whole_word_mask,
+    )?;
 
     let opts = PretrainOptions {
         batch_size: a.batch_size,
@@ -247,8 +240,10 @@ pub fn run(a: Args) -> Result<()> {
 
     let bar = ProgressBar::new(total_steps);
     bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_position(trainer.step());
     trainer.run(|event| match event {

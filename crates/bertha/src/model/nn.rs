@@ -3,9 +3,9 @@
 use std::cell::RefCell;
 
 use candle_core::{Module, Result, Tensor, D};
+use candle_nn::{Init, VarBuilder};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use candle_nn::{Init, VarBuilder};
 
 use crate::config::Activation;
 
@@ -122,7 +122,13 @@ impl Dropout {
             let mut slot = cell.borrow_mut();
             let rng = slot.get_or_insert_with(StdRng::from_os_rng);
             (0..n)
-                .map(|_| if rng.random::<f64>() < keep { scale } else { 0.0 })
+                .map(|_| {
+                    if rng.random::<f64>() < keep {
+                        scale
+                    } else {
+                        0.0
+                    }
+                })
                 .collect()
         });
         let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;

@@ -9,7 +9,12 @@ use crate::error::{Error, Result};
 
 /// Draws each named series of (x, y) points; empty series are skipped.
 /// The picture is written beside `path` and renamed into place.
-pub fn plot_curves(path: &Path, title: &str, x_desc: &str, series: &[(&str, Vec<(f64, f64)>)]) -> Result<()> {
+pub fn plot_curves(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    series: &[(&str, Vec<(f64, f64)>)],
+) -> Result<()> {
     let format = ImageFormat::from_path(path)?;
     register_fonts()?;
     let drawing_error = |e: String| Error::Input(format!("drawing {}: {e}", path.display()));
@@ -47,7 +52,10 @@ fn draw<DB: DrawingBackend>(
     series: &[(&str, Vec<(f64, f64)>)],
 ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     root.fill(&WHITE)?;
-    let points = series.iter().flat_map(|(_, s)| s.iter()).filter(|(x, y)| x.is_finite() && y.is_finite());
+    let points = series
+        .iter()
+        .flat_map(|(_, s)| s.iter())
+        .filter(|(x, y)| x.is_finite() && y.is_finite());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in points {
         x0 = x0.min(x);
@@ -76,13 +84,23 @@ fn draw<DB: DrawingBackend>(
         .bold_line_style(RGBColor(225, 225, 225))
         .light_line_style(RGBColor(243, 243, 243))
         .draw()?;
-    for (i, (name, pts)) in series.iter().enumerate().filter(|(_, (_, p))| !p.is_empty()) {
+    for (i, (name, pts)) in series
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, p))| !p.is_empty())
+    {
         let color = label_color(i);
-        let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
+        let pts: Vec<(f64, f64)> = pts
+            .iter()
+            .copied()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
         if pts.len() <= 50 {
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         }

@@ -107,7 +107,10 @@ impl Checkpoint {
             if !p.is_file() {
                 return Err(Error::io(
                     &p,
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "missing from the checkpoint"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "missing from the checkpoint",
+                    ),
                 ));
             }
             candle_core::safetensors::load(&p, &Device::Cpu).map_err(|e| Error::Weights {
@@ -135,7 +138,10 @@ impl Checkpoint {
             .filter_map(|e| {
                 let name = e.file_name().to_str()?.to_string();
                 let step: u64 = name.strip_prefix("checkpoint-")?.parse().ok()?;
-                e.path().join(STATE_FILE).is_file().then_some((step, e.path()))
+                e.path()
+                    .join(STATE_FILE)
+                    .is_file()
+                    .then_some((step, e.path()))
             })
             .max_by_key(|(step, _)| *step);
         newest.map(|(_, p)| p).ok_or_else(|| {
@@ -189,7 +195,10 @@ struct RawView {
 
 impl RawView {
     fn of(t: &Tensor) -> Result<Self> {
-        let values = t.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let values = t
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         Ok(Self {
             shape: t.dims().to_vec(),
             bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -236,7 +245,10 @@ fn copy_tokenizer(source: &Path, dir: &Path) -> Result<()> {
         let bytes = std::fs::read(source).map_err(|e| Error::io(source, e))?;
         write_atomic(&dir.join("vocab.txt"), &bytes)?;
         let config = serde_json::json!({"tokenizer_class": "BertTokenizer", "do_lower_case": true});
-        return write_atomic(&dir.join("tokenizer_config.json"), config.to_string().as_bytes());
+        return write_atomic(
+            &dir.join("tokenizer_config.json"),
+            config.to_string().as_bytes(),
+        );
     }
     for f in TOKENIZER_FILES {
         let src = source.join(f);

@@ -78,31 +78,36 @@ impl Corpus {
         let mut docs: Vec<Vec<Vec<u32>>> = Vec::new();
         let mut pending: Vec<Vec<String>> = Vec::new();
         let mut tokens = 0usize;
-        let mut flush = |pending: &mut Vec<Vec<String>>, docs: &mut Vec<Vec<Vec<u32>>>| -> Result<()> {
-            let batch: Vec<Vec<Vec<u32>>> = std::mem::take(pending)
-                .into_par_iter()
-                .map(|lines| {
-                    let pieces: Vec<String> = if opts.nsp {
-                        lines.iter().flat_map(|l| split_sentences(l)).map(str::to_string).collect()
-                    } else {
-                        lines
-                    };
-                    let enc = tk
-                        .encode_batch(pieces, false)
-                        .map_err(|e| Error::Tokenizer(format!("encoding corpus: {e}")))?;
-                    Ok(enc
-                        .into_iter()
-                        .map(|e| e.get_ids().to_vec())
-                        .filter(|ids| !ids.is_empty())
-                        .collect::<Vec<_>>())
-                })
-                .collect::<Result<_>>()?;
-            for doc in batch.into_iter().filter(|d| !d.is_empty()) {
-                tokens += doc.iter().map(Vec::len).sum::<usize>();
-                docs.push(doc);
-            }
-            Ok(())
-        };
+        let mut flush =
+            |pending: &mut Vec<Vec<String>>, docs: &mut Vec<Vec<Vec<u32>>>| -> Result<()> {
+                let batch: Vec<Vec<Vec<u32>>> = std::mem::take(pending)
+                    .into_par_iter()
+                    .map(|lines| {
+                        let pieces: Vec<String> = if opts.nsp {
+                            lines
+                                .iter()
+                                .flat_map(|l| split_sentences(l))
+                                .map(str::to_string)
+                                .collect()
+                        } else {
+                            lines
+                        };
+                        let enc = tk
+                            .encode_batch(pieces, false)
+                            .map_err(|e| Error::Tokenizer(format!("encoding corpus: {e}")))?;
+                        Ok(enc
+                            .into_iter()
+                            .map(|e| e.get_ids().to_vec())
+                            .filter(|ids| !ids.is_empty())
+                            .collect::<Vec<_>>())
+                    })
+                    .collect::<Result<_>>()?;
+                for doc in batch.into_iter().filter(|d| !d.is_empty()) {
+                    tokens += doc.iter().map(Vec::len).sum::<usize>();
+                    docs.push(doc);
+                }
+                Ok(())
+            };
         for file in &files {
             let f = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
             let mut reader = BufReader::new(f);
@@ -119,10 +124,7 @@ impl Corpus {
                     ""
                 } else {
                     std::str::from_utf8(&buf).map_err(|e| {
-                        Error::Input(format!(
-                            "{}:{line_no}: invalid UTF-8 ({e})",
-                            file.display()
-                        ))
+                        Error::Input(format!("{}:{line_no}: invalid UTF-8 ({e})", file.display()))
                     })?
                 };
                 let line = line.trim();
@@ -244,7 +246,8 @@ pub fn split_sentences(text: &str) -> Vec<&str> {
             }
             if j + 1 < chars.len() && chars[j].1.is_whitespace() {
                 let next = chars[j + 1].1;
-                if next.is_uppercase() || next.is_ascii_digit() || matches!(next, '"' | '“' | '(') {
+                if next.is_uppercase() || next.is_ascii_digit() || matches!(next, '"' | '“' | '(')
+                {
                     let end = chars[j].0;
                     let s = text[start..end].trim();
                     if !s.is_empty() {
@@ -315,8 +318,18 @@ fn nsp_examples(docs: &[Vec<Vec<u32>>], ids: &Ids, opts: &CorpusOptions) -> Vec<
                 } else {
                     1
                 };
-                let mut a: Vec<u32> = chunk[..a_end].iter().flat_map(|s| s.iter().copied()).collect();
-                let (mut b, label) = if chunk.len() == 1 || rng.random::<f64>() < 0.5 {
+                let mut a: Vec<u32> = chunk[..a_end]
+                    .iter()
+                    .flat_map(|s| s.iter().copied())
+                    .collect();
+                let real_next = rng.random::<f64>() >= 0.5;
+                let (mut b, label) = if real_next && chunk.len() == 1 && a.len() >= 2 {
+                    // One long sentence: its second part is the real
+                    // continuation (BERT would always draw a random B here,
+                    // skewing the labels on corpora of short paragraphs).
+                    let cut = rng.random_range(1..a.len());
+                    (a.split_off(cut), 0)
+                } else if chunk.len() == 1 || !real_next {
                     // A random B from another document; the unused
                     // sentences of this chunk are read again.
                     let mut other = rng.random_range(0..docs.len() - 1);
@@ -336,7 +349,10 @@ fn nsp_examples(docs: &[Vec<Vec<u32>>], ids: &Ids, opts: &CorpusOptions) -> Vec<
                     i -= chunk.len() - a_end;
                     (b, 1)
                 } else {
-                    let b: Vec<u32> = chunk[a_end..].iter().flat_map(|s| s.iter().copied()).collect();
+                    let b: Vec<u32> = chunk[a_end..]
+                        .iter()
+                        .flat_map(|s| s.iter().copied())
+                        .collect();
                     (b, 0)
                 };
                 // Trim the longer segment until the pair fits.
@@ -389,6 +405,8 @@ mod tests {
         // 252 fill two windows exactly; the separator starts the third.
         assert_eq!(lens, vec![128, 128, 128, 128]); // a tail of 10 tokens is dropped
         assert_eq!(ex[2].input_ids[..3], [1, 2, 6]);
-        assert!(ex.iter().all(|e| e.input_ids[0] == 1 && *e.input_ids.last().unwrap() == 2));
+        assert!(ex
+            .iter()
+            .all(|e| e.input_ids[0] == 1 && *e.input_ids.last().unwrap() == 2));
     }
 }

@@ -5,6 +5,7 @@
 use rand::Rng;
 
 use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
 
 /// The label of positions that carry no loss (PyTorch's ignore index).
 pub const IGNORE: i64 = -100;
@@ -38,7 +39,8 @@ impl MaskSplit {
         let [mask, random, keep] = parts[..] else {
             return Err(bad_split(text));
         };
-        if [mask, random, keep].iter().any(|p| *p < 0.0) || (mask + random + keep - 100.0).abs() > 1e-6
+        if [mask, random, keep].iter().any(|p| *p < 0.0)
+            || (mask + random + keep - 100.0).abs() > 1e-6
         {
             return Err(bad_split(text));
         }
@@ -90,6 +92,42 @@ impl Masker {
             special: vec![mask_id],
             continuation: None,
         })
+    }
+
+    /// A masker for `tokenizer`'s vocabulary: its mask token, its special
+    /// tokens excluded, `##` continuation pieces for whole-word masking.
+    pub fn for_tokenizer(
+        tokenizer: &Tokenizer,
+        mask_prob: f64,
+        split: MaskSplit,
+        whole_word: bool,
+    ) -> Result<Self> {
+        let mask_id = ["[MASK]", "<mask>"]
+            .iter()
+            .find_map(|t| tokenizer.token_to_id(t))
+            .ok_or_else(|| {
+                Error::Tokenizer("the vocabulary has no [MASK] or <mask> token".into())
+            })?;
+        let vocab_size = tokenizer.vocab_size() as u32;
+        let mut m = Self::new(mask_prob, split, mask_id, vocab_size)?;
+        m.special = [
+            "[CLS]", "[SEP]", "[PAD]", "[MASK]", "<s>", "</s>", "<pad>", "<mask>",
+        ]
+        .iter()
+        .filter_map(|t| tokenizer.token_to_id(t))
+        .collect();
+        if whole_word {
+            m.continuation = Some(
+                (0..vocab_size)
+                    .map(|id| {
+                        tokenizer
+                            .id_to_token(id)
+                            .is_some_and(|t| t.starts_with("##"))
+                    })
+                    .collect(),
+            );
+        }
+        Ok(m)
     }
 
     fn is_special(&self, id: u32) -> bool {

@@ -4,7 +4,7 @@
 //! The moments live in plain vectors so a checkpoint stores them exactly
 //! and resuming continues bit for bit.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{backprop::GradStore, Tensor};
 use rayon::prelude::*;
@@ -63,7 +63,8 @@ pub struct AdamW {
 /// Gradients summed over micro-batches, by parameter name.
 #[derive(Debug, Default)]
 pub struct GradAccumulator {
-    grads: HashMap<String, Vec<f32>>,
+    /// Name order, so the global norm sums in the same order every run.
+    grads: BTreeMap<String, Vec<f32>>,
     micro_batches: usize,
 }
 
@@ -106,9 +107,17 @@ impl AdamW {
     pub fn step(&mut self, params: &ParamStore, acc: GradAccumulator, lr: f64) -> Result<f64> {
         let scale_acc = 1.0 / acc.micro_batches.max(1) as f64;
         let mut grads = acc.grads;
+        // Fixed chunks, summed in order: the same bits on every run
+        // (a rayon reduction's tree depends on work stealing).
         let norm_sq: f64 = grads
             .values()
-            .map(|g| g.par_iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>())
+            .map(|g| {
+                g.par_chunks(1 << 14)
+                    .map(|c| c.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>())
+                    .collect::<Vec<f64>>()
+                    .iter()
+                    .sum::<f64>()
+            })
             .sum::<f64>()
             * scale_acc
             * scale_acc;

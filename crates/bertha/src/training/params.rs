@@ -46,7 +46,14 @@ fn lock_err() -> candle_core::Error {
 }
 
 impl SimpleBackend for Backend {
-    fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        h: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
         let mut vars = self.vars.lock().map_err(|_| lock_err())?;
         if let Some(v) = vars.get(name) {
             if v.shape() != &s {

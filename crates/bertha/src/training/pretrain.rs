@@ -18,8 +18,8 @@ use super::schedule::LrSchedule;
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
 use crate::model::{
-    cross_entropy_with_ignore, seed_dropout, BertForMaskedLM, BertForPreTraining, BertHead, BertInput, BertModel,
-    ForwardOptions,
+    cross_entropy_with_ignore, seed_dropout, BertForMaskedLM, BertForPreTraining, BertHead,
+    BertInput, BertModel, ForwardOptions,
 };
 use crate::weights::Weights;
 
@@ -223,7 +223,8 @@ impl Pretrainer {
     /// Continues from a checkpoint written by this loop.
     pub fn resume(&mut self, dir: &Path) -> Result<()> {
         let ck = Checkpoint::load(dir)?;
-        self.params.load(&ck.model, &ck.dir.join(super::checkpoint::MODEL_FILE))?;
+        self.params
+            .load(&ck.model, &ck.dir.join(super::checkpoint::MODEL_FILE))?;
         self.optim.load_state(ck.state.step, &ck.optimizer)?;
         if ck.state.seed != self.opts.seed {
             tracing::warn!(
@@ -346,7 +347,8 @@ impl Pretrainer {
                 .as_ref()
                 .ok_or_else(|| Error::Input("NSP needs the pooler output".into()))?;
             let logits = m.seq_relationship().forward(pooled)?;
-            let nsp = cross_entropy_with_ignore(&logits, &nsp_labels, IGNORE, "next_sentence_label")?;
+            let nsp =
+                cross_entropy_with_ignore(&logits, &nsp_labels, IGNORE, "next_sentence_label")?;
             fig.nsp_loss = Some(nsp.to_scalar::<f32>()? as f64);
             loss = Some(match loss {
                 Some(l) => l.add(&nsp)?,
@@ -387,7 +389,14 @@ impl Pretrainer {
     /// Runs until `total_steps`, reporting every step, evaluation and
     /// checkpoint to `on_event`; writes `metrics.jsonl`, `loss.png`, the
     /// checkpoints and finally the model files into `out`.
-    pub fn run(&mut self, mut on_event: impl FnMut(&Event)) -> Result<()> {
+    pub fn run(&mut self, on_event: impl FnMut(&Event)) -> Result<()> {
+        self.run_until(self.opts.total_steps, on_event)
+    }
+
+    /// [`Pretrainer::run`], stopping after step `stop` (the model files
+    /// are written only when the run reaches its last step).
+    pub fn run_until(&mut self, stop: u64, mut on_event: impl FnMut(&Event)) -> Result<()> {
+        let stop = stop.min(self.opts.total_steps);
         let out = self.opts.out.clone();
         std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
         let metrics_path = out.join("metrics.jsonl");
@@ -397,7 +406,7 @@ impl Pretrainer {
             .open(&metrics_path)
             .map_err(|e| Error::io(&metrics_path, e))?;
         let started = Instant::now();
-        while self.step < self.opts.total_steps {
+        while self.step < stop {
             let t0 = Instant::now();
             let mut acc = GradAccumulator::default();
             let mut figs = Vec::with_capacity(self.opts.grad_accum);
@@ -454,22 +463,34 @@ impl Pretrainer {
             on_event(&Event::Step(m.clone()));
             self.history.push(m);
             let last = self.step == self.opts.total_steps;
-            if last || self.opts.eval_every.is_some_and(|e| self.step % e == 0) {
+            if last
+                || self
+                    .opts
+                    .eval_every
+                    .is_some_and(|e| self.step.is_multiple_of(e))
+            {
                 if let Some(e) = self.evaluate()? {
                     append_line(&mut metrics, &metrics_path, &e)?;
                     on_event(&Event::Eval(e.clone()));
                     self.evals.push(e);
                 }
             }
-            if last || self.opts.save_every.is_some_and(|s| self.step % s == 0) {
+            if last
+                || self
+                    .opts
+                    .save_every
+                    .is_some_and(|s| self.step.is_multiple_of(s))
+            {
                 let dir = out.join(format!("checkpoint-{}", self.step));
                 self.save_checkpoint(&dir)?;
                 self.plot(&out)?;
                 on_event(&Event::Saved(dir));
             }
         }
-        Checkpoint::save_model_files(&out, &self.parts(None))?;
-        self.plot(&out)?;
+        if self.step == self.opts.total_steps {
+            Checkpoint::save_model_files(&out, &self.parts(None))?;
+            self.plot(&out)?;
+        }
         Ok(())
     }
 
@@ -498,8 +519,16 @@ impl Pretrainer {
     /// `loss.png`: training loss per step and held-out loss.
     #[cfg(feature = "show")]
     fn plot(&self, out: &Path) -> Result<()> {
-        let train: Vec<(f64, f64)> = self.history.iter().map(|m| (m.step as f64, m.mlm_loss)).collect();
-        let eval: Vec<(f64, f64)> = self.evals.iter().map(|e| (e.step as f64, e.eval_mlm_loss)).collect();
+        let train: Vec<(f64, f64)> = self
+            .history
+            .iter()
+            .map(|m| (m.step as f64, m.mlm_loss))
+            .collect();
+        let eval: Vec<(f64, f64)> = self
+            .evals
+            .iter()
+            .map(|e| (e.step as f64, e.eval_mlm_loss))
+            .collect();
         crate::show::curve::plot_curves(
             &out.join("loss.png"),
             "MLM loss",

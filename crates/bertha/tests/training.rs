@@ -1,0 +1,548 @@
+//! The training engine: masking statistics, the schedule and AdamW against
+//! their definitions, exact resume, overfitting a few sentences, and
+//! checkpoints with transformers' tensor names.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use bertha::training::masking::IGNORE;
+use bertha::training::optim::GradAccumulator;
+use bertha::training::pretrain::Event;
+use bertha::training::{
+    rng_for, AdamW, AdamWConfig, Corpus, CorpusOptions, LrSchedule, MaskSplit, Masker, ParamStore,
+    PretrainOptions, Pretrainer, ScheduleKind, StepMetrics,
+};
+use bertha::{BertConfig, Device, Tensor, Tokenizer};
+use common::{fixtures, load_safetensors};
+
+fn masker(split: MaskSplit) -> Masker {
+    let mut m = Masker::new(0.15, split, 103, 30522).unwrap();
+    m.special = vec![0, 101, 102, 103];
+    m
+}
+
+/// Sequences shaped like BERT inputs: [CLS] … [SEP] with padding.
+fn sample_sequences(n: usize) -> Vec<Vec<u32>> {
+    let mut rng = rng_for(7, 0, 0);
+    (0..n)
+        .map(|_| {
+            use rand::Rng;
+            let len = rng.random_range(20..126);
+            let mut s = vec![101];
+            s.extend((0..len).map(|_| rng.random_range(1000..30000u32)));
+            s.push(102);
+            s.resize(128, 0);
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn masking_statistics_match_bert() {
+    let seqs = sample_sequences(4000);
+    let m = masker(MaskSplit::default());
+    let mut rng = rng_for(1, 2, 3);
+    let (mut maskable, mut chosen, mut to_mask, mut to_random, mut kept) = (0, 0, 0, 0, 0);
+    for s in &seqs {
+        let out = m.mask(s, &mut rng);
+        assert_eq!(out.input_ids.len(), s.len());
+        #[allow(clippy::needless_range_loop)] // three arrays, one index
+        for i in 0..s.len() {
+            let special = [0, 101, 102, 103].contains(&s[i]);
+            if special {
+                assert_eq!(out.labels[i], IGNORE, "special token {} chosen", s[i]);
+                assert_eq!(out.input_ids[i], s[i], "special token replaced");
+                continue;
+            }
+            maskable += 1;
+            if out.labels[i] == IGNORE {
+                assert_eq!(out.input_ids[i], s[i], "an unchosen token changed");
+                continue;
+            }
+            chosen += 1;
+            assert_eq!(out.labels[i], i64::from(s[i]));
+            if out.input_ids[i] == 103 {
+                to_mask += 1;
+            } else if out.input_ids[i] == s[i] {
+                kept += 1;
+            } else {
+                assert!(![0, 101, 102].contains(&out.input_ids[i]));
+                to_random += 1;
+            }
+        }
+    }
+    let rate = chosen as f64 / maskable as f64;
+    println!("{maskable} maskable, {chosen} chosen ({rate:.4}), {to_mask}/{to_random}/{kept}");
+    assert!(maskable > 200_000);
+    assert!((rate - 0.15).abs() < 0.005, "chosen {rate}");
+    let c = chosen as f64;
+    assert!((to_mask as f64 / c - 0.80).abs() < 0.01);
+    assert!((to_random as f64 / c - 0.10).abs() < 0.01);
+    assert!((kept as f64 / c - 0.10).abs() < 0.01);
+}
+
+#[test]
+fn masking_ablation_splits() {
+    let seqs = sample_sequences(500);
+    for (split, want) in [
+        ("100,0,0", [1.0, 0.0, 0.0]),
+        ("0,0,100", [0.0, 0.0, 1.0]),
+        ("50,50,0", [0.5, 0.5, 0.0]),
+    ] {
+        let m = masker(MaskSplit::parse(split).unwrap());
+        let mut rng = rng_for(3, 0, 0);
+        let mut counts = [0usize; 3];
+        for s in &seqs {
+            let out = m.mask(s, &mut rng);
+            for i in (0..s.len()).filter(|&i| out.labels[i] != IGNORE) {
+                let k = if out.input_ids[i] == 103 {
+                    0
+                } else if out.input_ids[i] == s[i] {
+                    2
+                } else {
+                    1
+                };
+                counts[k] += 1;
+            }
+        }
+        let n = counts.iter().sum::<usize>() as f64;
+        for k in 0..3 {
+            assert!(
+                (counts[k] as f64 / n - want[k]).abs() < 0.03,
+                "{split}: {counts:?}"
+            );
+        }
+    }
+    for bad in ["80,10", "80,10,20", "a,b,c", "-10,60,50"] {
+        let err = MaskSplit::parse(bad).unwrap_err().to_string();
+        assert!(err.contains("--mask-split"), "{err}");
+    }
+}
+
+#[test]
+fn whole_word_masking_takes_every_piece_of_a_word() {
+    // ids 10..20 start words, 20..30 are `##` pieces.
+    let mut m = Masker::new(0.3, MaskSplit::parse("100,0,0").unwrap(), 3, 40).unwrap();
+    m.special = vec![0, 1, 2, 3];
+    m.continuation = Some((0..40).map(|id| (20..30).contains(&id)).collect());
+    let seq = [1, 10, 20, 21, 11, 12, 22, 13, 2];
+    let words: [&[usize]; 4] = [&[1, 2, 3], &[4], &[5, 6], &[7]];
+    let mut rng = rng_for(5, 0, 0);
+    let mut any = 0;
+    for _ in 0..200 {
+        let out = m.mask(&seq, &mut rng);
+        for w in words {
+            let picked: Vec<bool> = w.iter().map(|&i| out.labels[i] != IGNORE).collect();
+            assert!(
+                picked.iter().all(|&p| p == picked[0]),
+                "a word split: {:?}",
+                out.labels
+            );
+            any += picked[0] as usize;
+        }
+        assert_eq!(out.labels[0], IGNORE);
+        assert_eq!(out.labels[8], IGNORE);
+    }
+    assert!(any > 100 && any < 400, "{any}");
+}
+
+#[test]
+fn schedules_follow_transformers() {
+    let s = LrSchedule {
+        peak: 1e-3,
+        warmup: 10,
+        total: 110,
+        kind: ScheduleKind::Linear,
+    };
+    assert_eq!(s.lr(0), 0.0);
+    assert!((s.lr(5) - 5e-4).abs() < 1e-15);
+    assert!((s.lr(10) - 1e-3).abs() < 1e-15);
+    assert!((s.lr(60) - 5e-4).abs() < 1e-15);
+    assert_eq!(s.lr(110), 0.0);
+    let c = LrSchedule {
+        kind: ScheduleKind::Cosine,
+        ..s
+    };
+    assert!((c.lr(60) - 5e-4).abs() < 1e-12);
+    assert!(c.lr(110).abs() < 1e-15);
+    let k = LrSchedule {
+        kind: ScheduleKind::Constant,
+        ..s
+    };
+    assert_eq!(k.lr(100), 1e-3);
+}
+
+/// AdamW against torch.optim.AdamW's update written out in f64.
+#[test]
+fn adamw_matches_the_torch_update() {
+    let dev = Device::Cpu;
+    let (mut store, vb) = ParamStore::builder(None, "bert.", 0, &dev);
+    let w = vb
+        .get_with_hints(3, "dense.weight", candle_nn::Init::Const(0.5))
+        .unwrap();
+    let b = vb
+        .get_with_hints(3, "dense.bias", candle_nn::Init::Const(0.5))
+        .unwrap();
+    store.freeze().unwrap();
+    let cfg = AdamWConfig {
+        weight_decay: 0.1,
+        max_grad_norm: None,
+        ..AdamWConfig::default()
+    };
+    let mut opt = AdamW::new(cfg);
+    let x = Tensor::new(&[1.0f32, -2.0, 3.0], &dev).unwrap();
+    let (mut pw, mut pb) = (vec![0.5f64; 3], vec![0.5f64; 3]);
+    let (mut m, mut v) = (vec![0.0f64; 6], vec![0.0f64; 6]);
+    for t in 1..=3 {
+        let lr = 0.01 * t as f64;
+        // loss = sum((w * x)^2) + sum(b): dL/dw = 2 w x², dL/db = 1
+        let loss =
+            ((&w * &x).unwrap().sqr().unwrap().sum_all().unwrap() + b.sum_all().unwrap()).unwrap();
+        let mut acc = GradAccumulator::default();
+        acc.add(&store, &loss.backward().unwrap()).unwrap();
+        opt.step(&store, acc, lr).unwrap();
+        let xs = [1.0f64, -2.0, 3.0];
+        for i in 0..6 {
+            let (p, decay) = if i < 3 {
+                (&mut pw[i], 0.1)
+            } else {
+                (&mut pb[i - 3], 0.0)
+            };
+            let g = if i < 3 { 2.0 * *p * xs[i] * xs[i] } else { 1.0 };
+            m[i] = 0.9 * m[i] + 0.1 * g;
+            v[i] = 0.999 * v[i] + 0.001 * g * g;
+            *p *= 1.0 - lr * decay;
+            let mhat = m[i] / (1.0 - 0.9f64.powi(t));
+            let vhat = v[i] / (1.0 - 0.999f64.powi(t));
+            *p -= lr * mhat / (vhat.sqrt() + 1e-8);
+        }
+    }
+    let got_w = w.to_vec1::<f32>().unwrap();
+    let got_b = b.to_vec1::<f32>().unwrap();
+    for i in 0..3 {
+        assert!(
+            (got_w[i] as f64 - pw[i]).abs() < 1e-6,
+            "w{i}: {} vs {}",
+            got_w[i],
+            pw[i]
+        );
+        assert!(
+            (got_b[i] as f64 - pb[i]).abs() < 1e-6,
+            "b{i}: {} vs {}",
+            got_b[i],
+            pb[i]
+        );
+    }
+}
+
+#[test]
+fn gradient_clipping_bounds_the_global_norm() {
+    let dev = Device::Cpu;
+    let (mut store, vb) = ParamStore::builder(None, "bert.", 0, &dev);
+    let w = vb
+        .get_with_hints(4, "w", candle_nn::Init::Const(0.0))
+        .unwrap();
+    store.freeze().unwrap();
+    let mut opt = AdamW::new(AdamWConfig {
+        weight_decay: 0.0,
+        max_grad_norm: Some(1.0),
+        ..AdamWConfig::default()
+    });
+    let target = Tensor::new(&[3.0f32, 4.0, 0.0, 0.0], &dev).unwrap();
+    let loss = (&w * &target).unwrap().sum_all().unwrap();
+    let mut acc = GradAccumulator::default();
+    acc.add(&store, &loss.backward().unwrap()).unwrap();
+    let norm = opt.step(&store, acc, 0.1).unwrap();
+    assert!((norm - 5.0).abs() < 1e-9, "norm {norm}");
+}
+
+fn tokenizer() -> (Tokenizer, PathBuf) {
+    let dir = fixtures().join("minilm-tokenizer");
+    (Tokenizer::from_dir(&dir, 512).unwrap(), dir)
+}
+
+fn micro_config(vocab: usize) -> BertConfig {
+    BertConfig {
+        vocab_size: vocab,
+        hidden_size: 32,
+        num_hidden_layers: 2,
+        num_attention_heads: 2,
+        intermediate_size: 64,
+        max_position_embeddings: 64,
+        ..BertConfig::default()
+    }
+}
+
+fn options(out: &Path, steps: u64, nsp: bool) -> PretrainOptions {
+    PretrainOptions {
+        batch_size: 4,
+        grad_accum: 2,
+        total_steps: steps,
+        warmup_steps: 2,
+        schedule: ScheduleKind::Linear,
+        lr: 1e-3,
+        adamw: AdamWConfig::default(),
+        weight_decay: 0.01,
+        seed: 11,
+        nsp,
+        eval_every: None,
+        save_every: None,
+        out: out.to_path_buf(),
+    }
+}
+
+fn trainer(corpus_text: &Path, opts: PretrainOptions, seq_len: usize) -> Pretrainer {
+    let (tok, dir) = tokenizer();
+    let corpus_opts = CorpusOptions {
+        seq_len,
+        nsp: opts.nsp,
+        seed: opts.seed,
+    };
+    let mut train = Corpus::read(&[corpus_text.to_path_buf()], &tok, &corpus_opts).unwrap();
+    let eval = train.split_off_last(8);
+    let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
+    Pretrainer::new(
+        micro_config(tok.vocab_size()),
+        None,
+        masker,
+        train,
+        eval,
+        opts,
+        tok.pad_id(),
+        &dir,
+    )
+    .unwrap()
+}
+
+fn losses(trainer: &mut Pretrainer) -> Vec<StepMetrics> {
+    let mut out = Vec::new();
+    trainer
+        .run(|e| {
+            if let Event::Step(m) = e {
+                out.push(m.clone());
+            }
+        })
+        .unwrap();
+    out
+}
+
+#[test]
+fn resumed_run_repeats_the_uninterrupted_one() {
+    let corpus = fixtures().join("corpus-wiki-slice.txt");
+    for nsp in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let straight = losses(&mut trainer(
+            &corpus,
+            options(&tmp.path().join("a"), 6, nsp),
+            48,
+        ));
+        let mut first = options(&tmp.path().join("b"), 6, nsp);
+        first.save_every = Some(3);
+        // Stop after 3 of 6 steps: a run whose checkpoint-3 is written and
+        // whose steps 4..6 are then thrown away.
+        let mut t = trainer(&corpus, first.clone(), 48);
+        let mut before = Vec::new();
+        t.run_until(3, |e| {
+            if let Event::Step(m) = e {
+                before.push(m.clone());
+            }
+        })
+        .unwrap();
+        drop(t);
+        let mut resumed = trainer(&corpus, first, 48);
+        resumed
+            .resume(&tmp.path().join("b").join("checkpoint-3"))
+            .unwrap();
+        let after = losses(&mut resumed);
+        let key = |m: &StepMetrics| (m.step, m.loss, m.mlm_accuracy, m.grad_norm, m.lr);
+        let joined: Vec<_> = before.iter().chain(&after).map(key).collect();
+        let want: Vec<_> = straight.iter().map(key).collect();
+        assert_eq!(joined, want, "nsp {nsp}");
+        if nsp {
+            assert!(straight.iter().all(|m| m.nsp_loss.is_some()));
+        }
+        // The final weights agree too.
+        let a = load_safetensors(&tmp.path().join("a").join("model.safetensors"));
+        let b = load_safetensors(&tmp.path().join("b").join("model.safetensors"));
+        assert_eq!(a.len(), b.len());
+        for (name, t) in &a {
+            let d = (t - &b[name])
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(d, 0.0, "{name}");
+        }
+    }
+}
+
+#[test]
+fn tiny_model_overfits_a_few_sentences() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("few.txt");
+    let sentences = "the cat sat on the mat and looked at the dog.\n\n\
+                     a man is playing a guitar in the park today.\n\n\
+                     paris is the capital and largest city of france.\n\n\
+                     water boils at one hundred degrees celsius at sea level.\n";
+    std::fs::write(&text, sentences.repeat(4)).unwrap();
+    let mut opts = options(&tmp.path().join("out"), 800, false);
+    opts.lr = 3e-3;
+    opts.grad_accum = 1;
+    opts.warmup_steps = 10;
+    opts.weight_decay = 0.0;
+    let (tok, dir) = tokenizer();
+    let corpus_opts = CorpusOptions {
+        seq_len: 32,
+        nsp: false,
+        seed: 1,
+    };
+    let train = Corpus::read(&[text], &tok, &corpus_opts).unwrap();
+    assert!(train.len() >= 4, "{}", train.len());
+    let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
+    let mut config = micro_config(tok.vocab_size());
+    config.hidden_size = 64;
+    config.num_attention_heads = 4;
+    config.intermediate_size = 128;
+    config.hidden_dropout_prob = 0.0;
+    config.attention_probs_dropout_prob = 0.0;
+    let mut t = Pretrainer::new(
+        config,
+        None,
+        masker,
+        train.clone(),
+        train,
+        opts,
+        tok.pad_id(),
+        &dir,
+    )
+    .unwrap();
+    let m = losses(&mut t);
+    let first = m[..10].iter().map(|m| m.mlm_loss).sum::<f64>() / 10.0;
+    let last = m[m.len() - 50..].iter().map(|m| m.mlm_loss).sum::<f64>() / 50.0;
+    let eval = t.evaluate().unwrap().unwrap();
+    println!("mean MLM loss: first 10 steps {first:.3}, last 50 {last:.4}; held-in eval {eval:?}");
+    assert!(
+        first > 9.0,
+        "a fresh model starts near ln(30522) ≈ 10.3: {first}"
+    );
+    assert!(last < 0.5, "did not overfit: {last}");
+    assert!(eval.eval_mlm_loss < 0.1, "{eval:?}");
+    assert!(eval.eval_mlm_accuracy > 0.95, "{eval:?}");
+}
+
+/// The names and shapes written for `BertForPreTraining` (with NSP) and
+/// `BertForMaskedLM` equal those of checkpoints saved by transformers.
+#[test]
+fn checkpoints_have_transformers_names_and_shapes() {
+    let corpus = fixtures().join("corpus-wiki-slice.txt");
+    for (fixture, nsp) in [("bert-pretraining", true), ("bert-mlm", false)] {
+        let dir = fixtures().join("tiny").join(fixture);
+        let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+        let tok = Tokenizer::from_dir(&dir, 64).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let corpus_opts = CorpusOptions {
+            seq_len: 32,
+            nsp,
+            seed: 0,
+        };
+        let train = Corpus::read(std::slice::from_ref(&corpus), &tok, &corpus_opts).unwrap();
+        let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
+        let mut opts = options(tmp.path(), 1, nsp);
+        opts.grad_accum = 1;
+        let mut t = Pretrainer::new(
+            config,
+            None,
+            masker,
+            train,
+            Corpus::default(),
+            opts,
+            tok.pad_id(),
+            &dir,
+        )
+        .unwrap();
+        losses(&mut t);
+        let ours = load_safetensors(&tmp.path().join("model.safetensors"));
+        let theirs = load_safetensors(&dir.join("model.safetensors"));
+        let shapes = |m: &std::collections::HashMap<String, Tensor>| {
+            let mut v: Vec<(String, Vec<usize>)> = m
+                .iter()
+                .map(|(k, t)| (k.clone(), t.dims().to_vec()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(shapes(&ours), shapes(&theirs), "{fixture}");
+        let written = BertConfig::from_file(&tmp.path().join("config.json")).unwrap();
+        assert_eq!(
+            written.architectures,
+            vec![if nsp {
+                "BertForPreTraining"
+            } else {
+                "BertForMaskedLM"
+            }]
+        );
+        assert!(tmp.path().join("vocab.txt").is_file());
+    }
+}
+
+#[test]
+fn corpus_errors_name_the_input() {
+    let (tok, _) = tokenizer();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = CorpusOptions {
+        seq_len: 32,
+        nsp: false,
+        seed: 0,
+    };
+    let missing = tmp.path().join("nope.txt");
+    let err = Corpus::read(&[missing], &tok, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nope.txt"), "{err}");
+    let empty = tmp.path().join("empty.txt");
+    std::fs::write(&empty, "\n\n  \n").unwrap();
+    let err = Corpus::read(&[empty], &tok, &opts).unwrap_err().to_string();
+    assert!(err.contains("no text"), "{err}");
+    let bad = tmp.path().join("bad.txt");
+    std::fs::write(&bad, b"fine line\n\xff\xfe broken\n").unwrap();
+    let err = Corpus::read(&[bad], &tok, &opts).unwrap_err().to_string();
+    assert!(err.contains("bad.txt:2") && err.contains("UTF-8"), "{err}");
+    let one = tmp.path().join("one.txt");
+    std::fs::write(&one, "just one document.\n").unwrap();
+    let nsp = CorpusOptions { nsp: true, ..opts };
+    let err = Corpus::read(&[one], &tok, &nsp).unwrap_err().to_string();
+    assert!(err.contains("--nsp"), "{err}");
+}
+
+#[test]
+fn nsp_pairs_have_segments_and_balanced_labels() {
+    let (tok, _) = tokenizer();
+    let opts = CorpusOptions {
+        seq_len: 64,
+        nsp: true,
+        seed: 3,
+    };
+    let c = Corpus::read(&[fixtures().join("corpus-wiki-slice.txt")], &tok, &opts).unwrap();
+    assert!(c.len() > 50, "{}", c.len());
+    let (cls, sep) = (
+        tok.token_to_id("[CLS]").unwrap(),
+        tok.token_to_id("[SEP]").unwrap(),
+    );
+    let mut random = 0;
+    for e in &c.examples {
+        assert!(e.input_ids.len() <= 64);
+        assert_eq!(e.input_ids[0], cls);
+        assert_eq!(*e.input_ids.last().unwrap(), sep);
+        assert_eq!(e.input_ids.iter().filter(|&&t| t == sep).count(), 2);
+        let first_b = e.token_type_ids.iter().position(|&t| t == 1).unwrap();
+        assert_eq!(e.input_ids[first_b - 1], sep);
+        assert!(e.token_type_ids[first_b..].iter().all(|&t| t == 1));
+        random += e.next_sentence_label.unwrap() as usize;
+    }
+    let share = random as f64 / c.len() as f64;
+    assert!((0.35..0.65).contains(&share), "random B share {share}");
+}
