@@ -128,6 +128,8 @@ pub struct Pretrainer {
     step: u64,
     history: Vec<StepMetrics>,
     evals: Vec<EvalMetrics>,
+    /// The current epoch's reading order, drawn once per epoch.
+    order: std::cell::RefCell<(u64, Vec<usize>)>,
 }
 
 impl Pretrainer {
@@ -205,6 +207,7 @@ impl Pretrainer {
             step: 0,
             history: Vec::new(),
             evals: Vec::new(),
+            order: std::cell::RefCell::new((u64::MAX, Vec::new())),
         })
     }
 
@@ -267,9 +270,13 @@ impl Pretrainer {
         let per_epoch = (self.train.len() / bs) as u64;
         let epoch = index / per_epoch;
         let within = (index % per_epoch) as usize;
-        let mut order: Vec<usize> = (0..self.train.len()).collect();
-        order.shuffle(&mut rng_for(self.opts.seed, SHUFFLE, epoch));
-        order[within * bs..(within + 1) * bs]
+        let mut cached = self.order.borrow_mut();
+        if cached.0 != epoch {
+            let mut order: Vec<usize> = (0..self.train.len()).collect();
+            order.shuffle(&mut rng_for(self.opts.seed, SHUFFLE, epoch));
+            *cached = (epoch, order);
+        }
+        cached.1[within * bs..(within + 1) * bs]
             .iter()
             .map(|&i| &self.train.examples[i])
             .collect()
