@@ -174,3 +174,45 @@ fn pretrain_rejects_bad_options_by_name() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("preset"));
 }
+
+#[test]
+fn pretrain_can_learn_its_own_vocabulary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("v");
+    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
+    let out = run(&[
+        "pretrain",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--config",
+        "tiny",
+        "--train-tokenizer",
+        "700",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "32",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vocab = std::fs::read_to_string(out_dir.join("tokenizer/vocab.txt")).unwrap();
+    let n = vocab.lines().count();
+    assert!((500..=700).contains(&n), "{n} tokens");
+    assert!(vocab.starts_with("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"));
+    // The model is sized to the new vocabulary and ships it.
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["vocab_size"].as_u64(), Some(n as u64));
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("vocab.txt")).unwrap(),
+        vocab
+    );
+}

@@ -78,6 +78,7 @@ impl AppState {
             pooling: config.pooling,
             normalize: Some(false),
             max_length: config.max_input_length,
+            precision: Default::default(),
         };
         let mut embedder = Embedder::from_dir(dir, &Device::Cpu, &opts)?;
         embedder.set_max_batch_tokens(config.max_batch_tokens);

@@ -1,4 +1,5 @@
-//! CPU kernels for the inference fast path, on plain `f32` slices.
+//! CPU kernels for the inference fast path, on plain `f32` slices; the
+//! training ops (`model::ops`) share the row loops and the multiversioning.
 //!
 //! candle runs each elementwise op as its own pass (single-threaded or
 //! through a spinning barrier pool) and allocates its result; here the
@@ -9,18 +10,19 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Rows per rayon task: big enough that scheduling is noise.
-const ROWS_PER_TASK: usize = 16;
+/// Rows per rayon task: big enough that scheduling is noise (the
+/// training ops also sum weight gradients in blocks of this many rows).
+pub(crate) const ROWS_PER_TASK: usize = 16;
 
 /// Lanes of the manual accumulators below: sums kept in 16 independent
 /// partial sums vectorise without fast-math reassociation.
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// The widest instruction set the CPU has, detected once; the loops below
 /// are compiled for each and picked at run time, so one binary is fast on
 /// AVX-512 machines and still runs on any x86-64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Simd {
+pub(crate) enum Simd {
     Baseline,
     #[cfg(target_arch = "x86_64")]
     Avx2,
@@ -28,7 +30,7 @@ enum Simd {
     Avx512,
 }
 
-fn simd() -> Simd {
+pub(crate) fn simd() -> Simd {
     static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
     *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -45,8 +47,8 @@ fn simd() -> Simd {
     })
 }
 
-/// Defines `pub(crate) fn $name` that runs `$body` (an `#[inline(always)]`
-/// function) compiled for the best instruction set available.
+/// Defines `fn $name` that runs `$body` (an `#[inline(always)]` function)
+/// compiled for the best instruction set available.
 macro_rules! multiversion {
     ($(fn $name:ident = $body:ident($($arg:ident: $ty:ty),*);)*) => {$(
         fn $name($($arg: $ty),*) {
@@ -56,17 +58,18 @@ macro_rules! multiversion {
                 fn avx512($($arg: $ty),*) { $body($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) { $body($($arg),*) }
-                match simd() {
+                match $crate::kernels::simd() {
                     // SAFETY: simd() checked that the CPU has these features.
-                    Simd::Avx512 => return unsafe { avx512($($arg),*) },
-                    Simd::Avx2 => return unsafe { avx2($($arg),*) },
-                    Simd::Baseline => {}
+                    $crate::kernels::Simd::Avx512 => return unsafe { avx512($($arg),*) },
+                    $crate::kernels::Simd::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::kernels::Simd::Baseline => {}
                 }
             }
             $body($($arg),*)
         }
     )*};
 }
+pub(crate) use multiversion;
 
 multiversion! {
     fn norm_rows = norm_rows_body(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: &[f32], eps: f32);
@@ -155,7 +158,7 @@ pub fn layer_norm_into(src: &[f32], dst: &mut [f32], gamma: &[f32], beta: &[f32]
 }
 
 #[inline(always)]
-fn lane_sum(v: &[f32]) -> f32 {
+pub(crate) fn lane_sum(v: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = v.chunks_exact(LANES);
     let tail: f32 = chunks.remainder().iter().sum();
@@ -176,26 +179,33 @@ fn norm_rows_body(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: 
                 *a += b;
             }
         }
-        let n = d as f32;
-        let mean = lane_sum(row) / n;
-        let mut acc = [0f32; LANES];
-        let chunks = row.chunks_exact(LANES);
-        let tail: f32 = chunks
-            .remainder()
-            .iter()
-            .map(|v| (v - mean) * (v - mean))
-            .sum();
-        for c in chunks {
-            for (a, v) in acc.iter_mut().zip(c) {
-                *a += (v - mean) * (v - mean);
-            }
-        }
-        let var = (acc.iter().sum::<f32>() + tail) / n;
-        let rstd = 1.0 / (var + eps).sqrt();
+        let (mean, rstd) = row_stats(row, eps);
         for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
             *v = (*v - mean) * rstd * g + b;
         }
     }
+}
+
+/// A row's mean and 1 / sqrt(biased variance + eps), as LayerNorm uses
+/// them (its backward recomputes them with this same function).
+#[inline(always)]
+pub(crate) fn row_stats(row: &[f32], eps: f32) -> (f32, f32) {
+    let n = row.len() as f32;
+    let mean = lane_sum(row) / n;
+    let mut acc = [0f32; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail: f32 = chunks
+        .remainder()
+        .iter()
+        .map(|v| (v - mean) * (v - mean))
+        .sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += (v - mean) * (v - mean);
+        }
+    }
+    let var = (acc.iter().sum::<f32>() + tail) / n;
+    (mean, 1.0 / (var + eps).sqrt())
 }
 
 /// `x += residual`, in parallel.
@@ -218,12 +228,23 @@ pub enum Act {
     Relu,
 }
 
+impl From<crate::config::Activation> for Act {
+    fn from(a: crate::config::Activation) -> Self {
+        use crate::config::Activation;
+        match a {
+            Activation::Gelu => Act::GeluErf,
+            Activation::GeluTanh => Act::GeluTanh,
+            Activation::Relu => Act::Relu,
+        }
+    }
+}
+
 pub fn activate_in_place(x: &mut [f32], act: Act) {
     x.par_chunks_mut(4096).for_each(|c| activate_chunk(c, act));
 }
 
 #[inline(always)]
-fn activate_body(x: &mut [f32], act: Act) {
+pub(crate) fn activate_body(x: &mut [f32], act: Act) {
     match act {
         Act::GeluErf => x.iter_mut().for_each(|v| *v = gelu_erf(*v)),
         Act::GeluTanh => x.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
@@ -247,13 +268,16 @@ pub fn fast_exp(x: f32) -> f32 {
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let bits = ((n as i32 + 127) as u32) << 23;
+    // n is in [-126, 128] after the clamp, so the add cannot overflow;
+    // `wrapping_add` keeps debug builds' overflow check (a branch to a
+    // panic) out of the loop, which would stop it from vectorising.
+    let bits = ((n as i32).wrapping_add(127) as u32) << 23;
     p * f32::from_bits(bits)
 }
 
 /// erf(x) via Abramowitz & Stegun 7.1.26 (absolute error ≤ 1.5e-7).
 #[inline(always)]
-fn erf(x: f32) -> f32 {
+pub(crate) fn erf(x: f32) -> f32 {
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
     let poly = t
@@ -264,16 +288,22 @@ fn erf(x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn gelu_erf(x: f32) -> f32 {
+pub(crate) fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 #[inline(always)]
-fn gelu_tanh(x: f32) -> f32 {
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + gelu_tanh_inner(x))
+}
+
+/// `tanh(√(2/π)·(x + 0.044715·x³))`, the tanh of the GELU approximation
+/// (its derivative needs it too).
+#[inline(always)]
+pub(crate) fn gelu_tanh_inner(x: f32) -> f32 {
     let inner = 0.797_884_6 * (x + 0.044_715 * x * x * x);
     // tanh(u) = 1 - 2 / (e^{2u} + 1)
-    let t = 1.0 - 2.0 / (fast_exp(2.0 * inner) + 1.0);
-    0.5 * x * (1.0 + t)
+    1.0 - 2.0 / (fast_exp(2.0 * inner) + 1.0)
 }
 
 /// A raw pointer that may cross threads: attention tasks write disjoint
@@ -345,8 +375,121 @@ pub fn packed_attention(
         });
 }
 
+/// Below this many tokens a sequence's attention runs as plain loops;
+/// from it on, as two matrix multiplies per head (gemm's packing and
+/// register blocking win once the score matrix is bigger than a few rows).
+const ATTENTION_GEMM_MIN_LEN: usize = 24;
+
 #[inline(always)]
 fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
+    if len >= ATTENTION_GEMM_MIN_LEN {
+        attend_gemm(job, scratch, start, len, h);
+    } else {
+        attend_loops(job, scratch, start, len, h);
+    }
+}
+
+/// Softmax of one row of scores, in place.
+#[inline(always)]
+pub(crate) fn softmax_row(scores: &mut [f32]) {
+    let mut maxes = [f32::NEG_INFINITY; LANES];
+    let chunks = scores.chunks_exact(LANES);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for (m, s) in maxes.iter_mut().zip(c) {
+            *m = if *s > *m { *s } else { *m };
+        }
+    }
+    max = maxes.iter().copied().fold(max, f32::max);
+    scores.iter_mut().for_each(|s| *s = fast_exp(*s - max));
+    let inv = 1.0 / lane_sum(scores);
+    scores.iter_mut().for_each(|s| *s *= inv);
+}
+
+/// One (sequence, head) as `softmax(scale · Q Kᵀ) V` with two gemm calls
+/// reading Q, K and V in place from the packed QKV rows.
+#[inline(always)]
+fn attend_gemm(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
+    let AttentionJob {
+        qkv,
+        d,
+        head_dim,
+        scale,
+        ..
+    } = *job;
+    let scores = &mut scratch.scores;
+    scores.resize(len * len, 0.0);
+    let base = start * 3 * d + h * head_dim;
+    assert!(
+        base + (len - 1) * 3 * d + 2 * d + head_dim <= qkv.len(),
+        "attention rows lie inside qkv"
+    );
+    let (rs, q) = (3 * d as isize, qkv[base..].as_ptr());
+    // SAFETY: Q, K and V of rows start..start+len, columns of head h, lie
+    // inside qkv (asserted above); scores is [len, len]; the output rows
+    // start..start+len, columns of head h, lie inside ctx (asserted by
+    // packed_attention) and no other task writes them.
+    unsafe {
+        let (k, v) = (q.add(d), q.add(2 * d));
+        // scores[i, j] = scale · Σ_c Q[i, c] K[j, c]
+        gemm::gemm(
+            len,
+            len,
+            head_dim,
+            scores.as_mut_ptr(),
+            1,
+            len as isize,
+            false,
+            q,
+            1,
+            rs,
+            k,
+            rs,
+            1,
+            0.0,
+            scale,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+        // A plain loop: a function passed to `for_each` would be compiled
+        // without this function's target features.
+        for row in scores.chunks_exact_mut(len) {
+            softmax_row(row);
+        }
+        let out = job.out.0.add(start * d + h * head_dim);
+        gemm::gemm(
+            len,
+            head_dim,
+            len,
+            out,
+            1,
+            d as isize,
+            false,
+            scores.as_ptr(),
+            1,
+            len as isize,
+            v,
+            1,
+            rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// One (sequence, head) of a short sequence, as plain loops.
+#[inline(always)]
+fn attend_loops(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
     let AttentionJob {
         qkv,
         d,
@@ -368,6 +511,7 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
     }
     for i in 0..len {
         let q = &qkv[(start + i) * 3 * d + h * head_dim..][..head_dim];
+        let scores = &mut scores[..len];
         scores.iter_mut().for_each(|s| *s = 0.0);
         for (c, qc) in q.iter().enumerate() {
             let qc = qc * scale;
@@ -375,21 +519,7 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
                 *s += qc * k;
             }
         }
-        let mut maxes = [f32::NEG_INFINITY; LANES];
-        let chunks = scores.chunks_exact(LANES);
-        let mut max = chunks
-            .remainder()
-            .iter()
-            .copied()
-            .fold(f32::NEG_INFINITY, f32::max);
-        for c in chunks {
-            for (m, s) in maxes.iter_mut().zip(c) {
-                *m = if *s > *m { *s } else { *m };
-            }
-        }
-        max = maxes.iter().copied().fold(max, f32::max);
-        scores.iter_mut().for_each(|s| *s = fast_exp(*s - max));
-        let inv = 1.0 / lane_sum(scores);
+        softmax_row(scores);
         acc.iter_mut().for_each(|v| *v = 0.0);
         for (j, p) in scores.iter().enumerate() {
             let v = &qkv[(start + j) * 3 * d + 2 * d + h * head_dim..][..head_dim];
@@ -397,7 +527,6 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
                 *a += p * b;
             }
         }
-        acc.iter_mut().for_each(|v| *v *= inv);
         // SAFETY: row start+i, columns of head h: no other task writes
         // them, and they lie inside ctx (asserted by packed_attention).
         unsafe {

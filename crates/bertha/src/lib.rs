@@ -8,8 +8,10 @@
 
 pub mod config;
 pub mod error;
+pub mod finetune;
 pub mod input;
 pub mod kernels;
+pub mod matmul;
 pub mod model;
 pub mod pooling;
 #[cfg(feature = "show")]

@@ -278,3 +278,33 @@ fn token_cap_splits_batches_without_changing_results() {
         }
     }
 }
+
+#[test]
+fn int8_embeddings_stay_within_cosine_0_999_of_fp32() {
+    let f = fixture();
+    let exact = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
+    let opts = EmbedOptions {
+        precision: bertha::model::Precision::Int8,
+        ..Default::default()
+    };
+    let int8 = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts).unwrap();
+    assert_eq!(int8.precision(), bertha::model::Precision::Int8);
+    let want = exact.embed(&f.sentences, 8, &mut |_| {}).unwrap();
+    let got = int8.embed(&f.sentences, 8, &mut |_| {}).unwrap();
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+        dot(a, b) / (dot(a, a) * dot(b, b)).sqrt()
+    };
+    let sims: Vec<f32> = got.iter().zip(&want).map(|(g, w)| cosine(g, w)).collect();
+    assert!(sims.iter().all(|s| *s >= 0.999), "{sims:?}");
+    // Quantization really happened: the vectors are close, not equal.
+    assert!(sims.iter().any(|s| *s < 0.99999), "{sims:?}");
+    // The same texts give the same vectors at any batch size.
+    // Rows are quantized one by one: a text gives the same vector alone.
+    let alone = int8.embed(&f.sentences[..1], 1, &mut |_| {}).unwrap();
+    let diff = alone[0]
+        .iter()
+        .zip(&got[0])
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff < 1e-6, "int8 batch invariance: {diff}");
+}

@@ -97,6 +97,23 @@ pub fn run(a: Args) -> Result<()> {
             .then(|| latencies[((latencies.len() - 1) as f64 * p).round() as usize])
     };
 
+    // Reduced precision: how far its embeddings are from fp32 ones.
+    let cosine = if embedder.precision() != bertha::model::Precision::F32 {
+        let mut exact = a.embed.clone();
+        exact.quantize = bertha::model::Precision::F32;
+        let want = exact
+            .load()?
+            .embed(&texts, a.embed.batch_size, &mut |_| {})?;
+        let got = embedder.embed(&texts, a.embed.batch_size, &mut |_| {})?;
+        let sims: Vec<f64> = got.iter().zip(&want).map(|(g, w)| cosine(g, w)).collect();
+        Some((
+            sims.iter().copied().fold(f64::INFINITY, f64::min),
+            sims.iter().sum::<f64>() / sims.len() as f64,
+        ))
+    } else {
+        None
+    };
+
     let peak = bertha::kernels::matmul_gflops(a.peak_size, 3);
     let gflops = flops / best / 1e9;
     let threads = rayon_threads();
@@ -118,9 +135,22 @@ pub fn run(a: Args) -> Result<()> {
             "batch1_p50_ms": pct(0.5),
             "batch1_p99_ms": pct(0.99),
             "fast_path": embedder.uses_fast_path(),
+            "precision": format!("{:?}", embedder.precision()).to_lowercase(),
+            "min_cosine_to_f32": cosine.map(|c| c.0),
+            "mean_cosine_to_f32": cosine.map(|c| c.1),
         })
     );
     Ok(())
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot = |x: &[f32], y: &[f32]| -> f64 {
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| f64::from(*p) * f64::from(*q))
+            .sum()
+    };
+    dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt()).max(f64::MIN_POSITIVE)
 }
 
 fn rayon_threads() -> usize {

@@ -32,6 +32,12 @@ pub struct Args {
     #[arg(long)]
     tokenizer: Option<PathBuf>,
 
+    /// Learn a new WordPiece vocabulary of this many tokens from the corpus
+    /// first (into OUT/tokenizer; a resumed run reuses it) instead of
+    /// using --tokenizer.
+    #[arg(long, value_name = "VOCAB_SIZE", conflicts_with_all = ["tokenizer", "init"])]
+    train_tokenizer: Option<usize>,
+
     /// Start from this checkpoint's weights instead of a random init.
     #[arg(long)]
     init: Option<PathBuf>,
@@ -131,10 +137,25 @@ fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let tokenizer_source = match (&a.tokenizer, &a.init) {
-        (Some(t), _) => t.clone(),
-        (None, Some(init)) => init.clone(),
-        (None, None) => ModelArgs { model: None }.resolve()?,
+    let tokenizer_source = match (&a.tokenizer, &a.init, a.train_tokenizer) {
+        (_, _, Some(size)) => {
+            let dir = a.out.join("tokenizer");
+            if a.resume.is_some() && dir.join("vocab.txt").is_file() {
+                dir
+            } else {
+                let t0 = std::time::Instant::now();
+                let dir = bertha::training::vocab::train_wordpiece(&a.corpus, size, &dir)?;
+                eprintln!(
+                    "tokenizer: learnt a WordPiece vocabulary into {} ({:.1} s)",
+                    dir.display(),
+                    t0.elapsed().as_secs_f64()
+                );
+                dir
+            }
+        }
+        (Some(t), _, None) => t.clone(),
+        (None, Some(init), None) => init.clone(),
+        (None, None, None) => ModelArgs { model: None }.resolve()?,
     };
     let tokenizer = load_tokenizer(&tokenizer_source)
         .with_context(|| format!("loading the tokenizer from {}", tokenizer_source.display()))?;

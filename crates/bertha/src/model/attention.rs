@@ -1,11 +1,12 @@
 //! `attention`: bidirectional multi-head self-attention with the padding
 //! mask, and its output projection with the residual connection.
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::deberta_v2::{Disentangled, RelativeContext};
 use super::nn::{Dense, Dropout, LayerNorm};
+use super::ops;
 use crate::config::{BertConfig, NormPosition};
 
 /// `attention.self`: Q, K, V projections and scaled dot-product attention.
@@ -77,8 +78,8 @@ impl BertSelfAttention {
             scores = scores.broadcast_add(mask)?;
         }
         // The softmax with a backward pass (these modules train; inference
-        // goes through the packed path).
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        // goes through the packed path): fused on the CPU.
+        let probs = ops::softmax_last_dim(&scores)?;
         let dropped = self.dropout.forward(&probs, train)?;
         let context = dropped.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
         Ok((context, probs))

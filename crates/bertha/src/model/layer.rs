@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::attention::BertAttention;
 use super::deberta_v2::RelativeContext;
-use super::nn::{activate, Dense, Dropout, LayerNorm};
+use super::nn::{Dense, Dropout, LayerNorm};
 use crate::config::{Activation, BertConfig, NormPosition};
 
 /// `intermediate`: the FFN's expansion and non-linearity.
@@ -29,7 +29,7 @@ impl BertIntermediate {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        activate(&self.dense.forward(x)?, self.act)
+        self.dense.forward_act(x, self.act)
     }
 }
 

@@ -12,6 +12,7 @@ mod encoder;
 mod heads;
 mod layer;
 mod nn;
+pub mod ops;
 mod packed;
 mod pooler;
 
@@ -29,5 +30,5 @@ pub use heads::{
 };
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
-pub use packed::{PackedBert, PackedStates};
+pub use packed::{PackedBert, PackedStates, Precision};
 pub use pooler::BertPooler;

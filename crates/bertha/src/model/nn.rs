@@ -2,11 +2,12 @@
 
 use std::cell::RefCell;
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::ops;
 use crate::config::Activation;
 
 /// `y = x Wᵀ + b` over the last dimension, for inputs of any rank.
@@ -51,19 +52,39 @@ impl Dense {
     }
 }
 
+impl Dense {
+    /// `act(x Wᵀ + b)`: the bias and the non-linearity fused into one pass
+    /// (and one backward op) after the matrix multiply.
+    pub fn forward_act(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
+        self.project(x, |y| match &self.bias {
+            Some(b) => ops::bias_act(&y, b, act),
+            None => activate(&y, act),
+        })
+    }
+
+    /// `x Wᵀ` on `x` flattened to 2-D, then `then`, then reshaped back.
+    fn project(&self, x: &Tensor, then: impl FnOnce(Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let mut out_dims = x.dims().to_vec();
+        let Some(last) = out_dims.last_mut() else {
+            candle_core::bail!(
+                "Dense: the input is a scalar, not [.., {}]",
+                self.weight.dim(1)?
+            )
+        };
+        let in_dim = *last;
+        *last = self.weight.dim(0)?;
+        let rows = x.elem_count() / in_dim.max(1);
+        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        then(y)?.reshape(out_dims)
+    }
+}
+
 impl Module for Dense {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let in_dim = dims[dims.len() - 1];
-        let rows = x.elem_count() / in_dim.max(1);
-        let x2 = x.reshape((rows, in_dim))?;
-        let mut y = x2.matmul(&self.weight.t()?)?;
-        if let Some(b) = &self.bias {
-            y = y.broadcast_add(b)?;
-        }
-        let mut out_dims = dims.to_vec();
-        *out_dims.last_mut().expect("rank ≥ 1") = self.weight.dim(0)?;
-        y.reshape(out_dims)
+        self.project(x, |y| match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        })
     }
 }
 
@@ -85,15 +106,9 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // Computed in the composite form: statistics in f32, and every op
-        // records its backward (candle's fused layer_norm has none).
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centered = x.broadcast_sub(&mean)?;
-        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        normed
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
+        // With a backward pass (candle's fused layer_norm has none): one
+        // fused op on the CPU, the composite form elsewhere.
+        ops::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 }
 
@@ -147,6 +162,8 @@ pub fn seed_dropout(seed: u64) {
     DROPOUT_RNG.with(|cell| *cell.borrow_mut() = Some(StdRng::seed_from_u64(seed)));
 }
 
+/// The composite non-linearity (see [`Dense::forward_act`] for the fused
+/// bias + activation).
 pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
     match act {
         Activation::Gelu => x.gelu_erf(),

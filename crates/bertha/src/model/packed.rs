@@ -16,6 +16,7 @@ use super::nn::{Dense, LayerNorm};
 use crate::config::{Activation, NormPosition};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Act};
+use crate::matmul::{PackedF32, PackedI8, QuantScratch};
 
 struct Norm {
     gamma: Vec<f32>,
@@ -24,11 +25,63 @@ struct Norm {
 }
 
 struct Linear {
-    /// [in, out], row-major.
-    w_t: Vec<f32>,
+    weights: Weights,
     bias: Vec<f32>,
-    in_dim: usize,
     out_dim: usize,
+}
+
+enum Weights {
+    F32(PackedF32),
+    I8(PackedI8),
+}
+
+/// The multiplies whose inputs calibration watches.
+#[derive(Debug, Clone, Copy)]
+enum Site {
+    Qkv = 0,
+    FfnIn = 1,
+}
+
+impl Linear {
+    fn in_dim(&self) -> usize {
+        match &self.weights {
+            Weights::F32(w) => w.in_dim(),
+            Weights::I8(w) => w.in_dim(),
+        }
+    }
+
+    /// Re-packs fp32 weights as int8, smoothed by `act_max`.
+    fn quantize(&mut self, act_max: &[f32]) {
+        if let Weights::F32(w) = &self.weights {
+            let packed = PackedI8::new(&w.unpack(), w.in_dim(), w.out_dim(), Some(act_max));
+            self.weights = Weights::I8(packed);
+        }
+    }
+}
+
+/// Number format of the fast path's matrix multiplies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// fp32 throughout: matches transformers to ~1e-5.
+    #[default]
+    F32,
+    /// int8 weights (per output column) and activations (per token) in
+    /// the Q/K/V and FFN-input multiplies, int32 sums, fp32 everywhere
+    /// else (see [`PackedBert::quantize_int8`]).
+    Int8,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" | "fp32" | "none" => Ok(Self::F32),
+            "int8" | "i8" => Ok(Self::Int8),
+            other => Err(Error::Input(format!(
+                "unknown precision `{other}`: use f32 or int8"
+            ))),
+        }
+    }
 }
 
 struct Layer {
@@ -101,9 +154,8 @@ fn linear_of(parts: &[&Dense]) -> Result<Linear> {
         }
     }
     Ok(Linear {
-        w_t,
+        weights: Weights::F32(PackedF32::new(&w_t, in_dim, out_dim)),
         bias,
-        in_dim,
         out_dim,
     })
 }
@@ -192,6 +244,48 @@ impl PackedBert {
 
     /// Runs the encoder on `sequences` of (input ids, token type ids).
     pub fn forward(&self, sequences: &[(&[u32], &[u32])]) -> Result<PackedStates> {
+        self.forward_observed(sequences, &mut |_, _, _| {})
+    }
+
+    /// Switches the Q/K/V and FFN-input multiplies to int8 (weights per
+    /// output column, activations per token, smoothed with the activation
+    /// ranges this runs `calibration` to find). The attention-output and
+    /// FFN-output multiplies stay fp32: their inputs (attention context,
+    /// GELU output) are where 8 bits lose most, and keeping them is what
+    /// holds embeddings at cosine ≥ 0.999 to fp32 on SST-2.
+    pub fn quantize_int8(&mut self, calibration: &[(&[u32], &[u32])]) -> Result<()> {
+        if calibration.is_empty() {
+            return Err(Error::Input(
+                "int8 quantization needs at least one calibration text".into(),
+            ));
+        }
+        let mut act_max: Vec<[Vec<f32>; 2]> = self
+            .layers
+            .iter()
+            .map(|l| [vec![0f32; l.qkv.in_dim()], vec![0f32; l.ffn_in.in_dim()]])
+            .collect();
+        self.forward_observed(calibration, &mut |layer, site, x| {
+            let m = &mut act_max[layer][site as usize];
+            for row in x.chunks_exact(m.len()) {
+                for (a, v) in m.iter_mut().zip(row) {
+                    *a = a.max(v.abs());
+                }
+            }
+        })?;
+        for (layer, [qkv, ffn_in]) in self.layers.iter_mut().zip(&act_max) {
+            layer.qkv.quantize(qkv);
+            layer.ffn_in.quantize(ffn_in);
+        }
+        Ok(())
+    }
+
+    /// [`PackedBert::forward`], showing `observe(layer, site, rows)` the
+    /// input of the quantizable multiplies.
+    fn forward_observed(
+        &self,
+        sequences: &[(&[u32], &[u32])],
+        observe: &mut dyn FnMut(usize, Site, &[f32]),
+    ) -> Result<PackedStates> {
         let d = self.hidden;
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
         offsets.push(0);
@@ -213,10 +307,12 @@ impl PackedBert {
         let mut ctx = vec![0f32; n * d];
         let mut tmp = vec![0f32; n * d];
         let mut inter = vec![0f32; n * ffn];
-        for layer in &self.layers {
+        let mut q = QuantScratch::default();
+        for (l, layer) in self.layers.iter().enumerate() {
             match self.norm_position {
                 NormPosition::Post => {
-                    run(&layer.qkv, &x, &mut qkv, n);
+                    observe(l, Site::Qkv, &x);
+                    run(&mut q, &layer.qkv, &x, &mut qkv, n);
                     kernels::packed_attention(
                         &qkv,
                         &mut ctx,
@@ -224,13 +320,13 @@ impl PackedBert {
                         self.num_heads,
                         self.head_dim,
                     );
-                    run(&layer.attn_out, &ctx, &mut tmp, n);
+                    run(&mut q, &layer.attn_out, &ctx, &mut tmp, n);
                     let an = &layer.attn_norm;
                     kernels::add_layer_norm(&mut tmp, Some(&x), &an.gamma, &an.beta, an.eps);
                     std::mem::swap(&mut x, &mut tmp);
-                    run(&layer.ffn_in, &x, &mut inter, n);
-                    kernels::activate_in_place(&mut inter, self.act);
-                    run(&layer.ffn_out, &inter, &mut tmp, n);
+                    observe(l, Site::FfnIn, &x);
+                    run_act(&mut q, &layer.ffn_in, &x, &mut inter, n, Some(self.act));
+                    run(&mut q, &layer.ffn_out, &inter, &mut tmp, n);
                     let fnn = &layer.ffn_norm;
                     kernels::add_layer_norm(&mut tmp, Some(&x), &fnn.gamma, &fnn.beta, fnn.eps);
                     std::mem::swap(&mut x, &mut tmp);
@@ -238,7 +334,8 @@ impl PackedBert {
                 NormPosition::Pre => {
                     let an = &layer.attn_norm;
                     kernels::layer_norm_into(&x, &mut tmp, &an.gamma, &an.beta, an.eps);
-                    run(&layer.qkv, &tmp, &mut qkv, n);
+                    observe(l, Site::Qkv, &tmp);
+                    run(&mut q, &layer.qkv, &tmp, &mut qkv, n);
                     kernels::packed_attention(
                         &qkv,
                         &mut ctx,
@@ -246,13 +343,13 @@ impl PackedBert {
                         self.num_heads,
                         self.head_dim,
                     );
-                    run(&layer.attn_out, &ctx, &mut tmp, n);
+                    run(&mut q, &layer.attn_out, &ctx, &mut tmp, n);
                     kernels::add_in_place(&mut x, &tmp);
                     let fnn = &layer.ffn_norm;
                     kernels::layer_norm_into(&x, &mut tmp, &fnn.gamma, &fnn.beta, fnn.eps);
-                    run(&layer.ffn_in, &tmp, &mut inter, n);
-                    kernels::activate_in_place(&mut inter, self.act);
-                    run(&layer.ffn_out, &inter, &mut tmp, n);
+                    observe(l, Site::FfnIn, &tmp);
+                    run_act(&mut q, &layer.ffn_in, &tmp, &mut inter, n, Some(self.act));
+                    run(&mut q, &layer.ffn_out, &inter, &mut tmp, n);
                     kernels::add_in_place(&mut x, &tmp);
                 }
             }
@@ -315,7 +412,13 @@ impl PackedBert {
             cls.extend_from_slice(&states.sequence(s)[..d]);
         }
         let mut out = vec![0f32; states.len() * p.out_dim];
-        run(p, &cls, &mut out, states.len());
+        run(
+            &mut QuantScratch::default(),
+            p,
+            &cls,
+            &mut out,
+            states.len(),
+        );
         Ok(Some(
             out.chunks(p.out_dim)
                 .map(|r| r.iter().map(|v| v.tanh()).collect())
@@ -324,6 +427,21 @@ impl PackedBert {
     }
 }
 
-fn run(l: &Linear, x: &[f32], y: &mut [f32], rows: usize) {
-    kernels::linear(x, &l.w_t, &l.bias, y, rows, l.in_dim, l.out_dim);
+fn run(q: &mut QuantScratch, l: &Linear, x: &[f32], y: &mut [f32], rows: usize) {
+    run_act(q, l, x, y, rows, None);
+}
+
+/// `run`, then `act` on the output (fused into the multiply's tiles).
+fn run_act(
+    q: &mut QuantScratch,
+    l: &Linear,
+    x: &[f32],
+    y: &mut [f32],
+    rows: usize,
+    act: Option<Act>,
+) {
+    match &l.weights {
+        Weights::F32(w) => w.matmul(x, &l.bias, y, rows, act),
+        Weights::I8(w) => w.matmul(x, &l.bias, y, rows, q, act),
+    }
 }

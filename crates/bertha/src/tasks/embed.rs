@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::model::{BertInput, BertModel, ForwardOptions, PackedBert};
+use crate::model::{BertInput, BertModel, ForwardOptions, PackedBert, Precision};
 use crate::pooling::{self, Pooling, SentenceTransformerSpec};
 use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
 
@@ -17,6 +17,8 @@ pub struct EmbedOptions {
     pub pooling: Option<Pooling>,
     pub normalize: Option<bool>,
     pub max_length: Option<usize>,
+    /// Number format of the CPU fast path (`Int8`: faster, approximate).
+    pub precision: Precision,
 }
 
 /// One vector per token of one text (pooling `none`).
@@ -30,11 +32,17 @@ pub struct Embedder {
     model: BertModel,
     /// The packed CPU fast path (absent on other devices).
     packed: Option<PackedBert>,
+    precision: Precision,
     tokenizer: Tokenizer,
     pooling: Pooling,
     normalize: bool,
     max_batch_tokens: usize,
 }
+
+/// Calibration texts of int8 quantization: 256 sentences from the lead
+/// sections of English Wikipedia articles (CC BY-SA 4.0), taken from
+/// `tests/fixtures/corpus-wiki-slice.txt`.
+const CALIBRATION_EN: &str = include_str!("calibration-en.txt");
 
 /// Default cap on the tokens of one batch: bounds memory for long texts
 /// (the FFN buffer is tokens × intermediate_size floats).
@@ -62,7 +70,11 @@ impl Embedder {
             .normalize
             .or(spec.as_ref().map(|s| s.normalize))
             .unwrap_or(false);
-        Self::new(model, tokenizer, pooling, normalize)
+        let mut embedder = Self::new(model, tokenizer, pooling, normalize)?;
+        if opts.precision != Precision::F32 {
+            embedder.set_precision(opts.precision)?;
+        }
+        Ok(embedder)
     }
 
     pub fn new(
@@ -80,6 +92,7 @@ impl Embedder {
         Ok(Self {
             model,
             packed,
+            precision: Precision::F32,
             tokenizer,
             pooling,
             normalize,
@@ -91,11 +104,51 @@ impl Embedder {
     /// every batch) or back on. Both give the same numbers; tests compare.
     pub fn set_fast_path(&mut self, on: bool) -> Result<()> {
         self.packed = if on {
-            PackedBert::from_model(&self.model)?
+            self.packed_model(self.precision)?
         } else {
             None
         };
         Ok(())
+    }
+
+    /// Sets the number format of the fast path. `Int8` needs the fast
+    /// path (a BERT on the CPU); other models and devices refuse it.
+    pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+        let packed = self.packed_model(precision)?;
+        if packed.is_none() && precision != Precision::F32 {
+            return Err(Error::Input(format!(
+                "{precision:?} runs only on the CPU fast path, which this model \
+                 ({:?} on {:?}) does not take",
+                self.model.config().family,
+                self.model.device()
+            )));
+        }
+        self.packed = packed;
+        self.precision = precision;
+        Ok(())
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The fast path in `precision`; int8 calibrates on a built-in set
+    /// of English sentences (lead sentences of Wikipedia articles, not
+    /// from any evaluation set).
+    fn packed_model(&self, precision: Precision) -> Result<Option<PackedBert>> {
+        let Some(mut packed) = PackedBert::from_model(&self.model)? else {
+            return Ok(None);
+        };
+        if precision == Precision::Int8 {
+            let texts: Vec<&str> = CALIBRATION_EN.lines().collect();
+            let encs = self.tokenizer.encode_batch(&texts)?;
+            let seqs: Vec<(&[u32], &[u32])> = encs
+                .iter()
+                .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+                .collect();
+            packed.quantize_int8(&seqs)?;
+        }
+        Ok(Some(packed))
     }
 
     pub fn uses_fast_path(&self) -> bool {

@@ -198,7 +198,7 @@ fn special_id(tokenizer: &Tokenizer, names: &[&str]) -> Result<u32> {
         .ok_or_else(|| Error::Tokenizer(format!("the vocabulary has none of {names:?}")))
 }
 
-fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+pub(crate) fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {

@@ -13,6 +13,7 @@ pub mod params;
 pub mod presets;
 pub mod pretrain;
 pub mod schedule;
+pub mod vocab;
 
 pub use checkpoint::{Checkpoint, TrainerState};
 pub use data::{Corpus, CorpusOptions, Example};

@@ -1,0 +1,846 @@
+//! Matrix multiplies against weights packed once, at load time.
+//!
+//! A general gemm repacks its right-hand side on every call: for the
+//! inference fast path that means copying every weight matrix of the model
+//! on every forward pass, which dominates at small batches (a sentence at
+//! batch 1 is ~25 rows against 10 M weights). Here the weights are laid out
+//! once in column panels the micro-kernel streams straight through:
+//!
+//! - [`PackedF32`]: fp32, panels of [`NR`] columns, each `k` rows of `NR`
+//!   floats; the AVX-512 kernel keeps an 8 × 32 tile of the output in
+//!   registers.
+//! - [`PackedI8`]: int8 weights with one scale per output column, for
+//!   `--quantize int8`. Activations are quantized on the fly, per row and
+//!   group of [`QGROUP`] input channels, to unsigned bytes between the
+//!   group's minimum and maximum (asymmetric: a one-sided range keeps all
+//!   256 levels), after dividing each input channel
+//!   by a smoothing factor that was multiplied into the weights instead
+//!   (SmoothQuant: channels with large activations would otherwise set the
+//!   row's scale for all). Products run on AVX-512 VNNI (`vpdpbusd`, four
+//!   8-bit products per 32-bit lane); the integer sums are exact, so the
+//!   scalar fallback computes the same integers.
+//!
+//! Both run in parallel over (column panel, row block) tasks on the rayon
+//! pool and write `y = x · W + bias` row-major.
+
+use rayon::prelude::*;
+
+use crate::kernels::{activate_body, Act};
+
+/// Output columns per panel: two 16-float AVX-512 registers.
+pub const NR: usize = 32;
+/// Output rows per register tile.
+const MR: usize = 8;
+/// Rows per parallel task: a task reuses one weight panel over these.
+const ROWS_PER_TASK: usize = 64;
+/// Input channels sharing one activation scale in int8 products (a
+/// multiple of 4, the `vpdpbusd` depth): finer groups track the ranges of
+/// different channels better, at one float multiply-add per group.
+pub const QGROUP: usize = 64;
+
+/// Which kernels the CPU can run, detected once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cpu {
+    avx512: bool,
+    vnni: bool,
+}
+
+fn cpu() -> Cpu {
+    static CPU: std::sync::OnceLock<Cpu> = std::sync::OnceLock::new();
+    *CPU.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw");
+            Cpu {
+                avx512,
+                vnni: avx512 && std::is_x86_feature_detected!("avx512vnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Cpu {
+            avx512: false,
+            vnni: false,
+        }
+    })
+}
+
+/// True when int8 products run on VNNI instructions (else a scalar loop
+/// computes the same integers, slowly).
+pub fn has_vnni() -> bool {
+    cpu().vnni
+}
+
+/// fp32 weights `[k, n]` in column panels.
+#[derive(Debug, Clone)]
+pub struct PackedF32 {
+    /// Panel `p` holds columns `p·NR..` as `k` rows of `NR` floats
+    /// (zero-padded past `n`).
+    panels: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedF32 {
+    /// Packs `w_t`, row-major `[k, n]` (a transposed `nn.Linear` weight).
+    pub fn new(w_t: &[f32], k: usize, n: usize) -> Self {
+        assert_eq!(w_t.len(), k * n, "PackedF32: weight is not [{k}, {n}]");
+        let n_panels = n.div_ceil(NR);
+        let mut panels = vec![0f32; n_panels * k * NR];
+        for (p, panel) in panels.chunks_exact_mut(k * NR).enumerate() {
+            let cols = NR.min(n - p * NR);
+            for (row, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                dst[..cols].copy_from_slice(&w_t[row * n + p * NR..][..cols]);
+            }
+        }
+        Self { panels, k, n }
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.k
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.n
+    }
+
+    /// The weights back as row-major `[k, n]`.
+    pub fn unpack(&self) -> Vec<f32> {
+        let (k, n) = (self.k, self.n);
+        let mut w_t = vec![0f32; k * n];
+        for (p, panel) in self.panels.chunks_exact(k * NR).enumerate() {
+            let cols = NR.min(n - p * NR);
+            for (row, src) in panel.chunks_exact(NR).enumerate() {
+                w_t[row * n + p * NR..][..cols].copy_from_slice(&src[..cols]);
+            }
+        }
+        w_t
+    }
+
+    /// `y[m, n] = act(x[m, k] · W + bias)` (the activation applied while
+    /// the tile is still in cache, when given).
+    pub fn matmul(&self, x: &[f32], bias: &[f32], y: &mut [f32], m: usize, act: Option<Act>) {
+        let (k, n) = (self.k, self.n);
+        check_shapes(x, bias, y, m, k, n);
+        let out = SharedOut(y.as_mut_ptr());
+        for_each_task(m, n, |p, rows| {
+            let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
+            let cols = NR.min(n - p * NR);
+            let bias = &bias[p * NR..p * NR + cols];
+            for r0 in rows.step_by(MR) {
+                let mr = MR.min(m - r0);
+                let a = &x[r0 * k..(r0 + mr) * k];
+                // Rows r0..r0+mr, columns p·NR..p·NR+cols of y lie inside
+                // y (shapes checked) and belong to this task only.
+                let c = out.at(r0 * n + p * NR);
+                // SAFETY: as just said.
+                unsafe { tile_f32(a, k, mr, panel, c, n, cols, bias, act) };
+            }
+        });
+    }
+}
+
+/// int8 weights `[k, n]` with one scale per output column.
+#[derive(Debug, Clone)]
+pub struct PackedI8 {
+    /// Panel `p`, quad `g` (inputs 4g..4g+4): `NR` columns × 4 bytes, each
+    /// column's four weights adjacent (the `vpdpbusd` operand layout).
+    panels: Vec<i8>,
+    /// Dequantisation scale of each column (`max |w| / 127`).
+    scales: Vec<f32>,
+    /// Per panel and channel group, `NR` sums Σ_k q[k, c] of the quantized
+    /// weights: a group's activation bytes count up from its minimum, and
+    /// `minimum · sum` adds it back.
+    group_sums: Vec<f32>,
+    /// What each input channel is multiplied by before quantization (the
+    /// inverse of the smoothing factor folded into the weights).
+    x_scales: Vec<f32>,
+    k: usize,
+    /// `k` rounded up to a multiple of 4.
+    k4: usize,
+    n: usize,
+}
+
+/// Channel groups of `k` inputs.
+fn groups(k: usize) -> usize {
+    k.div_ceil(QGROUP)
+}
+
+impl PackedI8 {
+    /// Quantizes and packs `w_t`, row-major `[k, n]`. `act_max`, the
+    /// largest |activation| seen on each input channel (calibration),
+    /// turns on smoothing: channel `j` is scaled by
+    /// `sqrt(act_max[j] / max_c |w[j, c]|)` in the weights and by its
+    /// inverse in the activations, which evens out the two ranges.
+    pub fn new(w_t: &[f32], k: usize, n: usize, act_max: Option<&[f32]>) -> Self {
+        assert_eq!(w_t.len(), k * n, "PackedI8: weight is not [{k}, {n}]");
+        let smooth: Vec<f32> = match act_max {
+            Some(a) => {
+                assert_eq!(a.len(), k, "PackedI8: act_max is not [{k}]");
+                (0..k)
+                    .map(|j| {
+                        let wmax = w_t[j * n..(j + 1) * n]
+                            .iter()
+                            .fold(0f32, |m, v| m.max(v.abs()));
+                        (a[j].max(1e-5) / wmax.max(1e-5)).sqrt()
+                    })
+                    .collect()
+            }
+            None => vec![1.0; k],
+        };
+        let k4 = k.div_ceil(4) * 4;
+        let (n_panels, n_groups) = (n.div_ceil(NR), groups(k));
+        let mut scales = vec![1f32; n];
+        let mut group_sums = vec![0f32; n_panels * n_groups * NR];
+        let mut panels = vec![0i8; n_panels * k4 * NR];
+        for c in 0..n {
+            let w = |r: usize| w_t[r * n + c] * smooth[r];
+            let amax = (0..k).map(|r| w(r).abs()).fold(0f32, f32::max);
+            let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+            scales[c] = scale;
+            let (p, lane) = (c / NR, c % NR);
+            for r in 0..k {
+                let q = (w(r) / scale).round().clamp(-127.0, 127.0) as i8;
+                group_sums[(p * n_groups + r / QGROUP) * NR + lane] += f32::from(q);
+                panels[p * k4 * NR + (r / 4) * 4 * NR + lane * 4 + r % 4] = q;
+            }
+        }
+        Self {
+            panels,
+            scales,
+            group_sums,
+            x_scales: smooth.iter().map(|s| 1.0 / s).collect(),
+            k,
+            k4,
+            n,
+        }
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.k
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.n
+    }
+
+    /// `y[m, n] ≈ x[m, k] · W + bias`, with `x` quantized into `scratch`
+    /// (reused between calls).
+    pub fn matmul(
+        &self,
+        x: &[f32],
+        bias: &[f32],
+        y: &mut [f32],
+        m: usize,
+        scratch: &mut QuantScratch,
+        act: Option<Act>,
+    ) {
+        let (k, k4, n) = (self.k, self.k4, self.n);
+        check_shapes(x, bias, y, m, k, n);
+        scratch.quantize(x, m, k, k4, &self.x_scales);
+        let QuantScratch { bytes, quants } = &*scratch;
+        let n_groups = groups(k);
+        let out = SharedOut(y.as_mut_ptr());
+        for_each_task(m, n, |p, block| {
+            let cs = p * NR..(p * NR + NR).min(n);
+            let tile = I8Tile {
+                k4,
+                panel: &self.panels[p * k4 * NR..(p + 1) * k4 * NR],
+                group_sums: &self.group_sums[p * n_groups * NR..(p + 1) * n_groups * NR],
+                scales: &self.scales[cs.clone()],
+                bias: &bias[cs],
+                act,
+            };
+            for r0 in block.step_by(MR) {
+                let mr = MR.min(m - r0);
+                // SAFETY: the tile at rows r0.., columns p·NR.. lies inside
+                // y (shapes checked) and belongs to this task only.
+                unsafe {
+                    tile.run(
+                        &bytes[r0 * k4..(r0 + mr) * k4],
+                        &quants[r0 * n_groups..(r0 + mr) * n_groups],
+                        mr,
+                        out.at(r0 * n + p * NR),
+                        n,
+                    )
+                };
+            }
+        });
+    }
+}
+
+/// One column panel of a [`PackedI8`] multiply.
+struct I8Tile<'a> {
+    k4: usize,
+    panel: &'a [i8],
+    group_sums: &'a [f32],
+    scales: &'a [f32],
+    bias: &'a [f32],
+    act: Option<Act>,
+}
+
+impl I8Tile<'_> {
+    fn cols(&self) -> usize {
+        self.bias.len()
+    }
+
+    /// `c[r, j] = scale[j] · Σ_g (step[r, g] · Σ_{i∈g} qa[r, i] · w[i, j]
+    /// + min[r, g] · sum[g, j]) + bias[j]` for `r < mr`, `j < cols`; `c`
+    /// has row stride `ldc`.
+    ///
+    /// # Safety
+    /// `c` must address an `mr` × `cols` tile (row stride `ldc`) that no
+    /// one else reads or writes meanwhile.
+    unsafe fn run(&self, qa: &[u8], quants: &[GroupQuant], mr: usize, c: *mut f32, ldc: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if cpu().vnni {
+            macro_rules! dispatch {
+                ($($n:literal)*) => {
+                    match mr {
+                        // SAFETY: the CPU has AVX-512 VNNI (checked); qa
+                        // holds mr rows of k4 bytes, quants mr rows of
+                        // groups, and the caller owns the tile at c.
+                        $($n => unsafe { avx512::tile_i8::<$n>(self, qa, quants, c, ldc) },)*
+                        _ => unreachable!("tiles have 1..=MR rows"),
+                    }
+                };
+            }
+            dispatch!(1 2 3 4 5 6 7 8);
+            return;
+        }
+        let n_groups = quants.len() / mr;
+        for r in 0..mr {
+            let row = &qa[r * self.k4..(r + 1) * self.k4];
+            let mut acc = [0f32; NR];
+            for (g, quant) in quants[r * n_groups..(r + 1) * n_groups].iter().enumerate() {
+                let quads = g * QGROUP / 4..((g + 1) * QGROUP / 4).min(self.k4 / 4);
+                let sums = int_sums(row, self.panel, quads);
+                let gsum = &self.group_sums[g * NR..(g + 1) * NR];
+                for ((a, s), w) in acc.iter_mut().zip(sums).zip(gsum) {
+                    *a += s as f32 * quant.step + quant.min * w;
+                }
+            }
+            // SAFETY: row r < mr, columns < cols of the caller's tile.
+            let out = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), self.cols()) };
+            for (((y, a), s), b) in out.iter_mut().zip(acc).zip(self.scales).zip(self.bias) {
+                *y = a * s + b;
+            }
+            if let Some(act) = self.act {
+                activate_body(out, act);
+            }
+        }
+    }
+}
+
+/// Σ over the 4-input quads `quads` of `row` bytes times the panel's
+/// weights, per column: the integers the VNNI kernel must equal.
+fn int_sums(row: &[u8], panel: &[i8], quads: std::ops::Range<usize>) -> [i32; NR] {
+    let mut acc = [0i32; NR];
+    for g in quads {
+        let x = &row[4 * g..4 * g + 4];
+        let quad = &panel[g * 4 * NR..(g + 1) * 4 * NR];
+        for (s, w) in acc.iter_mut().zip(quad.chunks_exact(4)) {
+            *s += x
+                .iter()
+                .zip(w)
+                .map(|(&x, &w)| i32::from(x) * i32::from(w))
+                .sum::<i32>();
+        }
+    }
+    acc
+}
+
+/// A quantized channel group of one row: `x ≈ min + step · byte`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GroupQuant {
+    step: f32,
+    min: f32,
+}
+
+/// Per-row, per-group int8 activations, reused across calls.
+#[derive(Debug, Default)]
+pub struct QuantScratch {
+    /// [m, k4] bytes (padding: 0; the weights there are 0).
+    bytes: Vec<u8>,
+    /// [m, groups].
+    quants: Vec<GroupQuant>,
+}
+
+impl QuantScratch {
+    fn quantize(&mut self, x: &[f32], m: usize, k: usize, k4: usize, x_scales: &[f32]) {
+        let n_groups = groups(k);
+        self.bytes.clear();
+        self.bytes.resize(m * k4, 0);
+        self.quants.clear();
+        self.quants.resize(m * n_groups, GroupQuant::default());
+        self.bytes
+            .par_chunks_mut(k4)
+            .zip(self.quants.par_chunks_mut(n_groups))
+            .zip(x.par_chunks(k))
+            .with_min_len(16)
+            .for_each(|((bytes, quants), row)| {
+                for ((g, x), q) in row.chunks(QGROUP).enumerate().zip(quants) {
+                    let xs = &x_scales[g * QGROUP..][..x.len()];
+                    *q = quantize_group(x, xs, &mut bytes[g * QGROUP..][..x.len()]);
+                }
+            });
+    }
+}
+
+/// Quantizes one group of channels (`x · x_scales`) into `out`.
+fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8]) -> GroupQuant {
+    #[cfg(target_arch = "x86_64")]
+    if cpu().avx512 {
+        // SAFETY: the CPU has AVX-512F and BW (checked).
+        return unsafe { avx512::quantize_group(x, x_scales, out) };
+    }
+    let v = |j: usize| x[j] * x_scales[j];
+    let (lo, hi) = (0..x.len()).fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), j| {
+        (lo.min(v(j)), hi.max(v(j)))
+    });
+    let quant = group_quant(lo, hi);
+    let inv = 1.0 / quant.step;
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = ((v(j) - lo) * inv).round_ties_even().clamp(0.0, 255.0) as u8;
+    }
+    quant
+}
+
+/// The step and origin of a group whose values span `lo..=hi`.
+fn group_quant(lo: f32, hi: f32) -> GroupQuant {
+    let span = hi - lo;
+    GroupQuant {
+        step: if span > 0.0 { span / 255.0 } else { 1.0 },
+        min: lo,
+    }
+}
+
+fn check_shapes(x: &[f32], bias: &[f32], y: &[f32], m: usize, k: usize, n: usize) {
+    assert_eq!(x.len(), m * k, "matmul: input is not [{m}, {k}]");
+    assert_eq!(bias.len(), n, "matmul: bias is not [{n}]");
+    assert_eq!(y.len(), m * n, "matmul: output is not [{m}, {n}]");
+}
+
+/// The output pointer, shared by tasks that write disjoint tiles.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: every task writes only its own (panel, row block) tile.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// Through a method, so closures capture the `Sync` wrapper and not
+    /// the bare pointer field.
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// Runs `f(panel, rows)` for every column panel and block of rows, in
+/// parallel; tasks of one panel are adjacent so a thread keeps reusing it.
+fn for_each_task(m: usize, n: usize, f: impl Fn(usize, std::ops::Range<usize>) + Sync) {
+    let n_panels = n.div_ceil(NR);
+    let n_blocks = m.div_ceil(ROWS_PER_TASK);
+    let task = |t: usize| {
+        let (p, b) = (t / n_blocks, t % n_blocks);
+        f(p, b * ROWS_PER_TASK..m.min((b + 1) * ROWS_PER_TASK));
+    };
+    if rayon::current_num_threads() <= 1 || n_panels * n_blocks == 1 {
+        (0..n_panels * n_blocks).for_each(task);
+    } else {
+        (0..n_panels * n_blocks).into_par_iter().for_each(task);
+    }
+}
+
+/// One output tile: `c[r, j] = Σ_i a[r, i] · panel[i, j] + bias[j]` for
+/// `r < mr`, `j < cols`; `c` has row stride `ldc`.
+///
+/// # Safety
+/// `c` must address an `mr` × `cols` tile (row stride `ldc`) that no one
+/// else reads or writes meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_f32(
+    a: &[f32],
+    k: usize,
+    mr: usize,
+    panel: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+    bias: &[f32],
+    act: Option<Act>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu().avx512 {
+        macro_rules! dispatch {
+            ($($n:literal)*) => {
+                match mr {
+                    // SAFETY: the CPU has AVX-512F (checked); the slices
+                    // hold mr rows of k and k rows of NR.
+                    $($n => unsafe { avx512::tile_f32::<$n>(a, k, panel, c, ldc, cols, bias, act) },)*
+                    _ => unreachable!("tiles have 1..=MR rows"),
+                }
+            };
+        }
+        dispatch!(1 2 3 4 5 6 7 8);
+        return;
+    }
+    for r in 0..mr {
+        let mut acc = [0f32; NR];
+        for (i, brow) in panel.chunks_exact(NR).enumerate() {
+            let av = a[r * k + i];
+            for (s, b) in acc.iter_mut().zip(brow) {
+                *s += av * b;
+            }
+        }
+        // SAFETY: row r < mr, columns < cols of the caller's tile.
+        let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), cols) };
+        for ((y, a), b) in row.iter_mut().zip(acc).zip(bias) {
+            *y = a + b;
+        }
+        if let Some(act) = act {
+            activate_body(row, act);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{GroupQuant, I8Tile, NR, QGROUP};
+    use crate::kernels::{activate_body, Act};
+    use std::arch::x86_64::*;
+
+    /// `R` rows × 32 columns of fp32 products, accumulated in registers.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_f32<const R: usize>(
+        a: &[f32],
+        k: usize,
+        panel: &[f32],
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        bias: &[f32],
+        act: Option<Act>,
+    ) {
+        debug_assert!(a.len() >= R * k && panel.len() >= k * NR);
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+        for i in 0..k {
+            let b0 = _mm512_loadu_ps(bp.add(i * NR));
+            let b1 = _mm512_loadu_ps(bp.add(i * NR + 16));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*ap.add(r * k + i));
+                acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+            }
+        }
+        let (m0, m1) = masks(cols);
+        let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
+        let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
+        for (r, acc) in acc.iter().enumerate() {
+            let dst = c.add(r * ldc);
+            _mm512_mask_storeu_ps(dst, m0, _mm512_add_ps(acc[0], bias0));
+            _mm512_mask_storeu_ps(dst.wrapping_add(16), m1, _mm512_add_ps(acc[1], bias1));
+            if let Some(act) = act {
+                // Inlined here, so compiled for AVX-512 too.
+                activate_body(std::slice::from_raw_parts_mut(dst, cols), act);
+            }
+        }
+    }
+
+    /// Masks of the valid lanes of the two halves of a 32-column tile.
+    fn masks(cols: usize) -> (__mmask16, __mmask16) {
+        let bits = if cols >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << cols) - 1
+        };
+        (bits as u16, (bits >> 16) as u16)
+    }
+
+    /// `R` rows × 32 columns of u8 × i8 products, four per lane per
+    /// `vpdpbusd`, turned into floats group by group.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn tile_i8<const R: usize>(
+        t: &I8Tile,
+        qa: &[u8],
+        quants: &[GroupQuant],
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let (k4, n_groups) = (t.k4, quants.len() / R);
+        debug_assert!(qa.len() >= R * k4 && t.panel.len() >= k4 * NR);
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let (ap, bp) = (qa.as_ptr(), t.panel.as_ptr());
+        for g in 0..n_groups {
+            let mut iacc = [[_mm512_setzero_si512(); 2]; R];
+            for q in g * QGROUP / 4..((g + 1) * QGROUP / 4).min(k4 / 4) {
+                let b0 = _mm512_loadu_si512(bp.add(q * 4 * NR) as *const _);
+                let b1 = _mm512_loadu_si512(bp.add(q * 4 * NR + 64) as *const _);
+                for (r, iacc) in iacc.iter_mut().enumerate() {
+                    let av =
+                        _mm512_set1_epi32((ap.add(r * k4 + 4 * q) as *const i32).read_unaligned());
+                    iacc[0] = _mm512_dpbusd_epi32(iacc[0], av, b0);
+                    iacc[1] = _mm512_dpbusd_epi32(iacc[1], av, b1);
+                }
+            }
+            let s0 = _mm512_loadu_ps(t.group_sums.as_ptr().add(g * NR));
+            let s1 = _mm512_loadu_ps(t.group_sums.as_ptr().add(g * NR + 16));
+            for (r, (acc, iacc)) in acc.iter_mut().zip(&iacc).enumerate() {
+                let GroupQuant { step, min } = quants[r * n_groups + g];
+                let (step, min) = (_mm512_set1_ps(step), _mm512_set1_ps(min));
+                acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[0]), step, acc[0]);
+                acc[0] = _mm512_fmadd_ps(min, s0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[1]), step, acc[1]);
+                acc[1] = _mm512_fmadd_ps(min, s1, acc[1]);
+            }
+        }
+        let (m0, m1) = masks(t.cols());
+        let scale0 = _mm512_maskz_loadu_ps(m0, t.scales.as_ptr());
+        let scale1 = _mm512_maskz_loadu_ps(m1, t.scales.as_ptr().wrapping_add(16));
+        let bias0 = _mm512_maskz_loadu_ps(m0, t.bias.as_ptr());
+        let bias1 = _mm512_maskz_loadu_ps(m1, t.bias.as_ptr().wrapping_add(16));
+        for (r, acc) in acc.iter().enumerate() {
+            let dst = c.add(r * ldc);
+            _mm512_mask_storeu_ps(dst, m0, _mm512_fmadd_ps(acc[0], scale0, bias0));
+            _mm512_mask_storeu_ps(
+                dst.wrapping_add(16),
+                m1,
+                _mm512_fmadd_ps(acc[1], scale1, bias1),
+            );
+            if let Some(act) = t.act {
+                activate_body(std::slice::from_raw_parts_mut(dst, t.cols()), act);
+            }
+        }
+    }
+
+    /// Mask of the `k - i` (at most 16) lanes left from `i`.
+    fn tail(k: usize, i: usize) -> __mmask16 {
+        if k - i >= 16 {
+            0xffff
+        } else {
+            (1u16 << (k - i)) - 1
+        }
+    }
+
+    /// Asymmetric quantization of one channel group to bytes (round to
+    /// nearest even, as `vcvtps2dq` does by default).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8]) -> GroupQuant {
+        let k = x.len();
+        debug_assert!(x_scales.len() >= k && out.len() >= k);
+        let load = |i: usize| {
+            let m = tail(k, i);
+            _mm512_mul_ps(
+                _mm512_maskz_loadu_ps(m, x.as_ptr().add(i)),
+                _mm512_maskz_loadu_ps(m, x_scales.as_ptr().add(i)),
+            )
+        };
+        let mut lo = _mm512_set1_ps(f32::INFINITY);
+        let mut hi = _mm512_set1_ps(f32::NEG_INFINITY);
+        for i in (0..k).step_by(16) {
+            let (m, v) = (tail(k, i), load(i));
+            lo = _mm512_mask_min_ps(lo, m, lo, v);
+            hi = _mm512_mask_max_ps(hi, m, hi, v);
+        }
+        let quant = super::group_quant(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
+        let min = _mm512_set1_ps(quant.min);
+        let inv = _mm512_set1_ps(1.0 / quant.step);
+        let (zero, top) = (_mm512_setzero_si512(), _mm512_set1_epi32(255));
+        for i in (0..k).step_by(16) {
+            let v = _mm512_mul_ps(_mm512_sub_ps(load(i), min), inv);
+            let q = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), zero), top);
+            _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr().add(i) as *mut _, tail(k, i), q);
+        }
+        quant
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        // A small LCG: deterministic values in [-1, 1).
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn reference(x: &[f32], w_t: &[f32], bias: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut y = vec![0f32; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                let dot: f64 = (0..k)
+                    .map(|i| f64::from(x[r * k + i]) * f64::from(w_t[i * n + c]))
+                    .sum();
+                y[r * n + c] = dot as f32 + bias[c];
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn fp32_matches_the_definition_on_ragged_shapes() {
+        for &(m, k, n) in &[(1, 3, 1), (7, 33, 45), (70, 64, 96), (9, 384, 40)] {
+            let (x, w, b) = (data(m * k, 1), data(k * n, 2), data(n, 3));
+            let packed = PackedF32::new(&w, k, n);
+            let mut y = vec![f32::NAN; m * n];
+            packed.matmul(&x, &b, &mut y, m, None);
+            let want = reference(&x, &w, &b, m, k, n);
+            for (i, (g, w)) in y.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() < 1e-4, "({m},{k},{n}) [{i}]: {g} vs {w}");
+            }
+            assert_eq!(packed.unpack(), w);
+        }
+    }
+
+    fn int8_error(
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        act_max: Option<&[f32]>,
+    ) -> (f32, f32) {
+        let want = reference(x, w, b, m, k, n);
+        let packed = PackedI8::new(w, k, n, act_max);
+        let mut y = vec![f32::NAN; m * n];
+        packed.matmul(x, b, &mut y, m, &mut QuantScratch::default(), None);
+        let err: Vec<f32> = y.iter().zip(&want).map(|(g, w)| g - w).collect();
+        let rms = (err.iter().map(|e| e * e).sum::<f32>() / err.len() as f32).sqrt();
+        (rms, err.iter().fold(0f32, |m, e| m.max(e.abs())))
+    }
+
+    #[test]
+    fn int8_error_is_the_rounding_error() {
+        let (m, k, n) = (19, 130, 70);
+        let (x, w, b) = (data(m * k, 4), data(k * n, 5), data(n, 6));
+        // Rounding both factors to 8 bits: each product is off by
+        // ~|x|·Δw + |w|·Δx (Δ uniform in ±step/2, steps 1/127 and 2/255
+        // here), std ≈ 0.0019; over 130 products ≈ 0.021.
+        let (rms, max) = int8_error(&x, &w, &b, m, k, n, None);
+        assert!(rms < 0.025 && max < 0.1, "rms {rms}, max {max}");
+    }
+
+    #[test]
+    fn smoothing_tames_an_outlier_channel() {
+        let (m, k, n) = (19, 130, 70);
+        let (mut x, w, b) = (data(m * k, 4), data(k * n, 5), data(n, 6));
+        // Channel 3 carries activations 30x the others (as LayerNorm
+        // outputs of real BERTs do): it sets the range of its group.
+        for row in x.chunks_exact_mut(k) {
+            row[3] *= 30.0;
+        }
+        let act_max: Vec<f32> = (0..k)
+            .map(|j| x.chunks_exact(k).fold(0f32, |a, r| a.max(r[j].abs())))
+            .collect();
+        let (plain, _) = int8_error(&x, &w, &b, m, k, n, None);
+        let (smoothed, _) = int8_error(&x, &w, &b, m, k, n, Some(&act_max));
+        assert!(
+            smoothed < 0.7 * plain,
+            "smoothed rms {smoothed}, plain {plain}"
+        );
+    }
+
+    #[test]
+    fn int8_kernel_equals_the_scalar_loops() {
+        // k spans two full channel groups and a ragged third.
+        let (m, k, n) = (5, 2 * QGROUP + 18, 40);
+        let (x, w, b) = (data(m * k, 8), data(k * n, 9), data(n, 10));
+        let packed = PackedI8::new(&w, k, n, None);
+        let mut scratch = QuantScratch::default();
+        scratch.quantize(&x, m, k, packed.k4, &packed.x_scales);
+        let n_groups = groups(k);
+        let tile = I8Tile {
+            k4: packed.k4,
+            panel: &packed.panels[..packed.k4 * NR],
+            group_sums: &packed.group_sums[..n_groups * NR],
+            scales: &packed.scales[..NR],
+            bias: &b[..NR],
+            act: None,
+        };
+        let mut fast = vec![0f32; m * NR];
+        // SAFETY: `fast` is the m × NR tile.
+        unsafe { tile.run(&scratch.bytes, &scratch.quants, m, fast.as_mut_ptr(), NR) };
+        for r in 0..m {
+            let row = &scratch.bytes[r * packed.k4..(r + 1) * packed.k4];
+            let mut want = [0f32; NR];
+            for g in 0..n_groups {
+                let q = scratch.quants[r * n_groups + g];
+                let sums = int_sums(
+                    row,
+                    tile.panel,
+                    g * QGROUP / 4..((g + 1) * QGROUP / 4).min(packed.k4 / 4),
+                );
+                for j in 0..NR {
+                    want[j] += sums[j] as f32 * q.step + q.min * tile.group_sums[g * NR + j];
+                }
+            }
+            for j in 0..NR {
+                let want = want[j] * tile.scales[j] + b[j];
+                let got = fast[r * NR + j];
+                // Fused multiply-adds round once where the loop rounds twice.
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_constant_row_quantizes_exactly() {
+        let (m, k, n) = (2, 8, 3);
+        let w = data(k * n, 7);
+        let packed = PackedI8::new(&w, k, n, None);
+        let mut y = vec![f32::NAN; m * n];
+        let x = vec![0.0; m * k];
+        packed.matmul(
+            &x,
+            &[1.0, 2.0, 3.0],
+            &mut y,
+            m,
+            &mut QuantScratch::default(),
+            None,
+        );
+        assert_eq!(y, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn the_fused_activation_is_the_activation_of_the_product() {
+        let (m, k, n) = (11, 40, 50);
+        let (x, w, b) = (data(m * k, 11), data(k * n, 12), data(n, 13));
+        let (f, q) = (PackedF32::new(&w, k, n), PackedI8::new(&w, k, n, None));
+        let mut scratch = QuantScratch::default();
+        for act in [Act::Relu, Act::GeluErf, Act::GeluTanh] {
+            let (mut plain, mut fused) = (vec![0f32; m * n], vec![0f32; m * n]);
+            f.matmul(&x, &b, &mut plain, m, None);
+            f.matmul(&x, &b, &mut fused, m, Some(act));
+            activate_body(&mut plain, act);
+            assert_eq!(plain, fused, "{act:?} (fp32)");
+            q.matmul(&x, &b, &mut plain, m, &mut scratch, None);
+            q.matmul(&x, &b, &mut fused, m, &mut scratch, Some(act));
+            activate_body(&mut plain, act);
+            for (p, f) in plain.iter().zip(&fused) {
+                assert!((p - f).abs() < 1e-6, "{act:?} (int8): {p} vs {f}");
+            }
+        }
+        assert!(fused_has_negatives_clipped(&f, &x, &b, m));
+    }
+
+    /// ReLU really ran: the plain product has negatives, the fused none.
+    fn fused_has_negatives_clipped(f: &PackedF32, x: &[f32], b: &[f32], m: usize) -> bool {
+        let n = f.out_dim();
+        let (mut plain, mut fused) = (vec![0f32; m * n], vec![0f32; m * n]);
+        f.matmul(x, b, &mut plain, m, None);
+        f.matmul(x, b, &mut fused, m, Some(Act::Relu));
+        plain.iter().any(|v| *v < 0.0) && fused.iter().all(|v| *v >= 0.0)
+    }
+}
