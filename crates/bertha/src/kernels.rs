@@ -14,6 +14,14 @@ use rayon::prelude::*;
 /// training ops also sum weight gradients in blocks of this many rows).
 pub(crate) const ROWS_PER_TASK: usize = 16;
 
+/// Up to this many rows, row-wise passes run on the calling thread: waking
+/// the pool costs more than the pass (a sentence at batch 1 is ~25 rows).
+const SERIAL_ROWS: usize = 64;
+
+/// Attention work (multiply-adds) below which all heads run on the calling
+/// thread, for the same reason.
+const SERIAL_ATTENTION_WORK: usize = 1 << 20;
+
 /// Lanes of the manual accumulators below: sums kept in 16 independent
 /// partial sums vectorise without fast-math reassociation.
 pub(crate) const LANES: usize = 16;
@@ -134,6 +142,9 @@ pub fn add_layer_norm(
     eps: f32,
 ) {
     let d = gamma.len();
+    if x.len() <= d * SERIAL_ROWS {
+        return norm_rows(x, residual, gamma, beta, eps);
+    }
     let task = d * ROWS_PER_TASK;
     match residual {
         Some(r) => x
@@ -148,6 +159,10 @@ pub fn add_layer_norm(
 
 /// LayerNorm of `src` rows into `dst` (pre-LN blocks keep the residual).
 pub fn layer_norm_into(src: &[f32], dst: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    if src.len() <= gamma.len() * SERIAL_ROWS {
+        dst.copy_from_slice(src);
+        return norm_rows(dst, None, gamma, beta, eps);
+    }
     let task = gamma.len() * ROWS_PER_TASK;
     dst.par_chunks_mut(task)
         .zip(src.par_chunks(task))
@@ -210,6 +225,9 @@ pub(crate) fn row_stats(row: &[f32], eps: f32) -> (f32, f32) {
 
 /// `x += residual`, in parallel.
 pub fn add_in_place(x: &mut [f32], residual: &[f32]) {
+    if x.len() <= 4096 * 4 {
+        return add_chunk(x, residual);
+    }
     x.par_chunks_mut(4096)
         .zip(residual.par_chunks(4096))
         .for_each(|(a, b)| add_chunk(a, b));
@@ -368,6 +386,14 @@ pub fn packed_attention(
         .windows(2)
         .flat_map(|w| (0..num_heads).map(move |h| (w[0], w[1] - w[0], h)))
         .collect();
+    let work: usize = tasks.iter().map(|(_, len, _)| 2 * len * len * head_dim).sum();
+    if work < SERIAL_ATTENTION_WORK {
+        let mut scratch = Scratch::default();
+        for (start, len, h) in tasks {
+            attend(&job, &mut scratch, start, len, h);
+        }
+        return;
+    }
     tasks
         .into_par_iter()
         .for_each_init(Scratch::default, |scratch, (start, len, h)| {

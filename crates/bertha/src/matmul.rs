@@ -507,6 +507,10 @@ unsafe fn tile_f32(
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{GroupQuant, I8Tile, NR, QGROUP};
+
+    /// How far ahead (panel rows: 128 bytes each, in both kernels) the
+    /// kernels prefetch.
+    const PREFETCH_ROWS: usize = 24;
     use crate::kernels::{activate_body, Act};
     use std::arch::x86_64::*;
 
@@ -527,6 +531,12 @@ mod avx512 {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         let (ap, bp) = (a.as_ptr(), panel.as_ptr());
         for i in 0..k {
+            // The panel streams in from L3 on its first tile: ask for the
+            // rows a few iterations ahead (past the end is harmless: a
+            // prefetch never faults).
+            let ahead = bp.wrapping_add((i + PREFETCH_ROWS) * NR) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             let b0 = _mm512_loadu_ps(bp.add(i * NR));
             let b1 = _mm512_loadu_ps(bp.add(i * NR + 16));
             for (r, acc) in acc.iter_mut().enumerate() {
@@ -576,6 +586,9 @@ mod avx512 {
         for g in 0..n_groups {
             let mut iacc = [[_mm512_setzero_si512(); 2]; R];
             for q in g * QGROUP / 4..((g + 1) * QGROUP / 4).min(k4 / 4) {
+                let ahead = bp.wrapping_add((q + PREFETCH_ROWS) * 4 * NR);
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
                 let b0 = _mm512_loadu_si512(bp.add(q * 4 * NR) as *const _);
                 let b1 = _mm512_loadu_si512(bp.add(q * 4 * NR + 64) as *const _);
                 for (r, iacc) in iacc.iter_mut().enumerate() {
