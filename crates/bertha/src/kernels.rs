@@ -386,7 +386,10 @@ pub fn packed_attention(
         .windows(2)
         .flat_map(|w| (0..num_heads).map(move |h| (w[0], w[1] - w[0], h)))
         .collect();
-    let work: usize = tasks.iter().map(|(_, len, _)| 2 * len * len * head_dim).sum();
+    let work: usize = tasks
+        .iter()
+        .map(|(_, len, _)| 2 * len * len * head_dim)
+        .sum();
     if work < SERIAL_ATTENTION_WORK {
         let mut scratch = Scratch::default();
         for (start, len, h) in tasks {
