@@ -54,6 +54,12 @@ enum Command {
     Nsp(commands::nsp::Args),
     /// Masked-LM (+NSP) pre-training on plain-text corpora; checkpoints transformers loads.
     Pretrain(commands::pretrain::Args),
+    /// Fine-tune a classification, NER or QA head (and the encoder) on a training file.
+    Finetune(commands::finetune::Args),
+    /// The task's dev metrics of a fine-tuned checkpoint on a labelled file, as one JSON line.
+    Evaluate(commands::evaluate::Args),
+    /// A fine-tuned checkpoint's predictions for a data file.
+    Predict(commands::predict::Args),
 }
 
 fn main() {
@@ -88,6 +94,9 @@ fn main() {
         Command::Qa(a) => commands::qa::run(a),
         Command::Nsp(a) => commands::nsp::run(a),
         Command::Pretrain(a) => commands::pretrain::run(a),
+        Command::Finetune(a) => commands::finetune::run(a),
+        Command::Evaluate(a) => commands::evaluate::run(a),
+        Command::Predict(a) => commands::predict::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,5 +1,6 @@
 //! Training: the data, masking, parameters, optimiser, schedule, loop and
-//! checkpoints of MLM (+NSP) pre-training.
+//! checkpoints of MLM (+NSP) pre-training, and the fine-tuning loop of the
+//! task heads (classification, NER, QA) on the same engine.
 //!
 //! Every random draw (initialisation, data order, masks, dropout) comes
 //! from a generator seeded by `(seed, step)`, so a run resumed from a
@@ -7,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod finetune;
 pub mod masking;
 pub mod optim;
 pub mod params;
@@ -17,6 +19,10 @@ pub mod vocab;
 
 pub use checkpoint::{Checkpoint, TrainerState};
 pub use data::{Corpus, CorpusOptions, Example};
+pub use finetune::{
+    DataOptions, Evaluation, FinetuneOptions, FinetunedModel, Finetuner, InferenceOptions,
+    Predictions, Task, TaskData,
+};
 pub use masking::{MaskSplit, Masker};
 pub use optim::{AdamW, AdamWConfig};
 pub use params::ParamStore;

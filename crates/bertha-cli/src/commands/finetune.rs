@@ -1,0 +1,263 @@
+//! `bertha finetune`: trains a task head (classification, NER, QA) and the
+//! encoder under it on a training file, scoring a dev file every epoch,
+//! with a progress bar, metrics JSON Lines, loss / metric curves, resumable
+//! checkpoints and early stopping.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use bertha::training::checkpoint::Checkpoint;
+use bertha::training::finetune::Event;
+use bertha::training::{DataOptions, FinetuneOptions, Finetuner, Task};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::model_dir::ModelArgs;
+
+/// Data-file options shared by finetune, evaluate and predict.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DataArgs {
+    /// Classification: the text column (default: found by name, e.g.
+    /// `sentence`, or the pair `sentence1`/`sentence2`).
+    #[arg(long)]
+    pub text_column: Option<String>,
+
+    /// Classification: the second text of a pair.
+    #[arg(long)]
+    pub pair_column: Option<String>,
+
+    /// Classification: the label column (default: `label`).
+    #[arg(long)]
+    pub label_column: Option<String>,
+
+    /// Skip malformed rows (reported on stderr) instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_rows: bool,
+}
+
+impl DataArgs {
+    pub fn options(&self) -> DataOptions {
+        DataOptions {
+            text_column: self.text_column.clone(),
+            pair_column: self.pair_column.clone(),
+            label_column: self.label_column.clone(),
+            skip_bad_rows: self.skip_bad_rows,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// classification (TSV/CSV/JSONL, texts or pairs), ner (CoNLL) or qa (SQuAD JSON).
+    #[arg(long)]
+    task: Task,
+
+    #[command(flatten)]
+    model: ModelArgs,
+
+    /// The training file.
+    #[arg(long)]
+    train: PathBuf,
+
+    /// The dev file, scored at every epoch's end (and every --eval-every steps).
+    #[arg(long)]
+    dev: Option<PathBuf>,
+
+    /// The output folder: metrics.jsonl, loss.png, metric.png, checkpoint-N/,
+    /// best/ (with --early-stop) and the final model.
+    #[arg(long)]
+    out: PathBuf,
+
+    /// Passes over the training set (a fraction stops part-way).
+    #[arg(long, default_value_t = 3.0)]
+    epochs: f64,
+
+    #[arg(long, default_value_t = 5e-5)]
+    lr: f64,
+
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+
+    /// Examples per forward pass when evaluating.
+    #[arg(long, default_value_t = 64)]
+    eval_batch_size: usize,
+
+    /// Tokens per input (default: 128; 384 for qa; at most the model's limit).
+    #[arg(long)]
+    max_length: Option<usize>,
+
+    /// QA: context tokens shared by consecutive windows (default:
+    /// min(128, max length / 2)).
+    #[arg(long)]
+    doc_stride: Option<usize>,
+
+    /// QA: the longest answer, in tokens.
+    #[arg(long, default_value_t = 30)]
+    max_answer_length: usize,
+
+    /// Fraction of the steps spent warming the rate up from 0 (then linear decay to 0).
+    #[arg(long, default_value_t = 0.1)]
+    warmup_ratio: f64,
+
+    /// AdamW's decoupled weight decay (none on biases and LayerNorm weights).
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f64,
+
+    /// Clip the global gradient norm (0 turns clipping off).
+    #[arg(long, default_value_t = 1.0)]
+    max_grad_norm: f64,
+
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+
+    /// Also evaluate every N steps.
+    #[arg(long)]
+    eval_every: Option<u64>,
+
+    /// Also write a resumable checkpoint every N steps (only the newest is kept).
+    #[arg(long)]
+    save_every: Option<u64>,
+
+    /// Stop after PATIENCE evaluations without a better dev score; the best
+    /// model becomes the final one.
+    #[arg(long, value_name = "PATIENCE")]
+    early_stop: Option<usize>,
+
+    /// Train on N examples drawn with the seed (quick runs on a slice).
+    #[arg(long, value_name = "N")]
+    max_train: Option<usize>,
+
+    /// Continue from a checkpoint folder (or the newest checkpoint-N of an
+    /// output folder); give the same data and options.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+
+    #[command(flatten)]
+    data: DataArgs,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model_dir = a.model.resolve()?;
+    let config = bertha::BertConfig::from_file(&model_dir.join("config.json"))?;
+    let max_length = a.max_length.unwrap_or_else(|| {
+        a.task
+            .default_max_length()
+            .min(config.max_sequence_length())
+    });
+    let opts = FinetuneOptions {
+        epochs: a.epochs,
+        lr: a.lr,
+        batch_size: a.batch_size,
+        eval_batch_size: a.eval_batch_size,
+        max_length,
+        doc_stride: a.doc_stride.unwrap_or((max_length / 2).min(128)),
+        max_answer_length: a.max_answer_length,
+        warmup_ratio: a.warmup_ratio,
+        weight_decay: a.weight_decay,
+        max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
+        seed: a.seed,
+        eval_every: a.eval_every,
+        save_every: a.save_every,
+        early_stop: a.early_stop,
+        max_train: a.max_train,
+        out: a.out.clone(),
+    };
+    let t0 = std::time::Instant::now();
+    let mut trainer = Finetuner::new(
+        a.task,
+        &model_dir,
+        &a.train,
+        a.dev.as_deref(),
+        &a.data.options(),
+        opts,
+    )
+    .with_context(|| format!("preparing to fine-tune {}", model_dir.display()))?;
+    let (examples, inputs) = trainer.train_size();
+    let labels = if trainer.labels().is_empty() {
+        String::new()
+    } else {
+        format!(", labels {}", trainer.labels().names().join(" "))
+    };
+    eprintln!(
+        "data: {examples} training examples → {inputs} inputs of ≤{max_length} tokens{}{labels} ({:.1} s)",
+        trainer
+            .dev_size()
+            .map(|n| format!(", {n} dev examples"))
+            .unwrap_or_default(),
+        t0.elapsed().as_secs_f64()
+    );
+    if let Some(dir) = &a.resume {
+        let ck = Checkpoint::find(dir)?;
+        trainer.resume(&ck)?;
+        eprintln!("resumed from {} at step {}", ck.display(), trainer.step());
+    }
+    eprintln!(
+        "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch)",
+        trainer.config().architectures.join(", "),
+        trainer.config().num_hidden_layers,
+        trainer.config().hidden_size,
+        trainer.params().num_values(),
+        trainer.total_steps(),
+        a.batch_size,
+        trainer.steps_per_epoch()
+    );
+
+    let bar = ProgressBar::new(trainer.total_steps());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_position(trainer.step());
+    let scores = |s: &std::collections::BTreeMap<String, f64>| {
+        s.iter()
+            .map(|(k, v)| format!("{k} {v:.4}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    trainer.run(|event| match event {
+        Event::Step(m) => {
+            bar.set_position(m.step);
+            bar.set_message(format!(
+                "epoch {:.2} loss {:.4} lr {:.2e} {:.0} tok/s",
+                m.epoch, m.loss, m.lr, m.tokens_per_s
+            ));
+        }
+        Event::Eval(e) => bar.println(format!(
+            "step {} (epoch {:.2}): dev loss {:.4}, {}",
+            e.step,
+            e.epoch,
+            e.eval_loss,
+            scores(&e.scores)
+        )),
+        Event::Best(e) => bar.println(format!(
+            "step {}: best {} so far ({:.4}), saved to best/",
+            e.step,
+            e.metric,
+            e.main()
+        )),
+        Event::Saved(dir) => bar.println(format!("saved {}", dir.display())),
+        Event::EarlyStop { step, best_step } => bar.println(format!(
+            "early stop at step {step}: no better dev score since step {best_step}"
+        )),
+    })?;
+    bar.finish_and_clear();
+    if let Some(best) = trainer
+        .evals()
+        .iter()
+        .max_by(|x, y| x.main().total_cmp(&y.main()))
+    {
+        eprintln!(
+            "best dev {}: {:.4} at step {}",
+            best.metric,
+            best.main(),
+            best.step
+        );
+    }
+    eprintln!(
+        "done: model in {}, metrics in {}",
+        a.out.display(),
+        a.out.join("metrics.jsonl").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,265 @@
+//! `bertha finetune`, `evaluate` and `predict` end to end on the committed
+//! SST-2 slice with a tiny checkpoint: evaluate's accuracy is the one
+//! counted from predict's output, and the dev score logged by training.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bertha"))
+        .args(args)
+        .env_remove("BERTHA_MODEL")
+        .env("RAYON_NUM_THREADS", "2")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn finetune_then_evaluate_and_predict_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sst2");
+    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
+    let o = run(&[
+        "finetune",
+        "--task",
+        "classification",
+        "--model",
+        s(&tiny),
+        "--train",
+        s(&data),
+        "--dev",
+        s(&data),
+        "--out",
+        s(&out),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "32",
+        "--lr",
+        "1e-3",
+    ]);
+    ok(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("40 training examples"), "{stderr}");
+    // 40 examples in batches of 8: 5 steps an epoch, an evaluation each.
+    let metrics: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let steps: Vec<&Value> = metrics.iter().filter(|m| m.get("loss").is_some()).collect();
+    let evals: Vec<&Value> = metrics
+        .iter()
+        .filter(|m| m.get("eval_loss").is_some())
+        .collect();
+    assert_eq!(steps.len(), 10);
+    assert_eq!(evals.len(), 2);
+    assert_eq!(evals[1]["step"], 10);
+    for key in ["loss", "lr", "grad_norm", "tokens_per_s"] {
+        assert!(steps[0][key].as_f64().unwrap().is_finite(), "{key}");
+    }
+    // lr: 10 % warmup of 10 steps is one step from 0.
+    assert_eq!(steps[0]["lr"], 0.0);
+    assert_eq!(steps[1]["lr"], 1e-3);
+    for f in ["loss.png", "metric.png"] {
+        let png = std::fs::read(out.join(f)).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{f}");
+    }
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "BertForSequenceClassification");
+    assert_eq!(config["id2label"]["1"], "1");
+    assert_eq!(config["label2id"]["0"], 0);
+    assert_eq!(config["problem_type"], "single_label_classification");
+
+    // evaluate: one JSON line.
+    let line = ok(&run(&[
+        "evaluate",
+        "--task",
+        "classification",
+        "--model",
+        s(&out),
+        "--data",
+        s(&data),
+    ]));
+    assert_eq!(line.lines().count(), 1);
+    let ev: Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(ev["task"], "classification");
+    assert_eq!(ev["examples"], 40);
+    assert_eq!(ev["metric"], "accuracy");
+    let acc = ev["accuracy"].as_f64().unwrap();
+    assert!(ev["macro_f1"].as_f64().unwrap().is_finite());
+    assert!(ev["eval_loss"].as_f64().unwrap().is_finite());
+    // The final model is the last one: the training log's last dev score.
+    assert_eq!(evals[1]["accuracy"].as_f64().unwrap(), acc);
+    assert_eq!(evals[1]["eval_loss"], ev["eval_loss"]);
+
+    // predict: a label and a score per example; counted against the gold
+    // labels, the same accuracy.
+    let pred_file = tmp.path().join("pred.jsonl");
+    ok(&run(&[
+        "predict",
+        "--task",
+        "classification",
+        "--model",
+        s(&out),
+        "--data",
+        s(&data),
+        "--output",
+        s(&pred_file),
+    ]));
+    let preds: Vec<Value> = std::fs::read_to_string(&pred_file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(preds.len(), 40);
+    let gold: Vec<String> = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit('\t').next().unwrap().to_string())
+        .collect();
+    let mut right = 0;
+    for (p, g) in preds.iter().zip(&gold) {
+        let label = p["label"].as_str().unwrap();
+        assert!(label == "0" || label == "1", "{p}");
+        let score = p["score"].as_f64().unwrap();
+        assert!((0.5..=1.0).contains(&score), "{p}");
+        right += usize::from(label == g);
+    }
+    assert_eq!(right as f64 / 40.0, acc);
+
+    // The checkpoint is a transformers BertForSequenceClassification folder
+    // that the classify pipeline loads.
+    let line = ok(&run(&["classify", "--model", s(&out), "a good film"]));
+    let scores: Value = serde_json::from_str(line.trim()).unwrap();
+    assert!(["0", "1"].contains(&scores[0]["label"].as_str().unwrap()));
+
+    // Resuming the finished run from its last checkpoint has nothing left to do.
+    let o = run(&[
+        "finetune",
+        "--task",
+        "classification",
+        "--model",
+        s(&tiny),
+        "--train",
+        s(&data),
+        "--dev",
+        s(&data),
+        "--out",
+        s(&out),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "32",
+        "--lr",
+        "1e-3",
+        "--resume",
+        s(&out),
+    ]);
+    ok(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("at step 10"));
+}
+
+#[test]
+fn qa_predictions_are_squads_predictions_file() {
+    // Any QA checkpoint predicts: the tiny random one, on the SQuAD slice.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = repo().join("tests/fixtures/finetune/squad-dev-slice.json");
+    let qa = repo().join("tests/fixtures/tiny/bert-qa");
+    let common = [
+        "--task",
+        "qa",
+        "--model",
+        s(&qa),
+        "--data",
+        s(&data),
+        "--max-length",
+        "64",
+        "--doc-stride",
+        "16",
+    ];
+    let pred_file = tmp.path().join("predictions.json");
+    let mut args = vec!["predict"];
+    args.extend_from_slice(&common);
+    args.extend_from_slice(&["--output", s(&pred_file)]);
+    ok(&run(&args));
+    let preds: Value = serde_json::from_str(&std::fs::read_to_string(&pred_file).unwrap()).unwrap();
+    let preds = preds.as_object().unwrap();
+    assert_eq!(preds.len(), 81);
+    assert!(preds.contains_key("56be4db0acb8001400a502ec"));
+    assert!(preds.values().all(Value::is_string));
+
+    let mut args = vec!["evaluate"];
+    args.extend_from_slice(&common);
+    let ev: Value = serde_json::from_str(ok(&run(&args)).trim()).unwrap();
+    assert_eq!(ev["examples"], 81);
+    assert_eq!(ev["metric"], "f1");
+    let (em, f1) = (
+        ev["exact_match"].as_f64().unwrap(),
+        ev["f1"].as_f64().unwrap(),
+    );
+    assert!(
+        (0.0..=100.0).contains(&em) && em <= f1 && f1 <= 100.0,
+        "{ev}"
+    );
+}
+
+#[test]
+fn bad_input_is_a_one_line_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
+    let data = repo().join("tests/fixtures/finetune/bad-rows.tsv");
+    let o = run(&[
+        "finetune",
+        "--task",
+        "classification",
+        "--model",
+        s(&tiny),
+        "--train",
+        s(&data),
+        "--out",
+        s(&tmp.path().join("o")),
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad-rows.tsv: line 3"), "{err}");
+    let o = run(&[
+        "evaluate",
+        "--task",
+        "sentiment",
+        "--model",
+        s(&tiny),
+        "--data",
+        s(&data),
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected classification, ner or qa"));
+}
