@@ -29,10 +29,14 @@ use crate::kernels::{activate_body, Act};
 
 /// Output columns per panel: two 16-float AVX-512 registers.
 pub const NR: usize = 32;
-/// Output rows per register tile.
+/// Output rows per fp32 register tile: 12 × 2 accumulators leave room
+/// for the two weight vectors and a broadcast in AVX-512's 32 registers.
+const MR_F32: usize = 12;
+/// Output rows per int8 register tile.
 const MR: usize = 8;
-/// Rows per parallel task: a task reuses one weight panel over these.
-const ROWS_PER_TASK: usize = 64;
+/// Rows per parallel task (a multiple of both tile heights): a task reuses
+/// one weight panel over these.
+const ROWS_PER_TASK: usize = 96;
 /// Input channels sharing one activation scale in int8 products (a
 /// multiple of 4, the `vpdpbusd` depth): finer groups track the ranges of
 /// different channels better, at one float multiply-add per group.
@@ -127,8 +131,8 @@ impl PackedF32 {
             let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
             let cols = NR.min(n - p * NR);
             let bias = &bias[p * NR..p * NR + cols];
-            for r0 in rows.step_by(MR) {
-                let mr = MR.min(m - r0);
+            for r0 in rows.step_by(MR_F32) {
+                let mr = MR_F32.min(m - r0);
                 let a = &x[r0 * k..(r0 + mr) * k];
                 // Rows r0..r0+mr, columns p·NR..p·NR+cols of y lie inside
                 // y (shapes checked) and belong to this task only.
@@ -478,11 +482,11 @@ unsafe fn tile_f32(
                     // SAFETY: the CPU has AVX-512F (checked); the slices
                     // hold mr rows of k and k rows of NR.
                     $($n => unsafe { avx512::tile_f32::<$n>(a, k, panel, c, ldc, cols, bias, act) },)*
-                    _ => unreachable!("tiles have 1..=MR rows"),
+                    _ => unreachable!("tiles have 1..=MR_F32 rows"),
                 }
             };
         }
-        dispatch!(1 2 3 4 5 6 7 8);
+        dispatch!(1 2 3 4 5 6 7 8 9 10 11 12);
         return;
     }
     for r in 0..mr {
