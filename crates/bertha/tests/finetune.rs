@@ -767,3 +767,44 @@ fn errors_name_the_input() {
     .to_string();
     assert!(err.contains("needs at least two"), "{err}");
 }
+
+#[test]
+fn group_by_length_batches_similar_lengths() {
+    use bertha::training::finetune::group_by_length;
+    // 1,000 inputs of 2..=61 tokens in a shuffled order, batches of 8:
+    // mega-batches of min(1000 / 32, 50) = 31 batches = 248 inputs.
+    let lengths: Vec<usize> = (0..1000).map(|i| 2 + (i * 37 + i / 7) % 60).collect();
+    let mut order: Vec<usize> = (0..1000).rev().collect();
+    order.rotate_left(123);
+    let before = order.clone();
+    group_by_length(&mut order, 8, |i| lengths[i]);
+
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..1000).collect::<Vec<_>>(), "not a permutation");
+    for (mega, orig) in order.chunks(248).zip(before.chunks(248)) {
+        let mut a = mega.to_vec();
+        let mut b = orig.to_vec();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "an input left its mega-batch");
+        assert!(
+            mega.windows(2).all(|w| lengths[w[0]] >= lengths[w[1]]),
+            "mega-batch not longest first"
+        );
+    }
+    // Padded tokens (each batch padded to its longest) fall well below the
+    // ungrouped order's.
+    let padded = |o: &[usize]| -> usize {
+        o.chunks(8)
+            .map(|b| b.len() * b.iter().map(|&i| lengths[i]).max().unwrap())
+            .sum()
+    };
+    let real: usize = lengths.iter().sum();
+    assert!(padded(&before) as f64 > 1.5 * real as f64);
+    assert!(
+        (padded(&order) as f64) < 1.1 * real as f64,
+        "grouped: {} padded for {real} real",
+        padded(&order)
+    );
+}

@@ -126,6 +126,12 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     max_train: Option<usize>,
 
+    /// Batch training inputs of similar length (transformers'
+    /// `group_by_length`: shuffled, then sorted within groups of 50 batches),
+    /// so that less of each batch is padding.
+    #[arg(long)]
+    group_by_length: bool,
+
     /// Continue from a checkpoint folder (or the newest checkpoint-N of an
     /// output folder); give the same data and options.
     #[arg(long)]
@@ -159,6 +165,7 @@ pub fn run(a: Args) -> Result<()> {
         save_every: a.save_every,
         early_stop: a.early_stop,
         max_train: a.max_train,
+        group_by_length: a.group_by_length,
         out: a.out.clone(),
     };
     let t0 = std::time::Instant::now();

@@ -292,6 +292,10 @@ pub struct FinetuneOptions {
     pub early_stop: Option<usize>,
     /// Train on this many examples drawn with the seed.
     pub max_train: Option<usize>,
+    /// Batch inputs of similar length (transformers' `group_by_length`),
+    /// so that little of a batch is padding.
+    #[serde(default)]
+    pub group_by_length: bool,
     pub out: PathBuf,
 }
 
@@ -313,6 +317,7 @@ impl Default for FinetuneOptions {
             save_every: None,
             early_stop: None,
             max_train: None,
+            group_by_length: false,
             out: PathBuf::from("finetuned"),
         }
     }
@@ -713,6 +718,21 @@ impl Head {
                 })
             }
         }
+    }
+}
+
+/// Reorders a shuffled `order` as transformers' `LengthGroupedSampler`:
+/// mega-batches of up to 50 batches (fewer on small sets, so that there are
+/// at least 4), each sorted longest first, then cut into batches. Batches
+/// hold similar lengths, and which lengths meet stays random. (transformers
+/// also swaps the longest batch to the front, to fail early on memory; not
+/// needed here.)
+pub fn group_by_length(order: &mut [usize], batch_size: usize, len: impl Fn(usize) -> usize) {
+    let batch_size = batch_size.max(1);
+    let mult = (order.len() / (batch_size * 4)).clamp(1, 50);
+    for mega in order.chunks_mut(mult * batch_size) {
+        // Stable: ties keep their shuffled order.
+        mega.sort_by_key(|&i| std::cmp::Reverse(len(i)));
     }
 }
 
@@ -1442,6 +1462,10 @@ impl Finetuner {
         if self.order.0 != epoch {
             let mut order: Vec<usize> = (0..n).collect();
             order.shuffle(&mut rng_for(self.opts.seed, SHUFFLE, epoch));
+            if self.opts.group_by_length {
+                let items = &self.train.items;
+                group_by_length(&mut order, bs, |i| items[i].input_ids.len());
+            }
             self.order = (epoch, order);
         }
         self.order.1[within * bs..((within + 1) * bs).min(n)].to_vec()
