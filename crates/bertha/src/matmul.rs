@@ -75,20 +75,40 @@ pub fn has_vnni() -> bool {
     cpu().vnni
 }
 
-/// fp32 weights `[k, n]` in column panels.
+/// fp32 weights `[k, n]`: in column panels for the AVX-512 tile kernel;
+/// row-major for the gemm crate on other CPUs, whose AVX2 / NEON kernels
+/// beat a portable tile loop by far.
 #[derive(Debug, Clone)]
 pub struct PackedF32 {
-    /// Panel `p` holds columns `p·NR..` as `k` rows of `NR` floats
-    /// (zero-padded past `n`).
-    panels: Vec<f32>,
+    layout: F32Layout,
     k: usize,
     n: usize,
+}
+
+#[derive(Debug, Clone)]
+enum F32Layout {
+    /// Panel `p` holds columns `p·NR..`, `k` rows of `NR` floats (zero
+    /// padded past `n`).
+    Panels(Vec<f32>),
+    /// Row-major `[k, n]`, multiplied by the gemm crate.
+    RowMajor(Vec<f32>),
 }
 
 impl PackedF32 {
     /// Packs `w_t`, row-major `[k, n]` (a transposed `nn.Linear` weight).
     pub fn new(w_t: &[f32], k: usize, n: usize) -> Self {
+        Self::with_panels(w_t, k, n, cpu().avx512)
+    }
+
+    fn with_panels(w_t: &[f32], k: usize, n: usize, panels: bool) -> Self {
         assert_eq!(w_t.len(), k * n, "PackedF32: weight is not [{k}, {n}]");
+        if !panels {
+            return Self {
+                layout: F32Layout::RowMajor(w_t.to_vec()),
+                k,
+                n,
+            };
+        }
         let n_panels = n.div_ceil(NR);
         let mut panels = vec![0f32; n_panels * k * NR];
         for (p, panel) in panels.chunks_exact_mut(k * NR).enumerate() {
@@ -97,7 +117,11 @@ impl PackedF32 {
                 dst[..cols].copy_from_slice(&w_t[row * n + p * NR..][..cols]);
             }
         }
-        Self { panels, k, n }
+        Self {
+            layout: F32Layout::Panels(panels),
+            k,
+            n,
+        }
     }
 
     pub fn in_dim(&self) -> usize {
@@ -111,8 +135,12 @@ impl PackedF32 {
     /// The weights back as row-major `[k, n]`.
     pub fn unpack(&self) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
+        let panels = match &self.layout {
+            F32Layout::RowMajor(w_t) => return w_t.clone(),
+            F32Layout::Panels(p) => p,
+        };
         let mut w_t = vec![0f32; k * n];
-        for (p, panel) in self.panels.chunks_exact(k * NR).enumerate() {
+        for (p, panel) in panels.chunks_exact(k * NR).enumerate() {
             let cols = NR.min(n - p * NR);
             for (row, src) in panel.chunks_exact(NR).enumerate() {
                 w_t[row * n + p * NR..][..cols].copy_from_slice(&src[..cols]);
@@ -126,9 +154,20 @@ impl PackedF32 {
     pub fn matmul(&self, x: &[f32], bias: &[f32], y: &mut [f32], m: usize, act: Option<Act>) {
         let (k, n) = (self.k, self.n);
         check_shapes(x, bias, y, m, k, n);
+        let panels = match &self.layout {
+            F32Layout::RowMajor(w_t) => {
+                crate::kernels::linear(x, w_t, bias, y, m, k, n);
+                if let Some(act) = act {
+                    y.par_chunks_mut(n * ROWS_PER_TASK)
+                        .for_each(|rows| activate_body(rows, act));
+                }
+                return;
+            }
+            F32Layout::Panels(p) => p,
+        };
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, |p, rows| {
-            let panel = &self.panels[p * k * NR..(p + 1) * k * NR];
+            let panel = &panels[p * k * NR..(p + 1) * k * NR];
             let cols = NR.min(n - p * NR);
             let bias = &bias[p * NR..p * NR + cols];
             for r0 in rows.step_by(MR_F32) {
@@ -706,14 +745,17 @@ mod tests {
     fn fp32_matches_the_definition_on_ragged_shapes() {
         for &(m, k, n) in &[(1, 3, 1), (7, 33, 45), (70, 64, 96), (9, 384, 40)] {
             let (x, w, b) = (data(m * k, 1), data(k * n, 2), data(n, 3));
-            let packed = PackedF32::new(&w, k, n);
-            let mut y = vec![f32::NAN; m * n];
-            packed.matmul(&x, &b, &mut y, m, None);
-            let want = reference(&x, &w, &b, m, k, n);
-            for (i, (g, w)) in y.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() < 1e-4, "({m},{k},{n}) [{i}]: {g} vs {w}");
+            // Both layouts: panels (AVX-512 CPUs) and row-major (others).
+            for panels in [true, false] {
+                let packed = PackedF32::with_panels(&w, k, n, panels);
+                let mut y = vec![f32::NAN; m * n];
+                packed.matmul(&x, &b, &mut y, m, None);
+                let want = reference(&x, &w, &b, m, k, n);
+                for (i, (g, w)) in y.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() < 1e-4, "({m},{k},{n}) [{i}]: {g} vs {w}");
+                }
+                assert_eq!(packed.unpack(), w);
             }
-            assert_eq!(packed.unpack(), w);
         }
     }
 
@@ -835,13 +877,16 @@ mod tests {
         let (m, k, n) = (11, 40, 50);
         let (x, w, b) = (data(m * k, 11), data(k * n, 12), data(n, 13));
         let (f, q) = (PackedF32::new(&w, k, n), PackedI8::new(&w, k, n, None));
+        let row_major = PackedF32::with_panels(&w, k, n, false);
         let mut scratch = QuantScratch::default();
         for act in [Act::Relu, Act::GeluErf, Act::GeluTanh] {
             let (mut plain, mut fused) = (vec![0f32; m * n], vec![0f32; m * n]);
-            f.matmul(&x, &b, &mut plain, m, None);
-            f.matmul(&x, &b, &mut fused, m, Some(act));
-            activate_body(&mut plain, act);
-            assert_eq!(plain, fused, "{act:?} (fp32)");
+            for f in [&f, &row_major] {
+                f.matmul(&x, &b, &mut plain, m, None);
+                f.matmul(&x, &b, &mut fused, m, Some(act));
+                activate_body(&mut plain, act);
+                assert_eq!(plain, fused, "{act:?} (fp32)");
+            }
             q.matmul(&x, &b, &mut plain, m, &mut scratch, None);
             q.matmul(&x, &b, &mut fused, m, &mut scratch, Some(act));
             activate_body(&mut plain, act);
