@@ -7,6 +7,29 @@ use plotters::prelude::*;
 use super::plot::{label_color, register_fonts, ImageFormat, FONT};
 use crate::error::{Error, Result};
 
+/// The trailing mean of the last `window` points at every point: per-step
+/// losses jump with each batch, and the trend is what a reader looks for.
+pub fn moving_average(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
+    let window = window.max(1);
+    let mut sum = 0.0;
+    points
+        .iter()
+        .enumerate()
+        .map(|(i, &(x, y))| {
+            sum += y;
+            if i >= window {
+                sum -= points[i - window].1;
+            }
+            (x, sum / (i + 1).min(window) as f64)
+        })
+        .collect()
+}
+
+/// A smoothing window for `n` per-step points: about 40 windows per run.
+pub fn smoothing_window(n: usize) -> usize {
+    (n / 40).max(1)
+}
+
 /// Draws each named series of (x, y) points; empty series are skipped.
 /// The picture is written beside `path` and renamed into place.
 pub fn plot_curves(
@@ -114,4 +137,25 @@ fn draw<DB: DrawingBackend>(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moving_average_is_the_trailing_mean() {
+        let pts: Vec<(f64, f64)> = [4.0, 2.0, 6.0, 0.0, 8.0]
+            .iter()
+            .enumerate()
+            .map(|(i, &y)| (i as f64, y))
+            .collect();
+        let got: Vec<f64> = moving_average(&pts, 2).iter().map(|p| p.1).collect();
+        assert_eq!(got, vec![4.0, 3.0, 4.0, 3.0, 4.0]);
+        let xs: Vec<f64> = moving_average(&pts, 3).iter().map(|p| p.0).collect();
+        assert_eq!(xs, vec![0.0, 1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(moving_average(&pts, 1), pts);
+        assert_eq!(smoothing_window(10), 1);
+        assert_eq!(smoothing_window(2105), 52);
+    }
 }
