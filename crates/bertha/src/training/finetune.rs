@@ -20,7 +20,9 @@ use candle_nn::VarBuilder;
 use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
-use super::checkpoint::{write_atomic, Checkpoint, CheckpointParts, TrainerState, MODEL_FILE};
+use super::checkpoint::{
+    rewind_metrics, write_atomic, Checkpoint, CheckpointParts, TrainerState, MODEL_FILE,
+};
 use super::optim::{AdamW, AdamWConfig, GradAccumulator};
 use super::params::ParamStore;
 use super::rng_for;
@@ -1382,32 +1384,8 @@ impl Finetuner {
             );
         }
         self.step = ck.state.step;
-        self.history.clear();
-        self.evals.clear();
         let metrics = self.opts.out.join("metrics.jsonl");
-        if let Ok(text) = std::fs::read_to_string(&metrics) {
-            let kept: Vec<&str> = text
-                .lines()
-                .filter(|l| {
-                    serde_json::from_str::<serde_json::Value>(l)
-                        .ok()
-                        .and_then(|v| v.get("step")?.as_u64())
-                        .is_some_and(|s| s <= self.step)
-                })
-                .collect();
-            for line in &kept {
-                if let Ok(m) = serde_json::from_str::<StepMetrics>(line) {
-                    self.history.push(m);
-                } else if let Ok(e) = serde_json::from_str::<EvalMetrics>(line) {
-                    self.evals.push(e);
-                }
-            }
-            let mut body = kept.join("\n");
-            if !body.is_empty() {
-                body.push('\n');
-            }
-            write_atomic(&metrics, body.as_bytes())?;
-        }
+        (self.history, self.evals) = rewind_metrics(&metrics, self.step)?;
         self.metrics_owned = true;
         self.best = None;
         self.patience_used = 0;

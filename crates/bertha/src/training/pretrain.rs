@@ -239,27 +239,7 @@ impl Pretrainer {
         self.step = ck.state.step;
         // Metrics after the checkpoint belong to the abandoned run.
         let metrics = self.opts.out.join("metrics.jsonl");
-        if let Ok(text) = std::fs::read_to_string(&metrics) {
-            let kept: Vec<&str> = text
-                .lines()
-                .filter(|l| {
-                    serde_json::from_str::<serde_json::Value>(l)
-                        .ok()
-                        .and_then(|v| v.get("step")?.as_u64())
-                        .is_some_and(|s| s <= self.step)
-                })
-                .collect();
-            for line in &kept {
-                if let Ok(m) = serde_json::from_str::<StepMetrics>(line) {
-                    self.history.push(m);
-                } else if let Ok(e) = serde_json::from_str::<EvalMetrics>(line) {
-                    self.evals.push(e);
-                }
-            }
-            let mut body = kept.join("\n");
-            body.push('\n');
-            super::checkpoint::write_atomic(&metrics, body.as_bytes())?;
-        }
+        (self.history, self.evals) = super::checkpoint::rewind_metrics(&metrics, self.step)?;
         Ok(())
     }
 
