@@ -64,9 +64,9 @@ enum Command {
 
 /// glibc returns every buffer above 128 KiB to the kernel with `munmap` and
 /// trims the heap top eagerly, so each tensor op of a training step pays
-/// for fresh zeroed pages (half of a `mini` step's time went to the
-/// kernel). Raise the mmap threshold to glibc's maximum and keep freed
-/// memory: +40% `pretrain` tokens/s, at the cost of a heap that stays at
+/// for fresh zeroed pages (a third of a `mini` step's CPU time went to
+/// the kernel). Raise the mmap threshold to glibc's maximum and keep freed
+/// memory: +50% `pretrain` tokens/s, at the cost of a heap that stays at
 /// its high-water mark. `MALLOC_*` environment variables still win, as
 /// glibc reads them before `main`.
 fn tune_allocator() {

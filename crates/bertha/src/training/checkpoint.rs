@@ -224,7 +224,6 @@ impl safetensors::View for &RawView {
     }
 }
 
-/// Writes a temporary file beside `path`, then renames it over `path`.
 /// On resume: cuts `metrics.jsonl` back to the lines of steps up to `step`
 /// (later ones belong to the abandoned run) and returns them parsed as
 /// step lines `S` and evaluation lines `E`. A missing file is no history.
@@ -261,6 +260,7 @@ where
     Ok((steps, evals))
 }
 
+/// Writes a temporary file beside `path`, then renames it over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
