@@ -30,6 +30,31 @@ pub fn smoothing_window(n: usize) -> usize {
     (n / 40).max(1)
 }
 
+/// A training-loss chart: the per-step loss, its trailing mean (see
+/// [`smoothing_window`]) and the held-out loss.
+pub fn plot_loss(
+    path: &Path,
+    title: &str,
+    train_name: &str,
+    train: Vec<(f64, f64)>,
+    held_out_name: &str,
+    held_out: Vec<(f64, f64)>,
+) -> Result<()> {
+    let window = smoothing_window(train.len());
+    let smooth = moving_average(&train, window);
+    let smooth_name = format!("{train_name}, mean of {window} steps");
+    plot_curves(
+        path,
+        title,
+        "step",
+        &[
+            (train_name, train),
+            (smooth_name.as_str(), smooth),
+            (held_out_name, held_out),
+        ],
+    )
+}
+
 /// Draws each named series of (x, y) points; empty series are skipped.
 /// The picture is written beside `path` and renamed into place.
 pub fn plot_curves(

@@ -1649,18 +1649,13 @@ impl Finetuner {
             .iter()
             .map(|e| (e.step as f64, e.eval_loss))
             .collect();
-        let window = crate::show::curve::smoothing_window(train.len());
-        let smooth = crate::show::curve::moving_average(&train, window);
-        let smooth_name = format!("train loss, mean of {window} steps");
-        crate::show::curve::plot_curves(
+        crate::show::curve::plot_loss(
             &out.join("loss.png"),
             &format!("{} loss", self.task),
-            "step",
-            &[
-                ("train loss", train),
-                (smooth_name.as_str(), smooth),
-                ("dev loss", dev),
-            ],
+            "train loss",
+            train,
+            "dev loss",
+            dev,
         )?;
         if !self.evals.is_empty() {
             let names: Vec<String> = self.evals[0].scores.keys().cloned().collect();

@@ -516,18 +516,13 @@ impl Pretrainer {
             .iter()
             .map(|e| (e.step as f64, e.eval_mlm_loss))
             .collect();
-        let window = crate::show::curve::smoothing_window(train.len());
-        let smooth = crate::show::curve::moving_average(&train, window);
-        let smooth_name = format!("train MLM loss, mean of {window} steps");
-        crate::show::curve::plot_curves(
+        crate::show::curve::plot_loss(
             &out.join("loss.png"),
             "MLM loss",
-            "step",
-            &[
-                ("train MLM loss", train),
-                (smooth_name.as_str(), smooth),
-                ("held-out MLM loss", eval),
-            ],
+            "train MLM loss",
+            train,
+            "held-out MLM loss",
+            eval,
         )
     }
 
