@@ -18,7 +18,8 @@ use bertha::model::{
     cross_entropy_with_ignore, ops, seed_dropout, BertForMaskedLM, BertHead, BertInput,
     ForwardOptions,
 };
-use bertha::training::{rng_for, ParamStore, Preset};
+use bertha::rng::rng_for;
+use bertha::training::{ParamStore, Preset};
 use bertha::{Device, Error, Result, Tensor};
 use candle_core::Var;
 use rand::Rng;

@@ -43,6 +43,24 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
+    /// An option of a run or a call is out of its range (names it as the
+    /// library calls it: `batch_size`, `warmup_ratio`, ...).
+    #[error("{name}: {reason}")]
+    InvalidOption { name: String, reason: String },
+
+    /// Training produced a non-finite loss or gradient.
+    #[error("the {what} is {value} at step {step}: stopping; the last good checkpoint is the newest checkpoint-N in {out}")]
+    Diverged {
+        what: &'static str,
+        value: f64,
+        step: u64,
+        out: PathBuf,
+    },
+
+    /// A value could not be written as JSON (names the file or value).
+    #[error("serialising {what}: {reason}")]
+    Serialize { what: String, reason: String },
+
     /// User input that cannot be processed (names the input).
     #[error("{0}")]
     Input(String),
@@ -57,6 +75,13 @@ impl Error {
         Error::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    pub(crate) fn option(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            name: name.into(),
+            reason: reason.into(),
         }
     }
 

@@ -7,13 +7,16 @@
 //! under `tests/` prove it against reference outputs made by transformers.
 
 pub mod config;
+pub mod cpu_mode;
+pub mod data;
 pub mod error;
-pub mod finetune;
 pub mod input;
 pub mod kernels;
 pub mod matmul;
+pub mod metrics;
 pub mod model;
 pub mod pooling;
+pub mod rng;
 #[cfg(feature = "show")]
 pub mod show;
 pub mod tasks;

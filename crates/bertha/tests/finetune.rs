@@ -9,12 +9,12 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use bertha::finetune::metrics::{normalize_answer, squad_f1};
-use bertha::training::finetune::{Event, StepMetrics, EVAL_RESULTS_FILE, TRAINING_ARGS_FILE};
-use bertha::training::{
-    DataOptions, Evaluation, FinetuneOptions, FinetunedModel, Finetuner, InferenceOptions,
-    Predictions, Task, TaskData,
+use bertha::data::{DataOptions, Task, TaskData};
+use bertha::metrics::{normalize_answer, squad_f1};
+use bertha::tasks::{
+    Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
 };
+use bertha::training::{Event, FinetuneOptions, Finetuner, StepMetrics, EVAL_RESULTS_FILE};
 use bertha::{BertConfig, Device, Tensor};
 use common::{fixtures, load_safetensors};
 
@@ -770,7 +770,7 @@ fn errors_name_the_input() {
 
 #[test]
 fn group_by_length_batches_similar_lengths() {
-    use bertha::training::finetune::group_by_length;
+    use bertha::training::plan::group_by_length;
     // 1,000 inputs of 2..=61 tokens in a shuffled order, batches of 8:
     // mega-batches of min(1000 / 32, 50) = 31 batches = 248 inputs.
     let lengths: Vec<usize> = (0..1000).map(|i| 2 + (i * 37 + i / 7) % 60).collect();

@@ -6,14 +6,15 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use bertha::finetune::metrics::{
+use bertha::data::{
+    postprocess, ClassificationData, ConllOptions, FeatureOptions, LabelKind, LabelSet, LabelValue,
+    NerAligner, NerData, PostprocessOptions, ReadOptions, SquadData, SquadFeaturizer,
+};
+use bertha::metrics::{
     accuracy, binary_f1, entities, entity_scores, macro_f1, normalize_answer, pearson, spearman,
     squad_exact_match, squad_f1, squad_scores, Entity,
 };
-use bertha::finetune::{
-    postprocess, ClassificationData, ConllOptions, FeatureOptions, LabelKind, LabelSet, LabelValue,
-    NerAligner, NerData, PostprocessOptions, ReadOptions, SquadData, SquadFeaturizer, IGNORE_INDEX,
-};
+use bertha::model::IGNORE_INDEX;
 use bertha::{Error, Tokenizer};
 
 fn fixture(name: &str) -> PathBuf {

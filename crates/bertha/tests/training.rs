@@ -6,12 +6,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use bertha::training::masking::IGNORE;
+use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
+use bertha::model::IGNORE_INDEX as IGNORE;
+use bertha::rng::rng_for;
 use bertha::training::optim::GradAccumulator;
-use bertha::training::pretrain::Event;
 use bertha::training::{
-    rng_for, AdamW, AdamWConfig, Corpus, CorpusOptions, LrSchedule, MaskSplit, Masker, ParamStore,
-    PretrainOptions, Pretrainer, ScheduleKind, StepMetrics,
+    AdamW, AdamWConfig, Event, LrSchedule, ParamStore, PretrainOptions, Pretrainer, RunLength,
+    ScheduleKind, StepMetrics, Warmup,
 };
 use bertha::{BertConfig, Device, Tensor, Tokenizer};
 use common::{fixtures, load_safetensors};
@@ -278,8 +279,8 @@ fn options(out: &Path, steps: u64, nsp: bool) -> PretrainOptions {
     PretrainOptions {
         batch_size: 4,
         grad_accum: 2,
-        total_steps: steps,
-        warmup_steps: 2,
+        length: RunLength::Steps(steps),
+        warmup: Warmup::Steps(2),
         schedule: ScheduleKind::Linear,
         lr: 1e-3,
         adamw: AdamWConfig::default(),
@@ -288,6 +289,8 @@ fn options(out: &Path, steps: u64, nsp: bool) -> PretrainOptions {
         nsp,
         eval_every: None,
         save_every: None,
+        save_total_limit: None,
+        early_stop: None,
         out: out.to_path_buf(),
     }
 }
@@ -355,12 +358,12 @@ fn resumed_run_repeats_the_uninterrupted_one() {
             .resume(&tmp.path().join("b").join("checkpoint-3"))
             .unwrap();
         let after = losses(&mut resumed);
-        let key = |m: &StepMetrics| (m.step, m.loss, m.mlm_accuracy, m.grad_norm, m.lr);
+        let key = |m: &StepMetrics| (m.step, m.loss, m.figures["mlm_accuracy"], m.grad_norm, m.lr);
         let joined: Vec<_> = before.iter().chain(&after).map(key).collect();
         let want: Vec<_> = straight.iter().map(key).collect();
         assert_eq!(joined, want, "nsp {nsp}");
         if nsp {
-            assert!(straight.iter().all(|m| m.nsp_loss.is_some()));
+            assert!(straight.iter().all(|m| m.figures.contains_key("nsp_loss")));
         }
         // The final weights agree too.
         let a = load_safetensors(&tmp.path().join("a").join("model.safetensors"));
@@ -392,7 +395,7 @@ fn tiny_model_overfits_a_few_sentences() {
     let mut opts = options(&tmp.path().join("out"), 800, false);
     opts.lr = 3e-3;
     opts.grad_accum = 1;
-    opts.warmup_steps = 10;
+    opts.warmup = Warmup::Steps(10);
     opts.weight_decay = 0.0;
     let (tok, dir) = tokenizer();
     let corpus_opts = CorpusOptions {
@@ -421,8 +424,12 @@ fn tiny_model_overfits_a_few_sentences() {
     )
     .unwrap();
     let m = losses(&mut t);
-    let first = m[..10].iter().map(|m| m.mlm_loss).sum::<f64>() / 10.0;
-    let last = m[m.len() - 50..].iter().map(|m| m.mlm_loss).sum::<f64>() / 50.0;
+    let first = m[..10].iter().map(|m| m.figures["mlm_loss"]).sum::<f64>() / 10.0;
+    let last = m[m.len() - 50..]
+        .iter()
+        .map(|m| m.figures["mlm_loss"])
+        .sum::<f64>()
+        / 50.0;
     let eval = t.evaluate().unwrap().unwrap();
     println!("mean MLM loss: first 10 steps {first:.3}, last 50 {last:.4}; held-in eval {eval:?}");
     assert!(
@@ -430,8 +437,8 @@ fn tiny_model_overfits_a_few_sentences() {
         "a fresh model starts near ln(30522) ≈ 10.3: {first}"
     );
     assert!(last < 0.5, "did not overfit: {last}");
-    assert!(eval.eval_mlm_loss < 0.1, "{eval:?}");
-    assert!(eval.eval_mlm_accuracy > 0.95, "{eval:?}");
+    assert!(eval.scores["eval_mlm_loss"] < 0.1, "{eval:?}");
+    assert!(eval.scores["eval_mlm_accuracy"] > 0.95, "{eval:?}");
 }
 
 /// The names and shapes written for `BertForPreTraining` (with NSP) and

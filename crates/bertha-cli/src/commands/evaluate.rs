@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use bertha::training::{FinetunedModel, InferenceOptions, Task};
+use bertha::data::Task;
+use bertha::tasks::{FinetunedModel, InferenceOptions};
 
 use super::device;
 use super::finetune::DataArgs;

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use bertha::data::{DataOptions, Task};
 use bertha::training::checkpoint::Checkpoint;
-use bertha::training::finetune::Event;
-use bertha::training::{DataOptions, FinetuneOptions, Finetuner, Task};
+use bertha::training::{Event, FinetuneOptions, Finetuner};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::model_dir::ModelArgs;
@@ -77,6 +77,10 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
 
+    /// Micro-batches of --batch-size per optimiser step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+
     /// Examples per forward pass when evaluating.
     #[arg(long, default_value_t = 64)]
     eval_batch_size: usize,
@@ -113,9 +117,13 @@ pub struct Args {
     #[arg(long)]
     eval_every: Option<u64>,
 
-    /// Also write a resumable checkpoint every N steps (only the newest is kept).
+    /// Also write a resumable checkpoint every N steps.
     #[arg(long)]
     save_every: Option<u64>,
+
+    /// Keep only the newest N checkpoint-N folders.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    save_total_limit: usize,
 
     /// Stop after PATIENCE evaluations without a better dev score; the best
     /// model becomes the final one.
@@ -153,6 +161,7 @@ pub fn run(a: Args) -> Result<()> {
         epochs: a.epochs,
         lr: a.lr,
         batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
         eval_batch_size: a.eval_batch_size,
         max_length,
         doc_stride: a.doc_stride.unwrap_or((max_length / 2).min(128)),
@@ -163,6 +172,7 @@ pub fn run(a: Args) -> Result<()> {
         seed: a.seed,
         eval_every: a.eval_every,
         save_every: a.save_every,
+        save_total_limit: Some(a.save_total_limit),
         early_stop: a.early_stop,
         max_train: a.max_train,
         group_by_length: a.group_by_length,

@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use bertha::training::{Predictions, TaskData};
+use bertha::data::TaskData;
+use bertha::tasks::Predictions;
 
 use super::evaluate::CheckpointArgs;
 use crate::output::JsonLines;

@@ -5,11 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
 use bertha::training::checkpoint::Checkpoint;
-use bertha::training::pretrain::Event;
 use bertha::training::{
-    presets::resolve_config, Corpus, CorpusOptions, MaskSplit, Masker, PretrainOptions, Pretrainer,
-    ScheduleKind,
+    presets::resolve_config, Event, PretrainOptions, Pretrainer, RunLength, ScheduleKind, Warmup,
 };
 use bertha::{Tokenizer, Weights};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -117,6 +116,15 @@ pub struct Args {
     #[arg(long)]
     save_every: Option<u64>,
 
+    /// Keep only the newest N checkpoint-N folders (default: all).
+    #[arg(long, value_name = "N")]
+    save_total_limit: Option<usize>,
+
+    /// Stop after PATIENCE evaluations without a lower held-out MLM loss;
+    /// the best model (kept in best/) becomes the final one.
+    #[arg(long, value_name = "PATIENCE")]
+    early_stop: Option<usize>,
+
     /// Continue a run from a checkpoint folder (or the newest checkpoint-N
     /// of an output folder); give the same corpus and options.
     #[arg(long)]
@@ -144,7 +152,7 @@ pub fn run(a: Args) -> Result<()> {
                 dir
             } else {
                 let t0 = std::time::Instant::now();
-                let dir = bertha::training::vocab::train_wordpiece(&a.corpus, size, &dir)?;
+                let dir = bertha::data::vocab::train_wordpiece(&a.corpus, size, &dir)?;
                 eprintln!(
                     "tokenizer: learnt a WordPiece vocabulary into {} ({:.1} s)",
                     dir.display(),
@@ -196,20 +204,14 @@ pub fn run(a: Args) -> Result<()> {
     );
 
     let per_step = a.batch_size * a.grad_accum;
-    let total_steps = match (a.steps, a.epochs) {
-        (Some(s), _) => s,
-        (None, e) => ((train.len() / per_step.max(1)) as f64 * e.unwrap_or(1.0)).ceil() as u64,
+    let length = match a.steps {
+        Some(s) => RunLength::Steps(s),
+        None => RunLength::Epochs(a.epochs.unwrap_or(1.0)),
     };
-    if total_steps == 0 {
-        bail!(
-            "no steps to take: the corpus gave {} sequences for batches of {per_step}",
-            train.len()
-        );
-    }
-    let warmup_steps = if a.warmup < 1.0 {
-        (a.warmup * total_steps as f64).round() as u64
+    let warmup = if a.warmup < 1.0 {
+        Warmup::Ratio(a.warmup)
     } else {
-        a.warmup as u64
+        Warmup::Steps(a.warmup as u64)
     };
 
     let masker = Masker::for_tokenizer(
@@ -222,8 +224,8 @@ pub fn run(a: Args) -> Result<()> {
     let opts = PretrainOptions {
         batch_size: a.batch_size,
         grad_accum: a.grad_accum,
-        total_steps,
-        warmup_steps,
+        length,
+        warmup,
         schedule: ScheduleKind::parse(&a.schedule)?,
         lr: a.lr,
         adamw: bertha::training::AdamWConfig {
@@ -235,6 +237,8 @@ pub fn run(a: Args) -> Result<()> {
         nsp: a.nsp,
         eval_every: a.eval_every,
         save_every: a.save_every,
+        save_total_limit: a.save_total_limit,
+        early_stop: a.early_stop,
         out: a.out.clone(),
     };
     let mut trainer = Pretrainer::new(
@@ -253,13 +257,14 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("resumed from {} at step {}", ck.display(), trainer.step());
     }
     eprintln!(
-        "model: {} layers, hidden {}, {} parameters; {total_steps} steps of {per_step} sequences",
+        "model: {} layers, hidden {}, {} parameters; {} steps of {per_step} sequences",
         trainer.config().num_hidden_layers,
         trainer.config().hidden_size,
-        trainer.params().num_values()
+        trainer.params().num_values(),
+        trainer.total_steps()
     );
 
-    let bar = ProgressBar::new(total_steps);
+    let bar = ProgressBar::new(trainer.total_steps());
     bar.set_style(
         ProgressStyle::with_template(
             "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
@@ -272,14 +277,31 @@ pub fn run(a: Args) -> Result<()> {
             bar.set_position(m.step);
             bar.set_message(format!(
                 "loss {:.4} acc {:.3} lr {:.2e} {:.0} tok/s",
-                m.loss, m.mlm_accuracy, m.lr, m.tokens_per_s
+                m.loss,
+                m.figures.get("mlm_accuracy").copied().unwrap_or(f64::NAN),
+                m.lr,
+                m.tokens_per_s
             ));
         }
         Event::Eval(e) => bar.println(format!(
             "step {}: held-out MLM loss {:.4}, perplexity {:.2}, accuracy {:.3}",
-            e.step, e.eval_mlm_loss, e.eval_perplexity, e.eval_mlm_accuracy
+            e.step,
+            e.eval_loss,
+            e.scores.get("eval_perplexity").copied().unwrap_or(f64::NAN),
+            e.scores
+                .get("eval_mlm_accuracy")
+                .copied()
+                .unwrap_or(f64::NAN)
+        )),
+        Event::Best(e) => bar.println(format!(
+            "step {}: lowest held-out MLM loss so far ({:.4}), saved to best/",
+            e.step,
+            e.main()
         )),
         Event::Saved(dir) => bar.println(format!("saved {}", dir.display())),
+        Event::EarlyStop { step, best_step } => bar.println(format!(
+            "early stop at step {step}: no lower held-out loss since step {best_step}"
+        )),
     })?;
     bar.finish_and_clear();
     eprintln!(

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod classify;
 pub mod embed;
 pub mod fill_mask;
+pub mod finetuned;
 pub mod ner;
 pub mod nsp;
 mod pipeline;
@@ -13,6 +14,9 @@ pub use attention::{AttentionMaps, AttentionModel};
 pub use classify::{Classifier, LabelScore, ScoreFunction};
 pub use embed::{cosine_similarity_matrix, EmbedOptions, Embedder, TokenEmbeddings};
 pub use fill_mask::{FillMask, MaskPrediction};
+pub use finetuned::{
+    ClassPrediction, Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
+};
 pub use ner::{Aggregation, Entity, TokenClassifier};
 pub use nsp::{NextSentence, NextSentenceScore};
 pub use qa::{Answer, QaOptions, QuestionAnswerer};

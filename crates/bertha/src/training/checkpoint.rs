@@ -224,42 +224,6 @@ impl safetensors::View for &RawView {
     }
 }
 
-/// On resume: cuts `metrics.jsonl` back to the lines of steps up to `step`
-/// (later ones belong to the abandoned run) and returns them parsed as
-/// step lines `S` and evaluation lines `E`. A missing file is no history.
-pub fn rewind_metrics<S, E>(path: &Path, step: u64) -> Result<(Vec<S>, Vec<E>)>
-where
-    S: serde::de::DeserializeOwned,
-    E: serde::de::DeserializeOwned,
-{
-    let (mut steps, mut evals) = (Vec::new(), Vec::new());
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok((steps, evals));
-    };
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v.get("step")?.as_u64())
-                .is_some_and(|s| s <= step)
-        })
-        .collect();
-    for line in &kept {
-        if let Ok(m) = serde_json::from_str::<S>(line) {
-            steps.push(m);
-        } else if let Ok(e) = serde_json::from_str::<E>(line) {
-            evals.push(e);
-        }
-    }
-    let mut body = kept.join("\n");
-    if !body.is_empty() {
-        body.push('\n');
-    }
-    write_atomic(path, body.as_bytes())?;
-    Ok((steps, evals))
-}
-
 /// Writes a temporary file beside `path`, then renames it over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path

@@ -1,46 +1,34 @@
-//! Training: the data, masking, parameters, optimiser, schedule, loop and
-//! checkpoints of MLM (+NSP) pre-training, and the fine-tuning loop of the
-//! task heads (classification, NER, QA) on the same engine.
+//! Training: one loop ([`Trainer`]) for every [`Objective`] — MLM (+NSP)
+//! pre-training and classification / NER / QA fine-tuning — with its
+//! plan (steps, warmup, data order), parameters, AdamW, schedule, metrics
+//! and checkpoints.
 //!
 //! Every random draw (initialisation, data order, masks, dropout) comes
-//! from a generator seeded by `(seed, step)`, so a run resumed from a
-//! checkpoint repeats the losses of an uninterrupted one exactly.
+//! from a generator seeded by `(seed, purpose, step)` ([`crate::rng`]), so a
+//! run resumed from a checkpoint repeats the losses of an uninterrupted one
+//! exactly.
 
 pub mod checkpoint;
-pub mod data;
 pub mod finetune;
-pub mod masking;
+pub mod log;
 pub mod optim;
 pub mod params;
+pub mod plan;
 pub mod presets;
 pub mod pretrain;
 pub mod schedule;
-pub mod vocab;
+pub mod trainer;
 
 pub use checkpoint::{Checkpoint, TrainerState};
-pub use data::{Corpus, CorpusOptions, Example};
-pub use finetune::{
-    DataOptions, Evaluation, FinetuneOptions, FinetunedModel, Finetuner, InferenceOptions,
-    Predictions, Task, TaskData,
-};
-pub use masking::{MaskSplit, Masker};
+pub use finetune::{FinetuneOptions, Finetuner, Finetuning};
+pub use log::{EvalMetrics, Event, StepMetrics};
 pub use optim::{AdamW, AdamWConfig};
 pub use params::ParamStore;
+pub use plan::{RunLength, TrainPlan, Warmup};
 pub use presets::Preset;
-pub use pretrain::{PretrainOptions, Pretrainer, StepMetrics};
+pub use pretrain::{PretrainOptions, Pretrainer, Pretraining};
 pub use schedule::{LrSchedule, ScheduleKind};
-
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-
-/// A generator for one purpose at one step: the same `(seed, purpose,
-/// step)` always gives the same stream, whatever happened before.
-pub fn rng_for(seed: u64, purpose: u64, step: u64) -> StdRng {
-    let mut x = seed
-        ^ purpose.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        ^ step.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
-    // splitmix64 finaliser: nearby inputs give unrelated seeds.
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    StdRng::seed_from_u64(x ^ (x >> 31))
-}
+pub use trainer::{
+    GradientHook, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores,
+    Trainer, EVAL_RESULTS_FILE,
+};

@@ -25,10 +25,8 @@ use tokenizers::{Encoding, TruncationDirection};
 use super::classification::BadRow;
 use super::labels::LabelSet;
 use crate::error::{Error, Result};
+use crate::model::IGNORE_INDEX;
 use crate::tokenizer::Tokenizer;
-
-/// transformers' ignore index: positions without a label.
-pub const IGNORE_INDEX: i64 = -100;
 
 #[derive(Debug, Clone, Default)]
 pub struct ConllOptions {

@@ -16,8 +16,8 @@ use rayon::prelude::*;
 use serde_json::Value;
 use tokenizers::{Encoding, TruncationDirection};
 
-use super::metrics::{squad_scores, SquadScores};
 use crate::error::{Error, Result};
+use crate::metrics::{squad_scores, SquadScores};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

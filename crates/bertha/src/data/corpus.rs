@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use rand::Rng;
 use rayon::prelude::*;
 
-use super::rng_for;
 use crate::error::{Error, Result};
+use crate::rng::rng_for;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]

@@ -5,10 +5,8 @@
 use rand::Rng;
 
 use crate::error::{Error, Result};
+use crate::model::IGNORE_INDEX as IGNORE;
 use crate::tokenizer::Tokenizer;
-
-/// The label of positions that carry no loss (PyTorch's ignore index).
-pub const IGNORE: i64 = -100;
 
 /// What happens to a chosen token, in percent: `[MASK]`, random, kept.
 #[derive(Debug, Clone, Copy, PartialEq)]

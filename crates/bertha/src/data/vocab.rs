@@ -17,9 +17,9 @@ use tokenizers::normalizers::BertNormalizer;
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::AddedToken;
 
-use super::checkpoint::write_atomic;
-use super::data::expand;
+use super::corpus::expand;
 use crate::error::{Error, Result};
+use crate::training::checkpoint::write_atomic;
 
 /// BERT's special tokens, given the first ids in this order.
 pub const SPECIAL_TOKENS: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];

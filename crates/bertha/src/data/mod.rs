@@ -1,0 +1,30 @@
+//! Training and evaluation data: pre-training corpora (packing, masking,
+//! WordPiece vocabularies) and the fine-tuning readers for classification
+//! files (GLUE TSV / CSV / JSONL), CoNLL NER files and SQuAD JSON, with
+//! the word-piece label alignment and SQuAD windows of transformers'
+//! example scripts, and the task inputs built from them.
+
+pub mod classification;
+pub mod conll;
+pub mod corpus;
+pub mod labels;
+pub mod masking;
+pub mod squad;
+pub mod task_data;
+pub mod vocab;
+
+pub use classification::{
+    BadRow, ClassificationData, ClassificationExample, Columns, FileFormat, LabelKind, LabelValue,
+    ReadOptions,
+};
+pub use conll::{
+    iob1_to_iob2, ner_label_set, AlignedSentence, ConllOptions, NerAligner, NerData, NerSentence,
+};
+pub use corpus::{Corpus, CorpusOptions, Example};
+pub use labels::LabelSet;
+pub use masking::{MaskSplit, Masker};
+pub use squad::{
+    postprocess, FeatureOptions, PostprocessOptions, SquadAnswer, SquadData, SquadExample,
+    SquadFeature, SquadFeaturizer, SquadPrediction,
+};
+pub use task_data::{DataOptions, Target, Task, TaskData, TaskInput, TaskInputBuilder, TaskInputs};

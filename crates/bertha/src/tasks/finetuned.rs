@@ -1,0 +1,633 @@
+//! Fine-tuned checkpoints in use: a task head (classification, NER, QA)
+//! run over a data set in length-sorted batches, its outputs turned into
+//! per-example predictions (labels, word tags, answer texts) and, where the
+//! data has labels, the task's scores. `bertha evaluate` / `predict` and
+//! the fine-tuning loop's evaluation share this code.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{Device, Tensor, D};
+use candle_nn::VarBuilder;
+
+use crate::config::{BertConfig, Family};
+use crate::data::{
+    postprocess, DataOptions, LabelSet, PostprocessOptions, SquadPrediction, Target, Task,
+    TaskData, TaskInput, TaskInputBuilder, TaskInputs,
+};
+use crate::error::{Error, Result};
+use crate::metrics::{accuracy, entity_scores, macro_f1};
+use crate::model::{
+    BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertHead,
+    BertInput, ForwardOptions, HeadInit, IGNORE_INDEX,
+};
+use crate::tokenizer::Tokenizer;
+
+/// The run's options, saved next to every model it writes so that
+/// `evaluate` and `predict` tokenize as training did.
+pub const TRAINING_ARGS_FILE: &str = "training_args.json";
+
+/// A classification prediction: the best label and its softmax score.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ClassPrediction {
+    pub label: String,
+    #[serde(skip)]
+    pub id: usize,
+    pub score: f32,
+}
+
+/// Per-example predictions, in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Predictions {
+    Classification(Vec<ClassPrediction>),
+    /// One tag per word of each sentence.
+    Ner(Vec<Vec<String>>),
+    /// One answer per question.
+    Qa(Vec<SquadPrediction>),
+}
+
+/// Scores and predictions of a model on a data set.
+#[derive(Debug, Clone)]
+pub struct Evaluation {
+    pub task: Task,
+    pub examples: usize,
+    /// Mean loss over the labelled targets (`None` without labels).
+    pub loss: Option<f64>,
+    /// Empty when the data has no labels.
+    pub scores: BTreeMap<String, f64>,
+    pub predictions: Predictions,
+}
+
+impl Evaluation {
+    /// The task's main metric, when the data had labels.
+    pub fn main_score(&self) -> Option<f64> {
+        self.scores.get(self.task.main_metric()).copied()
+    }
+}
+
+/// The model of one task.
+pub(crate) enum TaskHead {
+    Classification(BertForSequenceClassification),
+    Ner(BertForTokenClassification),
+    Qa(BertForQuestionAnswering),
+}
+
+/// What one forward pass gives, per input.
+pub(crate) enum Outputs {
+    /// Logits [C] per input.
+    Class(Vec<Vec<f32>>),
+    /// The arg-max tag per token.
+    Tokens(Vec<Vec<usize>>),
+    /// Start and end logits over each input's own tokens.
+    Spans(Vec<(Vec<f32>, Vec<f32>)>),
+}
+
+pub(crate) struct BatchOut {
+    pub(crate) loss: Tensor,
+    /// Targets the loss averages over (its weight in a data-set mean).
+    pub(crate) targets: usize,
+    pub(crate) tokens: usize,
+    pub(crate) outputs: Option<Outputs>,
+}
+
+impl TaskHead {
+    pub(crate) fn load(
+        task: Task,
+        vb: VarBuilder,
+        config: BertConfig,
+    ) -> candle_core::Result<Self> {
+        Ok(match task {
+            Task::Classification => Self::Classification(BertHead::load(vb, config)?),
+            Task::Ner => Self::Ner(BertHead::load(vb, config)?),
+            Task::Qa => Self::Qa(BertHead::load(vb, config)?),
+        })
+    }
+
+    pub(crate) fn from_dir(task: Task, dir: &Path, device: &Device) -> Result<Self> {
+        let init = HeadInit::FromCheckpoint;
+        Ok(match task {
+            Task::Classification => Self::Classification(BertHead::from_dir(dir, init, device)?),
+            Task::Ner => Self::Ner(BertHead::from_dir(dir, init, device)?),
+            Task::Qa => Self::Qa(BertHead::from_dir(dir, init, device)?),
+        })
+    }
+
+    pub(crate) fn config(&self) -> &BertConfig {
+        match self {
+            Self::Classification(m) => m.config(),
+            Self::Ner(m) => m.config(),
+            Self::Qa(m) => m.bert().config(),
+        }
+    }
+
+    /// Runs a batch padded to its longest input, with the loss against the
+    /// targets, and (with `outputs`) the per-input predictions.
+    pub(crate) fn forward(
+        &self,
+        batch: &[&TaskInput],
+        pad_id: u32,
+        device: &Device,
+        train: bool,
+        outputs: bool,
+    ) -> Result<BatchOut> {
+        let b = batch.len();
+        let ids: Vec<Vec<u32>> = batch.iter().map(|i| i.input_ids.clone()).collect();
+        let types: Vec<Vec<u32>> = batch.iter().map(|i| i.token_type_ids.clone()).collect();
+        let t = ids.iter().map(Vec::len).max().unwrap_or(0);
+        let tokens = ids.iter().map(Vec::len).sum();
+        let input = BertInput::from_ids(&ids, &types, pad_id, device)?;
+        let opts = ForwardOptions {
+            train,
+            ..ForwardOptions::default()
+        };
+        let missing = || Error::Input("the head returned no loss for labelled inputs".into());
+        match self {
+            Self::Classification(m) => {
+                let labels: Vec<i64> = batch
+                    .iter()
+                    .map(|i| match i.target {
+                        Target::Class(y) => y,
+                        _ => IGNORE_INDEX,
+                    })
+                    .collect();
+                let targets = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
+                let labels = Tensor::from_vec(labels, b, device)?;
+                let out = m.forward(&input, Some(&labels), opts)?;
+                let outputs = if outputs {
+                    Some(Outputs::Class(out.logits.to_vec2::<f32>()?))
+                } else {
+                    None
+                };
+                Ok(BatchOut {
+                    loss: out.loss.ok_or_else(missing)?,
+                    targets,
+                    tokens,
+                    outputs,
+                })
+            }
+            Self::Ner(m) => {
+                let mut labels = vec![IGNORE_INDEX; b * t];
+                for (r, item) in batch.iter().enumerate() {
+                    if let Target::Tokens(l) = &item.target {
+                        let n = l.len().min(t);
+                        labels[r * t..r * t + n].copy_from_slice(&l[..n]);
+                    }
+                }
+                let targets = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
+                let labels = Tensor::from_vec(labels, (b, t), device)?;
+                let out = m.forward(&input, Some(&labels), opts)?;
+                let outputs = if outputs {
+                    let best = out.logits.argmax(D::Minus1)?.to_vec2::<u32>()?;
+                    Some(Outputs::Tokens(
+                        best.into_iter()
+                            .map(|row| row.into_iter().map(|x| x as usize).collect())
+                            .collect(),
+                    ))
+                } else {
+                    None
+                };
+                Ok(BatchOut {
+                    loss: out.loss.ok_or_else(missing)?,
+                    targets,
+                    tokens,
+                    outputs,
+                })
+            }
+            Self::Qa(m) => {
+                let (starts, ends): (Vec<i64>, Vec<i64>) = batch
+                    .iter()
+                    .map(|i| match i.target {
+                        Target::Span(s, e) => (s, e),
+                        _ => (0, 0),
+                    })
+                    .unzip();
+                let s = Tensor::from_vec(starts, b, device)?;
+                let e = Tensor::from_vec(ends, b, device)?;
+                let out = m.forward(&input, Some(&s), Some(&e), opts)?;
+                let outputs = if outputs {
+                    let starts = out.start_logits.to_vec2::<f32>()?;
+                    let ends = out.end_logits.to_vec2::<f32>()?;
+                    // Only the input's own tokens: padding is no candidate.
+                    Some(Outputs::Spans(
+                        starts
+                            .into_iter()
+                            .zip(ends)
+                            .zip(batch)
+                            .map(|((mut s, mut e), item)| {
+                                s.truncate(item.input_ids.len());
+                                e.truncate(item.input_ids.len());
+                                (s, e)
+                            })
+                            .collect(),
+                    ))
+                } else {
+                    None
+                };
+                Ok(BatchOut {
+                    loss: out.loss.ok_or_else(missing)?,
+                    targets: b,
+                    tokens,
+                    outputs,
+                })
+            }
+        }
+    }
+}
+
+/// Per-input predictions of a whole data set, in input order (batched by
+/// length, so that little is padding), and the mean loss over targets.
+pub(crate) fn infer(
+    head: &TaskHead,
+    items: &[TaskInput],
+    batch_size: usize,
+    pad_id: u32,
+    device: &Device,
+) -> Result<(Outputs, Option<f64>)> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| items[i].input_ids.len());
+    let (mut loss_sum, mut weight) = (0.0f64, 0usize);
+    let mut class = vec![Vec::new(); items.len()];
+    let mut tokens = vec![Vec::new(); items.len()];
+    let mut spans = vec![(Vec::new(), Vec::new()); items.len()];
+    for chunk in order.chunks(batch_size.max(1)) {
+        let batch: Vec<&TaskInput> = chunk.iter().map(|&i| &items[i]).collect();
+        let out = head.forward(&batch, pad_id, device, false, true)?;
+        if out.targets > 0 {
+            loss_sum += out.loss.to_scalar::<f32>()? as f64 * out.targets as f64;
+            weight += out.targets;
+        }
+        match out.outputs {
+            Some(Outputs::Class(rows)) => {
+                for (&i, r) in chunk.iter().zip(rows) {
+                    class[i] = r;
+                }
+            }
+            Some(Outputs::Tokens(rows)) => {
+                for (&i, r) in chunk.iter().zip(rows) {
+                    tokens[i] = r;
+                }
+            }
+            Some(Outputs::Spans(rows)) => {
+                for (&i, r) in chunk.iter().zip(rows) {
+                    spans[i] = r;
+                }
+            }
+            None => {}
+        }
+    }
+    let outputs = match head {
+        TaskHead::Classification(_) => Outputs::Class(class),
+        TaskHead::Ner(_) => Outputs::Tokens(tokens),
+        TaskHead::Qa(_) => Outputs::Spans(spans),
+    };
+    Ok((outputs, (weight > 0).then(|| loss_sum / weight as f64)))
+}
+
+/// Softmax of one row, in f64.
+fn softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = row.iter().map(|&x| (x as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+/// The first index of the largest value (numpy's argmax).
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Everything evaluation needs besides the model.
+pub(crate) struct Scorer<'a> {
+    pub(crate) labels: &'a LabelSet,
+    /// Class names when `labels` is empty (`LABEL_i`).
+    pub(crate) config: &'a BertConfig,
+    pub(crate) post: PostprocessOptions,
+}
+
+impl Scorer<'_> {
+    /// Turns model outputs into per-example predictions.
+    pub(crate) fn predictions(
+        &self,
+        data: &TaskData,
+        prepared: &TaskInputs,
+        outputs: Outputs,
+    ) -> Result<Predictions> {
+        Ok(match (data, outputs) {
+            (TaskData::Classification(_), Outputs::Class(rows)) => Predictions::Classification(
+                rows.iter()
+                    .map(|r| {
+                        let id = argmax(r);
+                        let label = match self.labels.name(id) {
+                            Some(n) => n.to_string(),
+                            None => self.config.label_name(id),
+                        };
+                        ClassPrediction {
+                            label,
+                            id,
+                            score: softmax(r).get(id).copied().unwrap_or(0.0) as f32,
+                        }
+                    })
+                    .collect(),
+            ),
+            (TaskData::Ner(_), Outputs::Tokens(rows)) => Predictions::Ner(
+                prepared
+                    .aligned
+                    .iter()
+                    .zip(&rows)
+                    .map(|(a, r)| a.word_tags(r, self.labels))
+                    .collect::<Result<_>>()?,
+            ),
+            (TaskData::Qa(d), Outputs::Spans(rows)) => {
+                let (starts, ends): (Vec<Vec<f32>>, Vec<Vec<f32>>) = rows.into_iter().unzip();
+                Predictions::Qa(postprocess(
+                    &d.examples,
+                    &prepared.features,
+                    &starts,
+                    &ends,
+                    &self.post,
+                )?)
+            }
+            _ => {
+                return Err(Error::Input(
+                    "internal: the model's outputs do not match the task".into(),
+                ))
+            }
+        })
+    }
+
+    /// Predictions and, where the data has labels, the task's metrics.
+    pub(crate) fn score(
+        &self,
+        data: &TaskData,
+        prepared: &TaskInputs,
+        outputs: Outputs,
+        loss: Option<f64>,
+    ) -> Result<Evaluation> {
+        let predictions = self.predictions(data, prepared, outputs)?;
+        let mut scores = BTreeMap::new();
+        match (data, &predictions) {
+            (TaskData::Classification(d), Predictions::Classification(preds))
+                if d.examples.iter().all(|e| e.label.class().is_some()) =>
+            {
+                let gold = d.class_ids()?;
+                let ids: Vec<usize> = preds.iter().map(|p| p.id).collect();
+                scores.insert("accuracy".into(), accuracy(&ids, &gold)?);
+                scores.insert("macro_f1".into(), macro_f1(&ids, &gold)?);
+            }
+            (TaskData::Ner(d), Predictions::Ner(tags)) => {
+                let s = entity_scores(&d.tags(), tags)?;
+                scores.insert("precision".into(), s.overall.precision);
+                scores.insert("recall".into(), s.overall.recall);
+                scores.insert("f1".into(), s.overall.f1);
+                scores.insert("token_accuracy".into(), s.token_accuracy);
+            }
+            (TaskData::Qa(d), Predictions::Qa(preds)) => {
+                let s = d.evaluate(preds);
+                scores.insert("exact_match".into(), s.exact_match);
+                scores.insert("f1".into(), s.f1);
+            }
+            _ => {}
+        }
+        Ok(Evaluation {
+            task: data.task(),
+            examples: data.len(),
+            loss,
+            scores,
+            predictions,
+        })
+    }
+}
+
+/// Checks that `config` is a BERT the task heads fit.
+pub(crate) fn check_family(config: &BertConfig, origin: &Path) -> Result<()> {
+    if !matches!(config.family, Family::Bert) {
+        return Err(Error::config(
+            origin,
+            "model_type",
+            format!(
+                "fine-tuning supports BERT checkpoints (model_type `bert`), not `{}`",
+                config.model_type
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What scoring a saved model takes from its `training_args.json`: the
+/// input shapes it was trained with.
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+struct TrainedShapes {
+    max_length: usize,
+    doc_stride: usize,
+    max_answer_length: usize,
+}
+
+fn read_trained_shapes(dir: &Path) -> Result<Option<TrainedShapes>> {
+    let p = dir.join(TRAINING_ARGS_FILE);
+    if !p.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|source| Error::Json { path: p, source })
+}
+
+/// Options for scoring a saved model; `None` takes the value the model was
+/// trained with (its `training_args.json`), else the task's default.
+#[derive(Debug, Clone, Default)]
+pub struct InferenceOptions {
+    pub max_length: Option<usize>,
+    pub doc_stride: Option<usize>,
+    pub max_answer_length: Option<usize>,
+    pub batch_size: Option<usize>,
+}
+
+/// A fine-tuned checkpoint, for `evaluate` and `predict`.
+pub struct FinetunedModel {
+    task: Task,
+    head: TaskHead,
+    inputs: TaskInputBuilder,
+    /// The checkpoint's own label names (`None`: transformers'
+    /// placeholders, so the data's sorted labels give the ids).
+    labels: Option<LabelSet>,
+    post: PostprocessOptions,
+    batch_size: usize,
+    device: Device,
+}
+
+impl FinetunedModel {
+    /// Loads a folder written by a fine-tuning run (or transformers'
+    /// `save_pretrained` of the task's head class): the head's tensors
+    /// must be there.
+    pub fn from_dir(
+        task: Task,
+        dir: &Path,
+        opts: &InferenceOptions,
+        device: &Device,
+    ) -> Result<Self> {
+        let head = TaskHead::from_dir(task, dir, device)?;
+        let config = head.config().clone();
+        let origin = dir.join("config.json");
+        check_family(&config, &origin)?;
+        let trained = read_trained_shapes(dir)?;
+        let max_length = opts
+            .max_length
+            .or(trained.as_ref().map(|t| t.max_length))
+            .unwrap_or_else(|| task.default_max_length())
+            .min(config.max_sequence_length());
+        let doc_stride = opts
+            .doc_stride
+            .or(trained.as_ref().map(|t| t.doc_stride))
+            .unwrap_or(128)
+            .min(max_length / 2);
+        let max_answer_length = opts
+            .max_answer_length
+            .or(trained.as_ref().map(|t| t.max_answer_length))
+            .unwrap_or(30);
+        let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+        let labels = match task {
+            Task::Qa => None,
+            _ => LabelSet::from_config(&config)
+                .map_err(|e| Error::config(&origin, "id2label", e.to_string()))?,
+        };
+        if task != Task::Qa && config.num_labels() < 2 {
+            return Err(Error::config(
+                &origin,
+                "id2label",
+                format!(
+                    "{} label(s): `{task}` needs a classifier over at least two",
+                    config.num_labels()
+                ),
+            ));
+        }
+        Ok(Self {
+            task,
+            head,
+            inputs: TaskInputBuilder::new(&tokenizer, max_length, doc_stride)?,
+            labels,
+            post: PostprocessOptions {
+                max_answer_length,
+                ..PostprocessOptions::default()
+            },
+            batch_size: opts.batch_size.unwrap_or(64).max(1),
+            device: device.clone(),
+        })
+    }
+
+    pub fn task(&self) -> Task {
+        self.task
+    }
+
+    pub fn config(&self) -> &BertConfig {
+        self.head.config()
+    }
+
+    /// The token budget inputs are cut to.
+    pub fn max_length(&self) -> usize {
+        self.inputs.max_length
+    }
+
+    /// Reads a labelled data file for [`FinetunedModel::evaluate`], with the
+    /// checkpoint's label ids (an unknown label is an error naming its
+    /// line). A checkpoint with transformers' placeholder names
+    /// (`LABEL_0`, ...) takes the file's sorted labels as ids, as
+    /// `run_glue.py` does.
+    pub fn read_labelled(&self, path: &Path, data: &DataOptions) -> Result<TaskData> {
+        let labels = match self.task {
+            Task::Qa => None,
+            _ => self.labels.as_ref(),
+        };
+        let d = TaskData::read(self.task, path, labels, false, data)?;
+        if let (Some(l), None) = (d.labels(), &self.labels) {
+            let n = self.config().num_labels();
+            if l.len() > n {
+                return Err(Error::Input(format!(
+                    "{}: {} labels ({}), but the model has {n} classes",
+                    path.display(),
+                    l.len(),
+                    l.listed()
+                )));
+            }
+        }
+        Ok(d)
+    }
+
+    /// Reads a data file for [`FinetunedModel::predict`]: a classification
+    /// file may lack its label column, and labels are not checked.
+    pub fn read_unlabelled(&self, path: &Path, data: &DataOptions) -> Result<TaskData> {
+        TaskData::read(self.task, path, None, true, data)
+    }
+
+    fn check_task(&self, data: &TaskData) -> Result<()> {
+        if data.task() != self.task {
+            return Err(Error::Input(format!(
+                "{}: read as {} data, but the model is for {}",
+                data.path().display(),
+                data.task(),
+                self.task
+            )));
+        }
+        Ok(())
+    }
+
+    /// The label names predictions are given by.
+    fn label_names(&self, data: Option<&LabelSet>) -> Result<LabelSet> {
+        Ok(match (&self.labels, data) {
+            (Some(l), _) => l.clone(),
+            (None, Some(l)) if !l.is_empty() => l.clone(),
+            _ => {
+                let c = self.config();
+                LabelSet::from_names((0..c.num_labels()).map(|i| c.label_name(i)).collect())?
+            }
+        })
+    }
+
+    /// Scores on a file read by [`FinetunedModel::read_labelled`], with the
+    /// predictions they were computed from.
+    pub fn evaluate(&self, data: &TaskData) -> Result<Evaluation> {
+        self.check_task(data)?;
+        let prepared = self.inputs.build(data, true)?;
+        let (outputs, loss) = infer(
+            &self.head,
+            &prepared.items,
+            self.batch_size,
+            self.inputs.tokenizer.pad_id(),
+            &self.device,
+        )?;
+        let labels = self.label_names(data.labels())?;
+        Scorer {
+            labels: &labels,
+            config: self.config(),
+            post: self.post,
+        }
+        .score(data, &prepared, outputs, loss)
+    }
+
+    /// Predictions for every example of `data`, in file order (labels, if
+    /// the file has them, are ignored).
+    pub fn predict(&self, data: &TaskData) -> Result<Predictions> {
+        self.check_task(data)?;
+        let prepared = self.inputs.build(data, false)?;
+        let (outputs, _) = infer(
+            &self.head,
+            &prepared.items,
+            self.batch_size,
+            self.inputs.tokenizer.pad_id(),
+            &self.device,
+        )?;
+        let labels = self.label_names(None)?;
+        let scorer = Scorer {
+            labels: &labels,
+            config: self.config(),
+            post: self.post,
+        };
+        scorer.predictions(data, &prepared, outputs)
+    }
+}

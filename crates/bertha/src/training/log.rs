@@ -1,0 +1,164 @@
+//! What a run reports: one line of `metrics.jsonl` per optimiser step and
+//! per evaluation, the same for every objective, and the events the loop
+//! hands to its caller (a progress bar, a test).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::checkpoint::write_atomic;
+use crate::error::{Error, Result};
+
+/// One optimiser step's figures (a line of `metrics.jsonl`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepMetrics {
+    pub step: u64,
+    /// Epochs done after this step (fractional).
+    #[serde(default)]
+    pub epoch: f64,
+    /// The objective's loss, averaged over the step's micro-batches.
+    pub loss: f64,
+    /// The objective's own figures (pre-training: `mlm_loss`,
+    /// `mlm_accuracy`, `nsp_loss`).
+    #[serde(flatten)]
+    pub figures: BTreeMap<String, f64>,
+    pub lr: f64,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+    pub tokens_per_s: f64,
+    pub elapsed_s: f64,
+}
+
+/// A held-out evaluation (also a line of `metrics.jsonl`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvalMetrics {
+    pub step: u64,
+    #[serde(default)]
+    pub epoch: f64,
+    /// Mean loss over the held-out targets (NaN without labels).
+    #[serde(default = "nan")]
+    pub eval_loss: f64,
+    /// The key of `scores` that picks the best model.
+    #[serde(default)]
+    pub metric: String,
+    /// Whether a larger `metric` is better (a loss is not).
+    #[serde(default = "yes")]
+    pub greater_is_better: bool,
+    /// The objective's scores: accuracy, macro_f1 / precision, recall, f1,
+    /// token_accuracy / exact_match, f1 (SQuAD's, in percent) /
+    /// eval_mlm_loss, eval_perplexity, eval_mlm_accuracy.
+    #[serde(flatten)]
+    pub scores: BTreeMap<String, f64>,
+}
+
+fn nan() -> f64 {
+    f64::NAN
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl EvalMetrics {
+    /// The main metric's value.
+    pub fn main(&self) -> f64 {
+        self.scores.get(&self.metric).copied().unwrap_or(f64::NAN)
+    }
+
+    /// Whether this evaluation beats `than` (a main metric value).
+    pub fn beats(&self, than: f64) -> bool {
+        let v = self.main();
+        if self.greater_is_better {
+            v > than
+        } else {
+            v < than
+        }
+    }
+}
+
+/// What the loop reports as it goes.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Step(StepMetrics),
+    Eval(EvalMetrics),
+    /// A new best model was written to `out/best` (early stopping only).
+    Best(EvalMetrics),
+    Saved(PathBuf),
+    /// Patience ran out at `step`; the best model is from `best_step`.
+    EarlyStop {
+        step: u64,
+        best_step: u64,
+    },
+}
+
+/// `metrics.jsonl`, open for appending.
+pub(crate) struct MetricsFile {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl MetricsFile {
+    /// Opens `path` to continue it (`keep`, a resumed run) or anew.
+    pub(crate) fn open(path: &Path, keep: bool) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(keep)
+            .write(true)
+            .truncate(!keep)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub(crate) fn append(&mut self, value: &impl serde::Serialize) -> Result<()> {
+        let line = serde_json::to_string(value).map_err(|e| Error::Serialize {
+            what: self.path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        writeln!(self.file, "{line}").map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// On resume: cuts `metrics.jsonl` back to the lines of steps up to `step`
+/// (later ones belong to the abandoned run) and returns them parsed. A
+/// missing file is no history.
+pub fn rewind_metrics(path: &Path, step: u64) -> Result<(Vec<StepMetrics>, Vec<EvalMetrics>)> {
+    let (mut steps, mut evals) = (Vec::new(), Vec::new());
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok((steps, evals));
+    };
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v.get("step")?.as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .collect();
+    for line in &kept {
+        if let Ok(m) = serde_json::from_str::<StepMetrics>(line) {
+            steps.push(m);
+        } else if let Ok(e) = serde_json::from_str::<EvalMetrics>(line) {
+            evals.push(e);
+        }
+    }
+    let mut body = kept.join("\n");
+    if !body.is_empty() {
+        body.push('\n');
+    }
+    write_atomic(path, body.as_bytes())?;
+    Ok((steps, evals))
+}
+
+/// Writes `value` as pretty JSON, atomically.
+pub(crate) fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Serialize {
+        what: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    write_atomic(path, text.as_bytes())
+}
