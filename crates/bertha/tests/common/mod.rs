@@ -1,6 +1,8 @@
 //! Shared helpers for the parity tests: fixture paths and tensor diffs.
 #![allow(dead_code)]
 
+pub mod runs;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 

@@ -1,0 +1,245 @@
+//! The one training loop, for every objective (MLM, MLM + NSP,
+//! classification, NER, QA): gradient accumulation, checkpoint pruning,
+//! `best/` with early stopping and the non-finite-loss stop.
+
+mod common;
+
+use std::path::Path;
+
+use bertha::data::Task;
+use bertha::training::{Event, Objective, StepMetrics, Trainer, EVAL_RESULTS_FILE};
+use bertha::Error;
+use common::runs::{finetuner, pretrainer, Tweak};
+
+/// The five objectives, each built into `out` with `tweak`, run to the
+/// end; returns the steps and the other events, or the run's error.
+fn each_objective(test: impl Fn(&str, &dyn Fn(&Path, &Tweak) -> Outcome)) {
+    test("mlm", &|out, t| outcome(pretrainer(out, false, t)));
+    test("nsp", &|out, t| outcome(pretrainer(out, true, t)));
+    test("classification", &|out, t| {
+        outcome(finetuner(out, Task::Classification, t))
+    });
+    test("ner", &|out, t| outcome(finetuner(out, Task::Ner, t)));
+    test("qa", &|out, t| outcome(finetuner(out, Task::Qa, t)));
+}
+
+struct Outcome {
+    steps: Vec<StepMetrics>,
+    events: Vec<Event>,
+    total_steps: u64,
+    result: Result<(), Error>,
+}
+
+fn outcome<O: Objective>(mut t: Trainer<O>) -> Outcome {
+    let (mut steps, mut events) = (Vec::new(), Vec::new());
+    let total_steps = t.total_steps();
+    let result = t.run(|e| match e {
+        Event::Step(m) => steps.push(m.clone()),
+        other => events.push(other.clone()),
+    });
+    Outcome {
+        steps,
+        events,
+        total_steps,
+        result,
+    }
+}
+
+fn checkpoints(out: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(out)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix("checkpoint-")?.parse().ok()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// With the weights frozen (lr 0), a step of two accumulated micro-batches
+/// reports the mean of the losses those micro-batches give one by one,
+/// reads them in the same order, and the run takes half the steps.
+#[test]
+fn gradient_accumulation_averages_micro_batches() {
+    each_objective(|name, run| {
+        let tmp = tempfile::tempdir().unwrap();
+        let frozen = Tweak {
+            lr: 0.0,
+            ..Tweak::default()
+        };
+        let one = run(&tmp.path().join("one"), &frozen);
+        let two = run(
+            &tmp.path().join("two"),
+            &Tweak {
+                grad_accum: 2,
+                ..frozen.clone()
+            },
+        );
+        one.result.unwrap();
+        two.result.unwrap();
+        if name == "mlm" || name == "nsp" {
+            // Pre-training counts steps, not epochs.
+            assert_eq!(one.total_steps, two.total_steps, "{name}");
+        } else {
+            assert_eq!(two.total_steps, one.total_steps.div_ceil(2), "{name}");
+        }
+        for (k, m) in two.steps.iter().enumerate() {
+            let Some(pair) = one.steps.get(2 * k..2 * k + 2) else {
+                continue; // past the single-batch run's last step
+            };
+            let mean = (pair[0].loss + pair[1].loss) / 2.0;
+            assert!(
+                (m.loss - mean).abs() <= 1e-12 * mean.abs(),
+                "{name} step {}: {} vs mean {mean}",
+                m.step,
+                m.loss
+            );
+            assert!(m.grad_norm > 0.0, "{name}");
+        }
+    });
+}
+
+/// Two micro-batches of 2 give the gradient one batch of 4 gives when the
+/// loss is a mean over examples and padding changes nothing (sequence
+/// classification; QA's span loss, as transformers', also ranges over
+/// padding positions): the same loss and gradient norm at the first step.
+#[test]
+fn accumulated_batches_match_one_large_batch() {
+    let task = Task::Classification;
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = Tweak {
+        dropout: 0.0,
+        batch_size: 4,
+        ..Tweak::default()
+    };
+    let first_step = |dir: &str, t: &Tweak| {
+        let mut run = finetuner(&tmp.path().join(dir), task, t);
+        let mut first = None;
+        run.run_until(1, |e| {
+            if let Event::Step(m) = e {
+                first = Some(m.clone());
+            }
+        })
+        .unwrap();
+        first.unwrap()
+    };
+    let big = first_step("big", &plain);
+    let acc = first_step(
+        "acc",
+        &Tweak {
+            batch_size: 2,
+            grad_accum: 2,
+            ..plain
+        },
+    );
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * a.abs().max(1e-6);
+    assert!(close(big.loss, acc.loss), "{task}: {big:?} {acc:?}");
+    assert!(
+        close(big.grad_norm, acc.grad_norm),
+        "{task}: {big:?} {acc:?}"
+    );
+}
+
+#[test]
+fn checkpoints_are_pruned_to_the_newest() {
+    each_objective(|name, run| {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let o = run(
+            &out,
+            &Tweak {
+                save_every: Some(1),
+                save_total_limit: Some(2),
+                ..Tweak::default()
+            },
+        );
+        o.result.unwrap();
+        let saved = o
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::Saved(_)))
+            .count();
+        assert!(saved >= 3, "{name}: {saved} saves");
+        let last = o.steps.last().unwrap().step;
+        assert_eq!(checkpoints(&out), [last - 1, last], "{name}");
+    });
+}
+
+/// With frozen weights every evaluation equals the first, so none is
+/// better: the run stops after `patience` evaluations and its final model
+/// is the first evaluation's, kept in `best/`.
+#[test]
+fn early_stopping_keeps_the_best_model() {
+    each_objective(|name, run| {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let o = run(
+            &out,
+            &Tweak {
+                lr: 0.0,
+                eval_every: Some(1),
+                early_stop: Some(2),
+                ..Tweak::default()
+            },
+        );
+        o.result.unwrap();
+        assert_eq!(o.steps.len(), 3, "{name}: stops after 1 + 2 evaluations");
+        let best: Vec<u64> = o
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Best(b) => Some(b.step),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(best, [1], "{name}");
+        assert!(
+            o.events.iter().any(|e| matches!(
+                e,
+                Event::EarlyStop {
+                    step: 3,
+                    best_step: 1
+                }
+            )),
+            "{name}: {:?}",
+            o.events
+        );
+        for dir in [out.join("best"), out.clone()] {
+            assert!(dir.join("model.safetensors").is_file(), "{name}");
+            let results = common::read_json(&dir.join(EVAL_RESULTS_FILE));
+            assert_eq!(results["step"], 1, "{name}: {}", dir.display());
+        }
+        assert_eq!(
+            std::fs::read(out.join("model.safetensors")).unwrap(),
+            std::fs::read(out.join("best").join("model.safetensors")).unwrap(),
+            "{name}"
+        );
+    });
+}
+
+#[test]
+fn a_non_finite_loss_stops_the_run() {
+    each_objective(|name, run| {
+        let tmp = tempfile::tempdir().unwrap();
+        let o = run(
+            &tmp.path().join("out"),
+            &Tweak {
+                poison: Some(if name == "mlm" || name == "nsp" {
+                    "bert.embeddings.word_embeddings.weight"
+                } else {
+                    "bert.embeddings.LayerNorm.weight"
+                }),
+                ..Tweak::default()
+            },
+        );
+        assert!(o.steps.is_empty(), "{name}");
+        match o.result {
+            Err(Error::Diverged { step, value, .. }) => {
+                assert_eq!(step, 1, "{name}");
+                assert!(value.is_nan(), "{name}: {value}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    });
+}
