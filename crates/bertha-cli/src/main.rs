@@ -123,7 +123,31 @@ fn main() {
         Command::Predict(a) => commands::predict::run(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", render_error(&e));
         std::process::exit(1);
+    }
+}
+
+/// The error and its causes on one line, as anyhow's `{:#}` writes them,
+/// with the library's option names (`max_length`) shown as the flags that
+/// set them (`--max-length`).
+fn render_error(e: &anyhow::Error) -> String {
+    e.chain()
+        .map(|cause| match cause.downcast_ref::<bertha::Error>() {
+            Some(bertha::Error::InvalidOption { name, reason }) => {
+                format!("{} {reason}", flag_for(name))
+            }
+            _ => cause.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// The flag that sets the library option `name`.
+fn flag_for(name: &str) -> String {
+    match name {
+        // `train_wordpiece`'s size comes from `pretrain --train-tokenizer`.
+        "vocab_size" => "--train-tokenizer".into(),
+        _ => format!("--{}", name.replace('_', "-")),
     }
 }

@@ -251,6 +251,33 @@ fn bad_input_is_a_one_line_error() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("bad-rows.tsv: line 3"), "{err}");
+    // Library options are reported by the flags that set them.
+    let train = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    let out = tmp.path().join("p");
+    let finetune = |extra: &[&str]| {
+        let mut args = vec![
+            "finetune",
+            "--task",
+            "classification",
+            "--model",
+            s(&tiny),
+            "--train",
+            s(&train),
+            "--out",
+            s(&out),
+        ];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    let err = finetune(&["--max-length", "100"]);
+    assert!(
+        err.contains("--max-length 100") && err.contains("64"),
+        "{err}"
+    );
+    let err = finetune(&["--early-stop", "2"]);
+    assert!(err.contains("--early-stop needs a dev set"), "{err}");
     let o = run(&[
         "evaluate",
         "--task",

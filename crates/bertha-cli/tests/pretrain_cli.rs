@@ -156,6 +156,21 @@ fn pretrain_rejects_bad_options_by_name() {
     let out = pretrain(&tmp.path().join("x"), &["--mask-split", "90,20,0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--mask-split"));
+    let one = tmp.path().join("one.txt");
+    std::fs::write(&one, "just one document.\n").unwrap();
+    let out = run(&[
+        "pretrain",
+        "--corpus",
+        one.to_str().unwrap(),
+        "--config",
+        "tiny",
+        "--nsp",
+        "--out",
+        tmp.path().join("z").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--nsp needs at least two documents"), "{err}");
     let out = run(&[
         "pretrain",
         "--corpus",

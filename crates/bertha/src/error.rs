@@ -43,9 +43,10 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
-    /// An option of a run or a call is out of its range (names it as the
-    /// library calls it: `batch_size`, `warmup_ratio`, ...).
-    #[error("{name}: {reason}")]
+    /// An option of a run or a call is out of its range. Named as the
+    /// library calls it (`batch_size`, `warmup_ratio`): the message reads
+    /// `{name} {reason}`, and the CLI shows the flag in place of the name.
+    #[error("{name} {reason}")]
     InvalidOption { name: String, reason: String },
 
     /// Training produced a non-finite loss or gradient.

@@ -747,12 +747,12 @@ fn errors_name_the_input() {
     o.max_length = 100;
     let err = new(None, o);
     assert!(
-        err.contains("--max-length 100") && err.contains("64"),
+        err.contains("max_length 100") && err.contains("64"),
         "{err}"
     );
     let mut o = options(&out);
     o.early_stop = Some(2);
-    assert!(new(None, o).contains("--early-stop needs a dev set"));
+    assert!(new(None, o).contains("early_stop needs a dev set"));
     let one = write(tmp.path(), "one.tsv", "sentence\tlabel\ngood\tx\nbad\tx\n");
     let err = Finetuner::new(
         Task::Classification,

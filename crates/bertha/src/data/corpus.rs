@@ -59,10 +59,10 @@ impl Corpus {
     /// in name order).
     pub fn read(paths: &[PathBuf], tokenizer: &Tokenizer, opts: &CorpusOptions) -> Result<Self> {
         if opts.seq_len < 8 {
-            return Err(Error::Input(format!(
-                "--seq-len {}: must be at least 8",
-                opts.seq_len
-            )));
+            return Err(Error::option(
+                "seq_len",
+                format!("{}: must be at least 8", opts.seq_len),
+            ));
         }
         let ids = Ids {
             cls: special_id(tokenizer, &["[CLS]", "<s>"])?,
@@ -156,8 +156,9 @@ impl Corpus {
         }
         let examples = if opts.nsp {
             if docs.len() < 2 {
-                return Err(Error::Input(
-                    "--nsp needs at least two documents (blank-line-separated blocks) for random B segments".into(),
+                return Err(Error::option(
+                    "nsp",
+                    "needs at least two documents (blank-line-separated blocks) for random B segments",
                 ));
             }
             nsp_examples(&docs, &ids, opts)

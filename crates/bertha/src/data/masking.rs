@@ -47,9 +47,10 @@ impl MaskSplit {
 }
 
 fn bad_split(text: &str) -> Error {
-    Error::Input(format!(
-        "--mask-split `{text}`: expected three non-negative percentages MASK,RANDOM,KEEP summing to 100 (e.g. 80,10,10)"
-    ))
+    Error::option(
+        "mask_split",
+        format!("`{text}`: expected three non-negative percentages MASK,RANDOM,KEEP summing to 100 (e.g. 80,10,10)"),
+    )
 }
 
 /// Dynamic masking: call [`Masker::mask`] every time a sequence is seen.
@@ -78,9 +79,10 @@ pub struct Masked {
 impl Masker {
     pub fn new(mask_prob: f64, split: MaskSplit, mask_id: u32, vocab_size: u32) -> Result<Self> {
         if !(0.0..=1.0).contains(&mask_prob) {
-            return Err(Error::Input(format!(
-                "--mask-prob {mask_prob}: must lie in [0, 1]"
-            )));
+            return Err(Error::option(
+                "mask_prob",
+                format!("{mask_prob}: must lie in [0, 1]"),
+            ));
         }
         Ok(Self {
             mask_prob,

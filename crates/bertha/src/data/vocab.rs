@@ -29,10 +29,13 @@ pub const SPECIAL_TOKENS: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MAS
 /// whole) and writes it into `out_dir`, which it returns.
 pub fn train_wordpiece(corpus: &[PathBuf], vocab_size: usize, out_dir: &Path) -> Result<PathBuf> {
     if vocab_size <= SPECIAL_TOKENS.len() {
-        return Err(Error::Input(format!(
-            "--train-tokenizer {vocab_size}: a vocabulary needs more than the {} special tokens",
-            SPECIAL_TOKENS.len()
-        )));
+        return Err(Error::option(
+            "vocab_size",
+            format!(
+                "{vocab_size}: a vocabulary needs more than the {} special tokens",
+                SPECIAL_TOKENS.len()
+            ),
+        ));
     }
     let files = expand(corpus)?;
     let mut names = Vec::with_capacity(files.len());

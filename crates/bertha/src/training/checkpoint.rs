@@ -146,7 +146,7 @@ impl Checkpoint {
             .max_by_key(|(step, _)| *step);
         newest.map(|(_, p)| p).ok_or_else(|| {
             Error::Input(format!(
-                "--resume {}: no {STATE_FILE} there and no checkpoint-N folder inside",
+                "{}: no {STATE_FILE} there and no checkpoint-N folder inside to resume from",
                 dir.display()
             ))
         })

@@ -292,9 +292,7 @@ impl Finetuner {
             }
         }
         if opts.early_stop.is_some() && dev.is_none() {
-            return Err(Error::Input(
-                "--early-stop needs a dev set (--dev) to watch".into(),
-            ));
+            return Err(Error::option("early_stop", "needs a dev set to watch"));
         }
         let labels = train.labels().cloned().unwrap_or_default();
         if task != Task::Qa {
@@ -548,24 +546,26 @@ fn without_head(weights: Weights, prefix: &str) -> Result<Weights> {
     Ok(Weights::from_tensors(tensors, origin))
 }
 
+/// The fine-tuning options the loop does not check itself (epochs, batch
+/// sizes, lr, warmup and decay are the [`TrainPlan`](super::TrainPlan)'s
+/// and the loop's).
 fn validate(opts: &FinetuneOptions, config: &BertConfig, origin: &Path) -> Result<()> {
-    let bad = |what: String| Err(Error::Input(what));
-    if !(opts.epochs.is_finite() && opts.epochs > 0.0) {
-        return bad(format!("--epochs {}: must be above 0", opts.epochs));
-    }
-    if opts.batch_size == 0 || opts.eval_batch_size == 0 || opts.grad_accum == 0 {
-        return bad("--batch-size and --grad-accum must be at least 1".into());
+    if opts.eval_batch_size == 0 {
+        return Err(Error::option("eval_batch_size", "must be at least 1"));
     }
     if opts.max_length > config.max_sequence_length() {
-        return bad(format!(
-            "--max-length {} is longer than the model's limit of {} tokens (max_position_embeddings in {})",
-            opts.max_length,
-            config.max_sequence_length(),
-            origin.display()
+        return Err(Error::option(
+            "max_length",
+            format!(
+                "{} is longer than the model's limit of {} tokens (max_position_embeddings in {})",
+                opts.max_length,
+                config.max_sequence_length(),
+                origin.display()
+            ),
         ));
     }
     if opts.max_train == Some(0) {
-        return bad("--max-train must be at least 1".into());
+        return Err(Error::option("max_train", "must be at least 1"));
     }
     Ok(())
 }

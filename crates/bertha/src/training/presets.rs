@@ -69,10 +69,13 @@ pub fn resolve_config(spec: &str, vocab_size: usize, seq_len: usize) -> Result<B
     }
     let path = Path::new(spec);
     if !path.is_file() {
-        return Err(Error::Input(format!(
-            "--config `{spec}`: neither a preset ({}) nor a config.json file",
-            Preset::NAMES
-        )));
+        return Err(Error::option(
+            "config",
+            format!(
+                "`{spec}`: neither a preset ({}) nor a config.json file",
+                Preset::NAMES
+            ),
+        ));
     }
     let config = BertConfig::from_file(path)?;
     if config.vocab_size != vocab_size {
@@ -90,7 +93,7 @@ pub fn resolve_config(spec: &str, vocab_size: usize, seq_len: usize) -> Result<B
             path,
             "max_position_embeddings",
             format!(
-                "{} is shorter than --seq-len {seq_len}",
+                "{} is shorter than seq_len {seq_len}",
                 config.max_position_embeddings
             ),
         ));

@@ -151,8 +151,9 @@ impl Pretrainer {
             return Err(Error::Input("the training corpus gave no sequences".into()));
         }
         if opts.nsp && !config.add_pooling_layer {
-            return Err(Error::Input(
-                "--nsp needs a pooler, but the config has add_pooling_layer false".into(),
+            return Err(Error::option(
+                "nsp",
+                "needs a pooler, but the config has add_pooling_layer false",
             ));
         }
         config.architectures = vec![if opts.nsp {

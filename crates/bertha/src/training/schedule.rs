@@ -17,9 +17,10 @@ impl ScheduleKind {
             "linear" => Ok(Self::Linear),
             "cosine" => Ok(Self::Cosine),
             "constant" => Ok(Self::Constant),
-            other => Err(Error::Input(format!(
-                "--schedule `{other}`: expected linear, cosine or constant"
-            ))),
+            other => Err(Error::option(
+                "schedule",
+                format!("`{other}`: expected linear, cosine or constant"),
+            )),
         }
     }
 }

@@ -625,11 +625,11 @@ fn validate(opts: &LoopOptions) -> Result<()> {
             format!("{wd}: must be a non-negative number"),
         ));
     }
-    if opts.eval_every == Some(0) || opts.save_every == Some(0) {
-        return Err(Error::option(
-            "eval_every / save_every",
-            "must be at least 1",
-        ));
+    if opts.eval_every == Some(0) {
+        return Err(Error::option("eval_every", "must be at least 1"));
+    }
+    if opts.save_every == Some(0) {
+        return Err(Error::option("save_every", "must be at least 1"));
     }
     if opts.early_stop == Some(0) {
         return Err(Error::option(
