@@ -16,6 +16,7 @@ use bertha::tasks::{
 };
 use bertha::training::{Event, FinetuneOptions, Finetuner, StepMetrics, EVAL_RESULTS_FILE};
 use bertha::{BertConfig, Device, Tensor};
+use common::runs::{squad_json, CONLL};
 use common::{fixtures, load_safetensors};
 
 fn tiny(name: &str) -> PathBuf {
@@ -43,6 +44,11 @@ fn options(out: &Path) -> FinetuneOptions {
         out: out.to_path_buf(),
         ..FinetuneOptions::default()
     }
+}
+
+/// A run of `task` on `model` trained and scored on `data` (the same file).
+fn trainer(task: Task, model: &Path, data: &Path, opts: FinetuneOptions) -> Finetuner {
+    Finetuner::new(task, model, data, Some(data), &DataOptions::default(), opts).unwrap()
 }
 
 fn run(t: &mut Finetuner) -> (Vec<StepMetrics>, Vec<Event>) {
@@ -163,15 +169,7 @@ fn classification_overfits_and_checkpoints_round_trip() {
     let out = tmp.path().join("out");
     let mut opts = options(&out);
     opts.epochs = 20.0;
-    let mut t = Finetuner::new(
-        Task::Classification,
-        &tiny("bert-seqcls"),
-        &file,
-        Some(&file),
-        &DataOptions::default(),
-        opts,
-    )
-    .unwrap();
+    let mut t = trainer(Task::Classification, &tiny("bert-seqcls"), &file, opts);
     // The checkpoint's names cover the data's: its ids (and head) are kept.
     assert_eq!(t.labels().names(), ["negative", "neutral", "positive"]);
     assert_eq!(t.steps_per_epoch(), 3);
@@ -267,15 +265,7 @@ fn sentence_pairs_need_both_texts() {
     let out = tmp.path().join("out");
     let mut opts = options(&out);
     opts.epochs = 15.0;
-    let mut t = Finetuner::new(
-        Task::Classification,
-        &tiny("bert-seqcls"),
-        &file,
-        Some(&file),
-        &DataOptions::default(),
-        opts,
-    )
-    .unwrap();
+    let mut t = trainer(Task::Classification, &tiny("bert-seqcls"), &file, opts);
     // The data's labels are not the checkpoint's: a fresh head, the data's ids.
     assert_eq!(
         t.labels().names(),
@@ -301,13 +291,6 @@ fn sentence_pairs_need_both_texts() {
 }
 
 // ---------------------------------------------------------------- NER
-
-const CONLL: &str = "-DOCSTART- O\n\n\
-    john B-PER\nwent O\nto O\nparis B-LOC\n\n\
-    paul B-PER\nand O\njames B-PER\nlive O\nin O\nlondon B-LOC\n\n\
-    the O\nking O\nof O\nfrance B-LOC\nmet O\nmary B-PER\n\n\
-    peter B-PER\nsmith I-PER\nplayed O\nin O\nthe O\npark O\n\n\
-    david B-PER\nwas O\nborn O\nin O\nnew B-LOC\nyork I-LOC\n";
 
 /// Entities as seqeval's default mode chunks them: (sentence, type, start, end).
 fn chunks(tags: &[Vec<String>]) -> BTreeSet<(usize, String, usize, usize)> {
@@ -344,15 +327,7 @@ fn ner_overfits_and_entity_scores_match_hand_counts() {
     let out = tmp.path().join("out");
     let mut opts = options(&out);
     opts.epochs = 20.0;
-    let mut t = Finetuner::new(
-        Task::Ner,
-        &tiny("bert-tokcls"),
-        &file,
-        Some(&file),
-        &DataOptions::default(),
-        opts,
-    )
-    .unwrap();
+    let mut t = trainer(Task::Ner, &tiny("bert-tokcls"), &file, opts);
     assert_eq!(
         t.labels().names(),
         ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -408,28 +383,6 @@ fn ner_overfits_and_entity_scores_match_hand_counts() {
 
 // ---------------------------------------------------------------- QA
 
-fn squad_json() -> String {
-    let qa = |id: &str, q: &str, context: &str, answer: &str| {
-        let start = context.find(answer).unwrap();
-        serde_json::json!({"id": id, "question": q,
-            "answers": [{"text": answer, "answer_start": start}]})
-    };
-    let c1 = "john played the music in the park with his band and the band was founded in london by paul";
-    let c2 = "the company released the album in june and it was the best song of the year";
-    serde_json::json!({"version": "1.1", "data": [{"title": "t", "paragraphs": [
-        {"context": c1, "qas": [
-            qa("q1", "who played the music", c1, "john"),
-            qa("q2", "where was the band founded", c1, "london"),
-            qa("q3", "who founded the band", c1, "paul"),
-        ]},
-        {"context": c2, "qas": [
-            qa("q4", "what did the company release", c2, "the album"),
-            qa("q5", "when was the album released", c2, "june"),
-        ]},
-    ]}]})
-    .to_string()
-}
-
 #[test]
 fn qa_overfits_and_squad_scores_match_hand_counts() {
     let tmp = tempfile::tempdir().unwrap();
@@ -439,15 +392,7 @@ fn qa_overfits_and_squad_scores_match_hand_counts() {
     opts.epochs = 16.0;
     // Windows of 24 tokens sharing 8: every context is cut in two or three.
     opts.max_length = 24;
-    let mut t = Finetuner::new(
-        Task::Qa,
-        &tiny("bert-qa"),
-        &file,
-        Some(&file),
-        &DataOptions::default(),
-        opts,
-    )
-    .unwrap();
+    let mut t = trainer(Task::Qa, &tiny("bert-qa"), &file, opts);
     let (questions, windows) = t.train_size();
     assert_eq!(questions, 5);
     assert!(windows > 5, "{windows}");
@@ -522,15 +467,7 @@ fn resumed_run_repeats_the_uninterrupted_one() {
         o.batch_size = 8;
         o.epochs = 2.0;
         o.eval_every = Some(3);
-        Finetuner::new(
-            Task::Classification,
-            &model,
-            &data,
-            Some(&data),
-            &DataOptions::default(),
-            o,
-        )
-        .unwrap()
+        trainer(Task::Classification, &model, &data, o)
     };
     let a = tmp.path().join("a");
     let mut straight = trainer(&a);
@@ -597,15 +534,7 @@ fn dropout_is_on_in_training_and_off_in_evaluation() {
         let mut o = options(&tmp.path().join(format!("out-{p}")));
         o.batch_size = 6; // the whole set in one step
         o.epochs = 1.0;
-        let mut t = Finetuner::new(
-            Task::Classification,
-            &model,
-            &file,
-            Some(&file),
-            &DataOptions::default(),
-            o,
-        )
-        .unwrap();
+        let mut t = trainer(Task::Classification, &model, &file, o);
         let e1 = t.evaluate().unwrap().unwrap();
         let e2 = t.evaluate().unwrap().unwrap();
         assert_eq!(e1.loss, e2.loss, "evaluation is deterministic");
@@ -686,15 +615,7 @@ fn early_stopping_keeps_the_best_model() {
     o.lr = 0.0;
     o.eval_every = Some(1);
     o.early_stop = Some(1);
-    let mut t = Finetuner::new(
-        Task::Classification,
-        &tiny("bert-seqcls"),
-        &file,
-        Some(&file),
-        &DataOptions::default(),
-        o,
-    )
-    .unwrap();
+    let mut t = trainer(Task::Classification, &tiny("bert-seqcls"), &file, o);
     let (steps, events) = run(&mut t);
     assert_eq!(steps.len(), 2);
     assert!(events.iter().any(|e| matches!(

@@ -31,10 +31,6 @@ use crate::tasks::Evaluation;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
-/// Purposes of the per-step generators.
-const SHUFFLE: u64 = 11;
-const DROPOUT: u64 = 12;
-
 /// A fine-tuning run.
 pub type Finetuner = Trainer<Finetuning>;
 
@@ -443,6 +439,10 @@ impl Finetuning {
 impl Objective for Finetuning {
     /// The micro-batch's mean loss.
     type Tally = f64;
+    const STREAMS: Streams = Streams {
+        shuffle: 11,
+        dropout: 12,
+    };
 
     fn train_len(&self) -> usize {
         self.train.items.len()
@@ -450,13 +450,6 @@ impl Objective for Finetuning {
 
     fn input_len(&self, i: usize) -> usize {
         self.train.items[i].input_ids.len()
-    }
-
-    fn streams(&self) -> Streams {
-        Streams {
-            shuffle: SHUFFLE,
-            dropout: DROPOUT,
-        }
     }
 
     fn main_metric(&self) -> MainMetric {

@@ -25,10 +25,8 @@ use crate::model::{
 use crate::rng::rng_for;
 use crate::weights::Weights;
 
-/// Purposes of the per-step generators.
-const SHUFFLE: u64 = 1;
+/// Purposes of the masking generators (data order and dropout: 1 and 3).
 const MASK: u64 = 2;
-const DROPOUT: u64 = 3;
 const EVAL_MASK: u64 = 4;
 
 /// A pre-training run.
@@ -280,6 +278,10 @@ impl Pretraining {
 
 impl Objective for Pretraining {
     type Tally = MlmTally;
+    const STREAMS: Streams = Streams {
+        shuffle: 1,
+        dropout: 3,
+    };
 
     fn train_len(&self) -> usize {
         self.train.len()
@@ -287,13 +289,6 @@ impl Objective for Pretraining {
 
     fn input_len(&self, i: usize) -> usize {
         self.train.examples[i].input_ids.len()
-    }
-
-    fn streams(&self) -> Streams {
-        Streams {
-            shuffle: SHUFFLE,
-            dropout: DROPOUT,
-        }
     }
 
     fn main_metric(&self) -> MainMetric {

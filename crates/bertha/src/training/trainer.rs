@@ -91,13 +91,14 @@ pub trait Objective {
     /// What a micro-batch adds to its step's figures.
     type Tally;
 
+    /// The purposes of the objective's data-order and dropout generators.
+    const STREAMS: Streams;
+
     /// Training inputs batches are drawn from.
     fn train_len(&self) -> usize;
 
     /// Tokens of training input `i` (for grouping batches by length).
     fn input_len(&self, i: usize) -> usize;
-
-    fn streams(&self) -> Streams;
 
     fn main_metric(&self) -> MainMetric;
 
@@ -430,7 +431,7 @@ impl<O: Objective> Trainer<O> {
     /// gradient hook, the update; returns the step's metrics.
     fn train_step(&mut self, started: &Instant) -> Result<StepMetrics> {
         let t0 = Instant::now();
-        let streams = self.objective.streams();
+        let streams = O::STREAMS;
         let ga = self.opts.grad_accum;
         let mut acc = GradAccumulator::default();
         let mut tallies = Vec::with_capacity(ga);
