@@ -88,21 +88,7 @@ pub struct BertModel {
 impl BertModel {
     /// Loads `config.json` and the weights of a Hugging Face model folder.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let config_path = dir.join("config.json");
-        if !dir.is_dir() {
-            return Err(Error::ModelDir {
-                path: dir.to_path_buf(),
-                reason: "no such directory".into(),
-            });
-        }
-        if !config_path.is_file() {
-            return Err(Error::ModelDir {
-                path: dir.to_path_buf(),
-                reason: "config.json is missing".into(),
-            });
-        }
-        let config = BertConfig::from_file(&config_path)?;
-        let weights = Weights::from_model_dir(dir)?;
+        let (config, weights) = read_model_dir(dir)?;
         Self::from_weights(weights, config, device)
     }
 
@@ -223,6 +209,27 @@ impl BertModel {
             attentions: enc.attentions,
         })
     }
+}
+
+/// The `config.json` and weights of a model folder, with an error naming
+/// the folder when either is missing.
+pub(crate) fn read_model_dir(dir: &Path) -> Result<(BertConfig, Weights)> {
+    if !dir.is_dir() {
+        return Err(Error::ModelDir {
+            path: dir.to_path_buf(),
+            reason: "no such directory".into(),
+        });
+    }
+    let config_path = dir.join("config.json");
+    if !config_path.is_file() {
+        return Err(Error::ModelDir {
+            path: dir.to_path_buf(),
+            reason: "config.json is missing".into(),
+        });
+    }
+    let config = BertConfig::from_file(&config_path)?;
+    let weights = Weights::from_model_dir(dir)?;
+    Ok((config, weights))
 }
 
 /// [B, T] of 1/0 → [B, 1, 1, T] of 0 / f32::MIN, as transformers'

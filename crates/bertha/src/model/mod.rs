@@ -25,8 +25,8 @@ pub use heads::{
     bce_with_logits, cross_entropy_with_ignore, BertForMaskedLM, BertForMultipleChoice,
     BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTask, BertForTokenClassification, BertHead,
-    BertLMPredictionHead, HeadInit, HeadKind, HeadOutput, PreTrainingOutput,
-    QuestionAnsweringOutput, IGNORE_INDEX,
+    BertLMPredictionHead, HeadInit, HeadKind, HeadLabels, HeadOptions, HeadOutput,
+    PreTrainingOutput, QuestionAnsweringOutput, TaskOutput, IGNORE_INDEX,
 };
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};

@@ -15,7 +15,7 @@ use tokenizers::Encoding;
 
 use super::pipeline::{self, softmax};
 use crate::error::{Error, Result};
-use crate::model::{BertForQuestionAnswering, BertInput, ForwardOptions};
+use crate::model::{BertForQuestionAnswering, BertHead, BertInput, ForwardOptions};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +76,7 @@ pub struct QuestionAnswerer {
 
 impl QuestionAnswerer {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) =
-            pipeline::load::<BertForQuestionAnswering>(dir, device, None, |m| m.bert().config())?;
+        let (model, tokenizer) = pipeline::load::<BertForQuestionAnswering>(dir, device, None)?;
         Self::new(model, &tokenizer)
     }
 
