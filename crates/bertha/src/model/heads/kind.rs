@@ -1,8 +1,8 @@
 //! The head classes by their transformers names, and what each needs
 //! from a checkpoint.
 
-use super::lm::MlmNames;
 use crate::config::{BertConfig, Family};
+use crate::model::family::layout;
 
 /// The head classes, by their transformers names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,12 +55,8 @@ impl HeadKind {
     pub fn uses_pooler_in(self, family: &Family) -> bool {
         match self {
             Self::PreTraining | Self::NextSentencePrediction => true,
-            Self::SequenceClassification => {
-                matches!(family, Family::Bert | Family::Albert(_))
-            }
-            Self::MultipleChoice => {
-                matches!(family, Family::Bert | Family::Albert(_) | Family::Roberta)
-            }
+            Self::SequenceClassification => layout(family).classifier_reads_pooler(),
+            Self::MultipleChoice => layout(family).has_multiple_choice(),
             _ => false,
         }
     }
@@ -68,10 +64,8 @@ impl HeadKind {
     /// Whether bertha has this head for this family member.
     pub fn supported_by(self, family: &Family) -> bool {
         match self {
-            Self::PreTraining | Self::NextSentencePrediction => family.is_bert(),
-            Self::MultipleChoice => {
-                matches!(family, Family::Bert | Family::Albert(_) | Family::Roberta)
-            }
+            Self::PreTraining | Self::NextSentencePrediction => layout(family).has_next_sentence(),
+            Self::MultipleChoice => layout(family).has_multiple_choice(),
             _ => true,
         }
     }
@@ -103,7 +97,7 @@ impl HeadKind {
     /// owns; `base` is the encoder's prefix (`"bert."` or `""`).
     pub(super) fn head_tensors(self, base: &str, config: &BertConfig) -> Vec<String> {
         let family = &config.family;
-        let m = MlmNames::of(config);
+        let m = layout(family).mlm_names(config);
         let mlm: Vec<String> = [m.dense, m.norm]
             .iter()
             .flat_map(|n| {
@@ -121,19 +115,11 @@ impl HeadKind {
                 .collect(),
             Self::MaskedLM => mlm,
             Self::NextSentencePrediction => nsp.iter().map(|s| s.to_string()).collect(),
-            Self::SequenceClassification => match family {
-                Family::Roberta => vec![
-                    "classifier.dense.weight".into(),
-                    "classifier.out_proj.weight".into(),
-                ],
-                Family::DistilBert => {
-                    vec!["pre_classifier.weight".into(), "classifier.weight".into()]
-                }
-                Family::DebertaV2(_) => {
-                    vec!["pooler.dense.weight".into(), "classifier.weight".into()]
-                }
-                _ => classifier.iter().map(|s| s.to_string()).collect(),
-            },
+            Self::SequenceClassification => layout(family)
+                .sequence_classifier()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             Self::TokenClassification | Self::MultipleChoice => {
                 classifier.iter().map(|s| s.to_string()).collect()
             }
@@ -163,9 +149,12 @@ impl HeadKind {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        if matches!(config.family, Family::DebertaV2(_)) {
-            p.push("pooler.".into());
-        }
+        p.extend(
+            layout(&config.family)
+                .fresh_prefixes()
+                .iter()
+                .map(|s| s.to_string()),
+        );
         if self.uses_pooler_in(&config.family) {
             p.push(format!("{base}pooler."));
         }

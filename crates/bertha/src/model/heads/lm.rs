@@ -5,72 +5,10 @@ use candle_core::{DType, Module, Result as CResult, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use super::loss::{cross_entropy_with_ignore, label_values, IGNORE_INDEX};
-use crate::config::{Activation, BertConfig, Family};
+use crate::config::{Activation, BertConfig};
 use crate::error::{Error, Result};
+use crate::model::family::{layout, MlmNames};
 use crate::model::nn::{activate, Dense, LayerNorm};
-
-/// Where a family keeps its MLM head: `{root}{dense}`, `{root}{norm}`,
-/// `{root}{decoder}` and the output bias `{root}{bias}`.
-pub(super) struct MlmNames {
-    pub(super) root: &'static str,
-    pub(super) dense: &'static str,
-    pub(super) norm: &'static str,
-    decoder: &'static str,
-    bias: &'static str,
-    act: Activation,
-    /// The width the head maps to before the decoder (ALBERT: embedding_size).
-    width: usize,
-    eps: f64,
-}
-
-impl MlmNames {
-    pub(super) fn of(config: &BertConfig) -> Self {
-        let bert = Self {
-            root: "cls.predictions.",
-            dense: "transform.dense",
-            norm: "transform.LayerNorm",
-            decoder: "decoder",
-            bias: "bias",
-            act: config.hidden_act,
-            width: config.hidden_size,
-            eps: config.layer_norm_eps,
-        };
-        match &config.family {
-            Family::Bert => bert,
-            Family::DebertaV2(o) if o.legacy => bert,
-            Family::DebertaV2(_) => Self {
-                root: "lm_predictions.lm_head.",
-                dense: "dense",
-                norm: "LayerNorm",
-                ..bert
-            },
-            Family::Roberta => Self {
-                root: "lm_head.",
-                dense: "dense",
-                norm: "layer_norm",
-                // RobertaLMHead applies the exact GELU whatever hidden_act says.
-                act: Activation::Gelu,
-                ..bert
-            },
-            Family::DistilBert => Self {
-                root: "",
-                dense: "vocab_transform",
-                norm: "vocab_layer_norm",
-                decoder: "vocab_projector",
-                bias: "vocab_projector.bias",
-                eps: 1e-12,
-                ..bert
-            },
-            Family::Albert(a) => Self {
-                root: "predictions.",
-                dense: "dense",
-                norm: "LayerNorm",
-                width: a.embedding_size,
-                ..bert
-            },
-        }
-    }
-}
 
 /// `cls.predictions`: dense → activation → LayerNorm → decoder (tied to
 /// the word embeddings unless the checkpoint has its own) + bias.
@@ -86,10 +24,7 @@ impl BertLMPredictionHead {
     /// `vb` is rooted at `cls.predictions`; `word_embeddings` [V, D] is the
     /// encoder's matrix, used when the decoder is tied.
     pub fn load(vb: VarBuilder, config: &BertConfig, word_embeddings: &Tensor) -> CResult<Self> {
-        let names = MlmNames::of(&BertConfig {
-            family: Family::Bert,
-            ..config.clone()
-        });
+        let names = MlmNames::bert(config);
         Self::load_named(vb, &names, config, word_embeddings)
     }
 
@@ -100,7 +35,7 @@ impl BertLMPredictionHead {
         config: &BertConfig,
         word_embeddings: &Tensor,
     ) -> CResult<Self> {
-        let names = MlmNames::of(config);
+        let names = layout(&config.family).mlm_names(config);
         let vb = match names.root.trim_end_matches('.') {
             "" => root,
             r => root.pp(r),

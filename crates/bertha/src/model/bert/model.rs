@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use candle_core::{DType, Device, Result as CResult, Tensor};
-use candle_nn::VarBuilder;
 
 use super::embeddings::BertEmbeddings;
 use super::encoder::BertEncoder;
@@ -76,6 +75,8 @@ pub struct BertOutput {
     pub attentions: Option<Vec<Tensor>>,
 }
 
+/// transformers' `BertModel`. Its `load` is in `model::family`, which
+/// picks the family's embeddings and encoder.
 #[derive(Debug, Clone)]
 pub struct BertModel {
     pub(crate) embeddings: BertEmbeddings,
@@ -128,28 +129,6 @@ impl BertModel {
         let vb = SeededInit::new(seed).var_builder(DType::F32, device);
         let pooler = config.add_pooling_layer;
         Ok(Self::load(vb, config, pooler)?)
-    }
-
-    /// Loads from any `VarBuilder` rooted at the base model.
-    pub fn load(vb: VarBuilder, config: BertConfig, with_pooler: bool) -> CResult<Self> {
-        let embeddings = BertEmbeddings::load(vb.pp("embeddings"), &config)?;
-        let encoder_name = match config.family {
-            crate::config::Family::DistilBert => "transformer",
-            _ => "encoder",
-        };
-        let encoder = BertEncoder::load(vb.pp(encoder_name), &config)?;
-        let pooler = if with_pooler && config.add_pooling_layer {
-            Some(BertPooler::load(vb.pp("pooler"), &config)?)
-        } else {
-            None
-        };
-        Ok(Self {
-            embeddings,
-            encoder,
-            pooler,
-            device: vb.device().clone(),
-            config,
-        })
     }
 
     pub fn config(&self) -> &BertConfig {
