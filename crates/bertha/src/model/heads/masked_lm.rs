@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::init::load_bert;
 use super::loss::token_cross_entropy;
-use super::{BertHead, BertLMPredictionHead, HeadKind, HeadLabels, HeadOptions, HeadOutput};
+use super::{BertHead, BertLMPredictionHead, HeadLabels, HeadOptions, HeadOutput};
 use crate::config::BertConfig;
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -17,28 +17,11 @@ pub struct BertForMaskedLM {
     predictions: BertLMPredictionHead,
 }
 
-impl BertHead for BertForMaskedLM {
-    const KIND: HeadKind = HeadKind::MaskedLM;
-    type Output = HeadOutput;
+super::impl_bert_head!(BertForMaskedLM, MaskedLM, HeadOutput);
 
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let bert = load_bert(base, config.clone(), Self::KIND)?;
-        let predictions =
-            BertLMPredictionHead::load_for(root, &config, bert.embeddings().word_embeddings())?;
-        Ok(Self { bert, predictions })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
+impl BertForMaskedLM {
     /// `labels` [B, T]: the token to predict, -100 where nothing is.
-    fn forward(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<HeadOutput> {
+    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
         let out = self.bert.forward(input, opts.forward)?;
         let (logits, loss) = if opts.labelled_rows_only {
             self.predictions
@@ -52,6 +35,13 @@ impl BertHead for BertForMaskedLM {
             (logits, loss)
         };
         Ok(HeadOutput::new(out, logits, loss))
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let bert = load_bert(base, config.clone(), Self::KIND)?;
+        let predictions =
+            BertLMPredictionHead::load_for(root, &config, bert.embeddings().word_embeddings())?;
+        Ok(Self { bert, predictions })
     }
 }
 

@@ -216,6 +216,40 @@ macro_rules! labels_forward {
 }
 use labels_forward;
 
+/// The [`BertHead`] impl every head shares: its kind, its output, its
+/// encoder; the head's own `run` (forward with the loss) and `load_head`
+/// (its modules, then or after the encoder) fill it in.
+macro_rules! impl_bert_head {
+    ($head:ty, $kind:ident, $output:ty) => {
+        impl $crate::model::BertHead for $head {
+            const KIND: $crate::model::HeadKind = $crate::model::HeadKind::$kind;
+            type Output = $output;
+
+            fn load_parts(
+                base: candle_nn::VarBuilder,
+                root: candle_nn::VarBuilder,
+                config: $crate::BertConfig,
+            ) -> candle_core::Result<Self> {
+                Self::load_head(base, root, config)
+            }
+
+            fn bert(&self) -> &$crate::BertModel {
+                &self.bert
+            }
+
+            fn forward(
+                &self,
+                input: &$crate::BertInput,
+                labels: &$crate::model::HeadLabels,
+                opts: $crate::model::HeadOptions,
+            ) -> $crate::Result<$output> {
+                self.run(input, labels, opts)
+            }
+        }
+    };
+}
+use impl_bert_head;
+
 /// The pooled output, which the pooler heads need.
 fn pooled(out: &BertOutput) -> Result<&Tensor> {
     out.pooler_output

@@ -6,7 +6,7 @@ use candle_nn::VarBuilder;
 
 use super::init::load_bert;
 use super::loss::class_cross_entropy;
-use super::{pooled, BertHead, Classifier, HeadKind, HeadLabels, HeadOptions, HeadOutput};
+use super::{pooled, BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -18,28 +18,12 @@ pub struct BertForMultipleChoice {
     classifier: Classifier,
 }
 
-impl BertHead for BertForMultipleChoice {
-    const KIND: HeadKind = HeadKind::MultipleChoice;
-    type Output = HeadOutput;
+super::impl_bert_head!(BertForMultipleChoice, MultipleChoice, HeadOutput);
 
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let classifier = Classifier::load(root.pp("classifier"), &config, 1)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self { bert, classifier })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
+impl BertForMultipleChoice {
     /// `input` tensors are [B, C, T] (C choices per example); `labels` [B]
     /// the index of the right choice.
-    fn forward(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<HeadOutput> {
+    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
         let (b, c, t) = input.input_ids.dims3().map_err(|_| {
             Error::Input(format!(
                 "multiple choice needs input_ids of shape [batch, choices, seq], got {:?}",
@@ -62,6 +46,12 @@ impl BertHead for BertForMultipleChoice {
             .map(|l| class_cross_entropy(&logits, l, "labels"))
             .transpose()?;
         Ok(HeadOutput::new(out, logits, loss))
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let classifier = Classifier::load(root.pp("classifier"), &config, 1)?;
+        let bert = load_bert(base, config, Self::KIND)?;
+        Ok(Self { bert, classifier })
     }
 }
 

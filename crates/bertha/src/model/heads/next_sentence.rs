@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::init::load_bert;
 use super::loss::class_cross_entropy;
-use super::{pooled, BertHead, HeadKind, HeadLabels, HeadOptions, HeadOutput};
+use super::{pooled, BertHead, HeadLabels, HeadOptions, HeadOutput};
 use crate::config::BertConfig;
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -28,30 +28,15 @@ pub(super) fn load_seq_relationship(root: &VarBuilder, config: &BertConfig) -> C
     )
 }
 
-impl BertHead for BertForNextSentencePrediction {
-    const KIND: HeadKind = HeadKind::NextSentencePrediction;
-    type Output = HeadOutput;
+super::impl_bert_head!(
+    BertForNextSentencePrediction,
+    NextSentencePrediction,
+    HeadOutput
+);
 
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let seq_relationship = load_seq_relationship(&root, &config)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self {
-            bert,
-            seq_relationship,
-        })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
+impl BertForNextSentencePrediction {
     /// `labels` [B]: 0 when B follows A, 1 when B is random. Logits [B, 2].
-    fn forward(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<HeadOutput> {
+    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
         let out = self.bert.forward(input, opts.forward)?;
         let logits = self.seq_relationship.forward(pooled(&out)?)?;
         let loss = labels
@@ -59,6 +44,15 @@ impl BertHead for BertForNextSentencePrediction {
             .map(|l| class_cross_entropy(&logits, l, "labels"))
             .transpose()?;
         Ok(HeadOutput::new(out, logits, loss))
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let seq_relationship = load_seq_relationship(&root, &config)?;
+        let bert = load_bert(base, config, Self::KIND)?;
+        Ok(Self {
+            bert,
+            seq_relationship,
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use candle_nn::VarBuilder;
 use super::init::load_bert;
 use super::loss::{class_cross_entropy, token_cross_entropy};
 use super::next_sentence::load_seq_relationship;
-use super::{pooled, BertHead, BertLMPredictionHead, HeadKind, HeadLabels, HeadOptions};
+use super::{pooled, BertHead, BertLMPredictionHead, HeadLabels, HeadOptions};
 use crate::config::BertConfig;
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -43,34 +43,14 @@ pub struct BertForPreTraining {
     seq_relationship: Dense,
 }
 
-impl BertHead for BertForPreTraining {
-    const KIND: HeadKind = HeadKind::PreTraining;
-    type Output = PreTrainingOutput;
+super::impl_bert_head!(BertForPreTraining, PreTraining, PreTrainingOutput);
 
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let bert = load_bert(base, config.clone(), Self::KIND)?;
-        let predictions = BertLMPredictionHead::load(
-            root.pp("cls").pp("predictions"),
-            &config,
-            bert.embeddings().word_embeddings(),
-        )?;
-        let seq_relationship = load_seq_relationship(&root, &config)?;
-        Ok(Self {
-            bert,
-            predictions,
-            seq_relationship,
-        })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
+impl BertForPreTraining {
     /// `labels` [B, T] (token ids, -100 where not masked) and
     /// `next_sentence_label` [B] (0: B follows A, 1: random B): the loss is
     /// the sum of both cross-entropies, computed when both are given (with
     /// `labelled_rows_only`, from whichever are given).
-    fn forward(
+    fn run(
         &self,
         input: &BertInput,
         labels: &HeadLabels,
@@ -114,6 +94,21 @@ impl BertHead for BertForPreTraining {
             seq_relationship_logits,
             hidden_states: out.hidden_states,
             attentions: out.attentions,
+        })
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let bert = load_bert(base, config.clone(), Self::KIND)?;
+        let predictions = BertLMPredictionHead::load(
+            root.pp("cls").pp("predictions"),
+            &config,
+            bert.embeddings().word_embeddings(),
+        )?;
+        let seq_relationship = load_seq_relationship(&root, &config)?;
+        Ok(Self {
+            bert,
+            predictions,
+            seq_relationship,
         })
     }
 }

@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::init::load_bert;
 use super::loss::{cross_entropy_with_ignore, label_values};
-use super::{BertHead, HeadKind, HeadLabels, HeadOptions};
+use super::{BertHead, HeadLabels, HeadOptions};
 use crate::config::BertConfig;
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -36,29 +36,17 @@ pub struct BertForQuestionAnswering {
     qa_outputs: Dense,
 }
 
-impl BertHead for BertForQuestionAnswering {
-    const KIND: HeadKind = HeadKind::QuestionAnswering;
-    type Output = QuestionAnsweringOutput;
+super::impl_bert_head!(
+    BertForQuestionAnswering,
+    QuestionAnswering,
+    QuestionAnsweringOutput
+);
 
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let qa_outputs = Dense::load(
-            root.pp("qa_outputs"),
-            config.hidden_size,
-            2,
-            config.initializer_range,
-        )?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self { bert, qa_outputs })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
+impl BertForQuestionAnswering {
     /// `start_positions` / `end_positions` [B]: token indices of the answer.
     /// As in transformers, positions outside the sequence are clamped to
     /// its length and then ignored; the loss is (start CE + end CE) / 2.
-    fn forward(
+    fn run(
         &self,
         input: &BertInput,
         labels: &HeadLabels,
@@ -87,6 +75,17 @@ impl BertHead for BertForQuestionAnswering {
             hidden_states: out.hidden_states,
             attentions: out.attentions,
         })
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let qa_outputs = Dense::load(
+            root.pp("qa_outputs"),
+            config.hidden_size,
+            2,
+            config.initializer_range,
+        )?;
+        let bert = load_bert(base, config, Self::KIND)?;
+        Ok(Self { bert, qa_outputs })
     }
 }
 

@@ -6,7 +6,7 @@ use candle_nn::VarBuilder;
 
 use super::init::load_bert;
 use super::loss::{bce_with_logits, class_cross_entropy, float_labels};
-use super::{pooled, BertHead, Classifier, HeadKind, HeadLabels, HeadOptions, HeadOutput};
+use super::{pooled, BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
 use crate::config::{BertConfig, ProblemType};
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -19,11 +19,23 @@ pub struct BertForSequenceClassification {
     num_labels: usize,
 }
 
-impl BertHead for BertForSequenceClassification {
-    const KIND: HeadKind = HeadKind::SequenceClassification;
-    type Output = HeadOutput;
+super::impl_bert_head!(
+    BertForSequenceClassification,
+    SequenceClassification,
+    HeadOutput
+);
 
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+impl BertForSequenceClassification {
+    /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
+    /// (multi-label) or [B] / [B, num_labels] floats (regression).
+    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
+        let out = self.bert.forward(input, opts.forward)?;
+        let logits = self.classifier.forward(pooled(&out)?, opts.forward.train)?;
+        let loss = labels.labels.map(|l| self.loss(&logits, l)).transpose()?;
+        Ok(HeadOutput::new(out, logits, loss))
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
         let num_labels = config.num_labels();
         let classifier = Classifier::load(root.pp("classifier"), &config, num_labels)?;
         let bert = load_bert(base, config, Self::KIND)?;
@@ -32,24 +44,6 @@ impl BertHead for BertForSequenceClassification {
             classifier,
             num_labels,
         })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
-    /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
-    /// (multi-label) or [B] / [B, num_labels] floats (regression).
-    fn forward(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<HeadOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
-        let logits = self.classifier.forward(pooled(&out)?, opts.forward.train)?;
-        let loss = labels.labels.map(|l| self.loss(&logits, l)).transpose()?;
-        Ok(HeadOutput::new(out, logits, loss))
     }
 }
 

@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::init::load_bert;
 use super::loss::token_cross_entropy;
-use super::{BertHead, Classifier, HeadKind, HeadLabels, HeadOptions, HeadOutput};
+use super::{BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
 use crate::config::BertConfig;
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -18,32 +18,11 @@ pub struct BertForTokenClassification {
     num_labels: usize,
 }
 
-impl BertHead for BertForTokenClassification {
-    const KIND: HeadKind = HeadKind::TokenClassification;
-    type Output = HeadOutput;
+super::impl_bert_head!(BertForTokenClassification, TokenClassification, HeadOutput);
 
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let num_labels = config.num_labels();
-        let classifier = Classifier::load(root.pp("classifier"), &config, num_labels)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self {
-            bert,
-            classifier,
-            num_labels,
-        })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
+impl BertForTokenClassification {
     /// `labels` [B, T]: class ids, -100 where a token has none.
-    fn forward(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<HeadOutput> {
+    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
         let out = self.bert.forward(input, opts.forward)?;
         let logits = self
             .classifier
@@ -53,6 +32,17 @@ impl BertHead for BertForTokenClassification {
             .map(|l| token_cross_entropy(&logits, l, "labels"))
             .transpose()?;
         Ok(HeadOutput::new(out, logits, loss))
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let num_labels = config.num_labels();
+        let classifier = Classifier::load(root.pp("classifier"), &config, num_labels)?;
+        let bert = load_bert(base, config, Self::KIND)?;
+        Ok(Self {
+            bert,
+            classifier,
+            num_labels,
+        })
     }
 }
 
