@@ -2,7 +2,7 @@
 //! `question-answering` pipeline: the question and (a window of) the
 //! context go through the model as a pair; the answer is the span of
 //! context tokens with start ≤ end and at most `max_answer_len` tokens that
-//! maximises softmax(start)[s] · softmax(end)[e], the softmaxes taken over
+//! maximises `softmax(start)[s] · softmax(end)[e]`, the softmaxes taken over
 //! the window's context tokens. Contexts longer than the model's window
 //! are split into windows overlapping by `doc_stride` tokens; the best
 //! span of any window wins. `start`/`end` are character offsets into the

@@ -105,12 +105,12 @@ pub trait BertHead: Sized {
 /// head ignores the ones it does not use.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HeadLabels<'a> {
-    /// MLM / token classification: [B, T] (-100 where none); sequence
-    /// classification, NSP, multiple choice: [B] (or [B, num_labels]).
+    /// MLM / token classification: `[B, T]` (-100 where none); sequence
+    /// classification, NSP, multiple choice: `[B]` (or `[B, num_labels]`).
     pub labels: Option<&'a Tensor>,
-    /// Pre-training's NSP labels [B].
+    /// Pre-training's NSP labels `[B]`.
     pub next_sentence_label: Option<&'a Tensor>,
-    /// Question answering: answer start and end token indices [B].
+    /// Question answering: answer start and end token indices `[B]`.
     pub start_positions: Option<&'a Tensor>,
     pub end_positions: Option<&'a Tensor>,
 }
