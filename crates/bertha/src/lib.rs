@@ -30,6 +30,7 @@ pub use config::{
 pub use error::{Error, Result};
 pub use model::{
     BertForTask, BertHead, BertInput, BertModel, BertOutput, ForwardOptions, HeadInit, HeadKind,
+    HeadLabels, HeadOptions, HeadOutput, TaskOutput,
 };
 pub use pooling::Pooling;
 pub use tasks::{EmbedOptions, Embedder};

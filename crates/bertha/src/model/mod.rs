@@ -1,34 +1,31 @@
 //! The BERT encoder, one struct per Hugging Face module, each loaded from
 //! the checkpoint names transformers uses (`embeddings.word_embeddings`,
 //! `encoder.layer.N.attention.self.query`, ...).
+//!
+//! [`bert`](self) is the generic model and names no family; `family` holds
+//! one file per family member (its tensor names, layers and head names)
+//! and the one dispatch on [`Family`](crate::Family); `heads` the task
+//! heads behind [`BertHead`]. Imports run one way: heads → family → bert.
 
-mod albert;
-mod attention;
 mod bert;
-mod deberta_v2;
-mod distilbert;
-mod embeddings;
-mod encoder;
+mod family;
 mod heads;
-mod layer;
 mod nn;
 pub mod ops;
 mod packed;
-mod pooler;
 
-pub use attention::{BertAttention, BertSelfAttention};
-pub use bert::{BertInput, BertModel, BertOutput, ForwardOptions};
-pub use deberta_v2::{log_bucket_position, relative_positions, RelativeContext};
-pub use embeddings::{roberta_position_ids, BertEmbeddings, PositionIds};
-pub use encoder::BertEncoder;
+pub use bert::{
+    roberta_position_ids, BertAttention, BertEmbeddings, BertEncoder, BertInput, BertIntermediate,
+    BertLayer, BertModel, BertOutput, BertOutputBlock, BertPooler, BertSelfAttention,
+    EmbeddingLayout, EncoderOutput, ForwardOptions, PassContext, PositionIds, ScoreBias,
+};
+pub use family::{log_bucket_position, relative_positions, RelativeContext};
 pub use heads::{
     bce_with_logits, cross_entropy_with_ignore, BertForMaskedLM, BertForMultipleChoice,
     BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTask, BertForTokenClassification, BertHead,
-    BertLMPredictionHead, HeadInit, HeadKind, HeadOutput, PreTrainingOutput,
-    QuestionAnsweringOutput, IGNORE_INDEX,
+    BertLMPredictionHead, HeadInit, HeadKind, HeadLabels, HeadOptions, HeadOutput,
+    PreTrainingOutput, QuestionAnsweringOutput, TaskOutput, IGNORE_INDEX,
 };
-pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
 pub use packed::{PackedBert, PackedStates, Precision};
-pub use pooler::BertPooler;

@@ -21,7 +21,7 @@ pub struct Dense {
 }
 
 impl Dense {
-    /// Loads `{vb}.weight` [out, in] and `{vb}.bias` [out], initialised
+    /// Loads `{vb}.weight` `[out, in]` and `{vb}.bias` `[out]`, initialised
     /// like transformers (normal(0, std), zero bias) when fresh.
     pub fn load(vb: VarBuilder, in_dim: usize, out_dim: usize, std: f64) -> Result<Self> {
         let weight = vb.get_with_hints(

@@ -28,7 +28,7 @@ impl AttentionMaps {
         self.attentions.first().map_or(0, Vec::len)
     }
 
-    /// One head's [query][key] matrix; out-of-range indices are errors
+    /// One head's `[query][key]` matrix; out-of-range indices are errors
     /// naming the valid range.
     pub fn head(&self, layer: usize, head: usize) -> Result<&Vec<Vec<f32>>> {
         let l = self.attentions.get(layer).ok_or_else(|| {
@@ -45,8 +45,8 @@ impl AttentionMaps {
         })
     }
 
-    /// The first token's ([CLS] / `<s>`) attention row averaged over the
-    /// heads, for every layer: [layer][key].
+    /// The first token's (`[CLS]` / `<s>`) attention row averaged over the
+    /// heads, for every layer: `[layer][key]`.
     pub fn cls_across_layers(&self) -> Vec<Vec<f32>> {
         self.attentions
             .iter()

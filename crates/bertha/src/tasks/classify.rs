@@ -9,7 +9,7 @@ use candle_core::Device;
 use super::pipeline::{self, sigmoid, softmax};
 use crate::config::{BertConfig, ProblemType};
 use crate::error::{Error, Result};
-use crate::model::{BertForSequenceClassification, ForwardOptions};
+use crate::model::{BertForSequenceClassification, BertHead};
 use crate::tokenizer::Tokenizer;
 
 /// How logits become scores (transformers' `function_to_apply`).
@@ -50,7 +50,7 @@ pub struct Classifier {
 impl Classifier {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
         let (model, tokenizer) =
-            pipeline::load::<BertForSequenceClassification>(dir, device, None, |m| m.config())?;
+            pipeline::load::<BertForSequenceClassification>(dir, device, None)?;
         Ok(Self::new(model, tokenizer))
     }
 
@@ -70,7 +70,7 @@ impl Classifier {
 
     /// Label names in id order.
     pub fn labels(&self) -> Vec<String> {
-        let cfg = self.model.bert().config();
+        let cfg = self.model.config();
         (0..cfg.num_labels()).map(|i| cfg.label_name(i)).collect()
     }
 
@@ -97,14 +97,10 @@ impl Classifier {
             None => self.tokenizer.encode(text)?,
         };
         pipeline::warn_truncated(&enc, self.tokenizer.max_length());
-        let input =
-            pipeline::single_input(&enc, self.tokenizer.pad_id(), self.model.bert().device())?;
-        let logits = self
-            .model
-            .forward(&input, None, ForwardOptions::default())?
-            .logits
-            .get(0)?
-            .to_vec1::<f32>()?;
+        let pad = self.tokenizer.pad_id();
+        let logits =
+            pipeline::single_logits(&self.model, &enc.input_ids, &enc.token_type_ids, pad)?
+                .to_vec1::<f32>()?;
         let scores = match self.function {
             ScoreFunction::Softmax => softmax(&logits),
             ScoreFunction::Sigmoid => logits.iter().map(|&x| sigmoid(x)).collect(),

@@ -8,7 +8,7 @@ use candle_core::Device;
 
 use super::pipeline::{self, softmax};
 use crate::error::{Error, Result};
-use crate::model::{BertForMaskedLM, ForwardOptions};
+use crate::model::BertForMaskedLM;
 use crate::tokenizer::Tokenizer;
 
 /// One candidate for one mask, with transformers' field names.
@@ -35,8 +35,7 @@ pub struct FillMask {
 impl FillMask {
     /// Loads a masked-LM (or pre-training) checkpoint and its tokenizer.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) =
-            pipeline::load::<BertForMaskedLM>(dir, device, None, |m| m.bert().config())?;
+        let (model, tokenizer) = pipeline::load::<BertForMaskedLM>(dir, device, None)?;
         Self::new(model, tokenizer)
     }
 
@@ -93,13 +92,9 @@ impl FillMask {
                 self.tokenizer.max_length()
             )));
         }
-        let input =
-            pipeline::single_input(&enc, self.tokenizer.pad_id(), self.model.bert().device())?;
-        let logits = self
-            .model
-            .forward(&input, None, ForwardOptions::default())?
-            .logits
-            .get(0)?;
+        let pad = self.tokenizer.pad_id();
+        let logits =
+            pipeline::single_logits(&self.model, &enc.input_ids, &enc.token_type_ids, pad)?;
         let single = masks.len() == 1;
         let mut out = Vec::with_capacity(masks.len());
         for &pos in &masks {

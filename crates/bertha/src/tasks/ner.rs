@@ -11,7 +11,7 @@ use candle_core::Device;
 
 use super::pipeline::{self, argmax, softmax, tokens_to_string};
 use crate::error::{Error, Result};
-use crate::model::{BertForTokenClassification, ForwardOptions};
+use crate::model::{BertForTokenClassification, BertHead};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -85,8 +85,7 @@ pub struct TokenClassifier {
 
 impl TokenClassifier {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) =
-            pipeline::load::<BertForTokenClassification>(dir, device, None, |m| m.config())?;
+        let (model, tokenizer) = pipeline::load::<BertForTokenClassification>(dir, device, None)?;
         Ok(Self::new(model, tokenizer))
     }
 
@@ -116,17 +115,8 @@ impl TokenClassifier {
             );
         }
         let ids = enc.get_ids().to_vec();
-        let input = crate::model::BertInput::from_ids(
-            std::slice::from_ref(&ids),
-            &[enc.get_type_ids().to_vec()],
-            self.tokenizer.pad_id(),
-            self.model.bert().device(),
-        )?;
-        let logits = self
-            .model
-            .forward(&input, None, ForwardOptions::default())?
-            .logits
-            .get(0)?
+        let pad = self.tokenizer.pad_id();
+        let logits = pipeline::single_logits(&self.model, &ids, enc.get_type_ids(), pad)?
             .to_vec2::<f32>()?;
         let unk = self.tokenizer.token_to_id("[UNK]");
         let special = enc.get_special_tokens_mask();

@@ -8,7 +8,7 @@ use candle_core::Device;
 
 use super::pipeline::{self, softmax};
 use crate::error::Result;
-use crate::model::{BertForNextSentencePrediction, ForwardOptions};
+use crate::model::BertForNextSentencePrediction;
 use crate::tokenizer::Tokenizer;
 
 /// Probabilities of BERT's two NSP classes (label 0: B follows A).
@@ -26,9 +26,7 @@ pub struct NextSentence {
 impl NextSentence {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
         let (model, tokenizer) =
-            pipeline::load::<BertForNextSentencePrediction>(dir, device, None, |m| {
-                m.bert().config()
-            })?;
+            pipeline::load::<BertForNextSentencePrediction>(dir, device, None)?;
         Ok(Self::new(model, tokenizer))
     }
 
@@ -39,14 +37,10 @@ impl NextSentence {
     pub fn predict(&self, a: &str, b: &str) -> Result<NextSentenceScore> {
         let enc = self.tokenizer.encode_pair(a, b)?;
         pipeline::warn_truncated(&enc, self.tokenizer.max_length());
-        let input =
-            pipeline::single_input(&enc, self.tokenizer.pad_id(), self.model.bert().device())?;
-        let logits = self
-            .model
-            .forward(&input, None, ForwardOptions::default())?
-            .logits
-            .get(0)?
-            .to_vec1::<f32>()?;
+        let pad = self.tokenizer.pad_id();
+        let logits =
+            pipeline::single_logits(&self.model, &enc.input_ids, &enc.token_type_ids, pad)?
+                .to_vec1::<f32>()?;
         let p = softmax(&logits);
         Ok(NextSentenceScore {
             is_next: p[0],

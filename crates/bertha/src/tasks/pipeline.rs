@@ -3,12 +3,11 @@
 
 use std::path::Path;
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use tokenizers::Decoder;
 
-use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::model::{BertHead, BertInput, HeadInit};
+use crate::model::{BertHead, BertInput, HeadInit, HeadLabels, HeadOptions, HeadOutput};
 use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
 
 /// Loads a head that must be in the checkpoint, and the folder's tokenizer
@@ -17,10 +16,9 @@ pub(crate) fn load<H: BertHead>(
     dir: &Path,
     device: &Device,
     max_length: Option<usize>,
-    config_of: impl Fn(&H) -> &BertConfig,
 ) -> Result<(H, Tokenizer)> {
     let head = H::from_dir(dir, HeadInit::FromCheckpoint, device)?;
-    let config = config_of(&head);
+    let config = head.config();
     let max_length = match max_length {
         Some(n) if n > config.max_sequence_length() => {
             return Err(Error::Input(format!(
@@ -36,14 +34,22 @@ pub(crate) fn load<H: BertHead>(
     Ok((head, tokenizer))
 }
 
-/// One unpadded sequence as a batch of one.
-pub(crate) fn single_input(enc: &Encoded, pad_id: u32, device: &Device) -> Result<BertInput> {
-    Ok(BertInput::from_ids(
-        std::slice::from_ref(&enc.input_ids),
-        std::slice::from_ref(&enc.token_type_ids),
+/// The logits of one unpadded sequence (`ids`, `type_ids`) through a
+/// one-logits head, without the batch dimension.
+pub(crate) fn single_logits<H: BertHead<Output = HeadOutput>>(
+    model: &H,
+    ids: &[u32],
+    type_ids: &[u32],
+    pad_id: u32,
+) -> Result<Tensor> {
+    let input = BertInput::from_ids(
+        &[ids.to_vec()],
+        &[type_ids.to_vec()],
         pad_id,
-        device,
-    )?)
+        model.bert().device(),
+    )?;
+    let out = model.forward(&input, &HeadLabels::default(), HeadOptions::default())?;
+    Ok(out.logits.get(0)?)
 }
 
 /// Softmax of one row, computed in f64.

@@ -2,7 +2,7 @@
 //! `question-answering` pipeline: the question and (a window of) the
 //! context go through the model as a pair; the answer is the span of
 //! context tokens with start ≤ end and at most `max_answer_len` tokens that
-//! maximises softmax(start)[s] · softmax(end)[e], the softmaxes taken over
+//! maximises `softmax(start)[s] · softmax(end)[e]`, the softmaxes taken over
 //! the window's context tokens. Contexts longer than the model's window
 //! are split into windows overlapping by `doc_stride` tokens; the best
 //! span of any window wins. `start`/`end` are character offsets into the
@@ -15,7 +15,7 @@ use tokenizers::Encoding;
 
 use super::pipeline::{self, softmax};
 use crate::error::{Error, Result};
-use crate::model::{BertForQuestionAnswering, BertInput, ForwardOptions};
+use crate::model::{BertForQuestionAnswering, BertHead, BertInput, ForwardOptions};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +76,7 @@ pub struct QuestionAnswerer {
 
 impl QuestionAnswerer {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) =
-            pipeline::load::<BertForQuestionAnswering>(dir, device, None, |m| m.bert().config())?;
+        let (model, tokenizer) = pipeline::load::<BertForQuestionAnswering>(dir, device, None)?;
         Self::new(model, &tokenizer)
     }
 

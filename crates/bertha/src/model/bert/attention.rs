@@ -1,13 +1,37 @@
 //! `attention`: bidirectional multi-head self-attention with the padding
 //! mask, and its output projection with the residual connection.
+//!
+//! A family that adds its own attention scores (relative positions, say)
+//! plugs in a [`ScoreBias`]; this file knows none of them.
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::deberta_v2::{Disentangled, RelativeContext};
-use super::nn::{Dense, Dropout, LayerNorm};
-use super::ops;
 use crate::config::{BertConfig, NormPosition};
+use crate::model::nn::{Dense, Dropout, LayerNorm};
+use crate::model::ops;
+
+/// Scores a family adds to one layer's content scores `Q·Kᵀ`.
+pub trait ScoreBias: Debug + Send + Sync {
+    /// The content scores are divided by sqrt(head_dim · scale_factor).
+    fn scale_factor(&self) -> usize;
+
+    /// Scores [B, H, T, T] to add for `q`, `k` [B, H, T, hd] (already
+    /// scaled); `context` is what the encoder's
+    /// [`PassContext`](super::PassContext) made for this forward pass.
+    fn bias(
+        &self,
+        attn: &BertSelfAttention,
+        q: &Tensor,
+        k: &Tensor,
+        context: &dyn Any,
+        train: bool,
+    ) -> Result<Option<Tensor>>;
+}
 
 /// `attention.self`: Q, K, V projections and scaled dot-product attention.
 #[derive(Debug, Clone)]
@@ -18,22 +42,29 @@ pub struct BertSelfAttention {
     pub(crate) num_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) dropout: Dropout,
-    /// DeBERTa's relative-position terms.
-    pub(crate) disentangled: Option<Disentangled>,
+    /// A family's extra scores (relative positions, say).
+    pub(crate) score_bias: Option<Arc<dyn ScoreBias>>,
 }
 
 impl BertSelfAttention {
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Self::load_named(vb, cfg, ["query", "key", "value"])
+    }
+
+    /// As [`load`](Self::load), with the projections under other names
+    /// (`[query, key, value]`).
+    pub fn load_named(vb: VarBuilder, cfg: &BertConfig, names: [&str; 3]) -> Result<Self> {
         let d = cfg.hidden_size;
         let std = cfg.initializer_range;
+        let [q, k, v] = names;
         Ok(Self {
-            query: Dense::load(vb.pp("query"), d, d, std)?,
-            key: Dense::load(vb.pp("key"), d, d, std)?,
-            value: Dense::load(vb.pp("value"), d, d, std)?,
+            query: Dense::load(vb.pp(q), d, d, std)?,
+            key: Dense::load(vb.pp(k), d, d, std)?,
+            value: Dense::load(vb.pp(v), d, d, std)?,
             num_heads: cfg.num_attention_heads,
             head_dim: cfg.head_dim(),
             dropout: Dropout::new(cfg.attention_probs_dropout_prob),
-            disentangled: None,
+            score_bias: None,
         })
     }
 
@@ -46,15 +77,16 @@ impl BertSelfAttention {
         mask: Option<&Tensor>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
-        self.forward_rel(x, mask, None, train)
+        self.forward_with(x, mask, None, train)
     }
 
-    /// As [`forward`](Self::forward), with DeBERTa's relative positions.
-    pub fn forward_rel(
+    /// As [`forward`](Self::forward), with the pass's context for the
+    /// family's [`ScoreBias`].
+    pub fn forward_with(
         &self,
         x: &Tensor,
         mask: Option<&Tensor>,
-        rel: Option<&RelativeContext>,
+        context: Option<&dyn Any>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
         let (b, t, d) = x.dims3()?;
@@ -66,11 +98,11 @@ impl BertSelfAttention {
         let q = split(self.query.forward(x)?)?;
         let k = split(self.key.forward(x)?)?;
         let v = split(self.value.forward(x)?)?;
-        let scale_factor = self.disentangled.as_ref().map_or(1, |dis| dis.scale_factor);
+        let scale_factor = self.score_bias.as_ref().map_or(1, |s| s.scale_factor());
         let scale = 1.0 / ((self.head_dim * scale_factor) as f64).sqrt();
         let mut scores = (q.matmul(&k.t()?)? * scale)?;
-        if let (Some(dis), Some(rel)) = (&self.disentangled, rel) {
-            if let Some(bias) = dis.bias(self, &q, &k, rel, train)? {
+        if let (Some(extra), Some(context)) = (&self.score_bias, context) {
+            if let Some(bias) = extra.bias(self, &q, &k, context, train)? {
                 scores = (scores + bias)?;
             }
         }
@@ -100,13 +132,32 @@ pub struct BertAttention {
 
 impl BertAttention {
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Self::from_parts(
+            BertSelfAttention::load(vb.pp("self"), cfg)?,
+            vb.pp("output.dense"),
+            vb.pp("output.LayerNorm"),
+            cfg,
+            (cfg.hidden_dropout_prob, cfg.norm_position),
+        )
+    }
+
+    /// The block around `self_attention`, its output projection and
+    /// LayerNorm loaded from wherever the family keeps them, with the
+    /// output dropout and the LayerNorm's place.
+    pub fn from_parts(
+        self_attention: BertSelfAttention,
+        dense: VarBuilder,
+        layer_norm: VarBuilder,
+        cfg: &BertConfig,
+        (dropout, norm_position): (f64, NormPosition),
+    ) -> Result<Self> {
         let d = cfg.hidden_size;
         Ok(Self {
-            self_attention: BertSelfAttention::load(vb.pp("self"), cfg)?,
-            dense: Dense::load(vb.pp("output.dense"), d, d, cfg.initializer_range)?,
-            layer_norm: LayerNorm::load(vb.pp("output.LayerNorm"), d, cfg.layer_norm_eps)?,
-            dropout: Dropout::new(cfg.hidden_dropout_prob),
-            norm_position: cfg.norm_position,
+            self_attention,
+            dense: Dense::load(dense, d, d, cfg.initializer_range)?,
+            layer_norm: LayerNorm::load(layer_norm, d, cfg.layer_norm_eps)?,
+            dropout: Dropout::new(dropout),
+            norm_position,
         })
     }
 
@@ -116,25 +167,27 @@ impl BertAttention {
         mask: Option<&Tensor>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
-        self.forward_rel(x, mask, None, train)
+        self.forward_with(x, mask, None, train)
     }
 
-    pub fn forward_rel(
+    pub fn forward_with(
         &self,
         x: &Tensor,
         mask: Option<&Tensor>,
-        rel: Option<&RelativeContext>,
+        context: Option<&dyn Any>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
         match self.norm_position {
             NormPosition::Post => {
-                let (ctx, probs) = self.self_attention.forward_rel(x, mask, rel, train)?;
+                let (ctx, probs) = self.self_attention.forward_with(x, mask, context, train)?;
                 let h = self.dropout.forward(&self.dense.forward(&ctx)?, train)?;
                 Ok((self.layer_norm.forward(&(h + x)?)?, probs))
             }
             NormPosition::Pre => {
                 let normed = self.layer_norm.forward(x)?;
-                let (ctx, probs) = self.self_attention.forward_rel(&normed, mask, rel, train)?;
+                let (ctx, probs) = self
+                    .self_attention
+                    .forward_with(&normed, mask, context, train)?;
                 let h = self.dropout.forward(&self.dense.forward(&ctx)?, train)?;
                 Ok(((h + x)?, probs))
             }

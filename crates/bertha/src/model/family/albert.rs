@@ -14,36 +14,59 @@
 use candle_core::Result;
 use candle_nn::VarBuilder;
 
-use super::attention::{BertAttention, BertSelfAttention};
-use super::layer::{BertIntermediate, BertLayer, BertOutputBlock};
-use super::nn::{Dense, Dropout, LayerNorm};
+use super::{Layout, MlmNames};
 use crate::config::{AlbertOptions, BertConfig, NormPosition};
+use crate::model::bert::{
+    BertAttention, BertEncoder, BertIntermediate, BertLayer, BertOutputBlock, BertSelfAttention,
+};
+use crate::model::nn::Dense;
+
+pub(super) struct Albert<'a>(pub(super) &'a AlbertOptions);
+
+impl Layout for Albert<'_> {
+    /// The shared layer groups and `embedding_hidden_mapping_in`.
+    fn load_encoder(&self, vb: VarBuilder, cfg: &BertConfig) -> Result<BertEncoder> {
+        let vb = vb.pp("encoder");
+        let a = self.0;
+        let (layers, steps) = load_layers(vb.clone(), cfg, a)?;
+        let input_projection = Dense::load(
+            vb.pp("embedding_hidden_mapping_in"),
+            a.embedding_size,
+            cfg.hidden_size,
+            cfg.initializer_range,
+        )?;
+        Ok(BertEncoder {
+            steps,
+            input_projection: Some(input_projection),
+            ..BertEncoder::from_layers(layers)
+        })
+    }
+
+    fn mlm_names(&self, cfg: &BertConfig) -> MlmNames {
+        MlmNames {
+            root: "predictions.",
+            dense: "dense",
+            norm: "LayerNorm",
+            width: self.0.embedding_size,
+            ..MlmNames::bert(cfg)
+        }
+    }
+}
 
 /// One `albert_layers.I`.
-pub fn load_layer(vb: VarBuilder, cfg: &BertConfig) -> Result<BertLayer> {
-    let (d, ff) = (cfg.hidden_size, cfg.intermediate_size);
-    let std = cfg.initializer_range;
-    let eps = cfg.layer_norm_eps;
+fn load_layer(vb: VarBuilder, cfg: &BertConfig) -> Result<BertLayer> {
     let att = vb.pp("attention");
-    Ok(BertLayer {
-        attention: BertAttention {
-            self_attention: BertSelfAttention::load(att.clone(), cfg)?,
-            dense: Dense::load(att.pp("dense"), d, d, std)?,
-            layer_norm: LayerNorm::load(att.pp("LayerNorm"), d, eps)?,
-            dropout: Dropout::new(cfg.hidden_dropout_prob),
-            norm_position: NormPosition::Post,
-        },
-        intermediate: BertIntermediate {
-            dense: Dense::load(vb.pp("ffn"), d, ff, std)?,
-            act: cfg.hidden_act,
-        },
-        output: BertOutputBlock {
-            dense: Dense::load(vb.pp("ffn_output"), ff, d, std)?,
-            layer_norm: LayerNorm::load(vb.pp("full_layer_layer_norm"), d, eps)?,
-            dropout: Dropout::new(cfg.hidden_dropout_prob),
-        },
-        norm_position: NormPosition::Post,
-    })
+    Ok(BertLayer::post_ln(
+        BertAttention::from_parts(
+            BertSelfAttention::load(att.clone(), cfg)?,
+            att.pp("dense"),
+            att.pp("LayerNorm"),
+            cfg,
+            (cfg.hidden_dropout_prob, NormPosition::Post),
+        )?,
+        BertIntermediate::load_at(vb.pp("ffn"), cfg)?,
+        BertOutputBlock::load_at(vb.pp("ffn_output"), vb.pp("full_layer_layer_norm"), cfg)?,
+    ))
 }
 
 /// The group index of step `i`, as transformers computes it.
@@ -53,7 +76,7 @@ pub fn group_of_step(i: usize, num_layers: usize, num_groups: usize) -> usize {
 }
 
 /// All distinct layers (group-major) and, per step, the layers it runs.
-pub fn load_layers(
+fn load_layers(
     vb: VarBuilder,
     cfg: &BertConfig,
     a: &AlbertOptions,

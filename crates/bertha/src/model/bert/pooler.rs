@@ -3,8 +3,8 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::nn::Dense;
 use crate::config::BertConfig;
+use crate::model::nn::Dense;
 
 #[derive(Debug, Clone)]
 pub struct BertPooler {

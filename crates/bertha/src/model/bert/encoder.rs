@@ -1,14 +1,25 @@
 //! `encoder`: the stack of layers (and, for pre-LN models that have one,
-//! the final LayerNorm). The family's variations: ALBERT's input
-//! projection and shared layers, DeBERTa's relative embeddings.
+//! the final LayerNorm). What a family varies plugs in here: shared
+//! layers (`steps`), an input projection, and a [`PassContext`] its
+//! attention reads.
 
-use candle_core::{Module, Result, Tensor};
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::deberta_v2::RelativeEmbeddings;
 use super::layer::BertLayer;
-use super::nn::{Dense, LayerNorm};
-use crate::config::{BertConfig, Family};
+use crate::config::BertConfig;
+use crate::model::nn::{Dense, LayerNorm};
+
+/// What a family computes once per forward pass for every layer's
+/// [`ScoreBias`](super::ScoreBias) (DeBERTa's relative-position table).
+pub trait PassContext: Debug + Send + Sync {
+    /// The shared state for sequences of `len` tokens.
+    fn context(&self, len: usize, device: &Device) -> Result<Box<dyn Any>>;
+}
 
 #[derive(Debug, Clone)]
 pub struct BertEncoder {
@@ -18,10 +29,12 @@ pub struct BertEncoder {
     /// order (BERT: step i runs layer i). A hidden state is kept after
     /// each step, an attention map after each layer.
     pub(crate) steps: Vec<Vec<usize>>,
-    /// ALBERT's `embedding_hidden_mapping_in` (embedding_size → hidden).
+    /// A projection of the embeddings to the hidden size (ALBERT's
+    /// `embedding_hidden_mapping_in`).
     pub(crate) input_projection: Option<Dense>,
-    /// DeBERTa's `rel_embeddings` (+ `LayerNorm`).
-    pub(crate) relative: Option<RelativeEmbeddings>,
+    /// Shared per-pass state for the attention (DeBERTa's relative
+    /// embeddings).
+    pub(crate) pass_context: Option<Arc<dyn PassContext>>,
     pub(crate) final_layer_norm: Option<LayerNorm>,
 }
 
@@ -34,58 +47,10 @@ pub struct EncoderOutput {
 }
 
 impl BertEncoder {
+    /// BERT's `encoder`: `layer.N` and, with `final_layer_norm`, a last
+    /// `LayerNorm`.
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
-        let n = cfg.num_hidden_layers;
-        let plain_steps = (0..n).map(|i| vec![i]).collect();
-        match &cfg.family {
-            Family::DistilBert => {
-                let layers = (0..n)
-                    .map(|i| super::distilbert::load_layer(vb.pp(format!("layer.{i}")), cfg))
-                    .collect::<Result<_>>()?;
-                return Ok(Self {
-                    layers,
-                    steps: plain_steps,
-                    input_projection: None,
-                    relative: None,
-                    final_layer_norm: None,
-                });
-            }
-            Family::Albert(a) => {
-                let (layers, steps) = super::albert::load_layers(vb.clone(), cfg, a)?;
-                let input_projection = Dense::load(
-                    vb.pp("embedding_hidden_mapping_in"),
-                    a.embedding_size,
-                    cfg.hidden_size,
-                    cfg.initializer_range,
-                )?;
-                return Ok(Self {
-                    layers,
-                    steps,
-                    input_projection: Some(input_projection),
-                    relative: None,
-                    final_layer_norm: None,
-                });
-            }
-            Family::DebertaV2(o) => {
-                let layers = (0..n)
-                    .map(|i| super::deberta_v2::load_layer(vb.pp(format!("layer.{i}")), cfg, o))
-                    .collect::<Result<_>>()?;
-                let relative = if o.relative_attention {
-                    Some(RelativeEmbeddings::load(vb.clone(), cfg, o)?)
-                } else {
-                    None
-                };
-                return Ok(Self {
-                    layers,
-                    steps: plain_steps,
-                    input_projection: None,
-                    relative,
-                    final_layer_norm: None,
-                });
-            }
-            Family::Bert | Family::Roberta => {}
-        }
-        let layers = (0..n)
+        let layers = (0..cfg.num_hidden_layers)
             .map(|i| BertLayer::load(vb.pp(format!("layer.{i}")), cfg))
             .collect::<Result<_>>()?;
         let final_layer_norm = if cfg.final_layer_norm {
@@ -98,19 +63,27 @@ impl BertEncoder {
             None
         };
         Ok(Self {
-            layers,
-            steps: plain_steps,
-            input_projection: None,
-            relative: None,
             final_layer_norm,
+            ..Self::from_layers(layers)
         })
+    }
+
+    /// One step per layer, nothing else.
+    pub fn from_layers(layers: Vec<BertLayer>) -> Self {
+        Self {
+            steps: (0..layers.len()).map(|i| vec![i]).collect(),
+            layers,
+            input_projection: None,
+            pass_context: None,
+            final_layer_norm: None,
+        }
     }
 
     /// One layer per step, no projection, no relative positions: what the
     /// packed fast path can run.
     pub fn is_plain(&self) -> bool {
         self.input_projection.is_none()
-            && self.relative.is_none()
+            && self.pass_context.is_none()
             && self.steps.len() == self.layers.len()
             && self.steps.iter().enumerate().all(|(i, s)| s == &[i])
     }
@@ -132,8 +105,8 @@ impl BertEncoder {
             Some(p) => p.forward(x)?,
             None => x.clone(),
         };
-        let rel = match &self.relative {
-            Some(r) => Some(r.context(x.dim(1)?, x.device())?),
+        let context = match &self.pass_context {
+            Some(c) => Some(c.context(x.dim(1)?, x.device())?),
             None => None,
         };
         let mut hidden = keep_hidden.then(|| vec![x.clone()]);
@@ -141,7 +114,8 @@ impl BertEncoder {
         let mut x = x;
         for step in &self.steps {
             for &i in step {
-                let (y, probs) = self.layers[i].forward_rel(&x, mask, rel.as_ref(), train)?;
+                let (y, probs) =
+                    self.layers[i].forward_with(&x, mask, context.as_deref(), train)?;
                 x = y;
                 if let Some(a) = attentions.as_mut() {
                     a.push(probs);

@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use candle_core::{DType, Device, Result as CResult, Tensor};
-use candle_nn::VarBuilder;
 
 use super::embeddings::BertEmbeddings;
 use super::encoder::BertEncoder;
@@ -76,6 +75,8 @@ pub struct BertOutput {
     pub attentions: Option<Vec<Tensor>>,
 }
 
+/// transformers' `BertModel`. Its `load` is in `model::family`, which
+/// picks the family's embeddings and encoder.
 #[derive(Debug, Clone)]
 pub struct BertModel {
     pub(crate) embeddings: BertEmbeddings,
@@ -88,21 +89,7 @@ pub struct BertModel {
 impl BertModel {
     /// Loads `config.json` and the weights of a Hugging Face model folder.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let config_path = dir.join("config.json");
-        if !dir.is_dir() {
-            return Err(Error::ModelDir {
-                path: dir.to_path_buf(),
-                reason: "no such directory".into(),
-            });
-        }
-        if !config_path.is_file() {
-            return Err(Error::ModelDir {
-                path: dir.to_path_buf(),
-                reason: "config.json is missing".into(),
-            });
-        }
-        let config = BertConfig::from_file(&config_path)?;
-        let weights = Weights::from_model_dir(dir)?;
+        let (config, weights) = read_model_dir(dir)?;
         Self::from_weights(weights, config, device)
     }
 
@@ -142,28 +129,6 @@ impl BertModel {
         let vb = SeededInit::new(seed).var_builder(DType::F32, device);
         let pooler = config.add_pooling_layer;
         Ok(Self::load(vb, config, pooler)?)
-    }
-
-    /// Loads from any `VarBuilder` rooted at the base model.
-    pub fn load(vb: VarBuilder, config: BertConfig, with_pooler: bool) -> CResult<Self> {
-        let embeddings = BertEmbeddings::load(vb.pp("embeddings"), &config)?;
-        let encoder_name = match config.family {
-            crate::config::Family::DistilBert => "transformer",
-            _ => "encoder",
-        };
-        let encoder = BertEncoder::load(vb.pp(encoder_name), &config)?;
-        let pooler = if with_pooler && config.add_pooling_layer {
-            Some(BertPooler::load(vb.pp("pooler"), &config)?)
-        } else {
-            None
-        };
-        Ok(Self {
-            embeddings,
-            encoder,
-            pooler,
-            device: vb.device().clone(),
-            config,
-        })
     }
 
     pub fn config(&self) -> &BertConfig {
@@ -223,6 +188,27 @@ impl BertModel {
             attentions: enc.attentions,
         })
     }
+}
+
+/// The `config.json` and weights of a model folder, with an error naming
+/// the folder when either is missing.
+pub(crate) fn read_model_dir(dir: &Path) -> Result<(BertConfig, Weights)> {
+    if !dir.is_dir() {
+        return Err(Error::ModelDir {
+            path: dir.to_path_buf(),
+            reason: "no such directory".into(),
+        });
+    }
+    let config_path = dir.join("config.json");
+    if !config_path.is_file() {
+        return Err(Error::ModelDir {
+            path: dir.to_path_buf(),
+            reason: "config.json is missing".into(),
+        });
+    }
+    let config = BertConfig::from_file(&config_path)?;
+    let weights = Weights::from_model_dir(dir)?;
+    Ok((config, weights))
 }
 
 /// [B, T] of 1/0 → [B, 1, 1, T] of 0 / f32::MIN, as transformers'

@@ -1,13 +1,13 @@
 //! `embeddings`: word + learned position (+ token type), LayerNorm, dropout.
-//! The family's variations: RoBERTa's offset positions, DeBERTa's
-//! missing positions, projection and padding mask, ALBERT's narrower
-//! width (`embedding_size`).
+//! What a family varies is an [`EmbeddingLayout`]: offset positions
+//! (RoBERTa), none, a projection and a padding mask (DeBERTa); ALBERT's
+//! narrower width comes from `embedding_size`.
 
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{Embedding, Init, VarBuilder};
 
-use super::nn::{Dense, Dropout, LayerNorm};
-use crate::config::{BertConfig, Family};
+use crate::config::BertConfig;
+use crate::model::nn::{Dense, Dropout, LayerNorm};
 
 /// `nn.Embedding(padding_idx=...)`: the rows of `ids`, where positions
 /// holding `padding_idx` read a detached copy of its row, so that no
@@ -59,6 +59,31 @@ pub fn roberta_position_ids(input_ids: &Tensor, padding_idx: u32) -> Result<Tens
     Tensor::from_vec(out, (b, t), input_ids.device())
 }
 
+/// The choices a family makes about its embeddings (BERT's: the default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddingLayout {
+    pub position_ids: PositionIds,
+    /// An `embed_proj` from `embedding_size` to `hidden_size` before the
+    /// LayerNorm, when they differ (DeBERTa).
+    pub project: bool,
+    /// Zero the embeddings of padding tokens (DeBERTa).
+    pub mask_padding: bool,
+    /// Read all token types as 0 (RoBERTa-style models whose tokenizers
+    /// give none).
+    pub ignore_token_types: bool,
+}
+
+impl Default for EmbeddingLayout {
+    fn default() -> Self {
+        Self {
+            position_ids: PositionIds::Absolute,
+            project: false,
+            mask_padding: false,
+            ignore_token_types: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct BertEmbeddings {
     pub(crate) word_embeddings: Embedding,
@@ -97,40 +122,29 @@ fn embedding(vb: VarBuilder, rows: usize, dim: usize, std: f64) -> Result<Embedd
 }
 
 impl BertEmbeddings {
+    /// BERT's embeddings.
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Self::load_with(vb, cfg, EmbeddingLayout::default())
+    }
+
+    /// The embeddings as a family lays them out.
+    pub fn load_with(vb: VarBuilder, cfg: &BertConfig, layout: EmbeddingLayout) -> Result<Self> {
         let d = cfg.hidden_size;
         let e = cfg.embedding_size();
         let std = cfg.initializer_range;
-        let (position_ids, projection, mask_padding) = match &cfg.family {
-            Family::Roberta => (
-                PositionIds::FromPadding {
-                    padding_idx: cfg.pad_token_id,
+        let position_ids = layout.position_ids;
+        let projection = if layout.project && e != d {
+            let w = vb.pp("embed_proj").get_with_hints(
+                (d, e),
+                "weight",
+                Init::Randn {
+                    mean: 0.0,
+                    stdev: std,
                 },
-                None,
-                false,
-            ),
-            Family::DebertaV2(o) => (
-                if o.position_biased_input {
-                    PositionIds::Absolute
-                } else {
-                    PositionIds::None
-                },
-                if e != d {
-                    let w = vb.pp("embed_proj").get_with_hints(
-                        (d, e),
-                        "weight",
-                        Init::Randn {
-                            mean: 0.0,
-                            stdev: std,
-                        },
-                    )?;
-                    Some(Dense::new(w, None))
-                } else {
-                    None
-                },
-                true,
-            ),
-            _ => (PositionIds::Absolute, None, false),
+            )?;
+            Some(Dense::new(w, None))
+        } else {
+            None
         };
         // The LayerNorm is over the embedding width, before any projection
         // (ALBERT's projection lives in its encoder); DeBERTa projects first.
@@ -149,8 +163,8 @@ impl BertEmbeddings {
             },
             position_ids,
             projection,
-            mask_padding,
-            ignore_token_types: matches!(cfg.family, Family::Roberta) && cfg.type_vocab_size <= 1,
+            mask_padding: layout.mask_padding,
+            ignore_token_types: layout.ignore_token_types,
             padding_idx: cfg.pad_token_id,
             token_type_embeddings: if cfg.type_vocab_size > 0 {
                 Some(embedding(

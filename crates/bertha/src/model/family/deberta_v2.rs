@@ -14,13 +14,87 @@
 //! (plus `pos_key_proj` / `pos_query_proj` without shared keys), the rest
 //! as BERT.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, VarBuilder};
 
-use super::attention::{BertAttention, BertSelfAttention};
-use super::layer::{BertIntermediate, BertLayer, BertOutputBlock};
-use super::nn::{Dense, Dropout, LayerNorm};
+use super::{Layout, MlmNames};
 use crate::config::{BertConfig, DebertaOptions, NormPosition};
+use crate::model::bert::{
+    BertAttention, BertEncoder, BertIntermediate, BertLayer, BertOutputBlock, BertSelfAttention,
+    EmbeddingLayout, PassContext, PositionIds, ScoreBias,
+};
+use crate::model::nn::{Dense, Dropout, LayerNorm};
+
+pub(super) struct DebertaV2<'a>(pub(super) &'a DebertaOptions);
+
+impl Layout for DebertaV2<'_> {
+    /// No absolute positions unless `position_biased_input`; `embed_proj`;
+    /// padding zeroed.
+    fn embeddings(&self, _cfg: &BertConfig) -> EmbeddingLayout {
+        EmbeddingLayout {
+            position_ids: if self.0.position_biased_input {
+                PositionIds::Absolute
+            } else {
+                PositionIds::None
+            },
+            project: true,
+            mask_padding: true,
+            ignore_token_types: false,
+        }
+    }
+
+    /// The layers with disentangled attention, and `rel_embeddings`.
+    fn load_encoder(&self, vb: VarBuilder, cfg: &BertConfig) -> Result<BertEncoder> {
+        let vb = vb.pp("encoder");
+        let o = self.0;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| load_layer(vb.pp(format!("layer.{i}")), cfg, o))
+            .collect::<Result<_>>()?;
+        let pass_context: Option<Arc<dyn PassContext>> = if o.relative_attention {
+            Some(Arc::new(RelativeEmbeddings::load(vb.clone(), cfg, o)?))
+        } else {
+            None
+        };
+        Ok(BertEncoder {
+            pass_context,
+            ..BertEncoder::from_layers(layers)
+        })
+    }
+
+    /// `lm_predictions.lm_head` (`cls.predictions` when `legacy`).
+    fn mlm_names(&self, cfg: &BertConfig) -> MlmNames {
+        let bert = MlmNames::bert(cfg);
+        if self.0.legacy {
+            return bert;
+        }
+        MlmNames {
+            root: "lm_predictions.lm_head.",
+            dense: "dense",
+            norm: "LayerNorm",
+            ..bert
+        }
+    }
+
+    fn sequence_classifier(&self) -> [&'static str; 2] {
+        ["pooler.dense.weight", "classifier.weight"]
+    }
+
+    fn classifier_reads_pooler(&self) -> bool {
+        false
+    }
+
+    fn has_multiple_choice(&self) -> bool {
+        false
+    }
+
+    /// DeBERTa's classifier has its own `pooler`.
+    fn fresh_prefixes(&self) -> &'static [&'static str] {
+        &["pooler."]
+    }
+}
 
 /// transformers' `make_log_bucket_position` for one distance, in f32 as
 /// torch computes it.
@@ -107,7 +181,7 @@ impl RelativeEmbeddings {
     }
 
     /// The shared tensors for sequences of `len` tokens.
-    pub fn context(&self, len: usize, device: &Device) -> Result<RelativeContext> {
+    pub fn relative_context(&self, len: usize, device: &Device) -> Result<RelativeContext> {
         let mut rel = self.embeddings.embeddings().clone();
         if let Some(ln) = &self.layer_norm {
             rel = ln.forward(&rel)?;
@@ -128,6 +202,12 @@ impl RelativeEmbeddings {
             c2p_index: Tensor::from_vec(c2p, (len, len), device)?,
             p2c_index: Tensor::from_vec(p2c, (len, len), device)?,
         })
+    }
+}
+
+impl PassContext for RelativeEmbeddings {
+    fn context(&self, len: usize, device: &Device) -> Result<Box<dyn Any>> {
+        Ok(Box::new(self.relative_context(len, device)?))
     }
 }
 
@@ -169,19 +249,28 @@ impl Disentangled {
             dropout: Dropout::new(cfg.hidden_dropout_prob),
         })
     }
+}
+
+impl ScoreBias for Disentangled {
+    fn scale_factor(&self) -> usize {
+        self.scale_factor
+    }
 
     /// The c2p + p2c scores [B, H, T, T] for `q`, `k` [B, H, T, hd].
-    pub fn bias(
+    fn bias(
         &self,
         attn: &BertSelfAttention,
         q: &Tensor,
         k: &Tensor,
-        rel: &RelativeContext,
+        context: &dyn Any,
         train: bool,
     ) -> Result<Option<Tensor>> {
         if !self.relative || !(self.c2p || self.p2c) {
             return Ok(None);
         }
+        let Some(rel) = context.downcast_ref::<RelativeContext>() else {
+            candle_core::bail!("DeBERTa's attention needs its relative-position context");
+        };
         let (b, h, t, hd) = q.dims4()?;
         let rel_emb = self.dropout.forward(&rel.rel_embeddings, train)?;
         let rows = rel_emb.dim(0)?;
@@ -219,32 +308,23 @@ impl Disentangled {
 
 /// `encoder.layer.N` of DeBERTa-v2: BERT's layer with `query_proj`,
 /// `key_proj`, `value_proj` and the disentangled terms.
-pub fn load_layer(vb: VarBuilder, cfg: &BertConfig, opts: &DebertaOptions) -> Result<BertLayer> {
-    let d = cfg.hidden_size;
-    let std = cfg.initializer_range;
+fn load_layer(vb: VarBuilder, cfg: &BertConfig, opts: &DebertaOptions) -> Result<BertLayer> {
     let sa = vb.pp("attention").pp("self");
-    let self_attention = BertSelfAttention {
-        query: Dense::load(sa.pp("query_proj"), d, d, std)?,
-        key: Dense::load(sa.pp("key_proj"), d, d, std)?,
-        value: Dense::load(sa.pp("value_proj"), d, d, std)?,
-        num_heads: cfg.num_attention_heads,
-        head_dim: cfg.head_dim(),
-        dropout: Dropout::new(cfg.attention_probs_dropout_prob),
-        disentangled: Some(Disentangled::load(sa, cfg, opts)?),
-    };
+    let mut self_attention =
+        BertSelfAttention::load_named(sa.clone(), cfg, ["query_proj", "key_proj", "value_proj"])?;
+    self_attention.score_bias = Some(Arc::new(Disentangled::load(sa, cfg, opts)?));
     let out = vb.pp("attention").pp("output");
-    Ok(BertLayer {
-        attention: BertAttention {
+    Ok(BertLayer::post_ln(
+        BertAttention::from_parts(
             self_attention,
-            dense: Dense::load(out.pp("dense"), d, d, std)?,
-            layer_norm: LayerNorm::load(out.pp("LayerNorm"), d, cfg.layer_norm_eps)?,
-            dropout: Dropout::new(cfg.hidden_dropout_prob),
-            norm_position: NormPosition::Post,
-        },
-        intermediate: BertIntermediate::load(vb.pp("intermediate"), cfg)?,
-        output: BertOutputBlock::load(vb.pp("output"), cfg)?,
-        norm_position: NormPosition::Post,
-    })
+            out.pp("dense"),
+            out.pp("LayerNorm"),
+            cfg,
+            (cfg.hidden_dropout_prob, NormPosition::Post),
+        )?,
+        BertIntermediate::load(vb.pp("intermediate"), cfg)?,
+        BertOutputBlock::load(vb.pp("output"), cfg)?,
+    ))
 }
 
 #[cfg(test)]

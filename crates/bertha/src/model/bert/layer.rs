@@ -1,12 +1,13 @@
 //! `encoder.layer.N`: attention block then feed-forward block.
 
+use std::any::Any;
+
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::attention::BertAttention;
-use super::deberta_v2::RelativeContext;
-use super::nn::{Dense, Dropout, LayerNorm};
 use crate::config::{Activation, BertConfig, NormPosition};
+use crate::model::nn::{Dense, Dropout, LayerNorm};
 
 /// `intermediate`: the FFN's expansion and non-linearity.
 #[derive(Debug, Clone)]
@@ -17,9 +18,15 @@ pub struct BertIntermediate {
 
 impl BertIntermediate {
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Self::load_at(vb.pp("dense"), cfg)
+    }
+
+    /// `dense` rooted at the expansion's linear layer, wherever the family
+    /// keeps it.
+    pub fn load_at(dense: VarBuilder, cfg: &BertConfig) -> Result<Self> {
         Ok(Self {
             dense: Dense::load(
-                vb.pp("dense"),
+                dense,
                 cfg.hidden_size,
                 cfg.intermediate_size,
                 cfg.initializer_range,
@@ -43,14 +50,19 @@ pub struct BertOutputBlock {
 
 impl BertOutputBlock {
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
+        Self::load_at(vb.pp("dense"), vb.pp("LayerNorm"), cfg)
+    }
+
+    /// The projection and the LayerNorm wherever the family keeps them.
+    pub fn load_at(dense: VarBuilder, layer_norm: VarBuilder, cfg: &BertConfig) -> Result<Self> {
         Ok(Self {
             dense: Dense::load(
-                vb.pp("dense"),
+                dense,
                 cfg.intermediate_size,
                 cfg.hidden_size,
                 cfg.initializer_range,
             )?,
-            layer_norm: LayerNorm::load(vb.pp("LayerNorm"), cfg.hidden_size, cfg.layer_norm_eps)?,
+            layer_norm: LayerNorm::load(layer_norm, cfg.hidden_size, cfg.layer_norm_eps)?,
             dropout: Dropout::new(cfg.hidden_dropout_prob),
         })
     }
@@ -74,6 +86,20 @@ impl BertLayer {
         })
     }
 
+    /// A post-LN layer from blocks a family loaded under its own names.
+    pub fn post_ln(
+        attention: BertAttention,
+        intermediate: BertIntermediate,
+        output: BertOutputBlock,
+    ) -> Self {
+        Self {
+            attention,
+            intermediate,
+            output,
+            norm_position: NormPosition::Post,
+        }
+    }
+
     /// Returns the layer's output and its attention probabilities.
     pub fn forward(
         &self,
@@ -81,18 +107,19 @@ impl BertLayer {
         mask: Option<&Tensor>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
-        self.forward_rel(x, mask, None, train)
+        self.forward_with(x, mask, None, train)
     }
 
-    /// As [`forward`](Self::forward), with DeBERTa's relative positions.
-    pub fn forward_rel(
+    /// As [`forward`](Self::forward), with the pass's context for the
+    /// attention's [`ScoreBias`](super::ScoreBias).
+    pub fn forward_with(
         &self,
         x: &Tensor,
         mask: Option<&Tensor>,
-        rel: Option<&RelativeContext>,
+        context: Option<&dyn Any>,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
-        let (h, probs) = self.attention.forward_rel(x, mask, rel, train)?;
+        let (h, probs) = self.attention.forward_with(x, mask, context, train)?;
         let out = &self.output;
         let y = match self.norm_position {
             NormPosition::Post => {

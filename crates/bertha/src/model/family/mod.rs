@@ -1,0 +1,141 @@
+//! The members of the BERT family, one file each: what a family changes
+//! in the generic BERT of [`super::bert`] — its tensor names, its layer
+//! loader, its embeddings' layout and its head names — as one [`Layout`].
+//! [`layout`] is the one dispatch on [`Family`]: a new family is a file
+//! here and one arm there.
+
+mod albert;
+mod deberta_v2;
+mod distilbert;
+mod roberta;
+
+use candle_core::Result;
+use candle_nn::VarBuilder;
+
+pub use self::deberta_v2::{log_bucket_position, relative_positions, RelativeContext};
+use super::bert::{BertEmbeddings, BertEncoder, BertModel, BertPooler, EmbeddingLayout};
+use crate::config::{Activation, BertConfig, Family};
+
+/// What a family changes in the generic BERT (BERT's own choices are the
+/// defaults).
+pub(crate) trait Layout {
+    /// How the embeddings are laid out.
+    fn embeddings(&self, _cfg: &BertConfig) -> EmbeddingLayout {
+        EmbeddingLayout::default()
+    }
+
+    /// The encoder, `vb` rooted at the base model.
+    fn load_encoder(&self, vb: VarBuilder, cfg: &BertConfig) -> Result<BertEncoder> {
+        BertEncoder::load(vb.pp("encoder"), cfg)
+    }
+
+    /// Where the MLM head keeps its tensors.
+    fn mlm_names(&self, cfg: &BertConfig) -> MlmNames {
+        MlmNames::bert(cfg)
+    }
+
+    /// The tensors that make the sequence-classification head.
+    fn sequence_classifier(&self) -> [&'static str; 2] {
+        ["classifier.weight", "classifier.bias"]
+    }
+
+    /// Whether the sequence classifier reads the pooler output (else the
+    /// family's own head on the first token).
+    fn classifier_reads_pooler(&self) -> bool {
+        true
+    }
+
+    /// Whether transformers has the family's multiple-choice head (on the
+    /// pooler output).
+    fn has_multiple_choice(&self) -> bool {
+        true
+    }
+
+    /// Whether the family has BERT's pre-training and NSP heads.
+    fn has_next_sentence(&self) -> bool {
+        false
+    }
+
+    /// Head tensor prefixes, besides the common ones, that a fresh head
+    /// may initialise.
+    fn fresh_prefixes(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// The family's [`Layout`].
+pub(crate) fn layout(family: &Family) -> Box<dyn Layout + '_> {
+    match family {
+        Family::Bert => Box::new(Bert),
+        Family::Roberta => Box::new(roberta::Roberta),
+        Family::DistilBert => Box::new(distilbert::DistilBert),
+        Family::Albert(o) => Box::new(albert::Albert(o)),
+        Family::DebertaV2(o) => Box::new(deberta_v2::DebertaV2(o)),
+    }
+}
+
+/// BERT itself: every default.
+struct Bert;
+
+impl Layout for Bert {
+    fn has_next_sentence(&self) -> bool {
+        true
+    }
+}
+
+/// Where a family keeps its MLM head: `{root}{dense}`, `{root}{norm}`,
+/// `{root}{decoder}` and the output bias `{root}{bias}`.
+pub(crate) struct MlmNames {
+    pub(crate) root: &'static str,
+    pub(crate) dense: &'static str,
+    pub(crate) norm: &'static str,
+    pub(crate) decoder: &'static str,
+    pub(crate) bias: &'static str,
+    pub(crate) act: Activation,
+    /// The width the head maps to before the decoder (ALBERT: embedding_size).
+    pub(crate) width: usize,
+    pub(crate) eps: f64,
+}
+
+impl MlmNames {
+    /// BERT's `cls.predictions`.
+    pub(crate) fn bert(config: &BertConfig) -> Self {
+        Self {
+            root: "cls.predictions.",
+            dense: "transform.dense",
+            norm: "transform.LayerNorm",
+            decoder: "decoder",
+            bias: "bias",
+            act: config.hidden_act,
+            width: config.hidden_size,
+            eps: config.layer_norm_eps,
+        }
+    }
+}
+
+impl BertModel {
+    /// Loads from any `VarBuilder` rooted at the base model, in the
+    /// config's family layout.
+    pub fn load(vb: VarBuilder, config: BertConfig, with_pooler: bool) -> Result<Self> {
+        let (embeddings, encoder) = {
+            let family = layout(&config.family);
+            let embeddings = family.embeddings(&config);
+            (
+                BertEmbeddings::load_with(vb.pp("embeddings"), &config, embeddings)?,
+                family.load_encoder(vb.clone(), &config)?,
+            )
+        };
+        let pooler = if with_pooler && config.add_pooling_layer {
+            Some(BertPooler::load(vb.pp("pooler"), &config)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            embeddings,
+            encoder,
+            pooler,
+            device: vb.device().clone(),
+            config,
+        })
+    }
+}

@@ -1,0 +1,169 @@
+//! The head classes by their transformers names, and what each needs
+//! from a checkpoint.
+
+use crate::config::{BertConfig, Family};
+use crate::model::family::layout;
+
+/// The head classes, by their transformers names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HeadKind {
+    PreTraining,
+    MaskedLM,
+    NextSentencePrediction,
+    SequenceClassification,
+    TokenClassification,
+    QuestionAnswering,
+    MultipleChoice,
+}
+
+impl HeadKind {
+    pub const ALL: [HeadKind; 7] = [
+        HeadKind::PreTraining,
+        HeadKind::MaskedLM,
+        HeadKind::NextSentencePrediction,
+        HeadKind::SequenceClassification,
+        HeadKind::TokenClassification,
+        HeadKind::QuestionAnswering,
+        HeadKind::MultipleChoice,
+    ];
+
+    /// The class name in `config.json`'s `architectures`.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Self::PreTraining => "BertForPreTraining",
+            Self::MaskedLM => "BertForMaskedLM",
+            Self::NextSentencePrediction => "BertForNextSentencePrediction",
+            Self::SequenceClassification => "BertForSequenceClassification",
+            Self::TokenClassification => "BertForTokenClassification",
+            Self::QuestionAnswering => "BertForQuestionAnswering",
+            Self::MultipleChoice => "BertForMultipleChoice",
+        }
+    }
+
+    pub fn from_architecture(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.architecture() == name)
+    }
+
+    /// Whether the head reads the base model's pooler output (and so
+    /// needs the pooler): BERT's and ALBERT's classifiers do; RoBERTa,
+    /// DistilBERT and DeBERTa classify from their own head on the first
+    /// token.
+    pub fn uses_pooler(self) -> bool {
+        self.uses_pooler_in(&Family::Bert)
+    }
+
+    pub fn uses_pooler_in(self, family: &Family) -> bool {
+        match self {
+            Self::PreTraining | Self::NextSentencePrediction => true,
+            Self::SequenceClassification => layout(family).classifier_reads_pooler(),
+            Self::MultipleChoice => layout(family).has_multiple_choice(),
+            _ => false,
+        }
+    }
+
+    /// Whether bertha has this head for this family member.
+    pub fn supported_by(self, family: &Family) -> bool {
+        match self {
+            Self::PreTraining | Self::NextSentencePrediction => layout(family).has_next_sentence(),
+            Self::MultipleChoice => layout(family).has_multiple_choice(),
+            _ => true,
+        }
+    }
+
+    /// transformers' class name for this head in `family`
+    /// (`RobertaForMaskedLM`).
+    pub fn class_name(self, family: &Family) -> String {
+        let arch = self.architecture();
+        format!(
+            "{}{}",
+            family.class_prefix(),
+            arch.strip_prefix("Bert").unwrap_or(arch)
+        )
+    }
+
+    /// The head of a class name of any family member.
+    pub fn from_any_architecture(name: &str) -> Option<Self> {
+        ["Bert", "Roberta", "DistilBert", "Albert", "DebertaV2"]
+            .iter()
+            .find_map(|p| {
+                let rest = name.strip_prefix(p)?;
+                Self::ALL
+                    .into_iter()
+                    .find(|k| k.architecture().strip_prefix("Bert") == Some(rest))
+            })
+    }
+
+    /// The tensors (relative to the checkpoint root) that the head itself
+    /// owns; `base` is the encoder's prefix (`"bert."` or `""`).
+    pub(super) fn head_tensors(self, base: &str, config: &BertConfig) -> Vec<String> {
+        let family = &config.family;
+        let m = layout(family).mlm_names(config);
+        let mlm: Vec<String> = [m.dense, m.norm]
+            .iter()
+            .flat_map(|n| {
+                ["weight", "bias"]
+                    .iter()
+                    .map(move |w| format!("{}{n}.{w}", m.root))
+            })
+            .collect();
+        let nsp = ["cls.seq_relationship.weight", "cls.seq_relationship.bias"];
+        let classifier = ["classifier.weight", "classifier.bias"];
+        let mut names: Vec<String> = match self {
+            Self::PreTraining => mlm
+                .into_iter()
+                .chain(nsp.iter().map(|s| s.to_string()))
+                .collect(),
+            Self::MaskedLM => mlm,
+            Self::NextSentencePrediction => nsp.iter().map(|s| s.to_string()).collect(),
+            Self::SequenceClassification => layout(family)
+                .sequence_classifier()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            Self::TokenClassification | Self::MultipleChoice => {
+                classifier.iter().map(|s| s.to_string()).collect()
+            }
+            Self::QuestionAnswering => vec!["qa_outputs.weight".into(), "qa_outputs.bias".into()],
+        };
+        if self.uses_pooler_in(family) {
+            names.push(format!("{base}pooler.dense.weight"));
+            names.push(format!("{base}pooler.dense.bias"));
+        }
+        names
+    }
+
+    /// Name prefixes a fresh initialisation may fill in.
+    pub(super) fn fresh_prefixes(self, base: &str, config: &BertConfig) -> Vec<String> {
+        let mut p: Vec<String> = [
+            "cls.",
+            "classifier.",
+            "qa_outputs.",
+            "lm_head.",
+            "lm_predictions.",
+            "predictions.",
+            "vocab_transform.",
+            "vocab_layer_norm.",
+            "vocab_projector.",
+            "pre_classifier.",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        p.extend(
+            layout(&config.family)
+                .fresh_prefixes()
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        if self.uses_pooler_in(&config.family) {
+            p.push(format!("{base}pooler."));
+        }
+        p
+    }
+}
+
+impl std::fmt::Display for HeadKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.architecture())
+    }
+}

@@ -1,0 +1,408 @@
+//! Task heads on top of [`BertModel`], one struct per transformers class
+//! (`BertForMaskedLM`, `BertForSequenceClassification`, ...), loaded from
+//! the same checkpoint names, with the same training losses.
+//!
+//! Every head is a [`BertHead`]: the encoder, a small module and the loss
+//! inside [`BertHead::forward`], which returns the head's typed outputs
+//! (transformers' shape). [`BertForTask`] is the one dispatch over them,
+//! for callers that pick the head at run time.
+//!
+//! Each head loads from a `VarBuilder` rooted at the checkpoint root (the
+//! encoder under `bert.`, or at the root for checkpoints saved from a bare
+//! `BertModel`). [`BertHead::from_dir`] finds the weights of a model folder
+//! and either insists that the head's tensors are there (a clear error
+//! naming the head and the missing tensor otherwise) or, with
+//! [`HeadInit::Fresh`], initialises missing head tensors like transformers
+//! (normal(0, `initializer_range`) weights, zero biases) for fine-tuning.
+
+mod init;
+mod kind;
+mod lm;
+mod loss;
+mod masked_lm;
+mod multiple_choice;
+mod next_sentence;
+mod pretraining;
+mod question_answering;
+mod sequence_classification;
+mod token_classification;
+
+use std::path::Path;
+
+use candle_core::{Module, Result as CResult, Tensor};
+use candle_nn::VarBuilder;
+
+pub use self::init::HeadInit;
+pub use self::kind::HeadKind;
+pub use self::lm::BertLMPredictionHead;
+pub use self::loss::{bce_with_logits, cross_entropy_with_ignore, IGNORE_INDEX};
+pub use self::masked_lm::BertForMaskedLM;
+pub use self::multiple_choice::BertForMultipleChoice;
+pub use self::next_sentence::BertForNextSentencePrediction;
+pub use self::pretraining::{BertForPreTraining, PreTrainingOutput};
+pub use self::question_answering::{BertForQuestionAnswering, QuestionAnsweringOutput};
+pub use self::sequence_classification::BertForSequenceClassification;
+pub use self::token_classification::BertForTokenClassification;
+
+use super::bert::{read_model_dir, BertInput, BertModel, BertOutput, ForwardOptions};
+use super::nn::{Dense, Dropout};
+use crate::config::BertConfig;
+use crate::error::{Error, Result};
+use crate::weights::Weights;
+
+/// Every head: how it loads, what it is called, and its forward pass with
+/// the loss.
+pub trait BertHead: Sized {
+    const KIND: HeadKind;
+    /// The head's typed outputs ([`HeadOutput`] for the one-logits heads).
+    type Output: Into<TaskOutput>;
+
+    /// Loads the head and its encoder: `base` is rooted at the encoder
+    /// (`bert.` in transformers' layout), `root` at the checkpoint root
+    /// (where `cls.`, `classifier.` and `qa_outputs.` live).
+    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self>;
+
+    /// The encoder under the head.
+    fn bert(&self) -> &BertModel;
+
+    /// Runs the encoder and the head; the loss is computed from the labels
+    /// the head reads (see [`HeadLabels`]) when they are given.
+    fn forward(
+        &self,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<Self::Output>;
+
+    fn config(&self) -> &BertConfig {
+        self.bert().config()
+    }
+
+    /// Loads from a `VarBuilder` in transformers' layout (encoder under
+    /// `bert.`), e.g. a `VarMap` for training.
+    fn load(vb: VarBuilder, config: BertConfig) -> CResult<Self> {
+        Self::load_parts(vb.pp(config.family.prefix()), vb, config)
+    }
+
+    /// Loads `config.json` and the weights of a model folder.
+    fn from_dir(dir: &Path, init: HeadInit, device: &candle_core::Device) -> Result<Self> {
+        let (config, weights) = read_model_dir(dir)?;
+        Self::from_weights(weights, config, init, device)
+    }
+
+    /// Loads from named tensors, with or without the `bert.` prefix.
+    fn from_weights(
+        weights: Weights,
+        config: BertConfig,
+        init: HeadInit,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        init::load_head(weights, config, init, device)
+    }
+}
+
+/// The labels a head's loss reads, by transformers' argument names; a
+/// head ignores the ones it does not use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeadLabels<'a> {
+    /// MLM / token classification: `[B, T]` (-100 where none); sequence
+    /// classification, NSP, multiple choice: `[B]` (or `[B, num_labels]`).
+    pub labels: Option<&'a Tensor>,
+    /// Pre-training's NSP labels `[B]`.
+    pub next_sentence_label: Option<&'a Tensor>,
+    /// Question answering: answer start and end token indices `[B]`.
+    pub start_positions: Option<&'a Tensor>,
+    pub end_positions: Option<&'a Tensor>,
+}
+
+impl<'a> HeadLabels<'a> {
+    /// Only `labels` (or nothing).
+    pub fn labels(labels: Option<&'a Tensor>) -> Self {
+        Self {
+            labels,
+            ..Self::default()
+        }
+    }
+}
+
+/// How a head runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeadOptions {
+    /// The encoder's options (dropout, hidden states, attentions).
+    pub forward: ForwardOptions,
+    /// MLM heads: decode only the positions that carry a label, giving
+    /// logits [N labelled, V] (batch-major) and the same loss as the full
+    /// logits: pre-training's shortcut past the vocabulary-sized decoder.
+    /// The pre-training head then also returns each loss it has labels
+    /// for (MLM, NSP or both).
+    pub labelled_rows_only: bool,
+}
+
+impl From<ForwardOptions> for HeadOptions {
+    fn from(forward: ForwardOptions) -> Self {
+        Self {
+            forward,
+            labelled_rows_only: false,
+        }
+    }
+}
+
+/// The outputs every one-logits head shares with `BertModel`.
+#[derive(Debug, Clone)]
+pub struct HeadOutput {
+    /// The training loss (a scalar), when labels were given.
+    pub loss: Option<Tensor>,
+    /// [B, T, V] (MLM), [B, num_labels] (sequence classification),
+    /// [B, T, num_labels] (token classification), [B, 2] (NSP),
+    /// [B, C] (multiple choice).
+    pub logits: Tensor,
+    pub hidden_states: Option<Vec<Tensor>>,
+    pub attentions: Option<Vec<Tensor>>,
+}
+
+impl HeadOutput {
+    /// The head's logits and loss with the encoder's optional outputs.
+    fn new(out: BertOutput, logits: Tensor, loss: Option<Tensor>) -> Self {
+        Self {
+            loss,
+            logits,
+            hidden_states: out.hidden_states,
+            attentions: out.attentions,
+        }
+    }
+}
+
+/// Any head's outputs, as [`BertForTask::forward`] returns them.
+#[derive(Debug, Clone)]
+pub enum TaskOutput {
+    Logits(HeadOutput),
+    PreTraining(PreTrainingOutput),
+    QuestionAnswering(QuestionAnsweringOutput),
+}
+
+impl TaskOutput {
+    /// The training loss, when labels were given.
+    pub fn loss(&self) -> Option<&Tensor> {
+        match self {
+            Self::Logits(o) => o.loss.as_ref(),
+            Self::PreTraining(o) => o.loss.as_ref(),
+            Self::QuestionAnswering(o) => o.loss.as_ref(),
+        }
+    }
+}
+
+impl From<HeadOutput> for TaskOutput {
+    fn from(o: HeadOutput) -> Self {
+        Self::Logits(o)
+    }
+}
+
+/// The shorthand the one-logits heads keep: `forward(input, labels,
+/// opts)` with only `labels`, for [`BertHead::forward`].
+macro_rules! labels_forward {
+    ($head:ty) => {
+        impl $head {
+            /// [`BertHead::forward`] with only `labels`.
+            pub fn forward(
+                &self,
+                input: &BertInput,
+                labels: Option<&Tensor>,
+                opts: ForwardOptions,
+            ) -> Result<HeadOutput> {
+                BertHead::forward(self, input, &HeadLabels::labels(labels), opts.into())
+            }
+        }
+    };
+}
+use labels_forward;
+
+/// The [`BertHead`] impl every head shares: its kind, its output, its
+/// encoder; the head's own `run` (forward with the loss) and `load_head`
+/// (its modules, then or after the encoder) fill it in.
+macro_rules! impl_bert_head {
+    ($head:ty, $kind:ident, $output:ty) => {
+        impl $crate::model::BertHead for $head {
+            const KIND: $crate::model::HeadKind = $crate::model::HeadKind::$kind;
+            type Output = $output;
+
+            fn load_parts(
+                base: candle_nn::VarBuilder,
+                root: candle_nn::VarBuilder,
+                config: $crate::BertConfig,
+            ) -> candle_core::Result<Self> {
+                Self::load_head(base, root, config)
+            }
+
+            fn bert(&self) -> &$crate::BertModel {
+                &self.bert
+            }
+
+            fn forward(
+                &self,
+                input: &$crate::BertInput,
+                labels: &$crate::model::HeadLabels,
+                opts: $crate::model::HeadOptions,
+            ) -> $crate::Result<$output> {
+                self.run(input, labels, opts)
+            }
+        }
+    };
+}
+use impl_bert_head;
+
+/// The pooled output, which the pooler heads need.
+fn pooled(out: &BertOutput) -> Result<&Tensor> {
+    out.pooler_output
+        .as_ref()
+        .ok_or_else(|| Error::Input("this head needs the pooler, which the model lacks".into()))
+}
+
+/// transformers' classifier block: dropout (`classifier_dropout`, else
+/// the hidden dropout) then a linear layer.
+#[derive(Debug, Clone)]
+struct Classifier {
+    dropout: Dropout,
+    dense: Dense,
+}
+
+impl Classifier {
+    /// `vb` rooted at the linear layer (`classifier`).
+    fn load(vb: VarBuilder, config: &BertConfig, outputs: usize) -> CResult<Self> {
+        let dense = Dense::load(vb, config.hidden_size, outputs, config.initializer_range)?;
+        let dropout = Dropout::new(
+            config
+                .classifier_dropout
+                .unwrap_or(config.hidden_dropout_prob),
+        );
+        Ok(Self { dropout, dense })
+    }
+
+    fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let x = self.dropout.forward(x, train)?;
+        Ok(self.dense.forward(&x)?)
+    }
+}
+
+/// Any head, as chosen by `config.json`'s `architectures`.
+#[derive(Debug, Clone)]
+pub enum BertForTask {
+    PreTraining(BertForPreTraining),
+    MaskedLM(BertForMaskedLM),
+    NextSentencePrediction(BertForNextSentencePrediction),
+    SequenceClassification(BertForSequenceClassification),
+    TokenClassification(BertForTokenClassification),
+    QuestionAnswering(BertForQuestionAnswering),
+    MultipleChoice(BertForMultipleChoice),
+}
+
+/// Runs `$body` with `$m` bound to the head inside any variant.
+macro_rules! each_head {
+    ($task:expr, $m:ident => $body:expr) => {
+        match $task {
+            BertForTask::PreTraining($m) => $body,
+            BertForTask::MaskedLM($m) => $body,
+            BertForTask::NextSentencePrediction($m) => $body,
+            BertForTask::SequenceClassification($m) => $body,
+            BertForTask::TokenClassification($m) => $body,
+            BertForTask::QuestionAnswering($m) => $body,
+            BertForTask::MultipleChoice($m) => $body,
+        }
+    };
+}
+
+/// Loads head `H` into its variant of [`BertForTask`].
+fn load_task<H: BertHead>(
+    weights: Weights,
+    config: BertConfig,
+    init: HeadInit,
+    device: &candle_core::Device,
+    variant: fn(H) -> BertForTask,
+) -> Result<BertForTask> {
+    Ok(variant(H::from_weights(weights, config, init, device)?))
+}
+
+impl BertForTask {
+    /// The head named by the first `architectures` entry bertha knows.
+    pub fn kind_from_config(config: &BertConfig, origin: &Path) -> Result<HeadKind> {
+        config
+            .architectures
+            .iter()
+            .find_map(|a| HeadKind::from_any_architecture(a))
+            .ok_or_else(|| {
+                let known: Vec<&str> = HeadKind::ALL.iter().map(|k| k.architecture()).collect();
+                Error::config(
+                    origin,
+                    "architectures",
+                    format!(
+                        "{:?} names no task head (known: {}); this is a bare encoder: ask for a head explicitly",
+                        config.architectures,
+                        known.join(", ")
+                    ),
+                )
+            })
+    }
+
+    /// Loads a model folder with the head `kind`, or the one its
+    /// `architectures` names when `kind` is `None`.
+    pub fn from_dir(
+        dir: &Path,
+        kind: Option<HeadKind>,
+        init: HeadInit,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let (config, weights) = read_model_dir(dir)?;
+        let kind = match kind {
+            Some(k) => k,
+            None => Self::kind_from_config(&config, &dir.join("config.json"))?,
+        };
+        Self::from_weights(weights, config, kind, init, device)
+    }
+
+    pub fn from_weights(
+        weights: Weights,
+        config: BertConfig,
+        kind: HeadKind,
+        init: HeadInit,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let (w, c, d) = (weights, config, device);
+        match kind {
+            HeadKind::PreTraining => load_task(w, c, init, d, Self::PreTraining),
+            HeadKind::MaskedLM => load_task(w, c, init, d, Self::MaskedLM),
+            HeadKind::NextSentencePrediction => {
+                load_task(w, c, init, d, Self::NextSentencePrediction)
+            }
+            HeadKind::SequenceClassification => {
+                load_task(w, c, init, d, Self::SequenceClassification)
+            }
+            HeadKind::TokenClassification => load_task(w, c, init, d, Self::TokenClassification),
+            HeadKind::QuestionAnswering => load_task(w, c, init, d, Self::QuestionAnswering),
+            HeadKind::MultipleChoice => load_task(w, c, init, d, Self::MultipleChoice),
+        }
+    }
+
+    pub fn kind(&self) -> HeadKind {
+        fn kind_of<H: BertHead>(_: &H) -> HeadKind {
+            H::KIND
+        }
+        each_head!(self, m => kind_of(m))
+    }
+
+    pub fn bert(&self) -> &BertModel {
+        each_head!(self, m => m.bert())
+    }
+
+    pub fn config(&self) -> &BertConfig {
+        self.bert().config()
+    }
+
+    /// The head's [`BertHead::forward`], whichever head it is.
+    pub fn forward(
+        &self,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<TaskOutput> {
+        each_head!(self, m => BertHead::forward(m, input, labels, opts).map(Into::into))
+    }
+}

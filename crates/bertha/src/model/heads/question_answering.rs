@@ -1,0 +1,108 @@
+//! `BertForQuestionAnswering`: `qa_outputs` → start and end logits.
+
+use candle_core::{Module, Result as CResult, Tensor, D};
+use candle_nn::VarBuilder;
+
+use super::init::load_bert;
+use super::loss::{cross_entropy_with_ignore, label_values};
+use super::{BertHead, HeadLabels, HeadOptions};
+use crate::config::BertConfig;
+use crate::error::Result;
+use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::nn::Dense;
+
+/// `BertForQuestionAnswering`'s outputs.
+#[derive(Debug, Clone)]
+pub struct QuestionAnsweringOutput {
+    pub loss: Option<Tensor>,
+    /// [B, T]
+    pub start_logits: Tensor,
+    /// [B, T]
+    pub end_logits: Tensor,
+    pub hidden_states: Option<Vec<Tensor>>,
+    pub attentions: Option<Vec<Tensor>>,
+}
+
+impl From<QuestionAnsweringOutput> for super::TaskOutput {
+    fn from(o: QuestionAnsweringOutput) -> Self {
+        Self::QuestionAnswering(o)
+    }
+}
+
+/// `BertForQuestionAnswering`.
+#[derive(Debug, Clone)]
+pub struct BertForQuestionAnswering {
+    bert: BertModel,
+    qa_outputs: Dense,
+}
+
+super::impl_bert_head!(
+    BertForQuestionAnswering,
+    QuestionAnswering,
+    QuestionAnsweringOutput
+);
+
+impl BertForQuestionAnswering {
+    /// `start_positions` / `end_positions` [B]: token indices of the answer.
+    /// As in transformers, positions outside the sequence are clamped to
+    /// its length and then ignored; the loss is (start CE + end CE) / 2.
+    fn run(
+        &self,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<QuestionAnsweringOutput> {
+        let out = self.bert.forward(input, opts.forward)?;
+        let logits = self.qa_outputs.forward(&out.last_hidden_state)?;
+        let start_logits = logits.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
+        let end_logits = logits.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
+        let loss = match (labels.start_positions, labels.end_positions) {
+            (Some(s), Some(e)) => {
+                let t = start_logits.dim(1)? as i64;
+                let clamp = |v: Vec<i64>| v.into_iter().map(|x| x.clamp(0, t)).collect::<Vec<_>>();
+                let s = clamp(label_values(s, "start_positions")?);
+                let e = clamp(label_values(e, "end_positions")?);
+                let ls = cross_entropy_with_ignore(&start_logits, &s, t, "start_positions")?;
+                let le = cross_entropy_with_ignore(&end_logits, &e, t, "end_positions")?;
+                Some(((ls + le)? / 2.0)?)
+            }
+            _ => None,
+        };
+        Ok(QuestionAnsweringOutput {
+            loss,
+            start_logits,
+            end_logits,
+            hidden_states: out.hidden_states,
+            attentions: out.attentions,
+        })
+    }
+
+    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let qa_outputs = Dense::load(
+            root.pp("qa_outputs"),
+            config.hidden_size,
+            2,
+            config.initializer_range,
+        )?;
+        let bert = load_bert(base, config, Self::KIND)?;
+        Ok(Self { bert, qa_outputs })
+    }
+}
+
+impl BertForQuestionAnswering {
+    /// [`BertHead::forward`] with the answer positions.
+    pub fn forward(
+        &self,
+        input: &BertInput,
+        start_positions: Option<&Tensor>,
+        end_positions: Option<&Tensor>,
+        opts: ForwardOptions,
+    ) -> Result<QuestionAnsweringOutput> {
+        let labels = HeadLabels {
+            start_positions,
+            end_positions,
+            ..HeadLabels::default()
+        };
+        BertHead::forward(self, input, &labels, opts.into())
+    }
+}
