@@ -18,8 +18,7 @@ use crate::data::{
 use crate::error::{Error, Result};
 use crate::metrics::{accuracy, entity_scores, macro_f1};
 use crate::model::{
-    BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertHead,
-    BertInput, ForwardOptions, HeadInit, IGNORE_INDEX,
+    BertForTask, BertInput, ForwardOptions, HeadInit, HeadLabels, TaskOutput, IGNORE_INDEX,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -65,11 +64,10 @@ impl Evaluation {
     }
 }
 
-/// The model of one task.
-pub(crate) enum TaskHead {
-    Classification(BertForSequenceClassification),
-    Ner(BertForTokenClassification),
-    Qa(BertForQuestionAnswering),
+/// The model of one task: the task's head over the encoder.
+pub(crate) struct TaskHead {
+    task: Task,
+    model: BertForTask,
 }
 
 /// What one forward pass gives, per input.
@@ -91,33 +89,21 @@ pub(crate) struct BatchOut {
 }
 
 impl TaskHead {
-    pub(crate) fn load(
-        task: Task,
-        vb: VarBuilder,
-        config: BertConfig,
-    ) -> candle_core::Result<Self> {
-        Ok(match task {
-            Task::Classification => Self::Classification(BertHead::load(vb, config)?),
-            Task::Ner => Self::Ner(BertHead::load(vb, config)?),
-            Task::Qa => Self::Qa(BertHead::load(vb, config)?),
-        })
+    /// The task's head on parameters from `vb` (training).
+    pub(crate) fn load(task: Task, vb: VarBuilder, config: BertConfig) -> Result<Self> {
+        let model = BertForTask::load(vb, config, task.head())?;
+        Ok(Self { task, model })
     }
 
+    /// A fine-tuned checkpoint: the head's tensors must be there.
     pub(crate) fn from_dir(task: Task, dir: &Path, device: &Device) -> Result<Self> {
         let init = HeadInit::FromCheckpoint;
-        Ok(match task {
-            Task::Classification => Self::Classification(BertHead::from_dir(dir, init, device)?),
-            Task::Ner => Self::Ner(BertHead::from_dir(dir, init, device)?),
-            Task::Qa => Self::Qa(BertHead::from_dir(dir, init, device)?),
-        })
+        let model = BertForTask::from_dir(dir, Some(task.head()), init, device)?;
+        Ok(Self { task, model })
     }
 
     pub(crate) fn config(&self) -> &BertConfig {
-        match self {
-            Self::Classification(m) => m.config(),
-            Self::Ner(m) => m.config(),
-            Self::Qa(m) => m.bert().config(),
-        }
+        self.model.config()
     }
 
     /// Runs a batch padded to its longest input, with the loss against the
@@ -136,13 +122,9 @@ impl TaskHead {
         let t = ids.iter().map(Vec::len).max().unwrap_or(0);
         let tokens = ids.iter().map(Vec::len).sum();
         let input = BertInput::from_ids(&ids, &types, pad_id, device)?;
-        let opts = ForwardOptions {
-            train,
-            ..ForwardOptions::default()
-        };
-        let missing = || Error::Input("the head returned no loss for labelled inputs".into());
-        match self {
-            Self::Classification(m) => {
+        // The targets, as the head's labels, and how many the loss averages.
+        let (first, second, targets) = match self.task {
+            Task::Classification => {
                 let labels: Vec<i64> = batch
                     .iter()
                     .map(|i| match i.target {
@@ -150,22 +132,10 @@ impl TaskHead {
                         _ => IGNORE_INDEX,
                     })
                     .collect();
-                let targets = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
-                let labels = Tensor::from_vec(labels, b, device)?;
-                let out = m.forward(&input, Some(&labels), opts)?;
-                let outputs = if outputs {
-                    Some(Outputs::Class(out.logits.to_vec2::<f32>()?))
-                } else {
-                    None
-                };
-                Ok(BatchOut {
-                    loss: out.loss.ok_or_else(missing)?,
-                    targets,
-                    tokens,
-                    outputs,
-                })
+                let n = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
+                (Tensor::from_vec(labels, b, device)?, None, n)
             }
-            Self::Ner(m) => {
+            Task::Ner => {
                 let mut labels = vec![IGNORE_INDEX; b * t];
                 for (r, item) in batch.iter().enumerate() {
                     if let Target::Tokens(l) = &item.target {
@@ -173,27 +143,10 @@ impl TaskHead {
                         labels[r * t..r * t + n].copy_from_slice(&l[..n]);
                     }
                 }
-                let targets = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
-                let labels = Tensor::from_vec(labels, (b, t), device)?;
-                let out = m.forward(&input, Some(&labels), opts)?;
-                let outputs = if outputs {
-                    let best = out.logits.argmax(D::Minus1)?.to_vec2::<u32>()?;
-                    Some(Outputs::Tokens(
-                        best.into_iter()
-                            .map(|row| row.into_iter().map(|x| x as usize).collect())
-                            .collect(),
-                    ))
-                } else {
-                    None
-                };
-                Ok(BatchOut {
-                    loss: out.loss.ok_or_else(missing)?,
-                    targets,
-                    tokens,
-                    outputs,
-                })
+                let n = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
+                (Tensor::from_vec(labels, (b, t), device)?, None, n)
             }
-            Self::Qa(m) => {
+            Task::Qa => {
                 let (starts, ends): (Vec<i64>, Vec<i64>) = batch
                     .iter()
                     .map(|i| match i.target {
@@ -201,36 +154,77 @@ impl TaskHead {
                         _ => (0, 0),
                     })
                     .unzip();
-                let s = Tensor::from_vec(starts, b, device)?;
-                let e = Tensor::from_vec(ends, b, device)?;
-                let out = m.forward(&input, Some(&s), Some(&e), opts)?;
-                let outputs = if outputs {
-                    let starts = out.start_logits.to_vec2::<f32>()?;
-                    let ends = out.end_logits.to_vec2::<f32>()?;
-                    // Only the input's own tokens: padding is no candidate.
-                    Some(Outputs::Spans(
-                        starts
-                            .into_iter()
-                            .zip(ends)
-                            .zip(batch)
-                            .map(|((mut s, mut e), item)| {
-                                s.truncate(item.input_ids.len());
-                                e.truncate(item.input_ids.len());
-                                (s, e)
-                            })
-                            .collect(),
-                    ))
-                } else {
-                    None
-                };
-                Ok(BatchOut {
-                    loss: out.loss.ok_or_else(missing)?,
-                    targets: b,
-                    tokens,
-                    outputs,
-                })
+                let ends = Tensor::from_vec(ends, b, device)?;
+                (Tensor::from_vec(starts, b, device)?, Some(ends), b)
             }
-        }
+        };
+        let labels = match self.task {
+            Task::Qa => HeadLabels {
+                start_positions: Some(&first),
+                end_positions: second.as_ref(),
+                ..HeadLabels::default()
+            },
+            _ => HeadLabels::labels(Some(&first)),
+        };
+        let opts = ForwardOptions {
+            train,
+            ..ForwardOptions::default()
+        };
+        let out = self.model.forward(&input, &labels, opts.into())?;
+        let loss = out
+            .loss()
+            .cloned()
+            .ok_or_else(|| Error::Input("the head returned no loss for labelled inputs".into()))?;
+        let outputs = if outputs {
+            Some(self.outputs(out, batch)?)
+        } else {
+            None
+        };
+        Ok(BatchOut {
+            loss,
+            targets,
+            tokens,
+            outputs,
+        })
+    }
+
+    /// The per-input predictions of one forward pass.
+    fn outputs(&self, out: TaskOutput, batch: &[&TaskInput]) -> Result<Outputs> {
+        Ok(match (self.task, out) {
+            (Task::Classification, TaskOutput::Logits(o)) => {
+                Outputs::Class(o.logits.to_vec2::<f32>()?)
+            }
+            (Task::Ner, TaskOutput::Logits(o)) => {
+                let best = o.logits.argmax(D::Minus1)?.to_vec2::<u32>()?;
+                Outputs::Tokens(
+                    best.into_iter()
+                        .map(|row| row.into_iter().map(|x| x as usize).collect())
+                        .collect(),
+                )
+            }
+            (Task::Qa, TaskOutput::QuestionAnswering(o)) => {
+                let starts = o.start_logits.to_vec2::<f32>()?;
+                let ends = o.end_logits.to_vec2::<f32>()?;
+                // Only the input's own tokens: padding is no candidate.
+                Outputs::Spans(
+                    starts
+                        .into_iter()
+                        .zip(ends)
+                        .zip(batch)
+                        .map(|((mut s, mut e), item)| {
+                            s.truncate(item.input_ids.len());
+                            e.truncate(item.input_ids.len());
+                            (s, e)
+                        })
+                        .collect(),
+                )
+            }
+            _ => {
+                return Err(Error::Input(
+                    "internal: the head's outputs do not match the task".into(),
+                ))
+            }
+        })
     }
 }
 
@@ -275,10 +269,10 @@ pub(crate) fn infer(
             None => {}
         }
     }
-    let outputs = match head {
-        TaskHead::Classification(_) => Outputs::Class(class),
-        TaskHead::Ner(_) => Outputs::Tokens(tokens),
-        TaskHead::Qa(_) => Outputs::Spans(spans),
+    let outputs = match head.task {
+        Task::Classification => Outputs::Class(class),
+        Task::Ner => Outputs::Tokens(tokens),
+        Task::Qa => Outputs::Spans(spans),
     };
     Ok((outputs, (weight > 0).then(|| loss_sum / weight as f64)))
 }

@@ -335,9 +335,12 @@ impl Finetuner {
         };
         let origin = tokenizer_source.to_path_buf();
         Trainer::build(setup, opts.loop_options(), |vb| {
-            let head = TaskHead::load(task, vb, config.clone()).map_err(|e| Error::Weights {
-                path: origin,
-                reason: crate::weights::strip_backtrace(&e),
+            let head = TaskHead::load(task, vb, config.clone()).map_err(|e| match e {
+                Error::Tensor(e) => Error::Weights {
+                    path: origin,
+                    reason: crate::weights::strip_backtrace(&e),
+                },
+                other => other,
             })?;
             Ok(Finetuning {
                 task,

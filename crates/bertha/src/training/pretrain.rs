@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Module, Tensor, D};
+use candle_core::{Device, Tensor, D};
 
 use super::optim::AdamWConfig;
 use super::plan::{RunLength, Warmup};
@@ -19,8 +19,8 @@ use crate::config::BertConfig;
 use crate::data::{Corpus, Example, Masker};
 use crate::error::{Error, Result};
 use crate::model::{
-    cross_entropy_with_ignore, BertForMaskedLM, BertForPreTraining, BertHead, BertInput, BertModel,
-    ForwardOptions, IGNORE_INDEX,
+    BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
+    IGNORE_INDEX,
 };
 use crate::rng::rng_for;
 use crate::weights::Weights;
@@ -88,27 +88,6 @@ impl PretrainOptions {
     }
 }
 
-enum Heads {
-    Mlm(BertForMaskedLM),
-    PreTraining(BertForPreTraining),
-}
-
-impl Heads {
-    fn bert(&self) -> &BertModel {
-        match self {
-            Heads::Mlm(m) => m.bert(),
-            Heads::PreTraining(m) => m.bert(),
-        }
-    }
-
-    fn predictions(&self) -> &crate::model::BertLMPredictionHead {
-        match self {
-            Heads::Mlm(m) => m.predictions(),
-            Heads::PreTraining(m) => m.predictions(),
-        }
-    }
-}
-
 /// Sums over one batch, before averaging.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MlmTally {
@@ -120,8 +99,8 @@ pub struct MlmTally {
 
 /// Masked-LM (+NSP) pre-training.
 pub struct Pretraining {
-    config: BertConfig,
-    heads: Heads,
+    /// `BertForMaskedLM`, or `BertForPreTraining` with NSP.
+    model: BertForTask,
     masker: Masker,
     train: Corpus,
     eval: Corpus,
@@ -165,14 +144,14 @@ impl Pretrainer {
             tokenizer_source: tokenizer_source.to_path_buf(),
         };
         Trainer::build(setup, opts.loop_options(), |vb| {
-            let heads = if opts.nsp {
-                Heads::PreTraining(BertForPreTraining::load(vb, config.clone())?)
+            let kind = if opts.nsp {
+                HeadKind::PreTraining
             } else {
-                Heads::Mlm(BertForMaskedLM::load(vb, config.clone())?)
+                HeadKind::MaskedLM
             };
+            let model = BertForTask::load(vb, config.clone(), kind)?;
             Ok(Pretraining {
-                config,
-                heads,
+                model,
                 masker,
                 train,
                 eval,
@@ -209,38 +188,58 @@ impl Pretraining {
         }
         let t = ids.iter().map(Vec::len).max().unwrap_or(0);
         let input = BertInput::from_ids(&ids, &types, self.pad_id, &self.device)?;
-        let out = self.heads.bert().forward(
-            &input,
-            ForwardOptions {
-                train,
-                ..ForwardOptions::default()
-            },
-        )?;
+        // [B, T] labels, -100 on padding; the targets in the batch-major
+        // order of the head's labelled rows.
+        let mut flat = vec![IGNORE_INDEX; batch.len() * t];
+        for (b, l) in labels.iter().enumerate() {
+            flat[b * t..b * t + l.len()].copy_from_slice(l);
+        }
+        let targets: Vec<i64> = flat
+            .iter()
+            .copied()
+            .filter(|&y| y != IGNORE_INDEX)
+            .collect();
+        let mlm_labels = Tensor::from_vec(flat, (batch.len(), t), &self.device)?;
+        let nsp_labels = match self.model.kind() {
+            HeadKind::PreTraining => {
+                let nsp: Vec<i64> = batch
+                    .iter()
+                    .map(|e| e.next_sentence_label.map_or(IGNORE_INDEX, i64::from))
+                    .collect();
+                Some(Tensor::from_vec(nsp, batch.len(), &self.device)?)
+            }
+            _ => None,
+        };
+        let head_labels = HeadLabels {
+            labels: Some(&mlm_labels),
+            next_sentence_label: nsp_labels.as_ref(),
+            ..HeadLabels::default()
+        };
         // Only masked positions go through the vocabulary-sized decoder:
         // the same loss as transformers' (mean over masked tokens) at a
         // fraction of the cost.
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
-        for (b, l) in labels.iter().enumerate() {
-            for (j, &y) in l.iter().enumerate() {
-                if y != IGNORE_INDEX {
-                    rows.push((b * t + j) as u32);
-                    targets.push(y);
+        let opts = HeadOptions {
+            forward: ForwardOptions {
+                train,
+                ..ForwardOptions::default()
+            },
+            labelled_rows_only: true,
+        };
+        let (loss, mlm_loss, nsp_loss, logits) =
+            match self.model.forward(&input, &head_labels, opts)? {
+                TaskOutput::PreTraining(o) => (o.loss, o.mlm_loss, o.nsp_loss, o.prediction_logits),
+                TaskOutput::Logits(o) => (o.loss.clone(), o.loss, None, o.logits),
+                TaskOutput::QuestionAnswering(_) => {
+                    return Err(Error::Input(
+                        "internal: pre-training runs an MLM head".into(),
+                    ))
                 }
-            }
-        }
+            };
         let mut tally = MlmTally {
-            masked: rows.len(),
+            masked: targets.len(),
             ..MlmTally::default()
         };
-        let mut loss: Option<Tensor> = None;
-        if !rows.is_empty() {
-            let d = self.config.hidden_size;
-            let hidden = out.last_hidden_state.reshape((batch.len() * t, d))?;
-            let idx = Tensor::from_vec(rows, tally.masked, &self.device)?;
-            let picked = hidden.index_select(&idx, 0)?;
-            let logits = self.heads.predictions().forward(&picked)?;
-            let mlm = cross_entropy_with_ignore(&logits, &targets, IGNORE_INDEX, "labels")?;
+        if let Some(mlm) = &mlm_loss {
             tally.mlm_loss = mlm.to_scalar::<f32>()? as f64;
             let pred = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
             tally.correct = pred
@@ -248,29 +247,9 @@ impl Pretraining {
                 .zip(&targets)
                 .filter(|(p, y)| i64::from(**p) == **y)
                 .count();
-            loss = Some(mlm);
         }
-        if let Heads::PreTraining(m) = &self.heads {
-            let nsp_labels: Vec<i64> = batch
-                .iter()
-                .map(|e| e.next_sentence_label.map_or(IGNORE_INDEX, i64::from))
-                .collect();
-            let pooled = out
-                .pooler_output
-                .as_ref()
-                .ok_or_else(|| Error::Input("NSP needs the pooler output".into()))?;
-            let logits = m.seq_relationship().forward(pooled)?;
-            let nsp = cross_entropy_with_ignore(
-                &logits,
-                &nsp_labels,
-                IGNORE_INDEX,
-                "next_sentence_label",
-            )?;
+        if let Some(nsp) = &nsp_loss {
             tally.nsp_loss = Some(nsp.to_scalar::<f32>()? as f64);
-            loss = Some(match loss {
-                Some(l) => l.add(&nsp)?,
-                None => nsp,
-            });
         }
         Ok((loss, tally))
     }

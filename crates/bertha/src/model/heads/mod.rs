@@ -310,15 +310,36 @@ macro_rules! each_head {
     };
 }
 
-/// Loads head `H` into its variant of [`BertForTask`].
-fn load_task<H: BertHead>(
+/// How a head is loaded, whichever head it is: [`BertForTask`] picks the
+/// head type, the loader its source.
+trait LoadHead {
+    fn load<H: BertHead>(self) -> Result<H>;
+}
+
+/// From a model folder's named tensors.
+struct FromWeights<'a> {
     weights: Weights,
     config: BertConfig,
     init: HeadInit,
-    device: &candle_core::Device,
-    variant: fn(H) -> BertForTask,
-) -> Result<BertForTask> {
-    Ok(variant(H::from_weights(weights, config, init, device)?))
+    device: &'a candle_core::Device,
+}
+
+impl LoadHead for FromWeights<'_> {
+    fn load<H: BertHead>(self) -> Result<H> {
+        H::from_weights(self.weights, self.config, self.init, self.device)
+    }
+}
+
+/// From a `VarBuilder` in transformers' layout (training's parameters).
+struct FromVarBuilder<'a> {
+    vb: VarBuilder<'a>,
+    config: BertConfig,
+}
+
+impl LoadHead for FromVarBuilder<'_> {
+    fn load<H: BertHead>(self) -> Result<H> {
+        Ok(H::load(self.vb, self.config)?)
+    }
 }
 
 impl BertForTask {
@@ -365,20 +386,31 @@ impl BertForTask {
         init: HeadInit,
         device: &candle_core::Device,
     ) -> Result<Self> {
-        let (w, c, d) = (weights, config, device);
-        match kind {
-            HeadKind::PreTraining => load_task(w, c, init, d, Self::PreTraining),
-            HeadKind::MaskedLM => load_task(w, c, init, d, Self::MaskedLM),
-            HeadKind::NextSentencePrediction => {
-                load_task(w, c, init, d, Self::NextSentencePrediction)
-            }
-            HeadKind::SequenceClassification => {
-                load_task(w, c, init, d, Self::SequenceClassification)
-            }
-            HeadKind::TokenClassification => load_task(w, c, init, d, Self::TokenClassification),
-            HeadKind::QuestionAnswering => load_task(w, c, init, d, Self::QuestionAnswering),
-            HeadKind::MultipleChoice => load_task(w, c, init, d, Self::MultipleChoice),
-        }
+        let source = FromWeights {
+            weights,
+            config,
+            init,
+            device,
+        };
+        Self::load_kind(kind, source)
+    }
+
+    /// Loads head `kind` from a `VarBuilder` in transformers' layout
+    /// (encoder under `bert.`), e.g. training's parameters.
+    pub fn load(vb: VarBuilder, config: BertConfig, kind: HeadKind) -> Result<Self> {
+        Self::load_kind(kind, FromVarBuilder { vb, config })
+    }
+
+    fn load_kind(kind: HeadKind, source: impl LoadHead) -> Result<Self> {
+        Ok(match kind {
+            HeadKind::PreTraining => Self::PreTraining(source.load()?),
+            HeadKind::MaskedLM => Self::MaskedLM(source.load()?),
+            HeadKind::NextSentencePrediction => Self::NextSentencePrediction(source.load()?),
+            HeadKind::SequenceClassification => Self::SequenceClassification(source.load()?),
+            HeadKind::TokenClassification => Self::TokenClassification(source.load()?),
+            HeadKind::QuestionAnswering => Self::QuestionAnswering(source.load()?),
+            HeadKind::MultipleChoice => Self::MultipleChoice(source.load()?),
+        })
     }
 
     pub fn kind(&self) -> HeadKind {
