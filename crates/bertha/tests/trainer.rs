@@ -23,6 +23,16 @@ fn each_objective(test: impl Fn(&str, &dyn Fn(&Path, &Tweak) -> Outcome)) {
     test("qa", &|out, t| outcome(finetuner(out, Task::Qa, t)));
 }
 
+/// Runs every objective into a fresh folder with `tweak`, then checks
+/// the outcome.
+fn check_each(tweak: Tweak, check: impl Fn(&str, &Path, Outcome)) {
+    each_objective(|name, run| {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        check(name, &out, run(&out, &tweak));
+    });
+}
+
 struct Outcome {
     steps: Vec<StepMetrics>,
     events: Vec<Event>,
@@ -143,17 +153,12 @@ fn accumulated_batches_match_one_large_batch() {
 
 #[test]
 fn checkpoints_are_pruned_to_the_newest() {
-    each_objective(|name, run| {
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("out");
-        let o = run(
-            &out,
-            &Tweak {
-                save_every: Some(1),
-                save_total_limit: Some(2),
-                ..Tweak::default()
-            },
-        );
+    let tweak = Tweak {
+        save_every: Some(1),
+        save_total_limit: Some(2),
+        ..Tweak::default()
+    };
+    check_each(tweak, |name, out, o| {
         o.result.unwrap();
         let saved = o
             .events
@@ -162,7 +167,7 @@ fn checkpoints_are_pruned_to_the_newest() {
             .count();
         assert!(saved >= 3, "{name}: {saved} saves");
         let last = o.steps.last().unwrap().step;
-        assert_eq!(checkpoints(&out), [last - 1, last], "{name}");
+        assert_eq!(checkpoints(out), [last - 1, last], "{name}");
     });
 }
 
@@ -171,18 +176,13 @@ fn checkpoints_are_pruned_to_the_newest() {
 /// is the first evaluation's, kept in `best/`.
 #[test]
 fn early_stopping_keeps_the_best_model() {
-    each_objective(|name, run| {
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("out");
-        let o = run(
-            &out,
-            &Tweak {
-                lr: 0.0,
-                eval_every: Some(1),
-                early_stop: Some(2),
-                ..Tweak::default()
-            },
-        );
+    let tweak = Tweak {
+        lr: 0.0,
+        eval_every: Some(1),
+        early_stop: Some(2),
+        ..Tweak::default()
+    };
+    check_each(tweak, |name, out, o| {
         o.result.unwrap();
         assert_eq!(o.steps.len(), 3, "{name}: stops after 1 + 2 evaluations");
         let best: Vec<u64> = o
@@ -205,7 +205,7 @@ fn early_stopping_keeps_the_best_model() {
             "{name}: {:?}",
             o.events
         );
-        for dir in [out.join("best"), out.clone()] {
+        for dir in [out.join("best"), out.to_path_buf()] {
             assert!(dir.join("model.safetensors").is_file(), "{name}");
             let results = common::read_json(&dir.join(EVAL_RESULTS_FILE));
             assert_eq!(results["step"], 1, "{name}: {}", dir.display());
@@ -220,19 +220,11 @@ fn early_stopping_keeps_the_best_model() {
 
 #[test]
 fn a_non_finite_loss_stops_the_run() {
-    each_objective(|name, run| {
-        let tmp = tempfile::tempdir().unwrap();
-        let o = run(
-            &tmp.path().join("out"),
-            &Tweak {
-                poison: Some(if name == "mlm" || name == "nsp" {
-                    "bert.embeddings.word_embeddings.weight"
-                } else {
-                    "bert.embeddings.LayerNorm.weight"
-                }),
-                ..Tweak::default()
-            },
-        );
+    let tweak = Tweak {
+        poison: Some("bert.embeddings.LayerNorm.weight"),
+        ..Tweak::default()
+    };
+    check_each(tweak, |name, _, o| {
         assert!(o.steps.is_empty(), "{name}");
         match o.result {
             Err(Error::Diverged { step, value, .. }) => {

@@ -426,7 +426,7 @@ pub struct PostprocessOptions {
     pub n_best: usize,
     /// The longest answer, in tokens.
     pub max_answer_length: usize,
-    /// SQuAD v2: answer "" when the best [CLS] score (start + end logit at
+    /// SQuAD v2: answer "" when the best `[CLS]` score (start + end logit at
     /// position 0) beats the best span by more than `null_threshold`.
     pub allow_no_answer: bool,
     pub null_threshold: f32,

@@ -69,7 +69,7 @@ impl Task {
     }
 
     /// The score that picks the best checkpoint: accuracy, entity F1 or
-    /// SQuAD F1 (a key of [`Evaluation::scores`]).
+    /// SQuAD F1 (a key of [`Evaluation::scores`](crate::tasks::Evaluation::scores)).
     pub fn main_metric(self) -> &'static str {
         match self {
             Self::Classification => "accuracy",
@@ -241,11 +241,22 @@ pub enum Target {
     Span(i64, i64),
 }
 
+/// One model input: token ids, token types and what it is trained towards.
 #[derive(Debug, Clone)]
 pub struct TaskInput {
     pub input_ids: Vec<u32>,
     pub token_type_ids: Vec<u32>,
     pub target: Target,
+}
+
+impl TaskInput {
+    fn of(input_ids: &[u32], token_type_ids: &[u32], target: Target) -> Self {
+        Self {
+            input_ids: input_ids.to_vec(),
+            token_type_ids: token_type_ids.to_vec(),
+            target,
+        }
+    }
 }
 
 /// The model inputs of a data set, with what scoring them needs.
@@ -338,14 +349,12 @@ impl TaskInputBuilder {
                 p.items = p
                     .aligned
                     .iter()
-                    .map(|a| TaskInput {
-                        input_ids: a.input_ids.clone(),
-                        token_type_ids: a.token_type_ids.clone(),
-                        target: Target::Tokens(if targets {
-                            a.labels.clone()
-                        } else {
-                            vec![IGNORE_INDEX; a.labels.len()]
-                        }),
+                    .map(|a| {
+                        let tags = match targets {
+                            true => a.labels.clone(),
+                            false => vec![IGNORE_INDEX; a.labels.len()],
+                        };
+                        TaskInput::of(&a.input_ids, &a.token_type_ids, Target::Tokens(tags))
                     })
                     .collect();
             }
@@ -363,10 +372,9 @@ impl TaskInputBuilder {
                 p.items = p
                     .features
                     .iter()
-                    .map(|f| TaskInput {
-                        input_ids: f.input_ids.clone(),
-                        token_type_ids: f.token_type_ids.clone(),
-                        target: Target::Span(f.start_position as i64, f.end_position as i64),
+                    .map(|f| {
+                        let span = Target::Span(f.start_position as i64, f.end_position as i64);
+                        TaskInput::of(&f.input_ids, &f.token_type_ids, span)
                     })
                     .collect();
             }

@@ -583,45 +583,42 @@ impl FinetunedModel {
         })
     }
 
-    /// Scores on a file read by [`FinetunedModel::read_labelled`], with the
-    /// predictions they were computed from.
-    pub fn evaluate(&self, data: &TaskData) -> Result<Evaluation> {
+    /// The model's outputs on `data` (with its targets, or ignoring them).
+    fn infer(&self, data: &TaskData, targets: bool) -> Result<(TaskInputs, Outputs, Option<f64>)> {
         self.check_task(data)?;
-        let prepared = self.inputs.build(data, true)?;
+        let prepared = self.inputs.build(data, targets)?;
+        let pad_id = self.inputs.tokenizer.pad_id();
         let (outputs, loss) = infer(
             &self.head,
             &prepared.items,
             self.batch_size,
-            self.inputs.tokenizer.pad_id(),
+            pad_id,
             &self.device,
         )?;
-        let labels = self.label_names(data.labels())?;
+        Ok((prepared, outputs, loss))
+    }
+
+    fn scorer<'a>(&'a self, labels: &'a LabelSet) -> Scorer<'a> {
         Scorer {
-            labels: &labels,
+            labels,
             config: self.config(),
             post: self.post,
         }
-        .score(data, &prepared, outputs, loss)
+    }
+
+    /// Scores on a file read by [`FinetunedModel::read_labelled`], with the
+    /// predictions they were computed from.
+    pub fn evaluate(&self, data: &TaskData) -> Result<Evaluation> {
+        let (prepared, outputs, loss) = self.infer(data, true)?;
+        let labels = self.label_names(data.labels())?;
+        self.scorer(&labels).score(data, &prepared, outputs, loss)
     }
 
     /// Predictions for every example of `data`, in file order (labels, if
     /// the file has them, are ignored).
     pub fn predict(&self, data: &TaskData) -> Result<Predictions> {
-        self.check_task(data)?;
-        let prepared = self.inputs.build(data, false)?;
-        let (outputs, _) = infer(
-            &self.head,
-            &prepared.items,
-            self.batch_size,
-            self.inputs.tokenizer.pad_id(),
-            &self.device,
-        )?;
+        let (prepared, outputs, _) = self.infer(data, false)?;
         let labels = self.label_names(None)?;
-        let scorer = Scorer {
-            labels: &labels,
-            config: self.config(),
-            post: self.post,
-        };
-        scorer.predictions(data, &prepared, outputs)
+        self.scorer(&labels).predictions(data, &prepared, outputs)
     }
 }

@@ -447,12 +447,8 @@ impl Objective for Finetuning {
         dropout: 12,
     };
 
-    fn train_len(&self) -> usize {
-        self.train.items.len()
-    }
-
-    fn input_len(&self, i: usize) -> usize {
-        self.train.items[i].input_ids.len()
+    fn input_lengths(&self) -> Vec<usize> {
+        self.train.items.iter().map(|e| e.input_ids.len()).collect()
     }
 
     fn main_metric(&self) -> MainMetric {

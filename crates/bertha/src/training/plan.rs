@@ -135,15 +135,18 @@ impl TrainPlan {
 }
 
 /// Each epoch's reading order: the inputs shuffled by `(seed, purpose,
-/// epoch)`, optionally grouped by length; drawn once per epoch.
+/// epoch)`, grouped by length when their lengths are given; drawn once per
+/// epoch.
 pub(crate) struct EpochOrder {
+    lengths: Option<Vec<usize>>,
     epoch: u64,
     order: Vec<usize>,
 }
 
 impl EpochOrder {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(lengths: Option<Vec<usize>>) -> Self {
         Self {
+            lengths,
             epoch: u64::MAX,
             order: Vec::new(),
         }
@@ -155,16 +158,16 @@ impl EpochOrder {
         plan: &TrainPlan,
         micro: u64,
         shuffle: (u64, u64),
-        group_by_len: Option<&dyn Fn(usize) -> usize>,
     ) -> Vec<usize> {
         let (epoch, within) = plan.locate(micro);
         if self.epoch != epoch {
             let mut order: Vec<usize> = (0..plan.inputs).collect();
             order.shuffle(&mut rng_for(shuffle.0, shuffle.1, epoch));
-            if let Some(len) = group_by_len {
-                group_by_length(&mut order, plan.batch_size, len);
+            if let Some(lengths) = &self.lengths {
+                group_by_length(&mut order, plan.batch_size, |i| lengths[i]);
             }
-            *self = Self { epoch, order };
+            self.epoch = epoch;
+            self.order = order;
         }
         let bs = plan.batch_size;
         self.order[within * bs..((within + 1) * bs).min(plan.inputs)].to_vec()

@@ -262,12 +262,12 @@ impl Objective for Pretraining {
         dropout: 3,
     };
 
-    fn train_len(&self) -> usize {
-        self.train.len()
-    }
-
-    fn input_len(&self, i: usize) -> usize {
-        self.train.examples[i].input_ids.len()
+    fn input_lengths(&self) -> Vec<usize> {
+        self.train
+            .examples
+            .iter()
+            .map(|e| e.input_ids.len())
+            .collect()
     }
 
     fn main_metric(&self) -> MainMetric {

@@ -94,11 +94,9 @@ pub trait Objective {
     /// The purposes of the objective's data-order and dropout generators.
     const STREAMS: Streams;
 
-    /// Training inputs batches are drawn from.
-    fn train_len(&self) -> usize;
-
-    /// Tokens of training input `i` (for grouping batches by length).
-    fn input_len(&self, i: usize) -> usize;
+    /// The tokens of each training input (their count is the number of
+    /// inputs batches are drawn from; the lengths group batches by length).
+    fn input_lengths(&self) -> Vec<usize>;
 
     fn main_metric(&self) -> MainMetric;
 
@@ -205,8 +203,10 @@ impl<O: Objective> Trainer<O> {
         let (mut params, vb) = ParamStore::builder(model.init, &prefix, opts.seed, &device);
         let objective = build(vb)?;
         params.freeze()?;
+        let lengths = objective.input_lengths();
+        let group_by_length = opts.group_by_length;
         let plan = TrainPlan::new(
-            objective.train_len(),
+            lengths.len(),
             opts.batch_size,
             opts.grad_accum,
             opts.drop_last,
@@ -234,7 +234,7 @@ impl<O: Objective> Trainer<O> {
             best: None,
             patience_used: 0,
             metrics_owned: false,
-            order: EpochOrder::new(),
+            order: EpochOrder::new(group_by_length.then_some(lengths)),
             hook: None,
         })
     }
@@ -438,16 +438,9 @@ impl<O: Objective> Trainer<O> {
         let mut tokens = 0;
         for k in 0..ga {
             let micro = self.step * ga as u64 + k as u64;
-            let objective = &self.objective;
-            let by_len = |i: usize| objective.input_len(i);
-            let batch = self.order.micro_batch(
-                &self.plan,
-                micro,
-                (self.opts.seed, streams.shuffle),
-                self.opts
-                    .group_by_length
-                    .then_some(&by_len as &dyn Fn(usize) -> usize),
-            );
+            let batch =
+                self.order
+                    .micro_batch(&self.plan, micro, (self.opts.seed, streams.shuffle));
             seed_dropout(seed_for(self.opts.seed, streams.dropout, micro));
             let out = self.objective.train_batch(&batch, micro)?;
             if !out.loss.is_finite() {
