@@ -11,8 +11,8 @@ use bertha::model::IGNORE_INDEX as IGNORE;
 use bertha::rng::rng_for;
 use bertha::training::optim::GradAccumulator;
 use bertha::training::{
-    AdamW, AdamWConfig, Event, LrSchedule, ParamStore, PretrainOptions, Pretrainer, RunLength,
-    ScheduleKind, StepMetrics, Warmup,
+    AdamW, AdamWConfig, Event, LoopOptions, LrSchedule, ParamStore, PretrainOptions, Pretrainer,
+    RunLength, ScheduleKind, StepMetrics, Warmup,
 };
 use bertha::{BertConfig, Device, Tensor, Tokenizer};
 use common::{fixtures, load_safetensors};
@@ -277,21 +277,17 @@ fn micro_config(vocab: usize) -> BertConfig {
 
 fn options(out: &Path, steps: u64, nsp: bool) -> PretrainOptions {
     PretrainOptions {
-        batch_size: 4,
-        grad_accum: 2,
-        length: RunLength::Steps(steps),
-        warmup: Warmup::Steps(2),
-        schedule: ScheduleKind::Linear,
-        lr: 1e-3,
-        adamw: AdamWConfig::default(),
-        weight_decay: 0.01,
-        seed: 11,
         nsp,
-        eval_every: None,
-        save_every: None,
-        save_total_limit: None,
-        early_stop: None,
-        out: out.to_path_buf(),
+        train: LoopOptions {
+            batch_size: 4,
+            grad_accum: 2,
+            length: RunLength::Steps(steps),
+            warmup: Warmup::Steps(2),
+            lr: 1e-3,
+            seed: 11,
+            drop_last: true,
+            ..LoopOptions::new(out)
+        },
     }
 }
 
@@ -300,7 +296,7 @@ fn trainer(corpus_text: &Path, opts: PretrainOptions, seq_len: usize) -> Pretrai
     let corpus_opts = CorpusOptions {
         seq_len,
         nsp: opts.nsp,
-        seed: opts.seed,
+        seed: opts.train.seed,
     };
     let mut train = Corpus::read(&[corpus_text.to_path_buf()], &tok, &corpus_opts).unwrap();
     let eval = train.split_off_last(8);
@@ -341,7 +337,7 @@ fn resumed_run_repeats_the_uninterrupted_one() {
             48,
         ));
         let mut first = options(&tmp.path().join("b"), 6, nsp);
-        first.save_every = Some(3);
+        first.train.save_every = Some(3);
         // Stop after 3 of 6 steps: a run whose checkpoint-3 is written and
         // whose steps 4..6 are then thrown away.
         let mut t = trainer(&corpus, first.clone(), 48);
@@ -393,10 +389,10 @@ fn tiny_model_overfits_a_few_sentences() {
                      water boils at one hundred degrees celsius at sea level.\n";
     std::fs::write(&text, sentences.repeat(4)).unwrap();
     let mut opts = options(&tmp.path().join("out"), 800, false);
-    opts.lr = 3e-3;
-    opts.grad_accum = 1;
-    opts.warmup = Warmup::Steps(10);
-    opts.weight_decay = 0.0;
+    opts.train.lr = 3e-3;
+    opts.train.grad_accum = 1;
+    opts.train.warmup = Warmup::Steps(10);
+    opts.train.adamw.weight_decay = 0.0;
     let (tok, dir) = tokenizer();
     let corpus_opts = CorpusOptions {
         seq_len: 32,
@@ -459,7 +455,7 @@ fn checkpoints_have_transformers_names_and_shapes() {
         let train = Corpus::read(std::slice::from_ref(&corpus), &tok, &corpus_opts).unwrap();
         let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
         let mut opts = options(tmp.path(), 1, nsp);
-        opts.grad_accum = 1;
+        opts.train.grad_accum = 1;
         let mut t = Pretrainer::new(
             config,
             None,

@@ -8,7 +8,8 @@ use anyhow::{bail, Context, Result};
 use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
 use bertha::training::checkpoint::Checkpoint;
 use bertha::training::{
-    presets::resolve_config, Event, PretrainOptions, Pretrainer, RunLength, ScheduleKind, Warmup,
+    presets::resolve_config, Event, LoopOptions, PretrainOptions, Pretrainer, RunLength,
+    ScheduleKind, Warmup,
 };
 use bertha::{Tokenizer, Weights};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -222,24 +223,28 @@ pub fn run(a: Args) -> Result<()> {
     )?;
 
     let opts = PretrainOptions {
-        batch_size: a.batch_size,
-        grad_accum: a.grad_accum,
-        length,
-        warmup,
-        schedule: ScheduleKind::parse(&a.schedule)?,
-        lr: a.lr,
-        adamw: bertha::training::AdamWConfig {
-            max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
-            ..Default::default()
-        },
-        weight_decay: a.weight_decay,
-        seed: a.seed,
         nsp: a.nsp,
-        eval_every: a.eval_every,
-        save_every: a.save_every,
-        save_total_limit: a.save_total_limit,
-        early_stop: a.early_stop,
-        out: a.out.clone(),
+        train: LoopOptions {
+            batch_size: a.batch_size,
+            grad_accum: a.grad_accum,
+            length,
+            warmup,
+            schedule: ScheduleKind::parse(&a.schedule)?,
+            lr: a.lr,
+            adamw: bertha::training::AdamWConfig {
+                weight_decay: a.weight_decay,
+                max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
+                ..Default::default()
+            },
+            seed: a.seed,
+            // Full windows only; evaluation and checkpoints by steps.
+            drop_last: true,
+            eval_every: a.eval_every,
+            save_every: a.save_every,
+            save_total_limit: a.save_total_limit,
+            early_stop: a.early_stop,
+            ..LoopOptions::new(&a.out)
+        },
     };
     let mut trainer = Pretrainer::new(
         config,

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::params::ParamStore;
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
     pub beta1: f64,
     pub beta2: f64,

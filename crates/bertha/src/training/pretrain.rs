@@ -4,17 +4,14 @@
 //! perplexity and accuracy with the same masks at every evaluation.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{Device, Tensor, D};
 
-use super::optim::AdamWConfig;
-use super::plan::{RunLength, Warmup};
 use super::trainer::{
     Chart, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams,
     Trainer,
 };
-use super::ScheduleKind;
 use crate::config::BertConfig;
 use crate::data::{Corpus, Example, Masker};
 use crate::error::{Error, Result};
@@ -32,60 +29,14 @@ const EVAL_MASK: u64 = 4;
 /// A pre-training run.
 pub type Pretrainer = Trainer<Pretraining>;
 
+/// A pre-training run's options: the loop's, and whether NSP is trained.
+/// (The CLI reads full windows only, `drop_last`, and evaluates by steps.)
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PretrainOptions {
-    /// Sequences per micro-batch.
-    pub batch_size: usize,
-    /// Micro-batches per optimiser step.
-    pub grad_accum: usize,
-    /// Optimiser steps, or passes over the corpus.
-    pub length: RunLength,
-    pub warmup: Warmup,
-    pub schedule: ScheduleKind,
-    pub lr: f64,
-    #[serde(skip)]
-    pub adamw: AdamWConfig,
-    pub weight_decay: f64,
-    pub seed: u64,
+    /// Also train next-sentence prediction on sentence pairs.
     pub nsp: bool,
-    /// Evaluate the held-out set every N steps (and at the end).
-    pub eval_every: Option<u64>,
-    /// Write `checkpoint-N` every N steps (and at the end).
-    pub save_every: Option<u64>,
-    /// Keep only the newest N checkpoints (`None`: all).
-    #[serde(default)]
-    pub save_total_limit: Option<usize>,
-    /// Stop after this many evaluations without a lower held-out MLM
-    /// loss; the best model is kept in `out/best` and becomes the final one.
-    #[serde(default)]
-    pub early_stop: Option<usize>,
-    pub out: PathBuf,
-}
-
-impl PretrainOptions {
-    fn loop_options(&self) -> LoopOptions {
-        LoopOptions {
-            batch_size: self.batch_size,
-            grad_accum: self.grad_accum,
-            length: self.length,
-            warmup: self.warmup,
-            schedule: self.schedule,
-            lr: self.lr,
-            adamw: AdamWConfig {
-                weight_decay: self.weight_decay,
-                ..self.adamw
-            },
-            seed: self.seed,
-            drop_last: true,
-            group_by_length: false,
-            eval_every: self.eval_every,
-            save_every: self.save_every,
-            at_epoch_end: false,
-            save_total_limit: self.save_total_limit,
-            early_stop: self.early_stop,
-            out: self.out.clone(),
-        }
-    }
+    #[serde(flatten)]
+    pub train: LoopOptions,
 }
 
 /// Sums over one batch, before averaging.
@@ -143,7 +94,7 @@ impl Pretrainer {
             init,
             tokenizer_source: tokenizer_source.to_path_buf(),
         };
-        Trainer::build(setup, opts.loop_options(), |vb| {
+        Trainer::build(setup, opts.train.clone(), |vb| {
             let kind = if opts.nsp {
                 HeadKind::PreTraining
             } else {
@@ -289,7 +240,7 @@ impl Objective for Pretraining {
 
     fn train_batch(&self, batch: &[usize], micro: u64) -> Result<MicroStep<MlmTally>> {
         let examples: Vec<&Example> = batch.iter().map(|&i| &self.train.examples[i]).collect();
-        let seed = self.opts.seed;
+        let seed = self.opts.train.seed;
         let (loss, tally) = self.run_batch(
             &examples,
             |i| rng_for(seed, MASK, micro * 1_000_003 + i as u64),
@@ -333,11 +284,11 @@ impl Objective for Pretraining {
         }
         let (mut loss_sum, mut masked, mut correct) = (0.0, 0usize, 0usize);
         let refs: Vec<&Example> = self.eval.examples.iter().collect();
-        for (c, chunk) in refs.chunks(self.opts.batch_size).enumerate() {
-            let base = c * self.opts.batch_size;
+        for (c, chunk) in refs.chunks(self.opts.train.batch_size).enumerate() {
+            let base = c * self.opts.train.batch_size;
             let (_, fig) = self.run_batch(
                 chunk,
-                |i| rng_for(self.opts.seed, EVAL_MASK, (base + i) as u64),
+                |i| rng_for(self.opts.train.seed, EVAL_MASK, (base + i) as u64),
                 false,
             )?;
             loss_sum += fig.mlm_loss * fig.masked as f64;

@@ -128,7 +128,7 @@ pub trait GradientHook {
 }
 
 /// Options of the loop, shared by every objective.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct LoopOptions {
     pub batch_size: usize,
     pub grad_accum: usize,
@@ -154,6 +154,32 @@ pub struct LoopOptions {
     /// best model is kept in `out/best` and becomes the run's final model.
     pub early_stop: Option<usize>,
     pub out: PathBuf,
+}
+
+impl LoopOptions {
+    /// transformers' `TrainingArguments` defaults (batch 8, lr 5e-5, one
+    /// epoch, no warmup, linear decay, AdamW with weight decay 0.01 and
+    /// clipping at 1.0), writing into `out`.
+    pub fn new(out: impl Into<PathBuf>) -> Self {
+        Self {
+            batch_size: 8,
+            grad_accum: 1,
+            length: RunLength::Epochs(1.0),
+            warmup: Warmup::Steps(0),
+            schedule: ScheduleKind::Linear,
+            lr: 5e-5,
+            adamw: AdamWConfig::default(),
+            seed: 0,
+            drop_last: false,
+            group_by_length: false,
+            eval_every: None,
+            save_every: None,
+            at_epoch_end: false,
+            save_total_limit: None,
+            early_stop: None,
+            out: out.into(),
+        }
+    }
 }
 
 /// The model a run trains: its config, initial weights and tokenizer.

@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 
 use bertha::data::{Corpus, CorpusOptions, DataOptions, MaskSplit, Masker, Task};
 use bertha::training::{
-    AdamWConfig, FinetuneOptions, Finetuner, PretrainOptions, Pretrainer, RunLength, ScheduleKind,
-    Warmup,
+    FinetuneOptions, Finetuner, LoopOptions, PretrainOptions, Pretrainer, RunLength, Warmup,
 };
 use bertha::{BertConfig, Tensor, Tokenizer, Weights};
 use serde_json::{json, Value};
@@ -89,24 +88,21 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
     let eval = train.split_off_last(6);
     let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
     let opts = PretrainOptions {
-        batch_size: t.batch_size,
-        grad_accum: t.grad_accum,
-        length: RunLength::Steps(6),
-        warmup: Warmup::Steps(2),
-        schedule: ScheduleKind::Linear,
-        lr: t.lr,
-        adamw: AdamWConfig {
-            max_grad_norm: Some(1.0),
-            ..AdamWConfig::default()
-        },
-        weight_decay: 0.01,
-        seed: 17,
         nsp,
-        eval_every: t.eval_every,
-        save_every: t.save_every,
-        save_total_limit: t.save_total_limit,
-        early_stop: t.early_stop,
-        out: out.to_path_buf(),
+        train: LoopOptions {
+            batch_size: t.batch_size,
+            grad_accum: t.grad_accum,
+            length: RunLength::Steps(6),
+            warmup: Warmup::Steps(2),
+            lr: t.lr,
+            seed: 17,
+            drop_last: true,
+            eval_every: t.eval_every,
+            save_every: t.save_every,
+            save_total_limit: t.save_total_limit,
+            early_stop: t.early_stop,
+            ..LoopOptions::new(out)
+        },
     };
     let init = (!nsp || t.poison.is_some()).then(|| Weights::from_model_dir(&model).unwrap());
     Pretrainer::new(
