@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use bertha::input;
+use bertha::io::texts;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TextArgs {
@@ -29,19 +29,19 @@ impl TextArgs {
             return Ok(self.texts.clone());
         }
         match &self.input {
-            Some(p) if p.as_os_str() == "-" => Ok(input::read_lines_from_reader(
+            Some(p) if p.as_os_str() == "-" => Ok(texts::read_lines_from_reader(
                 std::io::stdin().lock(),
                 "stdin",
             )?),
             Some(p) => Ok(match &self.column {
-                Some(c) => input::read_column(p, c)?,
-                None => input::read_lines_from_file(p)?,
+                Some(c) => texts::read_column(p, c)?,
+                None => texts::read_lines_from_file(p)?,
             }),
             None => {
                 if std::io::stdin().is_terminal() {
                     bail!("no texts: pass them as arguments, with --input FILE, or on stdin");
                 }
-                Ok(input::read_lines_from_reader(
+                Ok(texts::read_lines_from_reader(
                     std::io::stdin().lock(),
                     "stdin",
                 )?)

@@ -1,65 +1,10 @@
 //! The `bertha` binary end to end: real processes, real files, real model.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{bertha, fixtures, minilm, ok_lines, run, run_stdin, stderr};
 
-fn fixtures() -> PathBuf {
-    repo().join("tests/fixtures")
-}
-
-fn minilm() -> PathBuf {
-    let dir = repo().join(".cache/models/all-MiniLM-L6-v2");
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "run scripts/fetch-model.sh first"
-    );
-    dir
-}
-
-fn bertha(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bertha"));
-    c.args(args)
-        .env_remove("BERTHA_MODEL")
-        .env("RAYON_NUM_THREADS", "2");
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    bertha(args).stdin(Stdio::null()).output().unwrap()
-}
-
-fn run_stdin(args: &[&str], input: &[u8]) -> Output {
-    let mut child = bertha(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn ok_lines(out: &Output) -> Vec<serde_json::Value> {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use std::process::Stdio;
 
 fn reference_embedding(i: usize) -> Vec<f32> {
     let t = candle_core::safetensors::load(

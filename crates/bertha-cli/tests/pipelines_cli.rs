@@ -1,54 +1,15 @@
 //! `bertha fill-mask | classify | ner | qa | nsp` end to end on the tiny
 //! checkpoints, against transformers' pipelines (`pipelines.json`).
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{failure, ok_lines, repo, run, tiny};
 
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn tiny(name: &str) -> String {
-    repo()
-        .join("tests/fixtures/tiny")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 fn pipelines() -> Value {
     let text = std::fs::read_to_string(repo().join("tests/fixtures/pipelines.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bertha"))
-        .args(args)
-        .env_remove("BERTHA_MODEL")
-        .env("RAYON_NUM_THREADS", "2")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn ok_lines(out: &Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn failure(out: &Output) -> String {
-    assert!(!out.status.success(), "should have failed");
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn assert_score(got: &Value, want: &Value) {

@@ -47,6 +47,24 @@ pub enum Error {
     #[error("{0}")]
     Input(String),
 
+    /// An option of a library call holds a value we cannot honour; `name`
+    /// is the option's field name (`batch_size`), never a CLI flag.
+    #[error("{name} {reason}")]
+    Option { name: String, reason: String },
+
+    /// Training stopped: a loss or gradient norm that must be finite is not.
+    #[error("{quantity} is {value}: the loss diverged")]
+    Diverged { quantity: String, value: f64 },
+
+    /// A value could not be written as JSON (metrics, training state, a
+    /// config); `what` names it.
+    #[error("serialising {what}: {source}")]
+    Serialise {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// A tensor operation failed; a shape bug or an unsupported device.
     #[error(transparent)]
     Tensor(#[from] candle_core::Error),
@@ -56,6 +74,23 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
+            source,
+        }
+    }
+
+    /// [`Error::Option`]: `reason` reads after the name ("must be at
+    /// least 1").
+    pub fn option(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Option {
+            name: name.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// [`Error::Serialise`] of the value `what` names.
+    pub fn serialise(what: impl std::fmt::Display, source: serde_json::Error) -> Self {
+        Error::Serialise {
+            what: what.to_string(),
             source,
         }
     }

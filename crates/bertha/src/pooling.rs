@@ -39,9 +39,12 @@ impl FromStr for Pooling {
             "pooler" => Self::Pooler,
             "none" => Self::None,
             other => {
-                return Err(Error::Input(format!(
-                    "unknown pooling `{other}` (expected cls, mean, max, mean_sqrt_len, pooler or none)"
-                )))
+                return Err(Error::option(
+                    "pooling",
+                    format!(
+                    "`{other}` is unknown (expected cls, mean, max, mean_sqrt_len, pooler or none)"
+                ),
+                ))
             }
         })
     }

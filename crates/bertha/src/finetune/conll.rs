@@ -25,7 +25,7 @@ use tokenizers::{Encoding, TruncationDirection};
 use super::classification::BadRow;
 use super::labels::LabelSet;
 use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::io::tokenizer::Tokenizer;
 
 /// transformers' ignore index: positions without a label.
 pub const IGNORE_INDEX: i64 = -100;

@@ -18,7 +18,7 @@ use tokenizers::{Encoding, TruncationDirection};
 
 use super::metrics::{squad_scores, SquadScores};
 use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::io::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SquadAnswer {

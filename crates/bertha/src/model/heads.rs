@@ -21,7 +21,7 @@ use super::bert::{BertInput, BertModel, ForwardOptions};
 use super::nn::{activate, Dense, Dropout, LayerNorm};
 use crate::config::{Activation, BertConfig, Family, ProblemType};
 use crate::error::{Error, Result};
-use crate::weights::{strip_backtrace, SeededInit, Weights};
+use crate::io::weights::{strip_backtrace, SeededInit, Weights};
 
 /// transformers' `ignore_index` for token-level labels.
 pub const IGNORE_INDEX: i64 = -100;

@@ -13,7 +13,6 @@ mod heads;
 mod layer;
 mod nn;
 pub mod ops;
-mod packed;
 mod pooler;
 
 pub use attention::{BertAttention, BertSelfAttention};
@@ -30,5 +29,4 @@ pub use heads::{
 };
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
-pub use packed::{PackedBert, PackedStates, Precision};
 pub use pooler::BertPooler;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::input;
+use crate::io::texts;
 
 /// Text columns tried, in order, when none is named (SST-2 says `sentence`).
 pub const DEFAULT_TEXT_COLUMNS: [&str; 2] = ["sentence", "text"];
@@ -95,7 +95,7 @@ impl LabeledTexts {
         let named = spec.text_column.is_some() || spec.label_column.is_some();
         let mut out = match Format::detect(path, &first_line, named) {
             Format::Lines => {
-                let texts = input::lines_from_bytes(&bytes, &origin)?;
+                let texts = texts::lines_from_bytes(&bytes, &origin)?;
                 let lines = (1..=texts.len()).collect();
                 Self {
                     texts,
@@ -173,7 +173,7 @@ impl LabeledTexts {
         }
         if keep.is_empty() {
             return Err(Error::Input(
-                "no texts left after --per-label / --limit".into(),
+                "no texts left after taking per_label / limit".into(),
             ));
         }
         Ok(Self {
@@ -337,7 +337,7 @@ fn read_delimited(
 
 fn read_jsonl(bytes: &[u8], origin: &str, spec: &ReadSpec) -> Result<LabeledTexts> {
     let mut rows: Vec<(usize, serde_json::Map<String, Value>)> = Vec::new();
-    for (i, line) in input::lines_from_bytes(bytes, origin)?.iter().enumerate() {
+    for (i, line) in texts::lines_from_bytes(bytes, origin)?.iter().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
@@ -403,7 +403,7 @@ fn read_jsonl(bytes: &[u8], origin: &str, spec: &ReadSpec) -> Result<LabeledText
 }
 
 fn read_labels_file(path: &Path, n_texts: usize, texts_origin: &str) -> Result<Vec<String>> {
-    let mut labels = input::read_lines_from_file(path)?;
+    let mut labels = texts::read_lines_from_file(path)?;
     while labels.len() > n_texts && labels.last().is_some_and(|l| l.trim().is_empty()) {
         labels.pop();
     }

@@ -7,9 +7,11 @@ use candle_core::{Device, Tensor};
 
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::model::{BertInput, BertModel, ForwardOptions, PackedBert, Precision};
+use crate::fast::{PackedBert, Precision};
+use crate::io::tokenizer::{Encoded, Tokenizer};
+use crate::io::ModelDir;
+use crate::model::{BertInput, BertModel, ForwardOptions};
 use crate::pooling::{self, Pooling, SentenceTransformerSpec};
-use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
 
 /// Overrides of what the model folder prescribes.
 #[derive(Debug, Clone, Default)]
@@ -54,13 +56,15 @@ impl Embedder {
     /// normalisation and `max_seq_length`; a plain checkpoint uses mean
     /// pooling without normalisation and `max_position_embeddings`.
     pub fn from_dir(dir: &Path, device: &Device, opts: &EmbedOptions) -> Result<Self> {
-        let model = BertModel::from_dir(dir, device)?;
+        let folder = ModelDir::open(dir)?;
+        let (config, weights) = folder.config_and_weights()?;
+        let model = BertModel::from_weights(weights, config, device)?;
         let max_length = match opts.max_length {
             Some(n) => n,
-            None => default_max_length(dir, model.config())?,
+            None => folder.default_max_length(model.config())?,
         };
         check_max_length(max_length, model.config())?;
-        let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+        let tokenizer = folder.tokenizer(max_length)?;
         let spec = SentenceTransformerSpec::from_dir(dir)?;
         let pooling = opts
             .pooling

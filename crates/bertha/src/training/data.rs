@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::rng_for;
 use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::io::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
 pub struct CorpusOptions {

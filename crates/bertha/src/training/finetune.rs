@@ -35,12 +35,12 @@ use crate::finetune::{
     NerAligner, NerData, PostprocessOptions, ReadOptions, SquadData, SquadFeature, SquadFeaturizer,
     SquadPrediction, IGNORE_INDEX,
 };
+use crate::io::tokenizer::Tokenizer;
+use crate::io::weights::Weights;
 use crate::model::{
     seed_dropout, BertForQuestionAnswering, BertForSequenceClassification,
     BertForTokenClassification, BertHead, BertInput, ForwardOptions, HeadInit, HeadKind,
 };
-use crate::tokenizer::Tokenizer;
-use crate::weights::Weights;
 
 /// Purposes of the per-step generators.
 const SHUFFLE: u64 = 11;
@@ -949,7 +949,7 @@ fn without_head(weights: Weights, prefix: &str) -> Result<Weights> {
             .get_unchecked(&n, DType::F32, &Device::Cpu)
             .map_err(|e| Error::Weights {
                 path: origin.clone(),
-                reason: crate::weights::strip_backtrace(&e),
+                reason: crate::io::weights::strip_backtrace(&e),
             })?;
         tensors.insert(n, t);
     }
@@ -1226,7 +1226,7 @@ impl Finetuner {
         let (mut params, vb) = ParamStore::builder(init, &prefix, opts.seed, &device);
         let head = Head::load(task, vb, config.clone()).map_err(|e| Error::Weights {
             path: tokenizer_source.to_path_buf(),
-            reason: crate::weights::strip_backtrace(&e),
+            reason: crate::io::weights::strip_backtrace(&e),
         })?;
         params.freeze()?;
 

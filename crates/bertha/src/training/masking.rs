@@ -5,7 +5,7 @@
 use rand::Rng;
 
 use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::io::tokenizer::Tokenizer;
 
 /// The label of positions that carry no loss (PyTorch's ignore index).
 pub const IGNORE: i64 = -100;

@@ -17,11 +17,11 @@ use super::rng_for;
 use super::schedule::LrSchedule;
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
 use crate::model::{
     cross_entropy_with_ignore, seed_dropout, BertForMaskedLM, BertForPreTraining, BertHead,
     BertInput, BertModel, ForwardOptions,
 };
-use crate::weights::Weights;
 
 /// Purposes of the per-step generators.
 const SHUFFLE: u64 = 1;

@@ -11,12 +11,11 @@
 
 use candle_core::Tensor;
 
-use super::bert::BertModel;
-use super::nn::{Dense, LayerNorm};
+use super::kernels::{self, Act};
+use super::matmul::{PackedF32, PackedI8, QuantScratch};
 use crate::config::{Activation, NormPosition};
 use crate::error::{Error, Result};
-use crate::kernels::{self, Act};
-use crate::matmul::{PackedF32, PackedI8, QuantScratch};
+use crate::model::{BertModel, Dense, LayerNorm};
 
 struct Norm {
     gamma: Vec<f32>,
@@ -77,9 +76,10 @@ impl std::str::FromStr for Precision {
         match s {
             "f32" | "fp32" | "none" => Ok(Self::F32),
             "int8" | "i8" => Ok(Self::Int8),
-            other => Err(Error::Input(format!(
-                "unknown precision `{other}`: use f32 or int8"
-            ))),
+            other => Err(Error::option(
+                "precision",
+                format!("`{other}` is unknown: use f32 or int8"),
+            )),
         }
     }
 }
