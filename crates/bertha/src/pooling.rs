@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// How token states become one vector per text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pooling {
-    /// The [CLS] (first) token's state.
+    /// The `[CLS]` (first) token's state.
     Cls,
     /// Mean over real tokens (padding excluded).
     Mean,
@@ -21,7 +21,7 @@ pub enum Pooling {
     Max,
     /// Sum over real tokens divided by √(token count).
     MeanSqrtLen,
-    /// The BERT pooler's output (dense + tanh on [CLS]).
+    /// The BERT pooler's output (dense + tanh on `[CLS]`).
     Pooler,
     /// No pooling: one vector per token.
     None,

@@ -91,6 +91,21 @@ pub struct EmbedArgs {
     pub quantize: bertha::fast::Precision,
 }
 
+/// What `embed` and `similarity` take: the embedding options, the texts
+/// and where the output goes.
+#[derive(clap::Args, Debug)]
+pub struct EmbedTextArgs {
+    #[command(flatten)]
+    pub embed: EmbedArgs,
+
+    #[command(flatten)]
+    pub texts: TextArgs,
+
+    /// Write the output here instead of stdout.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
 impl EmbedArgs {
     pub fn load(&self) -> Result<Embedder> {
         let dir = self.model.resolve()?;

@@ -12,9 +12,9 @@ use bertha::training::{
     ScheduleKind,
 };
 use bertha::{Tokenizer, Weights};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::model_dir::ModelArgs;
+use crate::texts::training_bar;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -259,14 +259,7 @@ pub fn run(a: Args) -> Result<()> {
         trainer.params().num_values()
     );
 
-    let bar = ProgressBar::new(total_steps);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_position(trainer.step());
+    let bar = training_bar(total_steps, trainer.step());
     trainer.run(|event| match event {
         Event::Step(m) => {
             bar.set_position(m.step);

@@ -1,7 +1,7 @@
 //! What the CPU can do, detected once, and the process-wide CPU modes the
 //! fast path and training want.
 //!
-//! Every kernel of [`crate::fast`] asks [`features`] which instruction set
+//! Every kernel of [`crate::fast`] asks `features()` which instruction set
 //! to use; the detection runs on the first call and is cached, so no hot
 //! loop repeats `is_x86_feature_detected!`.
 

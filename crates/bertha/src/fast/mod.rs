@@ -5,7 +5,7 @@
 //! measures: the packed model, its [`Precision`], the CPU-mode switch
 //! [`cpu::flush_denormals`] and the matrix-multiply probe
 //! [`matmul_gflops`]. The training ops (`model::ops`) share the row loops
-//! of [`kernels`].
+//! of `kernels`.
 
 pub mod cpu;
 pub(crate) mod kernels;
