@@ -4,28 +4,28 @@
 
 mod common;
 
+use std::path::Path;
+use std::process::Output;
+
 use common::{ok, repo, run, s};
 
 use serde_json::Value;
 
-#[test]
-fn finetune_then_evaluate_and_predict_agree() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("sst2");
-    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
-    let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
-    let o = run(&[
+/// `bertha finetune` of a classification head: two epochs of `data`
+/// (dev set too) from `model` into `out`, then `extra` flags.
+fn finetune_sst2(model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
         "finetune",
         "--task",
         "classification",
         "--model",
-        s(&tiny),
+        s(model),
         "--train",
-        s(&data),
+        s(data),
         "--dev",
-        s(&data),
+        s(data),
         "--out",
-        s(&out),
+        s(out),
         "--epochs",
         "2",
         "--batch-size",
@@ -34,7 +34,18 @@ fn finetune_then_evaluate_and_predict_agree() {
         "32",
         "--lr",
         "1e-3",
-    ]);
+    ];
+    args.extend(extra);
+    run(&args)
+}
+
+#[test]
+fn finetune_then_evaluate_and_predict_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sst2");
+    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
+    let o = finetune_sst2(&tiny, &data, &out, &[]);
     ok(&o);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("40 training examples"), "{stderr}");
@@ -134,29 +145,7 @@ fn finetune_then_evaluate_and_predict_agree() {
     assert!(["0", "1"].contains(&scores[0]["label"].as_str().unwrap()));
 
     // Resuming the finished run from its last checkpoint has nothing left to do.
-    let o = run(&[
-        "finetune",
-        "--task",
-        "classification",
-        "--model",
-        s(&tiny),
-        "--train",
-        s(&data),
-        "--dev",
-        s(&data),
-        "--out",
-        s(&out),
-        "--epochs",
-        "2",
-        "--batch-size",
-        "8",
-        "--max-length",
-        "32",
-        "--lr",
-        "1e-3",
-        "--resume",
-        s(&out),
-    ]);
+    let o = finetune_sst2(&tiny, &data, &out, &["--resume", s(&out)]);
     ok(&o);
     assert!(String::from_utf8_lossy(&o.stderr).contains("at step 10"));
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{failure, ok_lines, repo, run, tiny};
+use common::{failure, ok_lines, repo, run, run_model, tiny, tiny_dir};
 
 use serde_json::Value;
 
@@ -39,24 +39,16 @@ fn fill_mask_prints_transformers_candidates() {
         }
     }
     // Several masks: one list per mask.
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "fill-mask",
-        "--model",
-        &tiny("bert-mlm"),
-        "--top-k",
-        "2",
-        "the [MASK] of the [MASK]",
-    ]));
+        &tiny_dir("bert-mlm"),
+        &["--top-k", "2", "the [MASK] of the [MASK]"],
+    ));
     let masks = lines[0].as_array().unwrap();
     assert_eq!(masks.len(), 2);
     assert_eq!(masks[1].as_array().unwrap().len(), 2);
     // No mask: a clear error naming the text.
-    let err = failure(&run(&[
-        "fill-mask",
-        "--model",
-        &tiny("bert-mlm"),
-        "no mask",
-    ]));
+    let err = failure(&run_model("fill-mask", &tiny_dir("bert-mlm"), &["no mask"]));
     assert!(
         err.contains("text 1") && err.contains("no mask token"),
         "{err}"
@@ -112,14 +104,15 @@ fn classify_top_k_all_scores_and_pairs() {
 fn ner_every_aggregation() {
     let fx = pipelines();
     for case in fx["ner"]["cases"].as_array().unwrap() {
-        let lines = ok_lines(&run(&[
+        let lines = ok_lines(&run_model(
             "ner",
-            "--model",
-            &tiny("bert-tokcls"),
-            "--aggregation",
-            case["aggregation"].as_str().unwrap(),
-            case["text"].as_str().unwrap(),
-        ]));
+            &tiny_dir("bert-tokcls"),
+            &[
+                "--aggregation",
+                case["aggregation"].as_str().unwrap(),
+                case["text"].as_str().unwrap(),
+            ],
+        ));
         let got = lines[0].as_array().unwrap();
         let want = case["expected"].as_array().unwrap();
         assert_eq!(got.len(), want.len());
@@ -130,14 +123,11 @@ fn ner_every_aggregation() {
             assert_score(&g["score"], &w["score"]);
         }
     }
-    let err = failure(&run(&[
+    let err = failure(&run_model(
         "ner",
-        "--model",
-        &tiny("bert-tokcls"),
-        "--aggregation",
-        "most",
-        "x",
-    ]));
+        &tiny_dir("bert-tokcls"),
+        &["--aggregation", "most", "x"],
+    ));
     assert!(err.contains("unknown aggregation `most`"), "{err}");
 }
 
@@ -145,15 +135,16 @@ fn ner_every_aggregation() {
 fn qa_answers_and_errors() {
     let fx = pipelines();
     for case in fx["qa"]["cases"].as_array().unwrap() {
-        let lines = ok_lines(&run(&[
+        let lines = ok_lines(&run_model(
             "qa",
-            "--model",
-            &tiny("bert-qa"),
-            "--question",
-            case["question"].as_str().unwrap(),
-            "--context",
-            case["context"].as_str().unwrap(),
-        ]));
+            &tiny_dir("bert-qa"),
+            &[
+                "--question",
+                case["question"].as_str().unwrap(),
+                "--context",
+                case["context"].as_str().unwrap(),
+            ],
+        ));
         let w = &case["expected"];
         for k in ["answer", "start", "end"] {
             assert_eq!(lines[0][k], w[k], "{k}");
@@ -161,59 +152,60 @@ fn qa_answers_and_errors() {
         assert_score(&lines[0]["score"], &w["score"]);
     }
     let case = &fx["qa"]["cases"][0];
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "qa",
-        "--model",
-        &tiny("bert-qa"),
-        "--question",
-        case["question"].as_str().unwrap(),
-        "--context",
-        case["context"].as_str().unwrap(),
-        "--top-k",
-        "3",
-    ]));
+        &tiny_dir("bert-qa"),
+        &[
+            "--question",
+            case["question"].as_str().unwrap(),
+            "--context",
+            case["context"].as_str().unwrap(),
+            "--top-k",
+            "3",
+        ],
+    ));
     let answers = lines[0].as_array().unwrap();
     assert_eq!(answers.len(), 3);
     assert_eq!(answers[0]["answer"], case["expected"]["answer"]);
     // A long context is split into windows; the answer is still in it.
     let context = "john played the music and the company released the album. ".repeat(12);
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "qa",
-        "--model",
-        &tiny("bert-qa"),
-        "--question",
-        "who played",
-        "--context",
-        &context,
-        "--doc-stride",
-        "16",
-    ]));
+        &tiny_dir("bert-qa"),
+        &[
+            "--question",
+            "who played",
+            "--context",
+            &context,
+            "--doc-stride",
+            "16",
+        ],
+    ));
     let (s, e) = (
         lines[0]["start"].as_u64().unwrap() as usize,
         lines[0]["end"].as_u64().unwrap() as usize,
     );
     assert_eq!(lines[0]["answer"].as_str().unwrap(), &context[s..e]);
-    let err = failure(&run(&[
+    let err = failure(&run_model(
         "qa",
-        "--model",
-        &tiny("bert-qa"),
-        "--question",
-        &"who played the music ".repeat(20),
-        "--context",
-        "john",
-    ]));
+        &tiny_dir("bert-qa"),
+        &[
+            "--question",
+            &"who played the music ".repeat(20),
+            "--context",
+            "john",
+        ],
+    ));
     assert!(err.contains("does not leave room"), "{err}");
 }
 
 #[test]
 fn nsp_probabilities() {
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "nsp",
-        "--model",
-        &tiny("bert-pretraining"),
-        "john played the music",
-        "the company released the album",
-    ]));
+        &tiny_dir("bert-pretraining"),
+        &["john played the music", "the company released the album"],
+    ));
     let (a, b) = (
         lines[0]["is_next"].as_f64().unwrap(),
         lines[0]["not_next"].as_f64().unwrap(),

@@ -53,6 +53,13 @@ pub fn run(args: &[&str]) -> Output {
     bertha(args).stdin(Stdio::null()).output().unwrap()
 }
 
+/// Runs `bertha CMD --model MODEL ARGS...` with an empty stdin.
+pub fn run_model(cmd: &str, model: &Path, args: &[&str]) -> Output {
+    let mut all = vec![cmd, "--model", s(model)];
+    all.extend(args);
+    run(&all)
+}
+
 /// Runs the binary with `input` on stdin.
 pub fn run_stdin(args: &[&str], input: &[u8]) -> Output {
     let mut child = bertha(args)
