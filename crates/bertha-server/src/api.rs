@@ -747,13 +747,13 @@ pub struct AttentionRequest {
 }
 
 /// `POST /attention` → `{tokens, layers, heads, attentions}`: attention
-/// probabilities [layer][head][query][key] (or one layer / head).
+/// probabilities `[layer][head][query][key]` (or one layer / head).
 #[derive(Debug, Serialize)]
 pub struct AttentionResponse {
     tokens: Vec<String>,
     layers: usize,
     heads: usize,
-    /// [layer][head][query][key], only the requested layer / head if any.
+    /// `[layer][head][query][key]`, only the requested layer / head if any.
     attentions: Vec<Vec<Vec<Vec<f32>>>>,
 }
 
