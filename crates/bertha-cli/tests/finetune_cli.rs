@@ -39,6 +39,14 @@ fn finetune_sst2(model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Outpu
     run(&args)
 }
 
+/// `bertha evaluate` or `predict` (`cmd`) of `task` on `model` and
+/// `data`, then `extra` flags.
+fn on_checkpoint(cmd: &str, task: &str, model: &Path, data: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![cmd, "--task", task, "--model", s(model), "--data", s(data)];
+    args.extend(extra);
+    run(&args)
+}
+
 #[test]
 fn finetune_then_evaluate_and_predict_agree() {
     let tmp = tempfile::tempdir().unwrap();
@@ -81,15 +89,13 @@ fn finetune_then_evaluate_and_predict_agree() {
     assert_eq!(config["problem_type"], "single_label_classification");
 
     // evaluate: one JSON line.
-    let line = ok(&run(&[
+    let line = ok(&on_checkpoint(
         "evaluate",
-        "--task",
         "classification",
-        "--model",
-        s(&out),
-        "--data",
-        s(&data),
-    ]));
+        &out,
+        &data,
+        &[],
+    ));
     assert_eq!(line.lines().count(), 1);
     let ev: Value = serde_json::from_str(line.trim()).unwrap();
     assert_eq!(ev["task"], "classification");
@@ -105,17 +111,13 @@ fn finetune_then_evaluate_and_predict_agree() {
     // predict: a label and a score per example; counted against the gold
     // labels, the same accuracy.
     let pred_file = tmp.path().join("pred.jsonl");
-    ok(&run(&[
+    ok(&on_checkpoint(
         "predict",
-        "--task",
         "classification",
-        "--model",
-        s(&out),
-        "--data",
-        s(&data),
-        "--output",
-        s(&pred_file),
-    ]));
+        &out,
+        &data,
+        &["--output", s(&pred_file)],
+    ));
     let preds: Vec<Value> = std::fs::read_to_string(&pred_file)
         .unwrap()
         .lines()
@@ -213,15 +215,7 @@ fn bad_input_is_a_one_line_error() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("bad-rows.tsv: line 3"), "{err}");
-    let o = run(&[
-        "evaluate",
-        "--task",
-        "sentiment",
-        "--model",
-        s(&tiny),
-        "--data",
-        s(&data),
-    ]);
+    let o = on_checkpoint("evaluate", "sentiment", &tiny, &data, &[]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("expected classification, ner or qa"));
 }
