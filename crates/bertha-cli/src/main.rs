@@ -1,5 +1,8 @@
-//! The `bertha` command: tokenize, embed, similarity, bench, and the task
-//! pipelines fill-mask, classify, ner, qa and nsp.
+//! The `bertha` command: run (tokenize, embed, similarity, bench, the task
+//! pipelines fill-mask, classify, ner, qa and nsp), train (pretrain,
+//! finetune, evaluate, predict, all on the library's one training loop),
+//! serve, and show (attention, embed-map). Library errors name options as
+//! the library does (`max_length`); `render_error` shows the flag.
 //!
 //! Output is JSON Lines on stdout (or `--output FILE`, written atomically);
 //! diagnostics, warnings and progress go to stderr.
@@ -15,7 +18,14 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "bertha",
     version,
-    about = "BERT, end to end: Hugging Face-compatible BERT inference from the shell"
+    about = "BERT, end to end: run, train, serve and show Hugging Face BERT-family checkpoints",
+    long_about = "BERT, end to end: run, train, serve and show Hugging Face BERT-family checkpoints.\n\n\
+        Run: tokenize, embed, similarity, bench, fill-mask, classify, ner, qa, nsp.\n\
+        Train (one training loop for every objective): pretrain (MLM, NSP), finetune (classification, \
+        NER, QA), evaluate, predict.\n\
+        Serve: serve (TEI- and OpenAI-compatible HTTP).\n\
+        Show: attention (heatmaps), embed-map (t-SNE / PCA maps).\n\n\
+        Outputs match transformers / sentence-transformers; results are JSON Lines on stdout."
 )]
 struct Cli {
     /// Worker threads for tokenization and matrix multiplies (default: all cores).
@@ -104,6 +114,10 @@ fn main() {
         // from this variable; set it before either starts.
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
+    // Subnormal gradients make a training step 10× slower; the switch is
+    // process-wide, so the command sets it once here (after the thread
+    // count: it also starts rayon's pool).
+    bertha::fast::flush_denormals();
     let result = match cli.command {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Embed(a) => commands::embed::run(a),
@@ -134,7 +148,7 @@ fn main() {
 fn render_error(e: &anyhow::Error) -> String {
     e.chain()
         .map(|cause| match cause.downcast_ref::<bertha::Error>() {
-            Some(bertha::Error::InvalidOption { name, reason }) => {
+            Some(bertha::Error::Option { name, reason }) => {
                 format!("{} {reason}", flag_for(name))
             }
             _ => cause.to_string(),

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use bertha::ModelDir;
 
 /// The default model's folder under a repository checkout.
 const DEFAULT_MODEL_SUBDIR: &str = ".cache/models/all-MiniLM-L6-v2";
@@ -17,31 +18,19 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn resolve(&self) -> Result<PathBuf> {
+    /// The model folder: `--model` (checked by [`ModelDir::open`]), else
+    /// the fetched default.
+    pub fn open(&self) -> Result<ModelDir> {
         match &self.model {
-            Some(p) => check_given(p),
-            None => default_model(),
+            Some(p) => Ok(ModelDir::open(p)?),
+            None => Ok(ModelDir::open(default_model()?)?),
         }
     }
-}
 
-fn check_given(p: &Path) -> Result<PathBuf> {
-    if p.is_dir() {
-        return Ok(p.to_path_buf());
+    /// The path of [`ModelArgs::open`]'s folder.
+    pub fn resolve(&self) -> Result<PathBuf> {
+        Ok(self.open()?.path().to_path_buf())
     }
-    let s = p.to_string_lossy();
-    let looks_like_hub_id =
-        !p.exists() && s.matches('/').count() == 1 && !s.starts_with('.') && !s.starts_with('/');
-    if looks_like_hub_id {
-        bail!(
-            "model folder `{s}` does not exist. It looks like a Hugging Face hub id, but bertha reads local \
-             folders only (the hub is not reachable from here): download the model folder and pass its path"
-        );
-    }
-    if p.exists() {
-        bail!("model path `{s}` is not a folder (expected a folder with config.json)");
-    }
-    bail!("model folder `{s}` does not exist")
 }
 
 fn default_model() -> Result<PathBuf> {

@@ -1,10 +1,11 @@
-//! The texts a command works on: arguments, `--input FILE`, or stdin.
+//! The texts a command works on (arguments, `--input FILE`, or stdin) and
+//! the progress bars shown while working through them.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use bertha::input;
+use bertha::io::texts;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TextArgs {
@@ -29,19 +30,19 @@ impl TextArgs {
             return Ok(self.texts.clone());
         }
         match &self.input {
-            Some(p) if p.as_os_str() == "-" => Ok(input::read_lines_from_reader(
+            Some(p) if p.as_os_str() == "-" => Ok(texts::read_lines_from_reader(
                 std::io::stdin().lock(),
                 "stdin",
             )?),
             Some(p) => Ok(match &self.column {
-                Some(c) => input::read_column(p, c)?,
-                None => input::read_lines_from_file(p)?,
+                Some(c) => texts::read_column(p, c)?,
+                None => texts::read_lines_from_file(p)?,
             }),
             None => {
                 if std::io::stdin().is_terminal() {
                     bail!("no texts: pass them as arguments, with --input FILE, or on stdin");
                 }
-                Ok(input::read_lines_from_reader(
+                Ok(texts::read_lines_from_reader(
                     std::io::stdin().lock(),
                     "stdin",
                 )?)
@@ -61,6 +62,20 @@ pub fn progress_bar(total: usize) -> indicatif::ProgressBar {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} texts  {per_sec}  eta {eta}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    bar
+}
+
+/// The progress bar of a training run: `total` steps, `at` done (a
+/// resumed run starts part-way), the step's figures as its message.
+pub fn training_bar(total: u64, at: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_position(at);
     bar
 }
 

@@ -1,22 +1,9 @@
 //! `bertha attention`: the JSON matrices are transformers' attentions for
 //! the tiny fixtures' first sequence, and the pictures are valid PNG / SVG.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn tiny(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny")
-        .join(name)
-}
-
-fn bertha(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bertha"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap()
-}
+use common::{run, tiny_dir};
 
 /// The first sequence of a fixture as text (its tokens joined, `##`
 /// pieces glued on) and transformers' attentions for it [L][H][T][T].
@@ -24,7 +11,7 @@ fn bertha(args: &[&str]) -> Output {
 type Maps = Vec<Vec<Vec<Vec<f32>>>>;
 
 fn fixture_text(name: &str) -> (String, Vec<String>, Maps) {
-    let dir = tiny(name);
+    let dir = tiny_dir(name);
     let vocab: Vec<String> = std::fs::read_to_string(dir.join("vocab.txt"))
         .unwrap()
         .lines()
@@ -88,8 +75,8 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 fn json_matrices_are_transformers_attentions() {
     for name in ["roberta-mlm", "distilbert-mlm", "deberta-v2-mlm"] {
         let (text, tokens, want) = fixture_text(name);
-        let dir = tiny(name);
-        let out = bertha(&[
+        let dir = tiny_dir(name);
+        let out = run(&[
             "attention",
             "--model",
             dir.to_str().unwrap(),
@@ -126,7 +113,7 @@ fn json_matrices_are_transformers_attentions() {
             "{name}: the drawn head"
         );
         // [CLS] across layers: the mean over heads of each layer's row 0.
-        let out = bertha(&[
+        let out = run(&[
             "attention",
             "--model",
             dir.to_str().unwrap(),
@@ -154,9 +141,9 @@ fn json_matrices_are_transformers_attentions() {
 #[test]
 fn pictures_are_valid_png_and_svg() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tiny("bert-mlm");
+    let dir = tiny_dir("bert-mlm");
     let png_path = tmp.path().join("head.png");
-    let out = bertha(&[
+    let out = run(&[
         "attention",
         "--model",
         dir.to_str().unwrap(),
@@ -188,10 +175,10 @@ fn pictures_are_valid_png_and_svg() {
     assert!(darkest.unwrap() < 300);
 
     let svg_path = tmp.path().join("cls.svg");
-    let out = bertha(&[
+    let out = run(&[
         "attention",
         "--model",
-        tiny("albert-mlm").to_str().unwrap(),
+        tiny_dir("albert-mlm").to_str().unwrap(),
         "the film about germany",
         "--cls-across-layers",
         "--out",
@@ -214,7 +201,7 @@ fn pictures_are_valid_png_and_svg() {
 
 #[test]
 fn bad_requests_are_explained() {
-    let dir = tiny("bert-mlm");
+    let dir = tiny_dir("bert-mlm");
     let d = dir.to_str().unwrap();
     let cases: [(&[&str], &str); 4] = [
         (
@@ -250,7 +237,7 @@ fn bad_requests_are_explained() {
         ),
     ];
     for (args, want) in cases {
-        let out = bertha(args);
+        let out = run(args);
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: {err}");

@@ -1,65 +1,10 @@
 //! The `bertha` binary end to end: real processes, real files, real model.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{bertha, fixtures, minilm, ok_lines, run, run_model, run_stdin, stderr};
 
-fn fixtures() -> PathBuf {
-    repo().join("tests/fixtures")
-}
-
-fn minilm() -> PathBuf {
-    let dir = repo().join(".cache/models/all-MiniLM-L6-v2");
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "run scripts/fetch-model.sh first"
-    );
-    dir
-}
-
-fn bertha(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bertha"));
-    c.args(args)
-        .env_remove("BERTHA_MODEL")
-        .env("RAYON_NUM_THREADS", "2");
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    bertha(args).stdin(Stdio::null()).output().unwrap()
-}
-
-fn run_stdin(args: &[&str], input: &[u8]) -> Output {
-    let mut child = bertha(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn ok_lines(out: &Output) -> Vec<serde_json::Value> {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use std::process::Stdio;
 
 fn reference_embedding(i: usize) -> Vec<f32> {
     let t = candle_core::safetensors::load(
@@ -73,13 +18,7 @@ fn reference_embedding(i: usize) -> Vec<f32> {
 #[test]
 fn tokenize_matches_transformers_from_vocab_only_folder() {
     let dir = fixtures().join("minilm-vocab-only");
-    let out = run(&[
-        "tokenize",
-        "--model",
-        dir.to_str().unwrap(),
-        "The cat sat on the mat.",
-        "",
-    ]);
+    let out = run_model("tokenize", &dir, &["The cat sat on the mat.", ""]);
     let lines = ok_lines(&out);
     assert_eq!(lines.len(), 2);
     assert_eq!(
@@ -94,14 +33,15 @@ fn tokenize_matches_transformers_from_vocab_only_folder() {
 #[test]
 fn tokenize_pairs_and_truncation_is_reported() {
     let dir = minilm();
-    let out = run(&[
+    let out = run_model(
         "tokenize",
-        "--model",
-        dir.to_str().unwrap(),
-        "--pair",
-        "I went to the bank to deposit money.",
-        "The cat sat on the mat.",
-    ]);
+        &dir,
+        &[
+            "--pair",
+            "I went to the bank to deposit money.",
+            "The cat sat on the mat.",
+        ],
+    );
     let lines = ok_lines(&out);
     assert_eq!(
         lines[0]["token_type_ids"]
@@ -114,14 +54,7 @@ fn tokenize_pairs_and_truncation_is_reported() {
     );
 
     let long = "word ".repeat(100);
-    let out = run(&[
-        "tokenize",
-        "--model",
-        dir.to_str().unwrap(),
-        "--max-length",
-        "16",
-        &long,
-    ]);
+    let out = run_model("tokenize", &dir, &["--max-length", "16", &long]);
     let lines = ok_lines(&out);
     assert_eq!(lines[0]["input_ids"].as_array().unwrap().len(), 16);
     assert_eq!(lines[0]["truncated"], true);
@@ -135,13 +68,14 @@ fn tokenize_pairs_and_truncation_is_reported() {
 #[test]
 fn embed_matches_sentence_transformers() {
     let dir = minilm();
-    let out = run(&[
+    let out = run_model(
         "embed",
-        "--model",
-        dir.to_str().unwrap(),
-        "The cat sat on the mat.",
-        "I went to the bank to deposit money.",
-    ]);
+        &dir,
+        &[
+            "The cat sat on the mat.",
+            "I went to the bank to deposit money.",
+        ],
+    );
     let lines = ok_lines(&out);
     assert_eq!(lines.len(), 2);
     for (i, line) in lines.iter().enumerate() {
@@ -167,15 +101,16 @@ fn embed_reads_files_and_stdin_and_writes_files_atomically() {
     )
     .unwrap();
     let output = tmp.path().join("out.jsonl");
-    let out = run(&[
+    let out = run_model(
         "embed",
-        "--model",
-        dir.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-    ]);
+        &dir,
+        &[
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = std::fs::read_to_string(&output).unwrap();
     let lines: Vec<serde_json::Value> = text
@@ -203,15 +138,16 @@ fn embed_reads_files_and_stdin_and_writes_files_atomically() {
 #[test]
 fn embed_pooling_none_gives_token_vectors() {
     let dir = minilm();
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "embed",
-        "--model",
-        dir.to_str().unwrap(),
-        "--pooling",
-        "none",
-        "--no-normalize",
-        "The cat sat on the mat.",
-    ]));
+        &dir,
+        &[
+            "--pooling",
+            "none",
+            "--no-normalize",
+            "The cat sat on the mat.",
+        ],
+    ));
     let tokens = lines[0]["tokens"].as_array().unwrap();
     let vectors = lines[0]["embeddings"].as_array().unwrap();
     assert_eq!(tokens.len(), 9);
@@ -233,14 +169,15 @@ fn embed_pooling_none_gives_token_vectors() {
 #[test]
 fn similarity_matrix_is_symmetric_with_unit_diagonal() {
     let dir = minilm();
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "similarity",
-        "--model",
-        dir.to_str().unwrap(),
-        "The film was surprisingly moving and beautifully shot.",
-        "A gripping, beautifully acted drama that never lets up.",
-        "I went to the bank to deposit money.",
-    ]));
+        &dir,
+        &[
+            "The film was surprisingly moving and beautifully shot.",
+            "A gripping, beautifully acted drama that never lets up.",
+            "I went to the bank to deposit money.",
+        ],
+    ));
     let m: Vec<Vec<f32>> = serde_json::from_value(lines[0]["similarity"].clone()).unwrap();
     for (i, row) in m.iter().enumerate() {
         assert!((row[i] - 1.0).abs() < 1e-5);
@@ -261,15 +198,16 @@ fn invalid_utf8_input_names_the_line() {
     let input = tmp.path().join("bad.txt");
     std::fs::write(&input, b"fine\nalso fine\nbroken \xc3\x28 here\n").unwrap();
     let output = tmp.path().join("out.jsonl");
-    let out = run(&[
+    let out = run_model(
         "embed",
-        "--model",
-        dir.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-    ]);
+        &dir,
+        &[
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(err.contains("bad.txt: line 3: invalid UTF-8"), "{err}");
@@ -345,15 +283,16 @@ fn default_model_is_the_fetched_minilm() {
 #[test]
 fn bench_reports_throughput() {
     let dir = minilm();
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "bench",
-        "--model",
-        dir.to_str().unwrap(),
-        "--input",
-        fixtures().join("sentences.txt").to_str().unwrap(),
-        "--reps",
-        "1",
-    ]));
+        &dir,
+        &[
+            "--input",
+            fixtures().join("sentences.txt").to_str().unwrap(),
+            "--reps",
+            "1",
+        ],
+    ));
     assert_eq!(lines[0]["texts"], 17);
     assert!(lines[0]["texts_per_s"].as_f64().unwrap() > 0.0);
     assert!(lines[0]["tokens"].as_u64().unwrap() > 17 * 2);

@@ -2,29 +2,15 @@
 //! seed writes the same coordinates, pictures have one point per input,
 //! and bad inputs fail with messages naming the file and column.
 
+mod common;
+
+use common::{failure, tiny};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn tiny() -> String {
-    repo()
-        .join("tests/fixtures/tiny/bert-mlm")
-        .display()
-        .to_string()
-}
+use std::process::Output;
 
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bertha"))
-        .arg("embed-map")
-        .args(args)
-        .env_remove("BERTHA_MODEL")
-        .env("RAYON_NUM_THREADS", "2")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    common::run(&[&["embed-map"], args].concat())
 }
 
 fn summary(out: &Output) -> serde_json::Value {
@@ -36,11 +22,6 @@ fn summary(out: &Output) -> serde_json::Value {
     let stdout = String::from_utf8(out.stdout.clone()).unwrap();
     assert_eq!(stdout.lines().count(), 1, "one JSON line: {stdout}");
     serde_json::from_str(stdout.trim()).unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure");
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// 30 rows per label (labels `neg` / `pos`), with quotes and commas in the texts.
@@ -72,7 +53,7 @@ fn same_seed_same_coordinates_and_a_valid_png() {
         let csv = dir.path().join(csv).display().to_string();
         vec![
             "--model".to_string(),
-            tiny(),
+            tiny("bert-mlm"),
             "--input".into(),
             data.into(),
             "--per-label".into(),
@@ -156,7 +137,7 @@ fn svg_has_one_circle_per_text_with_pca_and_a_labels_file() {
     let svg = dir.path().join("map.svg");
     let out = run(&[
         "--model",
-        &tiny(),
+        &tiny("bert-mlm"),
         "--input",
         texts.to_str().unwrap(),
         "--labels",
@@ -197,7 +178,7 @@ fn bad_inputs_fail_clearly_and_write_nothing() {
     let base = |extra: &[&str]| {
         let mut v = vec![
             "--model".to_string(),
-            tiny(),
+            tiny("bert-mlm"),
             "--out".into(),
             png.display().to_string(),
         ];
@@ -205,7 +186,7 @@ fn bad_inputs_fail_clearly_and_write_nothing() {
         run(&v.iter().map(String::as_str).collect::<Vec<_>>())
     };
 
-    let err = stderr(&base(&[
+    let err = failure(&base(&[
         "--input",
         data.to_str().unwrap(),
         "--label-column",
@@ -218,18 +199,18 @@ fn bad_inputs_fail_clearly_and_write_nothing() {
 
     let empty = dir.path().join("empty.txt");
     std::fs::write(&empty, "").unwrap();
-    let err = stderr(&base(&["--input", empty.to_str().unwrap()]));
+    let err = failure(&base(&["--input", empty.to_str().unwrap()]));
     assert!(err.contains("empty.txt: the input is empty"), "{err}");
 
-    let err = stderr(&base(&["--input", data.to_str().unwrap(), "--limit", "10"]));
+    let err = failure(&base(&["--input", data.to_str().unwrap(), "--limit", "10"]));
     assert!(
         err.contains("perplexity 30 is too large for 10 points"),
         "{err}"
     );
 
-    let err = stderr(&run(&[
+    let err = failure(&run(&[
         "--model",
-        &tiny(),
+        &tiny("bert-mlm"),
         "--input",
         data.to_str().unwrap(),
         "--out",

@@ -2,57 +2,30 @@
 //! SST-2 slice with a tiny checkpoint: evaluate's accuracy is the one
 //! counted from predict's output, and the dev score logged by training.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::{ok, repo, run, s};
 
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bertha"))
-        .args(args)
-        .env_remove("BERTHA_MODEL")
-        .env("RAYON_NUM_THREADS", "2")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-#[track_caller]
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-#[test]
-fn finetune_then_evaluate_and_predict_agree() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("sst2");
-    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
-    let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
-    let o = run(&[
+/// `bertha finetune` of a classification head: two epochs of `data`
+/// (dev set too) from `model` into `out`, then `extra` flags.
+fn finetune_sst2(model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
         "finetune",
         "--task",
         "classification",
         "--model",
-        s(&tiny),
+        s(model),
         "--train",
-        s(&data),
+        s(data),
         "--dev",
-        s(&data),
+        s(data),
         "--out",
-        s(&out),
+        s(out),
         "--epochs",
         "2",
         "--batch-size",
@@ -61,7 +34,26 @@ fn finetune_then_evaluate_and_predict_agree() {
         "32",
         "--lr",
         "1e-3",
-    ]);
+    ];
+    args.extend(extra);
+    run(&args)
+}
+
+/// `bertha evaluate` or `predict` (`cmd`) of `task` on `model` and
+/// `data`, then `extra` flags.
+fn on_checkpoint(cmd: &str, task: &str, model: &Path, data: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![cmd, "--task", task, "--model", s(model), "--data", s(data)];
+    args.extend(extra);
+    run(&args)
+}
+
+#[test]
+fn finetune_then_evaluate_and_predict_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sst2");
+    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
+    let o = finetune_sst2(&tiny, &data, &out, &[]);
     ok(&o);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("40 training examples"), "{stderr}");
@@ -97,15 +89,13 @@ fn finetune_then_evaluate_and_predict_agree() {
     assert_eq!(config["problem_type"], "single_label_classification");
 
     // evaluate: one JSON line.
-    let line = ok(&run(&[
+    let line = ok(&on_checkpoint(
         "evaluate",
-        "--task",
         "classification",
-        "--model",
-        s(&out),
-        "--data",
-        s(&data),
-    ]));
+        &out,
+        &data,
+        &[],
+    ));
     assert_eq!(line.lines().count(), 1);
     let ev: Value = serde_json::from_str(line.trim()).unwrap();
     assert_eq!(ev["task"], "classification");
@@ -121,17 +111,13 @@ fn finetune_then_evaluate_and_predict_agree() {
     // predict: a label and a score per example; counted against the gold
     // labels, the same accuracy.
     let pred_file = tmp.path().join("pred.jsonl");
-    ok(&run(&[
+    ok(&on_checkpoint(
         "predict",
-        "--task",
         "classification",
-        "--model",
-        s(&out),
-        "--data",
-        s(&data),
-        "--output",
-        s(&pred_file),
-    ]));
+        &out,
+        &data,
+        &["--output", s(&pred_file)],
+    ));
     let preds: Vec<Value> = std::fs::read_to_string(&pred_file)
         .unwrap()
         .lines()
@@ -161,29 +147,7 @@ fn finetune_then_evaluate_and_predict_agree() {
     assert!(["0", "1"].contains(&scores[0]["label"].as_str().unwrap()));
 
     // Resuming the finished run from its last checkpoint has nothing left to do.
-    let o = run(&[
-        "finetune",
-        "--task",
-        "classification",
-        "--model",
-        s(&tiny),
-        "--train",
-        s(&data),
-        "--dev",
-        s(&data),
-        "--out",
-        s(&out),
-        "--epochs",
-        "2",
-        "--batch-size",
-        "8",
-        "--max-length",
-        "32",
-        "--lr",
-        "1e-3",
-        "--resume",
-        s(&out),
-    ]);
+    let o = finetune_sst2(&tiny, &data, &out, &["--resume", s(&out)]);
     ok(&o);
     assert!(String::from_utf8_lossy(&o.stderr).contains("at step 10"));
 }
@@ -278,15 +242,7 @@ fn bad_input_is_a_one_line_error() {
     );
     let err = finetune(&["--early-stop", "2"]);
     assert!(err.contains("--early-stop needs a dev set"), "{err}");
-    let o = run(&[
-        "evaluate",
-        "--task",
-        "sentiment",
-        "--model",
-        s(&tiny),
-        "--data",
-        s(&data),
-    ]);
+    let o = on_checkpoint("evaluate", "sentiment", &tiny, &data, &[]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("expected classification, ner or qa"));
 }

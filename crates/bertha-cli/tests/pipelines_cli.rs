@@ -1,54 +1,15 @@
 //! `bertha fill-mask | classify | ner | qa | nsp` end to end on the tiny
 //! checkpoints, against transformers' pipelines (`pipelines.json`).
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{failure, ok_lines, repo, run, run_model, tiny, tiny_dir};
 
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn tiny(name: &str) -> String {
-    repo()
-        .join("tests/fixtures/tiny")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 fn pipelines() -> Value {
     let text = std::fs::read_to_string(repo().join("tests/fixtures/pipelines.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bertha"))
-        .args(args)
-        .env_remove("BERTHA_MODEL")
-        .env("RAYON_NUM_THREADS", "2")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn ok_lines(out: &Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn failure(out: &Output) -> String {
-    assert!(!out.status.success(), "should have failed");
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn assert_score(got: &Value, want: &Value) {
@@ -78,24 +39,16 @@ fn fill_mask_prints_transformers_candidates() {
         }
     }
     // Several masks: one list per mask.
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "fill-mask",
-        "--model",
-        &tiny("bert-mlm"),
-        "--top-k",
-        "2",
-        "the [MASK] of the [MASK]",
-    ]));
+        &tiny_dir("bert-mlm"),
+        &["--top-k", "2", "the [MASK] of the [MASK]"],
+    ));
     let masks = lines[0].as_array().unwrap();
     assert_eq!(masks.len(), 2);
     assert_eq!(masks[1].as_array().unwrap().len(), 2);
     // No mask: a clear error naming the text.
-    let err = failure(&run(&[
-        "fill-mask",
-        "--model",
-        &tiny("bert-mlm"),
-        "no mask",
-    ]));
+    let err = failure(&run_model("fill-mask", &tiny_dir("bert-mlm"), &["no mask"]));
     assert!(
         err.contains("text 1") && err.contains("no mask token"),
         "{err}"
@@ -151,14 +104,15 @@ fn classify_top_k_all_scores_and_pairs() {
 fn ner_every_aggregation() {
     let fx = pipelines();
     for case in fx["ner"]["cases"].as_array().unwrap() {
-        let lines = ok_lines(&run(&[
+        let lines = ok_lines(&run_model(
             "ner",
-            "--model",
-            &tiny("bert-tokcls"),
-            "--aggregation",
-            case["aggregation"].as_str().unwrap(),
-            case["text"].as_str().unwrap(),
-        ]));
+            &tiny_dir("bert-tokcls"),
+            &[
+                "--aggregation",
+                case["aggregation"].as_str().unwrap(),
+                case["text"].as_str().unwrap(),
+            ],
+        ));
         let got = lines[0].as_array().unwrap();
         let want = case["expected"].as_array().unwrap();
         assert_eq!(got.len(), want.len());
@@ -169,14 +123,11 @@ fn ner_every_aggregation() {
             assert_score(&g["score"], &w["score"]);
         }
     }
-    let err = failure(&run(&[
+    let err = failure(&run_model(
         "ner",
-        "--model",
-        &tiny("bert-tokcls"),
-        "--aggregation",
-        "most",
-        "x",
-    ]));
+        &tiny_dir("bert-tokcls"),
+        &["--aggregation", "most", "x"],
+    ));
     assert!(err.contains("unknown aggregation `most`"), "{err}");
 }
 
@@ -184,15 +135,16 @@ fn ner_every_aggregation() {
 fn qa_answers_and_errors() {
     let fx = pipelines();
     for case in fx["qa"]["cases"].as_array().unwrap() {
-        let lines = ok_lines(&run(&[
+        let lines = ok_lines(&run_model(
             "qa",
-            "--model",
-            &tiny("bert-qa"),
-            "--question",
-            case["question"].as_str().unwrap(),
-            "--context",
-            case["context"].as_str().unwrap(),
-        ]));
+            &tiny_dir("bert-qa"),
+            &[
+                "--question",
+                case["question"].as_str().unwrap(),
+                "--context",
+                case["context"].as_str().unwrap(),
+            ],
+        ));
         let w = &case["expected"];
         for k in ["answer", "start", "end"] {
             assert_eq!(lines[0][k], w[k], "{k}");
@@ -200,59 +152,60 @@ fn qa_answers_and_errors() {
         assert_score(&lines[0]["score"], &w["score"]);
     }
     let case = &fx["qa"]["cases"][0];
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "qa",
-        "--model",
-        &tiny("bert-qa"),
-        "--question",
-        case["question"].as_str().unwrap(),
-        "--context",
-        case["context"].as_str().unwrap(),
-        "--top-k",
-        "3",
-    ]));
+        &tiny_dir("bert-qa"),
+        &[
+            "--question",
+            case["question"].as_str().unwrap(),
+            "--context",
+            case["context"].as_str().unwrap(),
+            "--top-k",
+            "3",
+        ],
+    ));
     let answers = lines[0].as_array().unwrap();
     assert_eq!(answers.len(), 3);
     assert_eq!(answers[0]["answer"], case["expected"]["answer"]);
     // A long context is split into windows; the answer is still in it.
     let context = "john played the music and the company released the album. ".repeat(12);
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "qa",
-        "--model",
-        &tiny("bert-qa"),
-        "--question",
-        "who played",
-        "--context",
-        &context,
-        "--doc-stride",
-        "16",
-    ]));
+        &tiny_dir("bert-qa"),
+        &[
+            "--question",
+            "who played",
+            "--context",
+            &context,
+            "--doc-stride",
+            "16",
+        ],
+    ));
     let (s, e) = (
         lines[0]["start"].as_u64().unwrap() as usize,
         lines[0]["end"].as_u64().unwrap() as usize,
     );
     assert_eq!(lines[0]["answer"].as_str().unwrap(), &context[s..e]);
-    let err = failure(&run(&[
+    let err = failure(&run_model(
         "qa",
-        "--model",
-        &tiny("bert-qa"),
-        "--question",
-        &"who played the music ".repeat(20),
-        "--context",
-        "john",
-    ]));
+        &tiny_dir("bert-qa"),
+        &[
+            "--question",
+            &"who played the music ".repeat(20),
+            "--context",
+            "john",
+        ],
+    ));
     assert!(err.contains("does not leave room"), "{err}");
 }
 
 #[test]
 fn nsp_probabilities() {
-    let lines = ok_lines(&run(&[
+    let lines = ok_lines(&run_model(
         "nsp",
-        "--model",
-        &tiny("bert-pretraining"),
-        "john played the music",
-        "the company released the album",
-    ]));
+        &tiny_dir("bert-pretraining"),
+        &["john played the music", "the company released the album"],
+    ));
     let (a, b) = (
         lines[0]["is_next"].as_f64().unwrap(),
         lines[0]["not_next"].as_f64().unwrap(),

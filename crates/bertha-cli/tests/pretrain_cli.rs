@@ -2,24 +2,14 @@
 //! writes metrics, a loss curve and checkpoints; `--resume` continues it
 //! exactly; the result loads in `bertha fill-mask`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{repo, run};
+
+use std::path::Path;
+use std::process::Output;
 
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bertha"))
-        .args(args)
-        .env_remove("BERTHA_MODEL")
-        .env("RAYON_NUM_THREADS", "2")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
 
 fn pretrain(out: &Path, extra: &[&str]) -> Output {
     let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");

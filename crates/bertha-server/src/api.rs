@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
 use bertha::tasks::{Aggregation, Answer, Entity, LabelScore, MaskPrediction, QaOptions};
-use bertha::{Encoded, ForwardOptions};
+use bertha::Encoded;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
@@ -747,13 +747,13 @@ pub struct AttentionRequest {
 }
 
 /// `POST /attention` → `{tokens, layers, heads, attentions}`: attention
-/// probabilities [layer][head][query][key] (or one layer / head).
+/// probabilities `[layer][head][query][key]` (or one layer / head).
 #[derive(Debug, Serialize)]
 pub struct AttentionResponse {
     tokens: Vec<String>,
     layers: usize,
     heads: usize,
-    /// [layer][head][query][key], only the requested layer / head if any.
+    /// `[layer][head][query][key]`, only the requested layer / head if any.
     attentions: Vec<Vec<Vec<Vec<f32>>>>,
 }
 
@@ -765,21 +765,13 @@ pub async fn attention(
     let st = state.clone();
     let out = blocking(move || {
         let e = st.embedder.tokenizer().encode(&req.inputs)?;
-        let model = st.embedder.model();
-        let input = bertha::BertInput::from_ids(
-            std::slice::from_ref(&e.input_ids),
-            std::slice::from_ref(&e.token_type_ids),
-            0,
-            model.device(),
-        )
-        .map_err(bertha::Error::from)?;
-        let opts = ForwardOptions {
-            output_attentions: true,
-            ..Default::default()
-        };
-        let res = model.forward(&input, opts)?;
-        let layers = res.attentions.unwrap_or_default();
-        let (n_layers, n_heads) = (layers.len(), model.config().num_attention_heads);
+        let maps = st
+            .attention()
+            .attend_ids(&e.input_ids, Some(&e.token_type_ids), e.tokens)?;
+        let (n_layers, n_heads) = (
+            maps.num_layers(),
+            st.embedder.model().config().num_attention_heads,
+        );
         let pick = |i: usize, max: usize, what: &str| -> AppResult<()> {
             (i < max).then_some(()).ok_or_else(|| {
                 ApiError::validation(format!("{what} {i} is out of range (0..{max})"))
@@ -791,28 +783,25 @@ pub async fn attention(
         if let Some(h) = req.head {
             pick(h, n_heads, "head")?;
         }
-        let mut out = Vec::new();
-        for (l, t) in layers.iter().enumerate() {
-            if req.layer.is_some_and(|x| x != l) {
-                continue;
-            }
-            let heads: Vec<Vec<Vec<f32>>> = t
-                .squeeze(0)
-                .and_then(|t| t.to_vec3())
-                .map_err(bertha::Error::from)?;
-            let heads: Vec<_> = heads
-                .into_iter()
-                .enumerate()
-                .filter(|(h, _)| req.head.is_none_or(|x| x == *h))
-                .map(|(_, m)| m)
-                .collect();
-            out.push(heads);
-        }
+        let attentions = maps
+            .attentions
+            .into_iter()
+            .enumerate()
+            .filter(|(l, _)| req.layer.is_none_or(|x| x == *l))
+            .map(|(_, heads)| {
+                heads
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(h, _)| req.head.is_none_or(|x| x == *h))
+                    .map(|(_, m)| m)
+                    .collect()
+            })
+            .collect();
         Ok(AttentionResponse {
-            tokens: e.tokens,
+            tokens: maps.tokens,
             layers: n_layers,
             heads: n_heads,
-            attentions: out,
+            attentions,
         })
     })
     .await?;

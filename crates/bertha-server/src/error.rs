@@ -67,6 +67,7 @@ impl From<bertha::Error> for ApiError {
     fn from(e: bertha::Error) -> Self {
         match e {
             bertha::Error::Input(m) | bertha::Error::Tokenizer(m) => Self::validation(m),
+            e @ bertha::Error::Option { .. } => Self::validation(e.to_string()),
             other => Self::backend(other.to_string()),
         }
     }

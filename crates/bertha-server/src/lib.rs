@@ -105,11 +105,14 @@ async fn record(State(state): State<Arc<AppState>>, req: Request, next: Next) ->
 }
 
 /// Serves until `shutdown` resolves, then finishes in-flight requests.
+/// Subnormal floats are flushed to zero first
+/// ([`bertha::fast::flush_denormals`]), as the `bertha` command does.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    bertha::fast::flush_denormals();
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

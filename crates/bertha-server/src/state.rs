@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use bertha::tasks::{Classifier, FillMask, QuestionAnswerer, ScoreFunction, TokenClassifier};
+use bertha::tasks::{
+    AttentionModel, Classifier, FillMask, QuestionAnswerer, ScoreFunction, TokenClassifier,
+};
 use bertha::{Device, EmbedOptions, Embedder, Pooling, Tokenizer};
 use tokio::sync::Semaphore;
 
@@ -66,6 +68,8 @@ pub struct AppState {
     fill_mask: Lazy<FillMask>,
     ner: Lazy<TokenClassifier>,
     qa: Lazy<QuestionAnswerer>,
+    /// The embedder's encoder and tokenizer, returning attention maps.
+    attention: OnceLock<AttentionModel>,
 }
 
 impl AppState {
@@ -100,6 +104,7 @@ impl AppState {
             fill_mask: OnceLock::new(),
             ner: OnceLock::new(),
             qa: OnceLock::new(),
+            attention: OnceLock::new(),
         }))
     }
 
@@ -135,6 +140,17 @@ impl AppState {
 
     pub fn qa(&self) -> Result<Arc<QuestionAnswerer>, String> {
         load(&self.qa, &self.config.model_dir, QuestionAnswerer::from_dir)
+    }
+
+    /// The attention task over the already loaded encoder (no second copy
+    /// of the weights is read).
+    pub fn attention(&self) -> &AttentionModel {
+        self.attention.get_or_init(|| {
+            AttentionModel::new(
+                self.embedder.model().clone(),
+                self.embedder.tokenizer().clone(),
+            )
+        })
     }
 }
 

@@ -43,13 +43,7 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
-    /// An option of a run or a call is out of its range. Named as the
-    /// library calls it (`batch_size`, `warmup_ratio`): the message reads
-    /// `{name} {reason}`, and the CLI shows the flag in place of the name.
-    #[error("{name} {reason}")]
-    InvalidOption { name: String, reason: String },
-
-    /// Training produced a non-finite loss or gradient.
+    /// Training stopped: a loss or gradient norm that must be finite is not.
     #[error("the {what} is {value} at step {step}: stopping; the last good checkpoint is the newest checkpoint-N in {out}")]
     Diverged {
         what: &'static str,
@@ -58,13 +52,25 @@ pub enum Error {
         out: PathBuf,
     },
 
-    /// A value could not be written as JSON (names the file or value).
-    #[error("serialising {what}: {reason}")]
-    Serialize { what: String, reason: String },
-
     /// User input that cannot be processed (names the input).
     #[error("{0}")]
     Input(String),
+
+    /// An option of a library call holds a value we cannot honour; `name`
+    /// is the option's field name (`batch_size`), never a CLI flag: the
+    /// message reads `{name} {reason}`, and the CLI shows the flag that
+    /// sets the option in place of the name.
+    #[error("{name} {reason}")]
+    Option { name: String, reason: String },
+
+    /// A value could not be written as JSON (metrics, training state, a
+    /// config); `what` names it.
+    #[error("serialising {what}: {source}")]
+    Serialise {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
 
     /// A tensor operation failed; a shape bug or an unsupported device.
     #[error(transparent)]
@@ -79,10 +85,20 @@ impl Error {
         }
     }
 
-    pub(crate) fn option(name: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::InvalidOption {
+    /// [`Error::Option`]: `reason` reads after the name ("must be at
+    /// least 1").
+    pub fn option(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Option {
             name: name.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// [`Error::Serialise`] of the value `what` names.
+    pub fn serialise(what: impl std::fmt::Display, source: serde_json::Error) -> Self {
+        Error::Serialise {
+            what: what.to_string(),
+            source,
         }
     }
 

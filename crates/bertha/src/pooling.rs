@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// How token states become one vector per text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pooling {
-    /// The [CLS] (first) token's state.
+    /// The `[CLS]` (first) token's state.
     Cls,
     /// Mean over real tokens (padding excluded).
     Mean,
@@ -21,7 +21,7 @@ pub enum Pooling {
     Max,
     /// Sum over real tokens divided by √(token count).
     MeanSqrtLen,
-    /// The BERT pooler's output (dense + tanh on [CLS]).
+    /// The BERT pooler's output (dense + tanh on `[CLS]`).
     Pooler,
     /// No pooling: one vector per token.
     None,
@@ -39,9 +39,12 @@ impl FromStr for Pooling {
             "pooler" => Self::Pooler,
             "none" => Self::None,
             other => {
-                return Err(Error::Input(format!(
-                    "unknown pooling `{other}` (expected cls, mean, max, mean_sqrt_len, pooler or none)"
-                )))
+                return Err(Error::option(
+                    "pooling",
+                    format!(
+                    "`{other}` is unknown (expected cls, mean, max, mean_sqrt_len, pooler or none)"
+                ),
+                ))
             }
         })
     }

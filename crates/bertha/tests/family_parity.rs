@@ -9,7 +9,8 @@ mod common;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use bertha::model::{BertForMaskedLM, PackedBert};
+use bertha::fast::PackedBert;
+use bertha::model::BertForMaskedLM;
 use bertha::{
     BertConfig, BertForTask, BertHead, BertInput, DType, Device, ForwardOptions, HeadInit,
     HeadKind, Tensor,

@@ -3,11 +3,11 @@
 //! same, bit for bit, as decoding the gathered masked rows by hand (what
 //! `training::pretrain` does).
 
+use bertha::io::weights::SeededInit;
 use bertha::model::{
     cross_entropy_with_ignore, BertForMaskedLM, BertForPreTraining, BertForTask,
     BertForTokenClassification, BertHead, HeadLabels, HeadOptions, TaskOutput, IGNORE_INDEX,
 };
-use bertha::weights::SeededInit;
 use bertha::{BertConfig, BertInput, DType, Device, ForwardOptions, Tensor};
 
 fn config() -> BertConfig {

@@ -284,11 +284,11 @@ fn int8_embeddings_stay_within_cosine_0_999_of_fp32() {
     let f = fixture();
     let exact = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
     let opts = EmbedOptions {
-        precision: bertha::model::Precision::Int8,
+        precision: bertha::fast::Precision::Int8,
         ..Default::default()
     };
     let int8 = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts).unwrap();
-    assert_eq!(int8.precision(), bertha::model::Precision::Int8);
+    assert_eq!(int8.precision(), bertha::fast::Precision::Int8);
     let want = exact.embed(&f.sentences, 8, &mut |_| {}).unwrap();
     let got = int8.embed(&f.sentences, 8, &mut |_| {}).unwrap();
     let cosine = |a: &[f32], b: &[f32]| {

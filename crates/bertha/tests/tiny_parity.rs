@@ -282,7 +282,7 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
     let exp = read_json(&dir.join("expected.json"));
     let weights = Weights::from_safetensors(&[dir.join("weights.safetensors")]).unwrap();
     let model = BertModel::from_weights(weights, mini_bert_config(&exp), &Device::Cpu).unwrap();
-    let packed = bertha::model::PackedBert::from_model(&model)
+    let packed = bertha::fast::PackedBert::from_model(&model)
         .unwrap()
         .unwrap();
     let tokens: Vec<u32> = serde_json::from_value(exp["token_ids"].clone()).unwrap();
@@ -303,7 +303,7 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
     ] {
         let dir = fixtures().join("tiny").join(name);
         let model = BertModel::from_dir(&dir, &Device::Cpu).unwrap();
-        let packed = bertha::model::PackedBert::from_model(&model)
+        let packed = bertha::fast::PackedBert::from_model(&model)
             .unwrap()
             .unwrap();
         let inputs = read_json(&dir.join("inputs.json"));

@@ -105,7 +105,7 @@ fn pinned_path() -> PathBuf {
 #[test]
 fn training_numbers_are_pinned() {
     // The CPU mode the CLI and server run in (denormals flushed).
-    bertha::cpu_mode::flush_denormals();
+    bertha::fast::flush_denormals();
     let tmp = tempfile::tempdir().unwrap();
     let p = tmp.path();
     let mut runs = BTreeMap::new();

@@ -50,8 +50,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     let embedder = a.embed.load()?;
     let mut texts = match &a.column {
-        Some(c) => bertha::input::read_column(&a.input, c)?,
-        None => bertha::input::read_lines_from_file(&a.input)?,
+        Some(c) => bertha::io::texts::read_column(&a.input, c)?,
+        None => bertha::io::texts::read_lines_from_file(&a.input)?,
     };
     if let Some(n) = a.limit {
         texts.truncate(n);
@@ -67,7 +67,7 @@ pub fn run(a: Args) -> Result<()> {
     // The peak is timed before and after the model runs and the better
     // figure kept: on a shared machine one of the two can land on a
     // slow spell.
-    let peak_before = bertha::kernels::matmul_gflops(a.peak_size, 3);
+    let peak_before = bertha::fast::matmul_gflops(a.peak_size, 3);
 
     // One untimed pass warms caches and the thread pool.
     embedder.embed(
@@ -103,9 +103,9 @@ pub fn run(a: Args) -> Result<()> {
     };
 
     // Reduced precision: how far its embeddings are from fp32 ones.
-    let cosine = if embedder.precision() != bertha::model::Precision::F32 {
+    let cosine = if embedder.precision() != bertha::fast::Precision::F32 {
         let mut exact = a.embed.clone();
-        exact.quantize = bertha::model::Precision::F32;
+        exact.quantize = bertha::fast::Precision::F32;
         let want = exact
             .load()?
             .embed(&texts, a.embed.batch_size, &mut |_| {})?;
@@ -119,7 +119,7 @@ pub fn run(a: Args) -> Result<()> {
         None
     };
 
-    let peak = peak_before.max(bertha::kernels::matmul_gflops(a.peak_size, 3));
+    let peak = peak_before.max(bertha::fast::matmul_gflops(a.peak_size, 3));
     let gflops = flops / best / 1e9;
     let threads = rayon_threads();
     println!(

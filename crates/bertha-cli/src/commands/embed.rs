@@ -1,27 +1,12 @@
 //! `bertha embed`
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use bertha::Pooling;
 use serde_json::json;
 
-use super::EmbedArgs;
+pub use super::EmbedTextArgs as Args;
 use crate::output::JsonLines;
-use crate::texts::{progress_bar, report_truncation, TextArgs};
-
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(flatten)]
-    embed: EmbedArgs,
-
-    #[command(flatten)]
-    texts: TextArgs,
-
-    /// Write JSON Lines here instead of stdout.
-    #[arg(long, short = 'o')]
-    output: Option<PathBuf>,
-}
+use crate::texts::{progress_bar, report_truncation};
 
 pub fn run(a: Args) -> Result<()> {
     let embedder = a.embed.load()?;

@@ -9,9 +9,9 @@ use anyhow::{Context, Result};
 use bertha::data::{DataOptions, Task};
 use bertha::training::checkpoint::Checkpoint;
 use bertha::training::{Event, FinetuneOptions, Finetuner};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::model_dir::ModelArgs;
+use crate::texts::training_bar;
 
 /// Data-file options shared by finetune, evaluate and predict.
 #[derive(clap::Args, Debug, Clone)]
@@ -218,14 +218,7 @@ pub fn run(a: Args) -> Result<()> {
         trainer.steps_per_epoch()
     );
 
-    let bar = ProgressBar::new(trainer.total_steps());
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_position(trainer.step());
+    let bar = training_bar(trainer.total_steps(), trainer.step());
     let scores = |s: &std::collections::BTreeMap<String, f64>| {
         s.iter()
             .map(|(k, v)| format!("{k} {v:.4}"))

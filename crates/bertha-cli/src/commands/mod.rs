@@ -15,10 +15,46 @@ pub mod serve;
 pub mod similarity;
 pub mod tokenize;
 
+use std::path::PathBuf;
+
 use anyhow::Result;
 use bertha::{EmbedOptions, Embedder, Pooling};
 
 use crate::model_dir::ModelArgs;
+use crate::output::JsonLines;
+use crate::texts::TextArgs;
+
+/// What every per-text command takes: the model, the texts and where the
+/// JSON lines go.
+#[derive(clap::Args, Debug)]
+pub struct PerTextArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub texts: TextArgs,
+
+    /// Write JSON Lines here instead of stdout.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
+impl PerTextArgs {
+    /// Writes `each(text)` as one line per text; an error names the text
+    /// by its 1-based number.
+    pub fn for_each_text<T: serde::Serialize>(
+        &self,
+        mut each: impl FnMut(&str) -> bertha::Result<T>,
+    ) -> Result<()> {
+        let texts = self.texts.read()?;
+        let mut out = JsonLines::open(self.output.as_deref())?;
+        for (i, text) in texts.iter().enumerate() {
+            let line = each(text).map_err(|e| anyhow::anyhow!("text {}: {e}", i + 1))?;
+            out.write(&line)?;
+        }
+        out.finish()
+    }
+}
 
 /// Options shared by every command that runs the model.
 #[derive(clap::Args, Debug, Clone)]
@@ -52,7 +88,22 @@ pub struct EmbedArgs {
     /// column, activations per token; AVX-512 VNNI where present). Faster
     /// and approximate: cosine similarity to fp32 embeddings ≥ 0.999.
     #[arg(long, default_value = "f32")]
-    pub quantize: bertha::model::Precision,
+    pub quantize: bertha::fast::Precision,
+}
+
+/// What `embed` and `similarity` take: the embedding options, the texts
+/// and where the output goes.
+#[derive(clap::Args, Debug)]
+pub struct EmbedTextArgs {
+    #[command(flatten)]
+    pub embed: EmbedArgs,
+
+    #[command(flatten)]
+    pub texts: TextArgs,
+
+    /// Write the output here instead of stdout.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
 }
 
 impl EmbedArgs {

@@ -12,9 +12,9 @@ use bertha::training::{
     ScheduleKind, Warmup,
 };
 use bertha::{Tokenizer, Weights};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::model_dir::ModelArgs;
+use crate::texts::training_bar;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -269,14 +269,7 @@ pub fn run(a: Args) -> Result<()> {
         trainer.total_steps()
     );
 
-    let bar = ProgressBar::new(trainer.total_steps());
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_position(trainer.step());
+    let bar = training_bar(trainer.total_steps(), trainer.step());
     trainer.run(|event| match event {
         Event::Step(m) => {
             bar.set_position(m.step);

@@ -1,27 +1,12 @@
 //! `bertha similarity`
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Result};
 use bertha::tasks::cosine_similarity_matrix;
 use serde_json::json;
 
-use super::EmbedArgs;
+pub use super::EmbedTextArgs as Args;
 use crate::output::JsonLines;
-use crate::texts::{report_truncation, TextArgs};
-
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(flatten)]
-    embed: EmbedArgs,
-
-    #[command(flatten)]
-    texts: TextArgs,
-
-    /// Write the JSON here instead of stdout.
-    #[arg(long, short = 'o')]
-    output: Option<PathBuf>,
-}
+use crate::texts::report_truncation;
 
 /// Prints one JSON object: `{"texts": [...], "similarity": [[...], ...]}`.
 pub fn run(a: Args) -> Result<()> {

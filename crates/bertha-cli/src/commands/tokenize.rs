@@ -3,20 +3,15 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use bertha::tokenizer::{default_max_length, Tokenizer};
-use bertha::BertConfig;
 
-use crate::model_dir::ModelArgs;
+use super::PerTextArgs;
 use crate::output::JsonLines;
-use crate::texts::{report_truncation, TextArgs};
+use crate::texts::report_truncation;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
-
-    #[command(flatten)]
-    texts: TextArgs,
+    io: PerTextArgs,
 
     /// Second text of a sentence pair (used with every text).
     #[arg(long, conflicts_with = "pair_input")]
@@ -29,31 +24,24 @@ pub struct Args {
     /// Truncate to this many tokens (default: as `embed`).
     #[arg(long)]
     max_length: Option<usize>,
-
-    /// Write JSON Lines here instead of stdout.
-    #[arg(long, short = 'o')]
-    output: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let dir = a.model.resolve()?;
-    let config_path = dir.join("config.json");
+    let dir = a.io.model.open()?;
     let max_length = match a.max_length {
         Some(n) => n,
-        None if config_path.is_file() => {
-            default_max_length(&dir, &BertConfig::from_file(&config_path)?)?
-        }
+        None if dir.has_config() => dir.default_max_length(&dir.config()?)?,
         None => 512,
     };
-    let tokenizer = Tokenizer::from_dir(&dir, max_length)?;
-    let texts = a.texts.read()?;
+    let tokenizer = dir.tokenizer(max_length)?;
+    let texts = a.io.texts.read()?;
     let encodings = match (&a.pair, &a.pair_input) {
         (Some(p), _) => {
             let pairs: Vec<(&str, &str)> = texts.iter().map(|t| (t.as_str(), p.as_str())).collect();
             tokenizer.encode_pair_batch(&pairs)?
         }
         (None, Some(path)) => {
-            let seconds = bertha::input::read_lines_from_file(path)?;
+            let seconds = bertha::io::texts::read_lines_from_file(path)?;
             if seconds.len() != texts.len() {
                 bail!(
                     "{} has {} lines but there are {} texts; pairs are matched line by line",
@@ -72,7 +60,7 @@ pub fn run(a: Args) -> Result<()> {
         (None, None) => tokenizer.encode_batch(&texts)?,
     };
     report_truncation(&encodings, tokenizer.max_length());
-    let mut out = JsonLines::open(a.output.as_deref())?;
+    let mut out = JsonLines::open(a.io.output.as_deref())?;
     for e in &encodings {
         out.write(e)?;
     }

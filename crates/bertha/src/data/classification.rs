@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::labels::LabelSet;
 use crate::error::{Error, Result};
+use crate::io::texts::{columns_list, Cell, Record, Table};
 
 /// Text columns tried when none is named: pairs first, then single texts.
 pub const PAIR_COLUMNS: [(&str, &str); 6] = [
@@ -32,35 +33,8 @@ pub const PAIR_COLUMNS: [(&str, &str); 6] = [
 pub const TEXT_COLUMNS: [&str; 5] = ["sentence", "text", "text_a", "sentence1", "question"];
 pub const LABEL_COLUMNS: [&str; 4] = ["label", "labels", "gold_label", "score"];
 
-/// How a file is laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileFormat {
-    /// Tab-separated, header row, no quoting (GLUE's files contain bare `"`).
-    Tsv,
-    /// Comma-separated, header row, RFC 4180 quoting.
-    Csv,
-    /// One JSON object per line.
-    Jsonl,
-}
-
-impl FileFormat {
-    /// By extension (`.tsv`, `.csv`, `.jsonl` / `.ndjson`), else by the
-    /// first line: `{` JSONL, a tab TSV, otherwise CSV.
-    pub fn detect(path: &Path, first_line: &str) -> Self {
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        match ext.as_deref() {
-            Some("tsv") => Self::Tsv,
-            Some("csv") => Self::Csv,
-            Some("jsonl" | "ndjson") => Self::Jsonl,
-            _ if first_line.trim_start().starts_with('{') => Self::Jsonl,
-            _ if first_line.contains('\t') => Self::Tsv,
-            _ => Self::Csv,
-        }
-    }
-}
+/// How a file is laid out: the shared table formats.
+pub use crate::io::texts::TableFormat as FileFormat;
 
 /// What the label column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -185,19 +159,10 @@ impl ClassificationData {
                 "{origin}: the file is empty: expected a header row and examples"
             )));
         }
-        let first_line = bytes
-            .split(|b| *b == b'\n')
-            .next()
-            .map(String::from_utf8_lossy)
-            .unwrap_or_default();
         let format = opts
             .format
-            .unwrap_or_else(|| FileFormat::detect(path, &first_line));
-        let (columns, rows) = match format {
-            FileFormat::Tsv => read_delimited(bytes, &origin, b'\t', false, opts)?,
-            FileFormat::Csv => read_delimited(bytes, &origin, b',', true, opts)?,
-            FileFormat::Jsonl => read_jsonl(bytes, &origin, opts)?,
-        };
+            .unwrap_or_else(|| FileFormat::detect(path, bytes));
+        let (columns, rows) = read_rows(bytes, &origin, format, opts)?;
 
         let mut bad_rows = Vec::new();
         let mut bad = |line: usize, reason: String| -> Result<()> {
@@ -319,14 +284,6 @@ impl ClassificationData {
     }
 }
 
-fn columns_list(names: &[String]) -> String {
-    names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Picks the text, pair and label columns among `names` (a header, or the
 /// keys of the first JSON object).
 fn pick_columns(names: &[String], origin: &str, opts: &ReadOptions, what: &str) -> Result<Columns> {
@@ -402,177 +359,72 @@ fn label_field(value: &str, name: &str) -> std::result::Result<String, String> {
     }
 }
 
-fn read_delimited(
+/// The rows of a table as texts and labels; a row's problem is its `Err`.
+fn read_rows(
     bytes: &[u8],
     origin: &str,
-    delimiter: u8,
-    quoting: bool,
+    format: FileFormat,
     opts: &ReadOptions,
 ) -> Result<(Columns, Rows)> {
-    let mut reader = csv::ReaderBuilder::new()
-        .delimiter(delimiter)
-        .quoting(quoting)
-        .flexible(true)
-        .has_headers(true)
-        .from_reader(bytes);
-    let csv_error = |e: csv::Error| {
-        let line = e
-            .position()
-            .map_or(String::new(), |p| format!(" line {}:", p.line()));
-        Error::Input(format!("{origin}:{line} {e}"))
-    };
-    let header_bytes = reader.byte_headers().map_err(csv_error)?.clone();
-    let mut header = Vec::with_capacity(header_bytes.len());
-    for (i, h) in header_bytes.iter().enumerate() {
-        let h = std::str::from_utf8(h).map_err(|_| {
-            Error::Input(format!(
-                "{origin}: line 1: header field {} is not valid UTF-8",
-                i + 1
-            ))
-        })?;
-        header.push(h.trim().to_string());
-    }
-    let columns = pick_columns(&header, origin, opts, "header")?;
-    let index = |c: &str| header.iter().position(|h| h == c).unwrap_or(0);
+    let table = Table::parse(bytes, origin, format)?;
+    let header = &table.columns;
+    let columns = pick_columns(header, origin, opts, format.header_name())?;
+    let index = |c: &str| table.column(c).unwrap_or(0);
     let text_idx = index(&columns.text);
     let pair_idx = columns.pair.as_deref().map(index);
     let label_idx = columns.label.as_deref().map(index);
-
-    let mut rows = Vec::new();
-    // Lines counted incrementally from byte offsets (csv's own count skips
-    // blank lines before a record).
-    let (mut counted_to, mut line) = (0usize, 1usize);
-    for record in reader.byte_records() {
-        let record = record.map_err(csv_error)?;
-        let mut offset = record.position().map_or(0, |p| p.byte() as usize);
-        while offset < bytes.len() && matches!(bytes[offset], b'\n' | b'\r') {
-            offset += 1;
-        }
-        let offset = offset.max(counted_to).min(bytes.len());
-        line += bytes[counted_to..offset]
-            .iter()
-            .filter(|b| **b == b'\n')
-            .count();
-        counted_to = offset;
-        if record.iter().all(|f| f.iter().all(u8::is_ascii_whitespace)) {
-            continue;
-        }
-        let row = (|| {
-            if record.len() != header.len() {
+    let row = |record: &Record| -> std::result::Result<RawRow, String> {
+        if let Record::Fields(r) = record {
+            if r.len() != header.len() {
                 return Err(format!(
                     "{} fields, but the header has {}{}",
-                    record.len(),
+                    r.len(),
                     header.len(),
-                    if delimiter == b'\t' && record.len() > header.len() {
+                    if format == FileFormat::Tsv && r.len() > header.len() {
                         " (a tab inside a text?)"
                     } else {
                         ""
                     }
                 ));
             }
-            let field = |idx: usize| -> std::result::Result<&str, String> {
-                let raw = record.get(idx).unwrap_or_default();
-                std::str::from_utf8(raw).map_err(|e| {
-                    format!(
-                        "column `{}`: invalid UTF-8 at byte {} of the field",
-                        header[idx],
-                        e.valid_up_to()
-                    )
-                })
-            };
-            let text_a = text_field(field(text_idx)?, &columns.text)?;
-            let text_b = match (pair_idx, &columns.pair) {
-                (Some(i), Some(name)) => Some(text_field(field(i)?, name)?),
-                _ => None,
-            };
-            let label = match (label_idx, &columns.label) {
-                (Some(i), Some(name)) => Some(label_field(field(i)?, name)?),
-                _ => None,
-            };
-            Ok(RawRow {
-                text_a,
-                text_b,
-                label,
-            })
-        })();
-        rows.push((line, row));
-    }
-    Ok((columns, rows))
-}
-
-fn read_jsonl(bytes: &[u8], origin: &str, opts: &ReadOptions) -> Result<(Columns, Rows)> {
-    // Each line parsed first; the first object's keys are the "header".
-    type Object = serde_json::Map<String, Value>;
-    let mut parsed: Vec<(usize, std::result::Result<Object, String>)> = Vec::new();
-    for (i, raw) in bytes.split(|b| *b == b'\n').enumerate() {
-        let line = i + 1;
-        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-        if raw.iter().all(u8::is_ascii_whitespace) {
-            continue;
         }
-        let row = match std::str::from_utf8(raw) {
-            Err(e) => Err(format!(
-                "invalid UTF-8 at byte {} of the line",
-                e.valid_up_to()
-            )),
-            Ok(text) => match serde_json::from_str::<Value>(text) {
-                Ok(Value::Object(map)) => Ok(map),
-                Ok(_) => Err("expected a JSON object".to_string()),
-                Err(e) => Err(format!("invalid JSON: {e}")),
+        let text = |idx: usize, name: &str| match record.cell(idx, name)? {
+            Cell::Missing => Err(format!("no field `{name}`")),
+            c => match c.as_str() {
+                Some(s) => text_field(s, name),
+                None => Err(format!("field `{name}` is not a string")),
             },
         };
-        parsed.push((line, row));
-    }
-    let keys: Vec<String> = match parsed.iter().find_map(|(_, r)| r.as_ref().ok()) {
-        Some(first) => first.keys().cloned().collect(),
-        None => match parsed.first() {
-            Some((line, Err(reason))) => {
-                return Err(Error::Input(format!("{origin}: line {line}: {reason}")))
-            }
-            _ => {
-                return Err(Error::Input(format!(
-                    "{origin}: the file is empty: expected JSON objects"
-                )))
-            }
-        },
-    };
-    let columns = pick_columns(&keys, origin, opts, "first object")?;
-    let text = |map: &serde_json::Map<String, Value>, key: &str| match map.get(key) {
-        Some(Value::String(s)) => text_field(s, key),
-        Some(_) => Err(format!("field `{key}` is not a string")),
-        None => Err(format!("no field `{key}`")),
-    };
-    let rows = parsed
-        .into_iter()
-        .map(|(line, row)| {
-            let row = row.and_then(|map| {
-                let text_a = text(&map, &columns.text)?;
-                let text_b = match &columns.pair {
-                    Some(k) => Some(text(&map, k)?),
-                    None => None,
-                };
-                let label = match &columns.label {
-                    None => None,
-                    Some(k) => Some(match map.get(k) {
-                        Some(Value::String(s)) => label_field(s, k)?,
-                        Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
-                        Some(_) => {
-                            return Err(format!(
-                                "field `{k}` is not a label (a non-empty string, a number or a \
-                                 boolean)"
-                            ))
-                        }
-                        None => return Err(format!("no field `{k}`")),
-                    }),
-                };
-                Ok(RawRow {
-                    text_a,
-                    text_b,
-                    label,
-                })
-            });
-            (line, row)
+        let text_a = text(text_idx, &columns.text)?;
+        let text_b = match (pair_idx, &columns.pair) {
+            (Some(i), Some(name)) => Some(text(i, name)?),
+            _ => None,
+        };
+        let label = match (label_idx, &columns.label) {
+            (Some(i), Some(name)) => Some(match record.cell(i, name)? {
+                Cell::Text(s) => label_field(s, name)?,
+                Cell::Json(Value::String(s)) => label_field(s, name)?,
+                Cell::Json(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+                Cell::Json(_) => {
+                    return Err(format!(
+                        "field `{name}` is not a label (a non-empty string, a number or a \
+                         boolean)"
+                    ))
+                }
+                Cell::Missing => return Err(format!("no field `{name}`")),
+            }),
+            _ => None,
+        };
+        Ok(RawRow {
+            text_a,
+            text_b,
+            label,
         })
+    };
+    let rows = table
+        .rows
+        .iter()
+        .map(|(line, record)| (*line, record.as_ref().map_err(String::clone).and_then(row)))
         .collect();
     Ok((columns, rows))
 }

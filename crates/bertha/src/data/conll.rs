@@ -25,8 +25,8 @@ use tokenizers::{Encoding, TruncationDirection};
 use super::classification::BadRow;
 use super::labels::LabelSet;
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::model::IGNORE_INDEX;
-use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Default)]
 pub struct ConllOptions {

@@ -15,8 +15,8 @@ use rand::Rng;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::rng::rng_for;
-use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone)]
 pub struct CorpusOptions {

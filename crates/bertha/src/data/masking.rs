@@ -5,8 +5,8 @@
 use rand::Rng;
 
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::model::IGNORE_INDEX as IGNORE;
-use crate::tokenizer::Tokenizer;
 
 /// What happens to a chosen token, in percent: `[MASK]`, random, kept.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -17,8 +17,8 @@ use serde_json::Value;
 use tokenizers::{Encoding, TruncationDirection};
 
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::metrics::{squad_scores, SquadScores};
-use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SquadAnswer {

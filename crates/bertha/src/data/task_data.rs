@@ -14,9 +14,9 @@ use super::{
     NerData, ReadOptions, SquadData, SquadFeature, SquadFeaturizer,
 };
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::model::{HeadKind, IGNORE_INDEX};
 use crate::rng::rng_for;
-use crate::tokenizer::Tokenizer;
 
 /// Purpose of the generator that draws `--max-train` examples.
 const SUBSAMPLE: u64 = 13;

@@ -12,7 +12,6 @@ mod family;
 mod heads;
 mod nn;
 pub mod ops;
-mod packed;
 
 pub use bert::{
     roberta_position_ids, BertAttention, BertEmbeddings, BertEncoder, BertInput, BertIntermediate,
@@ -28,4 +27,3 @@ pub use heads::{
     PreTrainingOutput, QuestionAnsweringOutput, TaskOutput, IGNORE_INDEX,
 };
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
-pub use packed::{PackedBert, PackedStates, Precision};

@@ -23,7 +23,7 @@ use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
 use crate::config::Activation;
-use crate::kernels::{
+use crate::fast::kernels::{
     erf, fast_exp, gelu_erf, gelu_tanh, gelu_tanh_inner, lane_sum, layer_norm_into, multiversion,
     row_stats, softmax_row, Act, LANES, ROWS_PER_TASK,
 };

@@ -9,15 +9,29 @@ use crate::error::{Error, Result};
 /// Writes `bytes` to `path` through a temporary file in the same folder:
 /// the file appears complete or not at all.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+    let mut tmp = temp_beside(path, ".tmp", "")?;
     tmp.write_all(bytes)
         .and_then(|()| tmp.flush())
         .map_err(|e| Error::io(tmp.path(), e))?;
     persist(tmp, path)
+}
+
+/// A temporary file in `path`'s folder (named `prefix…suffix`), to be
+/// [`persist`]ed as `path` once complete.
+pub(crate) fn temp_beside(
+    path: &Path,
+    prefix: &str,
+    suffix: &str,
+) -> Result<tempfile::NamedTempFile> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .suffix(suffix)
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, e))
 }
 
 /// Renames a finished temporary file to `path`, readable by all like a

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::plot::{label_color, register_fonts, ImageFormat, FONT};
+use super::plot::{draw_legend, label_color, register_fonts, ImageFormat, FONT};
 use crate::error::{Error, Result};
 
 /// The trailing mean of the last `window` points at every point: per-step
@@ -66,19 +66,11 @@ pub fn plot_curves(
     let format = ImageFormat::from_path(path)?;
     register_fonts()?;
     let drawing_error = |e: String| Error::Input(format!("drawing {}: {e}", path.display()));
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     let suffix = match format {
         ImageFormat::Png => ".png",
         ImageFormat::Svg => ".svg",
     };
-    let tmp = tempfile::Builder::new()
-        .prefix(".curve")
-        .suffix(suffix)
-        .tempfile_in(dir)
-        .map_err(|e| Error::io(dir, e))?;
+    let tmp = super::coords::temp_beside(path, ".curve", suffix)?;
     let size = (900, 560);
     match format {
         ImageFormat::Png => {
@@ -153,13 +145,7 @@ fn draw<DB: DrawingBackend>(
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(150, 150, 150))
-        .label_font((FONT, 14))
-        .draw()?;
+    draw_legend(&mut chart)?;
     root.present()?;
     Ok(())
 }

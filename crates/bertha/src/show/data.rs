@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::input;
+use crate::io::texts::{self, columns_list, Cell, Record, Table, TableFormat};
 
 /// Text columns tried, in order, when none is named (SST-2 says `sentence`).
 pub const DEFAULT_TEXT_COLUMNS: [&str; 2] = ["sentence", "text"];
@@ -47,18 +47,15 @@ impl Format {
     /// lines of text unless a column is named, when the first line decides
     /// (`{` JSONL, a tab TSV, else CSV).
     pub fn detect(path: &Path, first_line: &str, columns_named: bool) -> Self {
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        match ext.as_deref() {
-            Some("tsv") => Self::Tsv,
-            Some("csv") => Self::Csv,
-            Some("jsonl" | "ndjson") => Self::Jsonl,
-            _ if !columns_named => Self::Lines,
-            _ if first_line.trim_start().starts_with('{') => Self::Jsonl,
-            _ if first_line.contains('\t') => Self::Tsv,
-            _ => Self::Csv,
+        let table = match TableFormat::by_extension(path) {
+            Some(f) => f,
+            None if !columns_named => return Self::Lines,
+            None => TableFormat::sniff(first_line),
+        };
+        match table {
+            TableFormat::Tsv => Self::Tsv,
+            TableFormat::Csv => Self::Csv,
+            TableFormat::Jsonl => Self::Jsonl,
         }
     }
 }
@@ -95,7 +92,7 @@ impl LabeledTexts {
         let named = spec.text_column.is_some() || spec.label_column.is_some();
         let mut out = match Format::detect(path, &first_line, named) {
             Format::Lines => {
-                let texts = input::lines_from_bytes(&bytes, &origin)?;
+                let texts = texts::lines_from_bytes(&bytes, &origin)?;
                 let lines = (1..=texts.len()).collect();
                 Self {
                     texts,
@@ -103,9 +100,9 @@ impl LabeledTexts {
                     lines,
                 }
             }
-            Format::Tsv => read_delimited(&bytes, &origin, b'\t', false, spec)?,
-            Format::Csv => read_delimited(&bytes, &origin, b',', true, spec)?,
-            Format::Jsonl => read_jsonl(&bytes, &origin, spec)?,
+            Format::Tsv => read_table(&bytes, &origin, TableFormat::Tsv, spec)?,
+            Format::Csv => read_table(&bytes, &origin, TableFormat::Csv, spec)?,
+            Format::Jsonl => read_table(&bytes, &origin, TableFormat::Jsonl, spec)?,
         };
         if out.texts.is_empty() {
             return Err(Error::Input(format!(
@@ -173,7 +170,7 @@ impl LabeledTexts {
         }
         if keep.is_empty() {
             return Err(Error::Input(
-                "no texts left after --per-label / --limit".into(),
+                "no texts left after taking per_label / limit".into(),
             ));
         }
         Ok(Self {
@@ -210,14 +207,6 @@ impl LabeledTexts {
         let idx = labels.iter().map(|l| index[l.as_str()]).collect();
         (names, idx)
     }
-}
-
-fn columns_list(names: &[String]) -> String {
-    names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Finds the text and label columns among `names` (a header, or the keys
@@ -265,28 +254,17 @@ fn pick_columns(
     Ok((text, label))
 }
 
-fn read_delimited(
+/// Texts (and labels) of a table's rows; errors name the line.
+fn read_table(
     bytes: &[u8],
     origin: &str,
-    delimiter: u8,
-    quoting: bool,
+    format: TableFormat,
     spec: &ReadSpec,
 ) -> Result<LabeledTexts> {
-    let csv_error = |e: csv::Error| Error::Input(format!("{origin}: {e}"));
-    let mut reader = csv::ReaderBuilder::new()
-        .delimiter(delimiter)
-        .quoting(quoting)
-        .flexible(true)
-        .has_headers(true)
-        .from_reader(bytes);
-    let header: Vec<String> = reader
-        .headers()
-        .map_err(csv_error)?
-        .iter()
-        .map(|h| h.trim().trim_start_matches('\u{feff}').to_string())
-        .collect();
-    let (text_col, label_col) = pick_columns(&header, origin, spec, "header")?;
-    let position = |c: &str| header.iter().position(|h| h == c).unwrap_or(0);
+    let table = Table::parse(bytes, origin, format)?;
+    let (text_col, label_col) =
+        pick_columns(&table.columns, origin, spec, table.format.header_name())?;
+    let position = |c: &str| table.column(c).unwrap_or(0);
     let text_idx = position(&text_col);
     let label_idx = label_col.as_deref().map(position);
     let mut out = LabeledTexts {
@@ -294,104 +272,42 @@ fn read_delimited(
         labels: label_idx.map(|_| Vec::new()),
         lines: Vec::new(),
     };
-    for record in reader.records() {
-        let record = record.map_err(csv_error)?;
-        // The line from the byte offset: csv's own line count (and offset)
-        // leave out blank lines before the record.
-        let mut offset = record.position().map_or(0, |p| p.byte() as usize);
-        while offset < bytes.len() && matches!(bytes[offset], b'\n' | b'\r') {
-            offset += 1;
-        }
-        let line = 1 + bytes[..offset.min(bytes.len())]
-            .iter()
-            .filter(|b| **b == b'\n')
-            .count();
-        if record.iter().all(|f| f.trim().is_empty()) {
+    for (line, record) in &table.rows {
+        let at = |reason: String| Error::Input(format!("{origin}: line {line}: {reason}"));
+        let record = record.as_ref().map_err(|r| at(r.clone()))?;
+        if record.is_blank() {
             continue;
         }
-        let field = |idx: usize, name: &str| {
-            record.get(idx).ok_or_else(|| {
-                Error::Input(format!(
-                    "{origin}: line {line}: no field `{name}` (column {}): the row has {} fields",
-                    idx + 1,
-                    record.len()
-                ))
-            })
+        let cell = |idx: usize, name: &str| -> Result<Cell> {
+            match record.cell(idx, name).map_err(at)? {
+                Cell::Missing => Err(at(match record {
+                    Record::Fields(r) => format!(
+                        "no field `{name}` (column {}): the row has {} fields",
+                        idx + 1,
+                        r.len()
+                    ),
+                    Record::Object(_) => format!("no field `{name}`"),
+                })),
+                c => Ok(c),
+            }
         };
-        out.texts.push(field(text_idx, &text_col)?.to_string());
+        match cell(text_idx, &text_col)? {
+            Cell::Text(t) => out.texts.push(t.to_string()),
+            Cell::Json(Value::String(t)) => out.texts.push(t.clone()),
+            _ => return Err(at(format!("field `{text_col}` is not a string"))),
+        }
         if let (Some(idx), Some(labels), Some(name)) =
             (label_idx, out.labels.as_mut(), label_col.as_deref())
         {
-            let label = field(idx, name)?.trim();
-            if label.is_empty() {
-                return Err(Error::Input(format!(
-                    "{origin}: line {line}: empty label in column `{name}`"
-                )));
-            }
-            labels.push(label.to_string());
-        }
-        out.lines.push(line);
-    }
-    Ok(out)
-}
-
-fn read_jsonl(bytes: &[u8], origin: &str, spec: &ReadSpec) -> Result<LabeledTexts> {
-    let mut rows: Vec<(usize, serde_json::Map<String, Value>)> = Vec::new();
-    for (i, line) in input::lines_from_bytes(bytes, origin)?.iter().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let value: Value = serde_json::from_str(line)
-            .map_err(|e| Error::Input(format!("{origin}: line {}: invalid JSON: {e}", i + 1)))?;
-        match value {
-            Value::Object(map) => rows.push((i + 1, map)),
-            _ => {
-                return Err(Error::Input(format!(
-                    "{origin}: line {}: expected a JSON object",
-                    i + 1
-                )))
-            }
-        }
-    }
-    let Some((_, first)) = rows.first() else {
-        return Err(Error::Input(format!(
-            "{origin}: the input is empty: there are no texts to map"
-        )));
-    };
-    let keys: Vec<String> = first.keys().cloned().collect();
-    let (text_key, label_key) = pick_columns(&keys, origin, spec, "first object")?;
-    let mut out = LabeledTexts {
-        texts: Vec::new(),
-        labels: label_key.as_ref().map(|_| Vec::new()),
-        lines: Vec::new(),
-    };
-    for (line, map) in &rows {
-        match map.get(&text_key) {
-            Some(Value::String(s)) => out.texts.push(s.clone()),
-            Some(_) => {
-                return Err(Error::Input(format!(
-                    "{origin}: line {line}: field `{text_key}` is not a string"
-                )))
-            }
-            None => {
-                return Err(Error::Input(format!(
-                    "{origin}: line {line}: no field `{text_key}`"
-                )))
-            }
-        }
-        if let (Some(key), Some(labels)) = (&label_key, out.labels.as_mut()) {
-            let label = match map.get(key) {
-                Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
-                Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
-                Some(_) => {
-                    return Err(Error::Input(format!(
-                        "{origin}: line {line}: field `{key}` is not a label (a non-empty \
-                         string, a number or a boolean)"
-                    )))
-                }
-                None => {
-                    return Err(Error::Input(format!(
-                        "{origin}: line {line}: no field `{key}`"
+            let label = match cell(idx, name)? {
+                Cell::Text(t) if !t.trim().is_empty() => t.trim().to_string(),
+                Cell::Text(_) => return Err(at(format!("empty label in column `{name}`"))),
+                Cell::Json(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+                Cell::Json(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+                _ => {
+                    return Err(at(format!(
+                        "field `{name}` is not a label (a non-empty string, a number or a \
+                         boolean)"
                     )))
                 }
             };
@@ -403,7 +319,7 @@ fn read_jsonl(bytes: &[u8], origin: &str, spec: &ReadSpec) -> Result<LabeledText
 }
 
 fn read_labels_file(path: &Path, n_texts: usize, texts_origin: &str) -> Result<Vec<String>> {
-    let mut labels = input::read_lines_from_file(path)?;
+    let mut labels = texts::read_lines_from_file(path)?;
     while labels.len() > n_texts && labels.last().is_some_and(|l| l.trim().is_empty()) {
         labels.pop();
     }

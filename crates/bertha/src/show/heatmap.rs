@@ -116,15 +116,7 @@ impl Heatmap<'_> {
                 let vmax = self.check()?;
                 register_fonts()?;
                 let layout = self.layout();
-                let dir = path
-                    .parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."));
-                let tmp = tempfile::Builder::new()
-                    .prefix(".attention")
-                    .suffix(".png")
-                    .tempfile_in(dir)
-                    .map_err(|e| Error::io(dir, e))?;
+                let tmp = super::coords::temp_beside(path, ".attention", ".png")?;
                 {
                     let root = BitMapBackend::new(tmp.path(), layout.size).into_drawing_area();
                     self.draw(&root, &layout, vmax)

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use crate::error::{Error, Result};
@@ -16,6 +16,23 @@ static DEJAVU_SANS: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
 /// The font family every text of a plot uses.
 pub(crate) const FONT: &str = "sans-serif";
+
+/// The legend box of every chart: upper right, on translucent white.
+pub(crate) fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(150, 150, 150))
+        .label_font((FONT, 14))
+        .draw()
+}
 
 pub(crate) fn register_fonts() -> Result<()> {
     static DONE: OnceLock<bool> = OnceLock::new();
@@ -156,15 +173,7 @@ impl MapPlot<'_> {
                 super::coords::write_atomically(path, svg.as_bytes())
             }
             ImageFormat::Png => {
-                let dir = path
-                    .parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."));
-                let tmp = tempfile::Builder::new()
-                    .prefix(".embed-map")
-                    .suffix(".png")
-                    .tempfile_in(dir)
-                    .map_err(|e| Error::io(dir, e))?;
+                let tmp = super::coords::temp_beside(path, ".embed-map", ".png")?;
                 {
                     let root = BitMapBackend::new(tmp.path(), self.size).into_drawing_area();
                     self.draw(&root).map_err(|e| drawing_error(e.to_string()))?;
@@ -234,13 +243,7 @@ impl MapPlot<'_> {
                 .map(|(p, &l)| Circle::new((p[0], p[1]), 3, label_color(l).mix(0.75).filled())),
         )?;
         if self.legend {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.9))
-                .border_style(RGBColor(150, 150, 150))
-                .label_font((FONT, 14))
-                .draw()?;
+            draw_legend(&mut chart)?;
         }
         root.present()?;
         Ok(())

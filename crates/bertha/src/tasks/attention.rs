@@ -7,8 +7,8 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::io::tokenizer::{default_max_length, Tokenizer};
 use crate::model::{BertInput, BertModel, ForwardOptions};
-use crate::tokenizer::{default_max_length, Tokenizer};
 
 /// The attention probabilities of one text.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

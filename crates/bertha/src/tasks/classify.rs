@@ -9,8 +9,8 @@ use candle_core::Device;
 use super::pipeline::{self, sigmoid, softmax};
 use crate::config::{BertConfig, ProblemType};
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForSequenceClassification, BertHead};
-use crate::tokenizer::Tokenizer;
 
 /// How logits become scores (transformers' `function_to_apply`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,9 +7,11 @@ use candle_core::{Device, Tensor};
 
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::model::{BertInput, BertModel, ForwardOptions, PackedBert, Precision};
+use crate::fast::{PackedBert, PackedStates, Precision};
+use crate::io::tokenizer::{Encoded, Tokenizer};
+use crate::io::ModelDir;
+use crate::model::{BertInput, BertModel, ForwardOptions};
 use crate::pooling::{self, Pooling, SentenceTransformerSpec};
-use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
 
 /// Overrides of what the model folder prescribes.
 #[derive(Debug, Clone, Default)]
@@ -54,13 +56,15 @@ impl Embedder {
     /// normalisation and `max_seq_length`; a plain checkpoint uses mean
     /// pooling without normalisation and `max_position_embeddings`.
     pub fn from_dir(dir: &Path, device: &Device, opts: &EmbedOptions) -> Result<Self> {
-        let model = BertModel::from_dir(dir, device)?;
+        let folder = ModelDir::open(dir)?;
+        let (config, weights) = folder.config_and_weights()?;
+        let model = BertModel::from_weights(weights, config, device)?;
         let max_length = match opts.max_length {
             Some(n) => n,
-            None => default_max_length(dir, model.config())?,
+            None => folder.default_max_length(model.config())?,
         };
         check_max_length(max_length, model.config())?;
-        let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+        let tokenizer = folder.tokenizer(max_length)?;
         let spec = SentenceTransformerSpec::from_dir(dir)?;
         let pooling = opts
             .pooling
@@ -201,35 +205,59 @@ impl Embedder {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f32>>> {
-        let mut out = vec![Vec::new(); encodings.len()];
+        self.in_batches(encodings, batch_size, progress, |encs| {
+            self.run_pooled(encs)
+        })
+    }
+
+    /// Runs `run` on length-sorted batches of `encodings` and returns its
+    /// rows in input order; `progress` sees the texts done after each batch.
+    fn in_batches<T>(
+        &self,
+        encodings: &[Encoded],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+        mut run: impl FnMut(&[&Encoded]) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None)
+            .take(encodings.len())
+            .collect();
         let mut done = 0;
         for batch in length_sorted_batches(encodings, batch_size, self.max_batch_tokens) {
-            let rows =
-                self.run_pooled(&batch.iter().map(|&i| &encodings[i]).collect::<Vec<_>>())?;
+            let rows = run(&batch.iter().map(|&i| &encodings[i]).collect::<Vec<_>>())?;
             for (row, i) in rows.into_iter().zip(batch.iter()) {
-                out[*i] = row;
+                out[*i] = Some(row);
             }
             done += batch.len();
             progress(done);
         }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every index is in one batch"))
+            .collect())
+    }
+
+    /// The packed fast path's token states of `encs`, when it is on.
+    fn packed_states(&self, encs: &[&Encoded]) -> Result<Option<PackedStates>> {
+        let Some(packed) = &self.packed else {
+            return Ok(None);
+        };
+        let seqs: Vec<(&[u32], &[u32])> = encs
+            .iter()
+            .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+            .collect();
+        Ok(Some(packed.forward(&seqs)?))
     }
 
     fn run_pooled(&self, encs: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
-        if let Some(packed) = &self.packed {
-            let seqs: Vec<(&[u32], &[u32])> = encs
-                .iter()
-                .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
-                .collect();
-            let states = packed.forward(&seqs)?;
-            let mut rows = if self.pooling == Pooling::Pooler {
-                packed
+        if let Some(states) = self.packed_states(encs)? {
+            let mut rows = match (&self.packed, self.pooling) {
+                (Some(packed), Pooling::Pooler) => packed
                     .pool(&states)?
-                    .ok_or_else(|| Error::Input("this model has no pooler".into()))?
-            } else {
-                (0..states.len())
+                    .ok_or_else(|| Error::Input("this model has no pooler".into()))?,
+                _ => (0..states.len())
                     .map(|s| pooling::pool_rows(states.sequence(s), states.hidden, self.pooling))
-                    .collect()
+                    .collect(),
             };
             if self.normalize {
                 rows.iter_mut().for_each(|r| pooling::normalize_in_place(r));
@@ -281,17 +309,17 @@ impl Embedder {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<TokenEmbeddings>> {
-        let mut out: Vec<Option<TokenEmbeddings>> = vec![None; encodings.len()];
-        let mut done = 0;
-        for batch in length_sorted_batches(encodings, batch_size, self.max_batch_tokens) {
-            let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
-            if let Some(packed) = &self.packed {
-                let seqs: Vec<(&[u32], &[u32])> = encs
-                    .iter()
-                    .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
-                    .collect();
-                let states = packed.forward(&seqs)?;
-                for (s, &i) in batch.iter().enumerate() {
+        self.in_batches(encodings, batch_size, progress, |encs| {
+            self.run_tokens(encs)
+        })
+    }
+
+    fn run_tokens(&self, encs: &[&Encoded]) -> Result<Vec<TokenEmbeddings>> {
+        if let Some(states) = self.packed_states(encs)? {
+            return Ok(encs
+                .iter()
+                .enumerate()
+                .map(|(s, e)| {
                     let mut vectors: Vec<Vec<f32>> = states
                         .sequence(s)
                         .chunks(states.hidden)
@@ -302,34 +330,27 @@ impl Embedder {
                             .iter_mut()
                             .for_each(|v| pooling::normalize_in_place(v));
                     }
-                    out[i] = Some(TokenEmbeddings {
-                        tokens: encodings[i].tokens.clone(),
+                    TokenEmbeddings {
+                        tokens: e.tokens.clone(),
                         embeddings: vectors,
-                    });
-                }
-                done += batch.len();
-                progress(done);
-                continue;
-            }
-            let (_, res) = self.forward(&encs)?;
-            for (row, &i) in batch.iter().enumerate() {
-                let n = encodings[i].len();
-                let mut states: Tensor = res.last_hidden_state.get(row)?.narrow(0, 0, n)?;
+                    }
+                })
+                .collect());
+        }
+        let (_, res) = self.forward(encs)?;
+        encs.iter()
+            .enumerate()
+            .map(|(row, e)| {
+                let mut states: Tensor = res.last_hidden_state.get(row)?.narrow(0, 0, e.len())?;
                 if self.normalize {
                     states = pooling::normalize(&states)?;
                 }
-                out[i] = Some(TokenEmbeddings {
-                    tokens: encodings[i].tokens.clone(),
+                Ok(TokenEmbeddings {
+                    tokens: e.tokens.clone(),
                     embeddings: states.to_vec2::<f32>()?,
-                });
-            }
-            done += batch.len();
-            progress(done);
-        }
-        Ok(out
-            .into_iter()
-            .map(|o| o.expect("every index is in one batch"))
-            .collect())
+                })
+            })
+            .collect()
     }
 }
 

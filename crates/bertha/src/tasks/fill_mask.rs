@@ -8,8 +8,8 @@ use candle_core::Device;
 
 use super::pipeline::{self, softmax};
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::model::BertForMaskedLM;
-use crate::tokenizer::Tokenizer;
 
 /// One candidate for one mask, with transformers' field names.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -16,11 +16,11 @@ use crate::data::{
     TaskData, TaskInput, TaskInputBuilder, TaskInputs,
 };
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::metrics::{accuracy, entity_scores, macro_f1};
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadInit, HeadLabels, TaskOutput, IGNORE_INDEX,
 };
-use crate::tokenizer::Tokenizer;
 
 /// The run's options, saved next to every model it writes so that
 /// `evaluate` and `predict` tokenize as training did.

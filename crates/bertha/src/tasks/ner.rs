@@ -11,8 +11,8 @@ use candle_core::Device;
 
 use super::pipeline::{self, argmax, softmax, tokens_to_string};
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForTokenClassification, BertHead};
-use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Aggregation {

@@ -8,8 +8,8 @@ use candle_core::Device;
 
 use super::pipeline::{self, softmax};
 use crate::error::Result;
+use crate::io::tokenizer::Tokenizer;
 use crate::model::BertForNextSentencePrediction;
-use crate::tokenizer::Tokenizer;
 
 /// Probabilities of BERT's two NSP classes (label 0: B follows A).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]

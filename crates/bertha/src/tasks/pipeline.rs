@@ -7,8 +7,8 @@ use candle_core::{Device, Tensor};
 use tokenizers::Decoder;
 
 use crate::error::{Error, Result};
+use crate::io::tokenizer::{default_max_length, Encoded, Tokenizer};
 use crate::model::{BertHead, BertInput, HeadInit, HeadLabels, HeadOptions, HeadOutput};
-use crate::tokenizer::{default_max_length, Encoded, Tokenizer};
 
 /// Loads a head that must be in the checkpoint, and the folder's tokenizer
 /// truncating at `max_length` (default: the model's own limit).

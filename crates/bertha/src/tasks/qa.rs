@@ -15,8 +15,8 @@ use tokenizers::Encoding;
 
 use super::pipeline::{self, softmax};
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForQuestionAnswering, BertHead, BertInput, ForwardOptions};
-use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QaOptions {

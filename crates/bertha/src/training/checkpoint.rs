@@ -115,7 +115,7 @@ impl Checkpoint {
             }
             candle_core::safetensors::load(&p, &Device::Cpu).map_err(|e| Error::Weights {
                 path: p.clone(),
-                reason: crate::weights::strip_backtrace(&e),
+                reason: crate::io::weights::strip_backtrace(&e),
             })
         };
         Ok(Self {

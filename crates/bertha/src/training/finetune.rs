@@ -25,11 +25,11 @@ use crate::data::{
     TaskInputs,
 };
 use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
+use crate::io::weights::Weights;
 use crate::model::HeadKind;
 use crate::tasks::finetuned::{check_family, infer, Scorer, TaskHead, TRAINING_ARGS_FILE};
 use crate::tasks::Evaluation;
-use crate::tokenizer::Tokenizer;
-use crate::weights::Weights;
 
 /// A fine-tuning run.
 pub type Finetuner = Trainer<Finetuning>;
@@ -338,7 +338,7 @@ impl Finetuner {
             let head = TaskHead::load(task, vb, config.clone()).map_err(|e| match e {
                 Error::Tensor(e) => Error::Weights {
                     path: origin,
-                    reason: crate::weights::strip_backtrace(&e),
+                    reason: crate::io::weights::strip_backtrace(&e),
                 },
                 other => other,
             })?;
@@ -531,7 +531,7 @@ fn without_head(weights: Weights, prefix: &str) -> Result<Weights> {
             .get_unchecked(&n, DType::F32, &Device::Cpu)
             .map_err(|e| Error::Weights {
                 path: origin.clone(),
-                reason: crate::weights::strip_backtrace(&e),
+                reason: crate::io::weights::strip_backtrace(&e),
             })?;
         tensors.insert(n, t);
     }

@@ -114,10 +114,8 @@ impl MetricsFile {
     }
 
     pub(crate) fn append(&mut self, value: &impl serde::Serialize) -> Result<()> {
-        let line = serde_json::to_string(value).map_err(|e| Error::Serialize {
-            what: self.path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let line =
+            serde_json::to_string(value).map_err(|e| Error::serialise(self.path.display(), e))?;
         writeln!(self.file, "{line}").map_err(|e| Error::io(&self.path, e))
     }
 }
@@ -156,9 +154,7 @@ pub fn rewind_metrics(path: &Path, step: u64) -> Result<(Vec<StepMetrics>, Vec<E
 
 /// Writes `value` as pretty JSON, atomically.
 pub(crate) fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Serialize {
-        what: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let text =
+        serde_json::to_string_pretty(value).map_err(|e| Error::serialise(path.display(), e))?;
     write_atomic(path, text.as_bytes())
 }

@@ -123,9 +123,12 @@ impl AdamW {
             * scale_acc;
         let norm = norm_sq.sqrt();
         if !norm.is_finite() {
-            return Err(Error::Input(format!(
-                "gradient norm is {norm}: the loss diverged"
-            )));
+            return Err(Error::Diverged {
+                what: "gradient norm",
+                value: norm,
+                step: self.step + 1,
+                out: std::path::PathBuf::new(),
+            });
         }
         let clip = match self.config.max_grad_norm {
             Some(max) if norm > max => max / (norm + 1e-6),

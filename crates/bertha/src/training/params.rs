@@ -13,7 +13,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 
 use crate::error::{Error, Result};
-use crate::weights::{SeededInit, Weights};
+use crate::io::weights::{SeededInit, Weights};
 
 struct Backend {
     source: Option<Weights>,

@@ -15,12 +15,12 @@ use super::trainer::{
 use crate::config::BertConfig;
 use crate::data::{Corpus, Example, Masker};
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
     IGNORE_INDEX,
 };
 use crate::rng::rng_for;
-use crate::weights::Weights;
 
 /// Purposes of the masking generators (data order and dropout: 1 and 3).
 const MASK: u64 = 2;

@@ -22,9 +22,9 @@ use super::plan::{EpochOrder, RunLength, TrainPlan, Warmup};
 use super::schedule::{LrSchedule, ScheduleKind};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
 use crate::model::seed_dropout;
 use crate::rng::seed_for;
-use crate::weights::Weights;
 
 /// The dev scores of the model in a folder (the best one with early stopping).
 pub const EVAL_RESULTS_FILE: &str = "eval_results.json";
@@ -492,7 +492,20 @@ impl<O: Objective> Trainer<O> {
         let grad_norm = if acc.is_empty() {
             0.0
         } else {
-            self.optim.step(&self.params, acc, lr)?
+            self.optim
+                .step(&self.params, acc, lr)
+                .map_err(|e| match e {
+                    // The optimiser knows the step, the loop the folder.
+                    Error::Diverged {
+                        what, value, step, ..
+                    } => Error::Diverged {
+                        what,
+                        value,
+                        step,
+                        out: self.opts.out.clone(),
+                    },
+                    other => other,
+                })?
         };
         self.step += 1;
         let (loss, figures) = self.objective.step_figures(&tallies);

@@ -10,7 +10,7 @@ use super::encoder::BertEncoder;
 use super::pooler::BertPooler;
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::weights::{strip_backtrace, SeededInit, Weights};
+use crate::io::weights::{strip_backtrace, SeededInit, Weights};
 
 /// A batch of token ids, each [batch, seq] u32.
 #[derive(Debug, Clone)]

@@ -11,8 +11,8 @@ use candle_nn::{Init, VarBuilder};
 use super::{BertHead, HeadKind};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
+use crate::io::weights::{strip_backtrace, SeededInit, Weights};
 use crate::model::bert::BertModel;
-use crate::weights::{strip_backtrace, SeededInit, Weights};
 
 /// What to do when a checkpoint lacks the head's tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

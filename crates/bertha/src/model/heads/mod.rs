@@ -48,7 +48,7 @@ use super::bert::{read_model_dir, BertInput, BertModel, BertOutput, ForwardOptio
 use super::nn::{Dense, Dropout};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::weights::Weights;
+use crate::io::weights::Weights;
 
 /// Every head: how it loads, what it is called, and its forward pass with
 /// the loss.

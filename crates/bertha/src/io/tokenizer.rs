@@ -319,15 +319,8 @@ impl Tokenizer {
 
     /// Encodes many texts in parallel.
     pub fn encode_batch<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Encoded>> {
-        let inputs: Vec<EncodeInput> = texts
-            .iter()
-            .map(|t| EncodeInput::from(t.as_ref()))
-            .collect();
-        let encs = self
-            .inner
-            .encode_batch_char_offsets(inputs, true)
-            .map_err(|e| tk_err("encoding batch", e))?;
-        Ok(encs.into_iter().map(convert).collect())
+        let inputs = texts.iter().map(|t| EncodeInput::from(t.as_ref()));
+        self.encode_inputs(inputs.collect(), "encoding batch")
     }
 
     /// Encodes many text pairs in parallel.
@@ -335,14 +328,17 @@ impl Tokenizer {
         &self,
         pairs: &[(S, S)],
     ) -> Result<Vec<Encoded>> {
-        let inputs: Vec<EncodeInput> = pairs
+        let inputs = pairs
             .iter()
-            .map(|(a, b)| EncodeInput::from((a.as_ref(), b.as_ref())))
-            .collect();
+            .map(|(a, b)| EncodeInput::from((a.as_ref(), b.as_ref())));
+        self.encode_inputs(inputs.collect(), "encoding batch of pairs")
+    }
+
+    fn encode_inputs(&self, inputs: Vec<EncodeInput>, what: &str) -> Result<Vec<Encoded>> {
         let encs = self
             .inner
             .encode_batch_char_offsets(inputs, true)
-            .map_err(|e| tk_err("encoding batch of pairs", e))?;
+            .map_err(|e| tk_err(what, e))?;
         Ok(encs.into_iter().map(convert).collect())
     }
 

@@ -10,6 +10,8 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+pub(crate) use super::cpu::multiversion;
+
 /// Rows per rayon task: big enough that scheduling is noise (the
 /// training ops also sum weight gradients in blocks of this many rows).
 pub(crate) const ROWS_PER_TASK: usize = 16;
@@ -26,62 +28,8 @@ const SERIAL_ATTENTION_WORK: usize = 1 << 20;
 /// partial sums vectorise without fast-math reassociation.
 pub(crate) const LANES: usize = 16;
 
-/// The widest instruction set the CPU has, detected once; the loops below
-/// are compiled for each and picked at run time, so one binary is fast on
-/// AVX-512 machines and still runs on any x86-64.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Simd {
-    Baseline,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-pub(crate) fn simd() -> Simd {
-    static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
-            {
-                return Simd::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Simd::Avx2;
-            }
-        }
-        Simd::Baseline
-    })
-}
-
-/// Defines `fn $name` that runs `$body` (an `#[inline(always)]` function)
-/// compiled for the best instruction set available.
-macro_rules! multiversion {
-    ($(fn $name:ident = $body:ident($($arg:ident: $ty:ty),*);)*) => {$(
-        fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-                fn avx512($($arg: $ty),*) { $body($($arg),*) }
-                #[target_feature(enable = "avx2,fma")]
-                fn avx2($($arg: $ty),*) { $body($($arg),*) }
-                match $crate::kernels::simd() {
-                    // SAFETY: simd() checked that the CPU has these features.
-                    $crate::kernels::Simd::Avx512 => return unsafe { avx512($($arg),*) },
-                    $crate::kernels::Simd::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::kernels::Simd::Baseline => {}
-                }
-            }
-            $body($($arg),*)
-        }
-    )*};
-}
-pub(crate) use multiversion;
-
 multiversion! {
     fn norm_rows = norm_rows_body(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: &[f32], eps: f32);
-    fn activate_chunk = activate_body(x: &mut [f32], act: Act);
     fn add_chunk = add_body(x: &mut [f32], y: &[f32]);
     fn attend = attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize);
 }
@@ -255,10 +203,6 @@ impl From<crate::config::Activation> for Act {
             Activation::Relu => Act::Relu,
         }
     }
-}
-
-pub fn activate_in_place(x: &mut [f32], act: Act) {
-    x.par_chunks_mut(4096).for_each(|c| activate_chunk(c, act));
 }
 
 #[inline(always)]

@@ -25,7 +25,8 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::{activate_body, Act};
+use super::cpu::features;
+use super::kernels::{activate_body, Act};
 
 /// Output columns per panel: two 16-float AVX-512 registers.
 pub const NR: usize = 32;
@@ -41,39 +42,6 @@ const ROWS_PER_TASK: usize = 96;
 /// multiple of 4, the `vpdpbusd` depth): finer groups track the ranges of
 /// different channels better, at one float multiply-add per group.
 pub const QGROUP: usize = 64;
-
-/// Which kernels the CPU can run, detected once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cpu {
-    avx512: bool,
-    vnni: bool,
-}
-
-fn cpu() -> Cpu {
-    static CPU: std::sync::OnceLock<Cpu> = std::sync::OnceLock::new();
-    *CPU.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx512 = std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bw");
-            Cpu {
-                avx512,
-                vnni: avx512 && std::is_x86_feature_detected!("avx512vnni"),
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Cpu {
-            avx512: false,
-            vnni: false,
-        }
-    })
-}
-
-/// True when int8 products run on VNNI instructions (else a scalar loop
-/// computes the same integers, slowly).
-pub fn has_vnni() -> bool {
-    cpu().vnni
-}
 
 /// fp32 weights `[k, n]`: in column panels for the AVX-512 tile kernel;
 /// row-major for the gemm crate on other CPUs, whose AVX2 / NEON kernels
@@ -97,7 +65,7 @@ enum F32Layout {
 impl PackedF32 {
     /// Packs `w_t`, row-major `[k, n]` (a transposed `nn.Linear` weight).
     pub fn new(w_t: &[f32], k: usize, n: usize) -> Self {
-        Self::with_panels(w_t, k, n, cpu().avx512)
+        Self::with_panels(w_t, k, n, features().avx512_bw)
     }
 
     fn with_panels(w_t: &[f32], k: usize, n: usize, panels: bool) -> Self {
@@ -156,7 +124,7 @@ impl PackedF32 {
         check_shapes(x, bias, y, m, k, n);
         let panels = match &self.layout {
             F32Layout::RowMajor(w_t) => {
-                crate::kernels::linear(x, w_t, bias, y, m, k, n);
+                crate::fast::kernels::linear(x, w_t, bias, y, m, k, n);
                 if let Some(act) = act {
                     y.par_chunks_mut(n * ROWS_PER_TASK)
                         .for_each(|rows| activate_body(rows, act));
@@ -263,10 +231,6 @@ impl PackedI8 {
         self.k
     }
 
-    pub fn out_dim(&self) -> usize {
-        self.n
-    }
-
     /// `y[m, n] ≈ x[m, k] · W + bias`, with `x` quantized into `scratch`
     /// (reused between calls).
     pub fn matmul(
@@ -336,7 +300,7 @@ impl I8Tile<'_> {
     /// one else reads or writes meanwhile.
     unsafe fn run(&self, qa: &[u8], quants: &[GroupQuant], mr: usize, c: *mut f32, ldc: usize) {
         #[cfg(target_arch = "x86_64")]
-        if cpu().vnni {
+        if features().vnni {
             macro_rules! dispatch {
                 ($($n:literal)*) => {
                     match mr {
@@ -433,7 +397,7 @@ impl QuantScratch {
 /// Quantizes one group of channels (`x · x_scales`) into `out`.
 fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8]) -> GroupQuant {
     #[cfg(target_arch = "x86_64")]
-    if cpu().avx512 {
+    if features().avx512_bw {
         // SAFETY: the CPU has AVX-512F and BW (checked).
         return unsafe { avx512::quantize_group(x, x_scales, out) };
     }
@@ -514,7 +478,7 @@ unsafe fn tile_f32(
     act: Option<Act>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if cpu().avx512 {
+    if features().avx512_bw {
         macro_rules! dispatch {
             ($($n:literal)*) => {
                 match mr {
@@ -548,170 +512,7 @@ unsafe fn tile_f32(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{GroupQuant, I8Tile, NR, QGROUP};
-
-    /// How far ahead (panel rows: 128 bytes each, in both kernels) the
-    /// kernels prefetch.
-    const PREFETCH_ROWS: usize = 24;
-    use crate::kernels::{activate_body, Act};
-    use std::arch::x86_64::*;
-
-    /// `R` rows × 32 columns of fp32 products, accumulated in registers.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile_f32<const R: usize>(
-        a: &[f32],
-        k: usize,
-        panel: &[f32],
-        c: *mut f32,
-        ldc: usize,
-        cols: usize,
-        bias: &[f32],
-        act: Option<Act>,
-    ) {
-        debug_assert!(a.len() >= R * k && panel.len() >= k * NR);
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
-        for i in 0..k {
-            // The panel streams in from L3 on its first tile: ask for the
-            // rows a few iterations ahead (past the end is harmless: a
-            // prefetch never faults).
-            let ahead = bp.wrapping_add((i + PREFETCH_ROWS) * NR) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(ahead);
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-            let b0 = _mm512_loadu_ps(bp.add(i * NR));
-            let b1 = _mm512_loadu_ps(bp.add(i * NR + 16));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*ap.add(r * k + i));
-                acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
-            }
-        }
-        let (m0, m1) = masks(cols);
-        let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
-        let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
-        for (r, acc) in acc.iter().enumerate() {
-            let dst = c.add(r * ldc);
-            _mm512_mask_storeu_ps(dst, m0, _mm512_add_ps(acc[0], bias0));
-            _mm512_mask_storeu_ps(dst.wrapping_add(16), m1, _mm512_add_ps(acc[1], bias1));
-            if let Some(act) = act {
-                // Inlined here, so compiled for AVX-512 too.
-                activate_body(std::slice::from_raw_parts_mut(dst, cols), act);
-            }
-        }
-    }
-
-    /// Masks of the valid lanes of the two halves of a 32-column tile.
-    fn masks(cols: usize) -> (__mmask16, __mmask16) {
-        let bits = if cols >= 32 {
-            u32::MAX
-        } else {
-            (1u32 << cols) - 1
-        };
-        (bits as u16, (bits >> 16) as u16)
-    }
-
-    /// `R` rows × 32 columns of u8 × i8 products, four per lane per
-    /// `vpdpbusd`, turned into floats group by group.
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    pub(super) unsafe fn tile_i8<const R: usize>(
-        t: &I8Tile,
-        qa: &[u8],
-        quants: &[GroupQuant],
-        c: *mut f32,
-        ldc: usize,
-    ) {
-        let (k4, n_groups) = (t.k4, quants.len() / R);
-        debug_assert!(qa.len() >= R * k4 && t.panel.len() >= k4 * NR);
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        let (ap, bp) = (qa.as_ptr(), t.panel.as_ptr());
-        for g in 0..n_groups {
-            let mut iacc = [[_mm512_setzero_si512(); 2]; R];
-            for q in g * QGROUP / 4..((g + 1) * QGROUP / 4).min(k4 / 4) {
-                let ahead = bp.wrapping_add((q + PREFETCH_ROWS) * 4 * NR);
-                _mm_prefetch::<_MM_HINT_T0>(ahead);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-                let b0 = _mm512_loadu_si512(bp.add(q * 4 * NR) as *const _);
-                let b1 = _mm512_loadu_si512(bp.add(q * 4 * NR + 64) as *const _);
-                for (r, iacc) in iacc.iter_mut().enumerate() {
-                    let av =
-                        _mm512_set1_epi32((ap.add(r * k4 + 4 * q) as *const i32).read_unaligned());
-                    iacc[0] = _mm512_dpbusd_epi32(iacc[0], av, b0);
-                    iacc[1] = _mm512_dpbusd_epi32(iacc[1], av, b1);
-                }
-            }
-            let s0 = _mm512_loadu_ps(t.group_sums.as_ptr().add(g * NR));
-            let s1 = _mm512_loadu_ps(t.group_sums.as_ptr().add(g * NR + 16));
-            for (r, (acc, iacc)) in acc.iter_mut().zip(&iacc).enumerate() {
-                let GroupQuant { step, min } = quants[r * n_groups + g];
-                let (step, min) = (_mm512_set1_ps(step), _mm512_set1_ps(min));
-                acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[0]), step, acc[0]);
-                acc[0] = _mm512_fmadd_ps(min, s0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[1]), step, acc[1]);
-                acc[1] = _mm512_fmadd_ps(min, s1, acc[1]);
-            }
-        }
-        let (m0, m1) = masks(t.cols());
-        let scale0 = _mm512_maskz_loadu_ps(m0, t.scales.as_ptr());
-        let scale1 = _mm512_maskz_loadu_ps(m1, t.scales.as_ptr().wrapping_add(16));
-        let bias0 = _mm512_maskz_loadu_ps(m0, t.bias.as_ptr());
-        let bias1 = _mm512_maskz_loadu_ps(m1, t.bias.as_ptr().wrapping_add(16));
-        for (r, acc) in acc.iter().enumerate() {
-            let dst = c.add(r * ldc);
-            _mm512_mask_storeu_ps(dst, m0, _mm512_fmadd_ps(acc[0], scale0, bias0));
-            _mm512_mask_storeu_ps(
-                dst.wrapping_add(16),
-                m1,
-                _mm512_fmadd_ps(acc[1], scale1, bias1),
-            );
-            if let Some(act) = t.act {
-                activate_body(std::slice::from_raw_parts_mut(dst, t.cols()), act);
-            }
-        }
-    }
-
-    /// Mask of the `k - i` (at most 16) lanes left from `i`.
-    fn tail(k: usize, i: usize) -> __mmask16 {
-        if k - i >= 16 {
-            0xffff
-        } else {
-            (1u16 << (k - i)) - 1
-        }
-    }
-
-    /// Asymmetric quantization of one channel group to bytes (round to
-    /// nearest even, as `vcvtps2dq` does by default).
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8]) -> GroupQuant {
-        let k = x.len();
-        debug_assert!(x_scales.len() >= k && out.len() >= k);
-        let load = |i: usize| {
-            let m = tail(k, i);
-            _mm512_mul_ps(
-                _mm512_maskz_loadu_ps(m, x.as_ptr().add(i)),
-                _mm512_maskz_loadu_ps(m, x_scales.as_ptr().add(i)),
-            )
-        };
-        let mut lo = _mm512_set1_ps(f32::INFINITY);
-        let mut hi = _mm512_set1_ps(f32::NEG_INFINITY);
-        for i in (0..k).step_by(16) {
-            let (m, v) = (tail(k, i), load(i));
-            lo = _mm512_mask_min_ps(lo, m, lo, v);
-            hi = _mm512_mask_max_ps(hi, m, hi, v);
-        }
-        let quant = super::group_quant(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
-        let min = _mm512_set1_ps(quant.min);
-        let inv = _mm512_set1_ps(1.0 / quant.step);
-        let (zero, top) = (_mm512_setzero_si512(), _mm512_set1_epi32(255));
-        for i in (0..k).step_by(16) {
-            let v = _mm512_mul_ps(_mm512_sub_ps(load(i), min), inv);
-            let q = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(v), zero), top);
-            _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr().add(i) as *mut _, tail(k, i), q);
-        }
-        quant
-    }
-}
+mod avx512;
 
 #[cfg(test)]
 mod tests {

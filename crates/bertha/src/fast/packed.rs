@@ -11,12 +11,11 @@
 
 use candle_core::Tensor;
 
-use super::bert::BertModel;
-use super::nn::{Dense, LayerNorm};
+use super::kernels::{self, Act};
+use super::matmul::{PackedF32, PackedI8, QuantScratch};
 use crate::config::{Activation, NormPosition};
 use crate::error::{Error, Result};
-use crate::kernels::{self, Act};
-use crate::matmul::{PackedF32, PackedI8, QuantScratch};
+use crate::model::{BertModel, Dense, LayerNorm};
 
 struct Norm {
     gamma: Vec<f32>,
@@ -77,9 +76,10 @@ impl std::str::FromStr for Precision {
         match s {
             "f32" | "fp32" | "none" => Ok(Self::F32),
             "int8" | "i8" => Ok(Self::Int8),
-            other => Err(Error::Input(format!(
-                "unknown precision `{other}`: use f32 or int8"
-            ))),
+            other => Err(Error::option(
+                "precision",
+                format!("`{other}` is unknown: use f32 or int8"),
+            )),
         }
     }
 }
@@ -312,14 +312,7 @@ impl PackedBert {
             match self.norm_position {
                 NormPosition::Post => {
                     observe(l, Site::Qkv, &x);
-                    run(&mut q, &layer.qkv, &x, &mut qkv, n);
-                    kernels::packed_attention(
-                        &qkv,
-                        &mut ctx,
-                        &offsets,
-                        self.num_heads,
-                        self.head_dim,
-                    );
+                    self.attend(&mut q, layer, &x, &mut qkv, &mut ctx, &offsets);
                     run(&mut q, &layer.attn_out, &ctx, &mut tmp, n);
                     let an = &layer.attn_norm;
                     kernels::add_layer_norm(&mut tmp, Some(&x), &an.gamma, &an.beta, an.eps);
@@ -335,14 +328,7 @@ impl PackedBert {
                     let an = &layer.attn_norm;
                     kernels::layer_norm_into(&x, &mut tmp, &an.gamma, &an.beta, an.eps);
                     observe(l, Site::Qkv, &tmp);
-                    run(&mut q, &layer.qkv, &tmp, &mut qkv, n);
-                    kernels::packed_attention(
-                        &qkv,
-                        &mut ctx,
-                        &offsets,
-                        self.num_heads,
-                        self.head_dim,
-                    );
+                    self.attend(&mut q, layer, &tmp, &mut qkv, &mut ctx, &offsets);
                     run(&mut q, &layer.attn_out, &ctx, &mut tmp, n);
                     kernels::add_in_place(&mut x, &tmp);
                     let fnn = &layer.ffn_norm;
@@ -362,6 +348,22 @@ impl PackedBert {
             offsets,
             hidden: d,
         })
+    }
+
+    /// One layer's attention before its output projection: Q/K/V of
+    /// `input` in one multiply, then attention per (text, head) into `ctx`.
+    fn attend(
+        &self,
+        q: &mut QuantScratch,
+        layer: &Layer,
+        input: &[f32],
+        qkv: &mut [f32],
+        ctx: &mut [f32],
+        offsets: &[usize],
+    ) {
+        let n = *offsets.last().expect("offsets start with 0");
+        run(q, &layer.qkv, input, qkv, n);
+        kernels::packed_attention(qkv, ctx, offsets, self.num_heads, self.head_dim);
     }
 
     fn embed(&self, sequences: &[(&[u32], &[u32])], x: &mut [f32]) -> Result<()> {

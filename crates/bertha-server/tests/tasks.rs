@@ -1,0 +1,112 @@
+//! The task routes (`/predict`, `/rerank`, `/fill-mask`, `/ner`, `/qa`)
+//! on the tiny checkpoints: the same answers as the library's pipelines.
+
+mod common;
+
+use bertha::tasks::{Classifier, FillMask, QaOptions, QuestionAnswerer, TokenClassifier};
+use bertha::Device;
+use bertha_server::ServerConfig;
+use serde_json::json;
+
+use common::{as_sent, tiny, Server};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predict_and_rerank_match_the_classifier() {
+    // Sequence classification: /predict and /rerank.
+    let server = Server::start(ServerConfig::new(tiny("bert-seqcls"))).await;
+    let lib = Classifier::from_dir(&tiny("bert-seqcls"), &Device::Cpu).unwrap();
+    let want = lib.classify("the cat sat", None, None).unwrap();
+    let (status, got) = server
+        .post("/predict", json!({ "inputs": "the cat sat" }))
+        .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got[0]["label"], want[0].label.as_str());
+    assert!((got[0]["score"].as_f64().unwrap() as f32 - want[0].score).abs() < 1e-6);
+    let pair = lib.classify("the cat", Some("sat down"), None).unwrap();
+    let (_, got) = server
+        .post("/predict", json!({ "inputs": ["the cat", "sat down"] }))
+        .await;
+    assert_eq!(got[0]["label"], pair[0].label.as_str());
+    let (_, batch) = server
+        .post(
+            "/predict",
+            json!({ "inputs": [["the cat", "sat down"], "the cat sat"] }),
+        )
+        .await;
+    assert_eq!(batch.as_array().unwrap().len(), 2);
+    assert_eq!(batch[1][0]["label"], want[0].label.as_str());
+    let (_, ranked) = server.post("/rerank", json!({ "query": "the cat", "texts": ["sat down", "a dog", "the mat"], "return_text": true })).await;
+    let ranked = ranked.as_array().unwrap();
+    assert_eq!(ranked.len(), 3);
+    assert!(ranked
+        .windows(2)
+        .all(|w| w[0]["score"].as_f64() >= w[1]["score"].as_f64()));
+    let last_label = lib.labels().last().cloned().unwrap();
+    for r in ranked {
+        let i = r["index"].as_u64().unwrap() as usize;
+        let text = ["sat down", "a dog", "the mat"][i];
+        assert_eq!(r["text"], text);
+        let s = lib.classify("the cat", Some(text), None).unwrap();
+        let want = s.iter().find(|x| x.label == last_label).unwrap().score;
+        assert!((r["score"].as_f64().unwrap() as f32 - want).abs() < 1e-6);
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_mask_matches_the_pipeline() {
+    // Masked LM: /fill-mask.
+    let server = Server::start(ServerConfig::new(tiny("bert-mlm"))).await;
+    let lib = FillMask::from_dir(&tiny("bert-mlm"), &Device::Cpu).unwrap();
+    let want = lib.fill("the [MASK] sat", 3).unwrap();
+    let (status, got) = server
+        .post(
+            "/fill-mask",
+            json!({ "inputs": "the [MASK] sat", "top_k": 3 }),
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got, as_sent(&want));
+    let (status, _) = server
+        .post("/fill-mask", json!({ "inputs": "no mask here" }))
+        .await;
+    assert_eq!(status, 422);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ner_matches_the_pipeline() {
+    // Token classification: /ner.
+    let server = Server::start(ServerConfig::new(tiny("bert-tokcls"))).await;
+    let lib = TokenClassifier::from_dir(&tiny("bert-tokcls"), &Device::Cpu).unwrap();
+    let want = lib
+        .entities("the cat sat on the mat", "simple".parse().unwrap())
+        .unwrap();
+    let (_, got) = server
+        .post("/ner", json!({ "inputs": "the cat sat on the mat" }))
+        .await;
+    assert_eq!(got, as_sent(&want));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qa_matches_the_pipeline() {
+    // Question answering: /qa.
+    let server = Server::start(ServerConfig::new(tiny("bert-qa"))).await;
+    let lib = QuestionAnswerer::from_dir(&tiny("bert-qa"), &Device::Cpu).unwrap();
+    let want = lib
+        .answer(
+            "where is the cat",
+            "the cat sat on the mat",
+            &QaOptions::default(),
+        )
+        .unwrap();
+    let (_, got) = server
+        .post(
+            "/qa",
+            json!({ "question": "where is the cat", "context": "the cat sat on the mat" }),
+        )
+        .await;
+    assert_eq!(got, as_sent(&want[0]));
+    server.stop().await;
+}

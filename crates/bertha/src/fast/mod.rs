@@ -1,0 +1,17 @@
+//! The CPU inference fast path: BERT on packed sequences ([`PackedBert`])
+//! with fused kernels and matrix multiplies against weights packed once.
+//!
+//! Everything here is crate-private except what a caller chooses or
+//! measures: the packed model, its [`Precision`], the CPU-mode switch
+//! [`cpu::flush_denormals`] and the matrix-multiply probe
+//! [`matmul_gflops`]. The training ops (`model::ops`) share the row loops
+//! of `kernels`.
+
+pub mod cpu;
+pub(crate) mod kernels;
+pub(crate) mod matmul;
+mod packed;
+
+pub use cpu::flush_denormals;
+pub use kernels::matmul_gflops;
+pub use packed::{PackedBert, PackedStates, Precision};
