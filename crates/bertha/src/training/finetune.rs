@@ -27,6 +27,7 @@ use crate::data::{
 use crate::error::{Error, Result};
 use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
+use crate::io::ModelDir;
 use crate::model::HeadKind;
 use crate::tasks::finetuned::{check_family, infer, Scorer, TaskHead, TRAINING_ARGS_FILE};
 use crate::tasks::Evaluation;
@@ -169,18 +170,13 @@ impl Finetuner {
         data: &DataOptions,
         opts: FinetuneOptions,
     ) -> Result<Self> {
-        let config_path = model_dir.join("config.json");
-        if !config_path.is_file() {
-            return Err(Error::ModelDir {
-                path: model_dir.to_path_buf(),
-                reason: "config.json is missing".into(),
-            });
-        }
-        let config = BertConfig::from_file(&config_path)?;
+        let dir = ModelDir::open(model_dir)?;
+        let config_path = dir.config_path();
+        let config = dir.config()?;
         check_family(&config, &config_path)?;
         validate(&opts, &config, &config_path)?;
-        let tokenizer = Tokenizer::from_dir(model_dir, opts.max_length)?;
-        let weights = Weights::from_model_dir(model_dir)?;
+        let tokenizer = dir.tokenizer(opts.max_length)?;
+        let weights = dir.weights()?;
 
         let mut train_data = TaskData::read(task, train, None, false, data)?;
         let ck_labels = match task {

@@ -193,22 +193,7 @@ impl BertModel {
 /// The `config.json` and weights of a model folder, with an error naming
 /// the folder when either is missing.
 pub(crate) fn read_model_dir(dir: &Path) -> Result<(BertConfig, Weights)> {
-    if !dir.is_dir() {
-        return Err(Error::ModelDir {
-            path: dir.to_path_buf(),
-            reason: "no such directory".into(),
-        });
-    }
-    let config_path = dir.join("config.json");
-    if !config_path.is_file() {
-        return Err(Error::ModelDir {
-            path: dir.to_path_buf(),
-            reason: "config.json is missing".into(),
-        });
-    }
-    let config = BertConfig::from_file(&config_path)?;
-    let weights = Weights::from_model_dir(dir)?;
-    Ok((config, weights))
+    crate::io::ModelDir::open(dir)?.config_and_weights()
 }
 
 /// [B, T] of 1/0 → [B, 1, 1, T] of 0 / f32::MIN, as transformers'
