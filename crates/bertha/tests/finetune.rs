@@ -46,6 +46,16 @@ fn options(out: &Path) -> FinetuneOptions {
     }
 }
 
+/// A temporary folder holding `name` (with `body`), and the options of a
+/// run of `epochs` into its `out/`.
+fn scratch(name: &str, body: &str, epochs: f64) -> (tempfile::TempDir, PathBuf, FinetuneOptions) {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = write(tmp.path(), name, body);
+    let mut opts = options(&tmp.path().join("out"));
+    opts.epochs = epochs;
+    (tmp, file, opts)
+}
+
 /// A run of `task` on `model` trained and scored on `data` (the same file).
 fn trainer(task: Task, model: &Path, data: &Path, opts: FinetuneOptions) -> Finetuner {
     Finetuner::new(task, model, data, Some(data), &DataOptions::default(), opts).unwrap()
@@ -164,11 +174,8 @@ fn class_ids(ev: &Evaluation) -> Vec<usize> {
 
 #[test]
 fn classification_overfits_and_checkpoints_round_trip() {
-    let tmp = tempfile::tempdir().unwrap();
-    let file = write(tmp.path(), "train.tsv", SENTIMENT);
-    let out = tmp.path().join("out");
-    let mut opts = options(&out);
-    opts.epochs = 20.0;
+    let (_tmp, file, opts) = scratch("train.tsv", SENTIMENT, 20.0);
+    let out = opts.out.clone();
     let mut t = trainer(Task::Classification, &tiny("bert-seqcls"), &file, opts);
     // The checkpoint's names cover the data's: its ids (and head) are kept.
     assert_eq!(t.labels().names(), ["negative", "neutral", "positive"]);
@@ -322,11 +329,7 @@ fn chunks(tags: &[Vec<String>]) -> BTreeSet<(usize, String, usize, usize)> {
 
 #[test]
 fn ner_overfits_and_entity_scores_match_hand_counts() {
-    let tmp = tempfile::tempdir().unwrap();
-    let file = write(tmp.path(), "train.conll", CONLL);
-    let out = tmp.path().join("out");
-    let mut opts = options(&out);
-    opts.epochs = 20.0;
+    let (_tmp, file, opts) = scratch("train.conll", CONLL, 20.0);
     let mut t = trainer(Task::Ner, &tiny("bert-tokcls"), &file, opts);
     assert_eq!(
         t.labels().names(),
@@ -385,11 +388,7 @@ fn ner_overfits_and_entity_scores_match_hand_counts() {
 
 #[test]
 fn qa_overfits_and_squad_scores_match_hand_counts() {
-    let tmp = tempfile::tempdir().unwrap();
-    let file = write(tmp.path(), "squad.json", &squad_json());
-    let out = tmp.path().join("out");
-    let mut opts = options(&out);
-    opts.epochs = 16.0;
+    let (_tmp, file, mut opts) = scratch("squad.json", &squad_json(), 16.0);
     // Windows of 24 tokens sharing 8: every context is cut in two or three.
     opts.max_length = 24;
     let mut t = trainer(Task::Qa, &tiny("bert-qa"), &file, opts);

@@ -17,6 +17,11 @@ use bertha::metrics::{
 use bertha::model::IGNORE_INDEX;
 use bertha::{Error, Tokenizer};
 
+/// The message of a read that must fail.
+fn error_of<T: std::fmt::Debug>(read: bertha::Result<T>) -> String {
+    read.unwrap_err().to_string()
+}
+
 fn fixture(name: &str) -> PathBuf {
     common::fixtures().join("finetune").join(name)
 }
@@ -72,9 +77,7 @@ fn checkpoint_label_names_must_cover_the_file() {
         ..Default::default()
     };
     let path = fixture("sst2-dev-head.tsv");
-    let err = ClassificationData::read(&path, &opts)
-        .unwrap_err()
-        .to_string();
+    let err = error_of(ClassificationData::read(&path, &opts));
     assert_eq!(
         err,
         format!(
@@ -127,9 +130,7 @@ fn jsonl_with_numeric_labels_and_blank_lines() {
 #[test]
 fn malformed_rows_name_file_and_line_or_are_skipped() {
     let path = fixture("bad-rows.tsv");
-    let err = ClassificationData::read(&path, &ReadOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = error_of(ClassificationData::read(&path, &ReadOptions::default()));
     assert_eq!(
         err,
         format!(
@@ -149,9 +150,7 @@ fn malformed_rows_name_file_and_line_or_are_skipped() {
     assert_eq!(d.examples[1].line, 5);
 
     let path = fixture("bad.jsonl");
-    let err = ClassificationData::read(&path, &ReadOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = error_of(ClassificationData::read(&path, &ReadOptions::default()));
     assert!(
         err.starts_with(&format!("{}: line 2: invalid JSON", path.display())),
         "{err}"
@@ -169,9 +168,7 @@ fn invalid_utf8_missing_files_and_columns() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("latin1.tsv");
     std::fs::write(&path, b"sentence\tlabel\nfine\t1\ncaf\xe9\t0\n").unwrap();
-    let err = ClassificationData::read(&path, &ReadOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = error_of(ClassificationData::read(&path, &ReadOptions::default()));
     assert_eq!(
         err,
         format!(
@@ -181,9 +178,7 @@ fn invalid_utf8_missing_files_and_columns() {
     );
     let conll = dir.path().join("latin1.conll");
     std::fs::write(&conll, b"a O\n\ncaf\xe9 B-LOC\n").unwrap();
-    let err = NerData::read(&conll, &ConllOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = error_of(NerData::read(&conll, &ConllOptions::default()));
     assert_eq!(
         err,
         format!(
@@ -209,9 +204,7 @@ fn invalid_utf8_missing_files_and_columns() {
         label_column: Some("gold".into()),
         ..Default::default()
     };
-    let err = ClassificationData::read(&fixture("pairs.csv"), &opts)
-        .unwrap_err()
-        .to_string();
+    let err = error_of(ClassificationData::read(&fixture("pairs.csv"), &opts));
     assert!(
         err.ends_with(
             "no label column `gold` in the header (it has `sentence1`, `sentence2`, `label`)"
@@ -275,9 +268,7 @@ fn conll_iob1_is_converted_to_iob2() {
 #[test]
 fn conll_bad_line() {
     let path = fixture("conll-bad.txt");
-    let err = NerData::read(&path, &ConllOptions::default())
-        .unwrap_err()
-        .to_string();
+    let err = error_of(NerData::read(&path, &ConllOptions::default()));
     assert_eq!(
         err,
         format!(

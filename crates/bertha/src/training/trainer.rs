@@ -85,6 +85,12 @@ pub struct Streams {
     pub dropout: u64,
 }
 
+impl Streams {
+    pub const fn new(shuffle: u64, dropout: u64) -> Self {
+        Self { shuffle, dropout }
+    }
+}
+
 /// One training objective: its model (built from the trainer's
 /// parameters), its inputs, its loss and its evaluation.
 pub trait Objective {
