@@ -253,28 +253,27 @@ impl ClassificationData {
     /// The class id of every example, for accuracy / F1; an error when
     /// any example is unlabelled or a score.
     pub fn class_ids(&self) -> Result<Vec<usize>> {
-        self.examples
-            .iter()
-            .map(|e| {
-                e.label.class().ok_or_else(|| {
-                    Error::Input(format!(
-                        "{}: line {}: the example has no class label",
-                        self.path.display(),
-                        e.line
-                    ))
-                })
-            })
-            .collect()
+        self.every_label("class", |l| l.class())
     }
 
     /// The regression target of every example.
     pub fn scores(&self) -> Result<Vec<f32>> {
+        self.every_label("score", |l| l.score())
+    }
+
+    /// `pick` of every example's label; an error naming the first example
+    /// without a label of that `kind`.
+    fn every_label<T>(
+        &self,
+        kind: &str,
+        pick: impl Fn(&LabelValue) -> Option<T>,
+    ) -> Result<Vec<T>> {
         self.examples
             .iter()
             .map(|e| {
-                e.label.score().ok_or_else(|| {
+                pick(&e.label).ok_or_else(|| {
                     Error::Input(format!(
-                        "{}: line {}: the example has no score label",
+                        "{}: line {}: the example has no {kind} label",
                         self.path.display(),
                         e.line
                     ))
