@@ -24,8 +24,10 @@ pub use heads::{
     bce_with_logits, cross_entropy_with_ignore, BertForMaskedLM, BertForMultipleChoice,
     BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTask, BertForTokenClassification, BertHead,
-    BertLMPredictionHead, HeadInit, HeadKind, HeadLabels, HeadOptions, HeadOutput,
-    PreTrainingOutput, QuestionAnsweringOutput, TaskOutput, IGNORE_INDEX,
+    BertLMPredictionHead, Head, HeadInit, HeadKind, HeadLabels, HeadModule, HeadOptions,
+    HeadOutput, MaskedLmModule, MultipleChoiceModule, NextSentenceModule, PreTrainingModule,
+    PreTrainingOutput, QuestionAnsweringModule, QuestionAnsweringOutput,
+    SequenceClassificationModule, TaskOutput, TokenClassificationModule, IGNORE_INDEX,
 };
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
 pub use packed::{PackedBert, PackedStates, Precision};

@@ -36,14 +36,19 @@ pub use self::init::HeadInit;
 pub use self::kind::HeadKind;
 pub use self::lm::BertLMPredictionHead;
 pub use self::loss::{bce_with_logits, cross_entropy_with_ignore, IGNORE_INDEX};
-pub use self::masked_lm::BertForMaskedLM;
-pub use self::multiple_choice::BertForMultipleChoice;
-pub use self::next_sentence::BertForNextSentencePrediction;
-pub use self::pretraining::{BertForPreTraining, PreTrainingOutput};
-pub use self::question_answering::{BertForQuestionAnswering, QuestionAnsweringOutput};
-pub use self::sequence_classification::BertForSequenceClassification;
-pub use self::token_classification::BertForTokenClassification;
+pub use self::masked_lm::{BertForMaskedLM, MaskedLmModule};
+pub use self::multiple_choice::{BertForMultipleChoice, MultipleChoiceModule};
+pub use self::next_sentence::{BertForNextSentencePrediction, NextSentenceModule};
+pub use self::pretraining::{BertForPreTraining, PreTrainingModule, PreTrainingOutput};
+pub use self::question_answering::{
+    BertForQuestionAnswering, QuestionAnsweringModule, QuestionAnsweringOutput,
+};
+pub use self::sequence_classification::{
+    BertForSequenceClassification, SequenceClassificationModule,
+};
+pub use self::token_classification::{BertForTokenClassification, TokenClassificationModule};
 
+use self::init::load_bert;
 use super::bert::{read_model_dir, BertInput, BertModel, BertOutput, ForwardOptions};
 use super::nn::{Dense, Dropout};
 use crate::config::BertConfig;
@@ -170,6 +175,18 @@ impl HeadOutput {
             attentions: out.attentions,
         }
     }
+
+    /// The head's logits, with the loss `loss_fn` computes from `labels`
+    /// when they are given.
+    fn with_loss(
+        out: BertOutput,
+        logits: Tensor,
+        labels: Option<&Tensor>,
+        loss_fn: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let loss = labels.map(|l| loss_fn(&logits, l)).transpose()?;
+        Ok(Self::new(out, logits, loss))
+    }
 }
 
 /// Any head's outputs, as [`BertForTask::forward`] returns them.
@@ -191,64 +208,101 @@ impl TaskOutput {
     }
 }
 
-impl From<HeadOutput> for TaskOutput {
-    fn from(o: HeadOutput) -> Self {
-        Self::Logits(o)
+/// Each head output is the [`TaskOutput`] variant of its kind.
+macro_rules! task_outputs {
+    ($($variant:ident($output:ty)),*) => {
+        $(impl From<$output> for TaskOutput {
+            fn from(o: $output) -> Self {
+                Self::$variant(o)
+            }
+        })*
+    };
+}
+task_outputs!(
+    Logits(HeadOutput),
+    PreTraining(PreTrainingOutput),
+    QuestionAnswering(QuestionAnsweringOutput)
+);
+
+/// A head: the encoder and the small module above it, as transformers
+/// builds every `BertFor*` class. The head names are aliases of it
+/// ([`BertForMaskedLM`] is `Head<MaskedLmModule>`).
+#[derive(Debug, Clone)]
+pub struct Head<M> {
+    bert: BertModel,
+    module: M,
+}
+
+/// The part of a head above the encoder: its tensors, its forward pass
+/// with the loss, its outputs.
+pub trait HeadModule: Sized {
+    const KIND: HeadKind;
+    /// The head's typed outputs ([`HeadOutput`] for the one-logits heads).
+    type Output: Into<TaskOutput>;
+
+    /// Loads the module from the checkpoint root (where `cls.`,
+    /// `classifier.` and `qa_outputs.` live) and, through `encoder`, the
+    /// encoder: first when the module reads it (a decoder tied to the
+    /// word embeddings), else after the module's own tensors.
+    fn load(
+        root: VarBuilder,
+        config: &BertConfig,
+        encoder: impl FnOnce() -> CResult<BertModel>,
+    ) -> CResult<(BertModel, Self)>;
+
+    /// Runs `bert` and the module; the loss is computed from the labels
+    /// the module reads when they are given.
+    fn forward(
+        &self,
+        bert: &BertModel,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<Self::Output>;
+}
+
+impl<M: HeadModule> BertHead for Head<M> {
+    const KIND: HeadKind = M::KIND;
+    type Output = M::Output;
+
+    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
+        let encoder_config = config.clone();
+        let (bert, module) = M::load(root, &config, || load_bert(base, encoder_config, M::KIND))?;
+        Ok(Self { bert, module })
+    }
+
+    fn bert(&self) -> &BertModel {
+        &self.bert
+    }
+
+    fn forward(
+        &self,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<M::Output> {
+        self.module.forward(&self.bert, input, labels, opts)
     }
 }
 
-/// The shorthand the one-logits heads keep: `forward(input, labels,
-/// opts)` with only `labels`, for [`BertHead::forward`].
-macro_rules! labels_forward {
-    ($head:ty) => {
-        impl $head {
-            /// [`BertHead::forward`] with only `labels`.
-            pub fn forward(
-                &self,
-                input: &BertInput,
-                labels: Option<&Tensor>,
-                opts: ForwardOptions,
-            ) -> Result<HeadOutput> {
-                BertHead::forward(self, input, &HeadLabels::labels(labels), opts.into())
-            }
-        }
-    };
+impl<M> Head<M> {
+    /// The module above the encoder.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
 }
-use labels_forward;
 
-/// The [`BertHead`] impl every head shares: its kind, its output, its
-/// encoder; the head's own `run` (forward with the loss) and `load_head`
-/// (its modules, then or after the encoder) fill it in.
-macro_rules! impl_bert_head {
-    ($head:ty, $kind:ident, $output:ty) => {
-        impl $crate::model::BertHead for $head {
-            const KIND: $crate::model::HeadKind = $crate::model::HeadKind::$kind;
-            type Output = $output;
-
-            fn load_parts(
-                base: candle_nn::VarBuilder,
-                root: candle_nn::VarBuilder,
-                config: $crate::BertConfig,
-            ) -> candle_core::Result<Self> {
-                Self::load_head(base, root, config)
-            }
-
-            fn bert(&self) -> &$crate::BertModel {
-                &self.bert
-            }
-
-            fn forward(
-                &self,
-                input: &$crate::BertInput,
-                labels: &$crate::model::HeadLabels,
-                opts: $crate::model::HeadOptions,
-            ) -> $crate::Result<$output> {
-                self.run(input, labels, opts)
-            }
-        }
-    };
+impl<M: HeadModule<Output = HeadOutput>> Head<M> {
+    /// [`BertHead::forward`] with only `labels`.
+    pub fn forward(
+        &self,
+        input: &BertInput,
+        labels: Option<&Tensor>,
+        opts: ForwardOptions,
+    ) -> Result<HeadOutput> {
+        BertHead::forward(self, input, &HeadLabels::labels(labels), opts.into())
+    }
 }
-use impl_bert_head;
 
 /// The pooled output, which the pooler heads need.
 fn pooled(out: &BertOutput) -> Result<&Tensor> {
@@ -263,6 +317,7 @@ fn pooled(out: &BertOutput) -> Result<&Tensor> {
 struct Classifier {
     dropout: Dropout,
     dense: Dense,
+    outputs: usize,
 }
 
 impl Classifier {
@@ -274,7 +329,16 @@ impl Classifier {
                 .classifier_dropout
                 .unwrap_or(config.hidden_dropout_prob),
         );
-        Ok(Self { dropout, dense })
+        Ok(Self {
+            dropout,
+            dense,
+            outputs,
+        })
+    }
+
+    /// The number of outputs (labels).
+    fn outputs(&self) -> usize {
+        self.outputs
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {

@@ -4,26 +4,44 @@
 use candle_core::{Result as CResult, Tensor};
 use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::class_cross_entropy;
-use super::{pooled, BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
+use super::{pooled, Classifier, Head, HeadKind, HeadLabels, HeadModule, HeadOptions, HeadOutput};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::bert::{BertInput, BertModel};
 
 /// `BertForMultipleChoice`.
+pub type BertForMultipleChoice = Head<MultipleChoiceModule>;
+
+/// `BertForMultipleChoice`'s module: a one-output classifier on the
+/// pooled output of each choice.
 #[derive(Debug, Clone)]
-pub struct BertForMultipleChoice {
-    bert: BertModel,
+pub struct MultipleChoiceModule {
     classifier: Classifier,
 }
 
-super::impl_bert_head!(BertForMultipleChoice, MultipleChoice, HeadOutput);
+impl HeadModule for MultipleChoiceModule {
+    const KIND: HeadKind = HeadKind::MultipleChoice;
+    type Output = HeadOutput;
 
-impl BertForMultipleChoice {
+    fn load(
+        root: VarBuilder,
+        config: &BertConfig,
+        encoder: impl FnOnce() -> CResult<BertModel>,
+    ) -> CResult<(BertModel, Self)> {
+        let classifier = Classifier::load(root.pp("classifier"), config, 1)?;
+        Ok((encoder()?, Self { classifier }))
+    }
+
     /// `input` tensors are [B, C, T] (C choices per example); `labels` [B]
     /// the index of the right choice.
-    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
+    fn forward(
+        &self,
+        bert: &BertModel,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<HeadOutput> {
         let (b, c, t) = input.input_ids.dims3().map_err(|_| {
             Error::Input(format!(
                 "multiple choice needs input_ids of shape [batch, choices, seq], got {:?}",
@@ -36,23 +54,13 @@ impl BertForMultipleChoice {
             token_type_ids: input.token_type_ids.as_ref().map(flat).transpose()?,
             attention_mask: input.attention_mask.as_ref().map(flat).transpose()?,
         };
-        let out = self.bert.forward(&flat_input, opts.forward)?;
+        let out = bert.forward(&flat_input, opts.forward)?;
         let logits = self
             .classifier
             .forward(pooled(&out)?, opts.forward.train)?
             .reshape((b, c))?;
-        let loss = labels
-            .labels
-            .map(|l| class_cross_entropy(&logits, l, "labels"))
-            .transpose()?;
-        Ok(HeadOutput::new(out, logits, loss))
-    }
-
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let classifier = Classifier::load(root.pp("classifier"), &config, 1)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self { bert, classifier })
+        HeadOutput::with_loss(out, logits, labels.labels, |logits, l| {
+            class_cross_entropy(logits, l, "labels")
+        })
     }
 }
-
-super::labels_forward!(BertForMultipleChoice);

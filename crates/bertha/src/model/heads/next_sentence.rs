@@ -1,20 +1,21 @@
 //! `BertForNextSentencePrediction`: the NSP classifier on the pooled output.
 
-use candle_core::{Module, Result as CResult, Tensor};
+use candle_core::{Module, Result as CResult};
 use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::class_cross_entropy;
-use super::{pooled, BertHead, HeadLabels, HeadOptions, HeadOutput};
+use super::{pooled, Head, HeadKind, HeadLabels, HeadModule, HeadOptions, HeadOutput};
 use crate::config::BertConfig;
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::bert::{BertInput, BertModel};
 use crate::model::nn::Dense;
 
 /// `BertForNextSentencePrediction`.
+pub type BertForNextSentencePrediction = Head<NextSentenceModule>;
+
+/// `BertForNextSentencePrediction`'s module: `cls.seq_relationship`.
 #[derive(Debug, Clone)]
-pub struct BertForNextSentencePrediction {
-    bert: BertModel,
+pub struct NextSentenceModule {
     seq_relationship: Dense,
 }
 
@@ -28,32 +29,31 @@ pub(super) fn load_seq_relationship(root: &VarBuilder, config: &BertConfig) -> C
     )
 }
 
-super::impl_bert_head!(
-    BertForNextSentencePrediction,
-    NextSentencePrediction,
-    HeadOutput
-);
+impl HeadModule for NextSentenceModule {
+    const KIND: HeadKind = HeadKind::NextSentencePrediction;
+    type Output = HeadOutput;
 
-impl BertForNextSentencePrediction {
-    /// `labels` [B]: 0 when B follows A, 1 when B is random. Logits [B, 2].
-    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
-        let logits = self.seq_relationship.forward(pooled(&out)?)?;
-        let loss = labels
-            .labels
-            .map(|l| class_cross_entropy(&logits, l, "labels"))
-            .transpose()?;
-        Ok(HeadOutput::new(out, logits, loss))
+    fn load(
+        root: VarBuilder,
+        config: &BertConfig,
+        encoder: impl FnOnce() -> CResult<BertModel>,
+    ) -> CResult<(BertModel, Self)> {
+        let seq_relationship = load_seq_relationship(&root, config)?;
+        Ok((encoder()?, Self { seq_relationship }))
     }
 
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let seq_relationship = load_seq_relationship(&root, &config)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self {
-            bert,
-            seq_relationship,
+    /// `labels` [B]: 0 when B follows A, 1 when B is random. Logits [B, 2].
+    fn forward(
+        &self,
+        bert: &BertModel,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<HeadOutput> {
+        let out = bert.forward(input, opts.forward)?;
+        let logits = self.seq_relationship.forward(pooled(&out)?)?;
+        HeadOutput::with_loss(out, logits, labels.labels, |logits, l| {
+            class_cross_entropy(logits, l, "labels")
         })
     }
 }
-
-super::labels_forward!(BertForNextSentencePrediction);

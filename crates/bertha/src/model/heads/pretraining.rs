@@ -3,10 +3,11 @@
 use candle_core::{Module, Result as CResult, Tensor};
 use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::{class_cross_entropy, token_cross_entropy};
 use super::next_sentence::load_seq_relationship;
-use super::{pooled, BertHead, BertLMPredictionHead, HeadLabels, HeadOptions};
+use super::{
+    pooled, BertHead, BertLMPredictionHead, Head, HeadKind, HeadLabels, HeadModule, HeadOptions,
+};
 use crate::config::BertConfig;
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -29,34 +30,52 @@ pub struct PreTrainingOutput {
     pub attentions: Option<Vec<Tensor>>,
 }
 
-impl From<PreTrainingOutput> for super::TaskOutput {
-    fn from(o: PreTrainingOutput) -> Self {
-        Self::PreTraining(o)
-    }
-}
-
 /// `BertForPreTraining`.
+pub type BertForPreTraining = Head<PreTrainingModule>;
+
+/// `BertForPreTraining`'s module (transformers' `BertPreTrainingHeads`):
+/// the MLM prediction head and the NSP classifier.
 #[derive(Debug, Clone)]
-pub struct BertForPreTraining {
-    bert: BertModel,
+pub struct PreTrainingModule {
     predictions: BertLMPredictionHead,
     seq_relationship: Dense,
 }
 
-super::impl_bert_head!(BertForPreTraining, PreTraining, PreTrainingOutput);
+impl HeadModule for PreTrainingModule {
+    const KIND: HeadKind = HeadKind::PreTraining;
+    type Output = PreTrainingOutput;
 
-impl BertForPreTraining {
+    fn load(
+        root: VarBuilder,
+        config: &BertConfig,
+        encoder: impl FnOnce() -> CResult<BertModel>,
+    ) -> CResult<(BertModel, Self)> {
+        let bert = encoder()?;
+        let predictions = BertLMPredictionHead::load(
+            root.pp("cls").pp("predictions"),
+            config,
+            bert.embeddings().word_embeddings(),
+        )?;
+        let seq_relationship = load_seq_relationship(&root, config)?;
+        let module = Self {
+            predictions,
+            seq_relationship,
+        };
+        Ok((bert, module))
+    }
+
     /// `labels` [B, T] (token ids, -100 where not masked) and
     /// `next_sentence_label` [B] (0: B follows A, 1: random B): the loss is
     /// the sum of both cross-entropies, computed when both are given (with
     /// `labelled_rows_only`, from whichever are given).
-    fn run(
+    fn forward(
         &self,
+        bert: &BertModel,
         input: &BertInput,
         labels: &HeadLabels,
         opts: HeadOptions,
     ) -> Result<PreTrainingOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
+        let out = bert.forward(input, opts.forward)?;
         let nsp = labels.next_sentence_label;
         let (prediction_logits, mlm_loss, nsp_loss, seq_relationship_logits);
         if opts.labelled_rows_only {
@@ -96,31 +115,16 @@ impl BertForPreTraining {
             attentions: out.attentions,
         })
     }
-
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let bert = load_bert(base, config.clone(), Self::KIND)?;
-        let predictions = BertLMPredictionHead::load(
-            root.pp("cls").pp("predictions"),
-            &config,
-            bert.embeddings().word_embeddings(),
-        )?;
-        let seq_relationship = load_seq_relationship(&root, &config)?;
-        Ok(Self {
-            bert,
-            predictions,
-            seq_relationship,
-        })
-    }
 }
 
 impl BertForPreTraining {
     pub fn predictions(&self) -> &BertLMPredictionHead {
-        &self.predictions
+        &self.module.predictions
     }
 
     /// The NSP classifier on the pooled output, [B, D] → [B, 2].
     pub fn seq_relationship(&self) -> &Dense {
-        &self.seq_relationship
+        &self.module.seq_relationship
     }
 
     /// [`BertHead::forward`] with the MLM and NSP labels.

@@ -3,9 +3,8 @@
 use candle_core::{Module, Result as CResult, Tensor, D};
 use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::{cross_entropy_with_ignore, label_values};
-use super::{BertHead, HeadLabels, HeadOptions};
+use super::{BertHead, Head, HeadKind, HeadLabels, HeadModule, HeadOptions};
 use crate::config::BertConfig;
 use crate::error::Result;
 use crate::model::bert::{BertInput, BertModel, ForwardOptions};
@@ -23,36 +22,41 @@ pub struct QuestionAnsweringOutput {
     pub attentions: Option<Vec<Tensor>>,
 }
 
-impl From<QuestionAnsweringOutput> for super::TaskOutput {
-    fn from(o: QuestionAnsweringOutput) -> Self {
-        Self::QuestionAnswering(o)
-    }
-}
-
 /// `BertForQuestionAnswering`.
+pub type BertForQuestionAnswering = Head<QuestionAnsweringModule>;
+
+/// `BertForQuestionAnswering`'s module: `qa_outputs`, the start and end
+/// logits of every token.
 #[derive(Debug, Clone)]
-pub struct BertForQuestionAnswering {
-    bert: BertModel,
+pub struct QuestionAnsweringModule {
     qa_outputs: Dense,
 }
 
-super::impl_bert_head!(
-    BertForQuestionAnswering,
-    QuestionAnswering,
-    QuestionAnsweringOutput
-);
+impl HeadModule for QuestionAnsweringModule {
+    const KIND: HeadKind = HeadKind::QuestionAnswering;
+    type Output = QuestionAnsweringOutput;
 
-impl BertForQuestionAnswering {
+    fn load(
+        root: VarBuilder,
+        config: &BertConfig,
+        encoder: impl FnOnce() -> CResult<BertModel>,
+    ) -> CResult<(BertModel, Self)> {
+        let (d, std) = (config.hidden_size, config.initializer_range);
+        let qa_outputs = Dense::load(root.pp("qa_outputs"), d, 2, std)?;
+        Ok((encoder()?, Self { qa_outputs }))
+    }
+
     /// `start_positions` / `end_positions` [B]: token indices of the answer.
     /// As in transformers, positions outside the sequence are clamped to
     /// its length and then ignored; the loss is (start CE + end CE) / 2.
-    fn run(
+    fn forward(
         &self,
+        bert: &BertModel,
         input: &BertInput,
         labels: &HeadLabels,
         opts: HeadOptions,
     ) -> Result<QuestionAnsweringOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
+        let out = bert.forward(input, opts.forward)?;
         let logits = self.qa_outputs.forward(&out.last_hidden_state)?;
         let start_logits = logits.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
         let end_logits = logits.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
@@ -75,17 +79,6 @@ impl BertForQuestionAnswering {
             hidden_states: out.hidden_states,
             attentions: out.attentions,
         })
-    }
-
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let qa_outputs = Dense::load(
-            root.pp("qa_outputs"),
-            config.hidden_size,
-            2,
-            config.initializer_range,
-        )?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self { bert, qa_outputs })
     }
 }
 

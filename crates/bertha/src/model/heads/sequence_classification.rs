@@ -4,61 +4,70 @@
 use candle_core::{DType, Result as CResult, Tensor};
 use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::{bce_with_logits, class_cross_entropy, float_labels};
-use super::{pooled, BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
+use super::{pooled, Classifier, Head, HeadKind, HeadLabels, HeadModule, HeadOptions, HeadOutput};
 use crate::config::{BertConfig, ProblemType};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::bert::{BertInput, BertModel};
 
 /// `BertForSequenceClassification`.
+pub type BertForSequenceClassification = Head<SequenceClassificationModule>;
+
+/// `BertForSequenceClassification`'s module: the classifier on the
+/// pooled output.
 #[derive(Debug, Clone)]
-pub struct BertForSequenceClassification {
-    bert: BertModel,
+pub struct SequenceClassificationModule {
     classifier: Classifier,
-    num_labels: usize,
 }
 
-super::impl_bert_head!(
-    BertForSequenceClassification,
-    SequenceClassification,
-    HeadOutput
-);
+impl HeadModule for SequenceClassificationModule {
+    const KIND: HeadKind = HeadKind::SequenceClassification;
+    type Output = HeadOutput;
 
-impl BertForSequenceClassification {
-    /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
-    /// (multi-label) or [B] / [B, num_labels] floats (regression).
-    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
-        let logits = self.classifier.forward(pooled(&out)?, opts.forward.train)?;
-        let loss = labels.labels.map(|l| self.loss(&logits, l)).transpose()?;
-        Ok(HeadOutput::new(out, logits, loss))
+    fn load(
+        root: VarBuilder,
+        config: &BertConfig,
+        encoder: impl FnOnce() -> CResult<BertModel>,
+    ) -> CResult<(BertModel, Self)> {
+        let classifier = Classifier::load(root.pp("classifier"), config, config.num_labels())?;
+        Ok((encoder()?, Self { classifier }))
     }
 
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let num_labels = config.num_labels();
-        let classifier = Classifier::load(root.pp("classifier"), &config, num_labels)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self {
-            bert,
-            classifier,
-            num_labels,
+    /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
+    /// (multi-label) or [B] / [B, num_labels] floats (regression).
+    fn forward(
+        &self,
+        bert: &BertModel,
+        input: &BertInput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<HeadOutput> {
+        let out = bert.forward(input, opts.forward)?;
+        let logits = self.classifier.forward(pooled(&out)?, opts.forward.train)?;
+        HeadOutput::with_loss(out, logits, labels.labels, |logits, l| {
+            self.loss(bert.config(), logits, l)
         })
     }
 }
 
 impl BertForSequenceClassification {
     pub fn num_labels(&self) -> usize {
-        self.num_labels
+        self.module.classifier.outputs()
     }
 
     /// The loss transformers would use for these labels: the config's
     /// `problem_type`, else regression for one label, single-label
     /// classification for integer labels and multi-label otherwise.
     pub fn problem_type(&self, labels: &Tensor) -> ProblemType {
-        match self.config().problem_type {
+        self.module.problem_type(self.bert.config(), labels)
+    }
+}
+
+impl SequenceClassificationModule {
+    fn problem_type(&self, config: &BertConfig, labels: &Tensor) -> ProblemType {
+        match config.problem_type {
             Some(p) => p,
-            None if self.num_labels == 1 => ProblemType::Regression,
+            None if self.classifier.outputs() == 1 => ProblemType::Regression,
             None if matches!(labels.dtype(), DType::U8 | DType::U32 | DType::I64) => {
                 ProblemType::SingleLabelClassification
             }
@@ -66,14 +75,14 @@ impl BertForSequenceClassification {
         }
     }
 
-    fn loss(&self, logits: &Tensor, l: &Tensor) -> Result<Tensor> {
-        Ok(match self.problem_type(l) {
+    fn loss(&self, config: &BertConfig, logits: &Tensor, l: &Tensor) -> Result<Tensor> {
+        Ok(match self.problem_type(config, l) {
             ProblemType::SingleLabelClassification => class_cross_entropy(logits, l, "labels")?,
             ProblemType::MultiLabelClassification => {
                 bce_with_logits(logits, &float_labels(l, logits.dims(), "labels")?)?
             }
             ProblemType::Regression => {
-                let target = if self.num_labels == 1 {
+                let target = if self.classifier.outputs() == 1 {
                     float_labels(l, &[logits.dim(0)?], "labels")?.unsqueeze(1)?
                 } else {
                     float_labels(l, logits.dims(), "labels")?
@@ -83,5 +92,3 @@ impl BertForSequenceClassification {
         })
     }
 }
-
-super::labels_forward!(BertForSequenceClassification);
