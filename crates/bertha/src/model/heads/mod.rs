@@ -15,6 +15,7 @@
 //! [`HeadInit::Fresh`], initialises missing head tensors like transformers
 //! (normal(0, `initializer_range`) weights, zero biases) for fine-tuning.
 
+mod head;
 mod init;
 mod kind;
 mod lm;
@@ -32,6 +33,7 @@ use std::path::Path;
 use candle_core::{Module, Result as CResult, Tensor};
 use candle_nn::VarBuilder;
 
+pub use self::head::{Head, HeadModule, HeadPass, HeadSource};
 pub use self::init::HeadInit;
 pub use self::kind::HeadKind;
 pub use self::lm::BertLMPredictionHead;
@@ -48,7 +50,6 @@ pub use self::sequence_classification::{
 };
 pub use self::token_classification::{BertForTokenClassification, TokenClassificationModule};
 
-use self::init::load_bert;
 use super::bert::{read_model_dir, BertInput, BertModel, BertOutput, ForwardOptions};
 use super::nn::{Dense, Dropout};
 use crate::config::BertConfig;
@@ -176,15 +177,15 @@ impl HeadOutput {
         }
     }
 
-    /// The head's logits, with the loss `loss_fn` computes from `labels`
-    /// when they are given.
+    /// The head's logits, with the loss `loss_fn(logits, labels,
+    /// "labels")` when `labels` are given.
     fn with_loss(
         out: BertOutput,
         logits: Tensor,
         labels: Option<&Tensor>,
-        loss_fn: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+        loss_fn: impl FnOnce(&Tensor, &Tensor, &str) -> Result<Tensor>,
     ) -> Result<Self> {
-        let loss = labels.map(|l| loss_fn(&logits, l)).transpose()?;
+        let loss = labels.map(|l| loss_fn(&logits, l, "labels")).transpose()?;
         Ok(Self::new(out, logits, loss))
     }
 }
@@ -224,85 +225,39 @@ task_outputs!(
     QuestionAnswering(QuestionAnsweringOutput)
 );
 
-/// A head: the encoder and the small module above it, as transformers
-/// builds every `BertFor*` class. The head names are aliases of it
-/// ([`BertForMaskedLM`] is `Head<MaskedLmModule>`).
-#[derive(Debug, Clone)]
-pub struct Head<M> {
-    bert: BertModel,
-    module: M,
+/// Declares a head: the `BertFor*` alias of [`Head`], its module struct
+/// (the fields above the encoder) and the module's [`HeadModule`] impl,
+/// which calls the module's own `load_head` and `run`.
+macro_rules! declare_head {
+    (
+        $(#[$doc:meta])*
+        $alias:ident: $kind:ident -> $output:ty,
+        $module:ident { $($field:ident: $ty:ty),+ }
+    ) => {
+        #[doc = concat!("`", stringify!($alias), "`: the encoder and [`", stringify!($module), "`].")]
+        pub type $alias = super::Head<$module>;
+
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $module {
+            $($field: $ty),+
+        }
+
+        impl super::HeadModule for $module {
+            const KIND: super::HeadKind = super::HeadKind::$kind;
+            type Output = $output;
+
+            fn load(from: &super::HeadSource) -> candle_core::Result<super::Head<Self>> {
+                Self::load_head(from)
+            }
+
+            fn forward(&self, pass: super::HeadPass) -> $crate::Result<$output> {
+                self.run(pass)
+            }
+        }
+    };
 }
-
-/// The part of a head above the encoder: its tensors, its forward pass
-/// with the loss, its outputs.
-pub trait HeadModule: Sized {
-    const KIND: HeadKind;
-    /// The head's typed outputs ([`HeadOutput`] for the one-logits heads).
-    type Output: Into<TaskOutput>;
-
-    /// Loads the module from the checkpoint root (where `cls.`,
-    /// `classifier.` and `qa_outputs.` live) and, through `encoder`, the
-    /// encoder: first when the module reads it (a decoder tied to the
-    /// word embeddings), else after the module's own tensors.
-    fn load(
-        root: VarBuilder,
-        config: &BertConfig,
-        encoder: impl FnOnce() -> CResult<BertModel>,
-    ) -> CResult<(BertModel, Self)>;
-
-    /// Runs `bert` and the module; the loss is computed from the labels
-    /// the module reads when they are given.
-    fn forward(
-        &self,
-        bert: &BertModel,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<Self::Output>;
-}
-
-impl<M: HeadModule> BertHead for Head<M> {
-    const KIND: HeadKind = M::KIND;
-    type Output = M::Output;
-
-    fn load_parts(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let encoder_config = config.clone();
-        let (bert, module) = M::load(root, &config, || load_bert(base, encoder_config, M::KIND))?;
-        Ok(Self { bert, module })
-    }
-
-    fn bert(&self) -> &BertModel {
-        &self.bert
-    }
-
-    fn forward(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<M::Output> {
-        self.module.forward(&self.bert, input, labels, opts)
-    }
-}
-
-impl<M> Head<M> {
-    /// The module above the encoder.
-    pub fn module(&self) -> &M {
-        &self.module
-    }
-}
-
-impl<M: HeadModule<Output = HeadOutput>> Head<M> {
-    /// [`BertHead::forward`] with only `labels`.
-    pub fn forward(
-        &self,
-        input: &BertInput,
-        labels: Option<&Tensor>,
-        opts: ForwardOptions,
-    ) -> Result<HeadOutput> {
-        BertHead::forward(self, input, &HeadLabels::labels(labels), opts.into())
-    }
-}
+use declare_head;
 
 /// The pooled output, which the pooler heads need.
 fn pooled(out: &BertOutput) -> Result<&Tensor> {
@@ -321,8 +276,10 @@ struct Classifier {
 }
 
 impl Classifier {
-    /// `vb` rooted at the linear layer (`classifier`).
-    fn load(vb: VarBuilder, config: &BertConfig, outputs: usize) -> CResult<Self> {
+    /// `classifier` at the checkpoint root, with `outputs` outputs.
+    fn load(from: &HeadSource, outputs: usize) -> CResult<Self> {
+        let config = from.config();
+        let vb = from.root().pp("classifier");
         let dense = Dense::load(vb, config.hidden_size, outputs, config.initializer_range)?;
         let dropout = Dropout::new(
             config

@@ -2,46 +2,29 @@
 //! encoder, pooler → dropout → a one-output classifier, scores [B, C].
 
 use candle_core::{Result as CResult, Tensor};
-use candle_nn::VarBuilder;
 
 use super::loss::class_cross_entropy;
-use super::{pooled, Classifier, Head, HeadKind, HeadLabels, HeadModule, HeadOptions, HeadOutput};
-use crate::config::BertConfig;
+use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::error::{Error, Result};
-use crate::model::bert::{BertInput, BertModel};
+use crate::model::bert::BertInput;
 
-/// `BertForMultipleChoice`.
-pub type BertForMultipleChoice = Head<MultipleChoiceModule>;
-
-/// `BertForMultipleChoice`'s module: a one-output classifier on the
-/// pooled output of each choice.
-#[derive(Debug, Clone)]
-pub struct MultipleChoiceModule {
-    classifier: Classifier,
+super::declare_head! {
+    /// `BertForMultipleChoice`'s module: a one-output classifier on the
+    /// pooled output of each choice.
+    BertForMultipleChoice: MultipleChoice -> HeadOutput,
+    MultipleChoiceModule { classifier: Classifier }
 }
 
-impl HeadModule for MultipleChoiceModule {
-    const KIND: HeadKind = HeadKind::MultipleChoice;
-    type Output = HeadOutput;
-
-    fn load(
-        root: VarBuilder,
-        config: &BertConfig,
-        encoder: impl FnOnce() -> CResult<BertModel>,
-    ) -> CResult<(BertModel, Self)> {
-        let classifier = Classifier::load(root.pp("classifier"), config, 1)?;
-        Ok((encoder()?, Self { classifier }))
+impl MultipleChoiceModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let classifier = Classifier::load(from, 1)?;
+        Ok(Head::new(from.encoder()?, Self { classifier }))
     }
 
     /// `input` tensors are [B, C, T] (C choices per example); `labels` [B]
     /// the index of the right choice.
-    fn forward(
-        &self,
-        bert: &BertModel,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<HeadOutput> {
+    fn run(&self, pass: HeadPass) -> Result<HeadOutput> {
+        let input = pass.input;
         let (b, c, t) = input.input_ids.dims3().map_err(|_| {
             Error::Input(format!(
                 "multiple choice needs input_ids of shape [batch, choices, seq], got {:?}",
@@ -54,13 +37,11 @@ impl HeadModule for MultipleChoiceModule {
             token_type_ids: input.token_type_ids.as_ref().map(flat).transpose()?,
             attention_mask: input.attention_mask.as_ref().map(flat).transpose()?,
         };
-        let out = bert.forward(&flat_input, opts.forward)?;
+        let out = pass.bert.forward(&flat_input, pass.opts.forward)?;
         let logits = self
             .classifier
-            .forward(pooled(&out)?, opts.forward.train)?
+            .forward(pooled(&out)?, pass.train())?
             .reshape((b, c))?;
-        HeadOutput::with_loss(out, logits, labels.labels, |logits, l| {
-            class_cross_entropy(logits, l, "labels")
-        })
+        HeadOutput::with_loss(out, logits, pass.labels.labels, class_cross_entropy)
     }
 }

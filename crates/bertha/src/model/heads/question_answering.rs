@@ -1,13 +1,11 @@
 //! `BertForQuestionAnswering`: `qa_outputs` → start and end logits.
 
 use candle_core::{Module, Result as CResult, Tensor, D};
-use candle_nn::VarBuilder;
 
 use super::loss::{cross_entropy_with_ignore, label_values};
-use super::{BertHead, Head, HeadKind, HeadLabels, HeadModule, HeadOptions};
-use crate::config::BertConfig;
+use super::{BertHead, Head, HeadLabels, HeadPass, HeadSource};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::bert::{BertInput, ForwardOptions};
 use crate::model::nn::Dense;
 
 /// `BertForQuestionAnswering`'s outputs.
@@ -22,45 +20,30 @@ pub struct QuestionAnsweringOutput {
     pub attentions: Option<Vec<Tensor>>,
 }
 
-/// `BertForQuestionAnswering`.
-pub type BertForQuestionAnswering = Head<QuestionAnsweringModule>;
-
-/// `BertForQuestionAnswering`'s module: `qa_outputs`, the start and end
-/// logits of every token.
-#[derive(Debug, Clone)]
-pub struct QuestionAnsweringModule {
-    qa_outputs: Dense,
+super::declare_head! {
+    /// `BertForQuestionAnswering`'s module: `qa_outputs`, the start and end
+    /// logits of every token.
+    BertForQuestionAnswering: QuestionAnswering -> QuestionAnsweringOutput,
+    QuestionAnsweringModule { qa_outputs: Dense }
 }
 
-impl HeadModule for QuestionAnsweringModule {
-    const KIND: HeadKind = HeadKind::QuestionAnswering;
-    type Output = QuestionAnsweringOutput;
-
-    fn load(
-        root: VarBuilder,
-        config: &BertConfig,
-        encoder: impl FnOnce() -> CResult<BertModel>,
-    ) -> CResult<(BertModel, Self)> {
+impl QuestionAnsweringModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let config = from.config();
         let (d, std) = (config.hidden_size, config.initializer_range);
-        let qa_outputs = Dense::load(root.pp("qa_outputs"), d, 2, std)?;
-        Ok((encoder()?, Self { qa_outputs }))
+        let qa_outputs = Dense::load(from.root().pp("qa_outputs"), d, 2, std)?;
+        Ok(Head::new(from.encoder()?, Self { qa_outputs }))
     }
 
     /// `start_positions` / `end_positions` [B]: token indices of the answer.
     /// As in transformers, positions outside the sequence are clamped to
     /// its length and then ignored; the loss is (start CE + end CE) / 2.
-    fn forward(
-        &self,
-        bert: &BertModel,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<QuestionAnsweringOutput> {
-        let out = bert.forward(input, opts.forward)?;
+    fn run(&self, pass: HeadPass) -> Result<QuestionAnsweringOutput> {
+        let out = pass.encode()?;
         let logits = self.qa_outputs.forward(&out.last_hidden_state)?;
         let start_logits = logits.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
         let end_logits = logits.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
-        let loss = match (labels.start_positions, labels.end_positions) {
+        let loss = match (pass.labels.start_positions, pass.labels.end_positions) {
             (Some(s), Some(e)) => {
                 let t = start_logits.dim(1)? as i64;
                 let clamp = |v: Vec<i64>| v.into_iter().map(|x| x.clamp(0, t)).collect::<Vec<_>>();

@@ -2,50 +2,32 @@
 //! the loss its `problem_type` says.
 
 use candle_core::{DType, Result as CResult, Tensor};
-use candle_nn::VarBuilder;
 
 use super::loss::{bce_with_logits, class_cross_entropy, float_labels};
-use super::{pooled, Classifier, Head, HeadKind, HeadLabels, HeadModule, HeadOptions, HeadOutput};
+use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::config::{BertConfig, ProblemType};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel};
 
-/// `BertForSequenceClassification`.
-pub type BertForSequenceClassification = Head<SequenceClassificationModule>;
-
-/// `BertForSequenceClassification`'s module: the classifier on the
-/// pooled output.
-#[derive(Debug, Clone)]
-pub struct SequenceClassificationModule {
-    classifier: Classifier,
+super::declare_head! {
+    /// `BertForSequenceClassification`'s module: the classifier on the
+    /// pooled output.
+    BertForSequenceClassification: SequenceClassification -> HeadOutput,
+    SequenceClassificationModule { classifier: Classifier }
 }
 
-impl HeadModule for SequenceClassificationModule {
-    const KIND: HeadKind = HeadKind::SequenceClassification;
-    type Output = HeadOutput;
-
-    fn load(
-        root: VarBuilder,
-        config: &BertConfig,
-        encoder: impl FnOnce() -> CResult<BertModel>,
-    ) -> CResult<(BertModel, Self)> {
-        let classifier = Classifier::load(root.pp("classifier"), config, config.num_labels())?;
-        Ok((encoder()?, Self { classifier }))
+impl SequenceClassificationModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let classifier = Classifier::load(from, from.config().num_labels())?;
+        Ok(Head::new(from.encoder()?, Self { classifier }))
     }
 
     /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
     /// (multi-label) or [B] / [B, num_labels] floats (regression).
-    fn forward(
-        &self,
-        bert: &BertModel,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<HeadOutput> {
-        let out = bert.forward(input, opts.forward)?;
-        let logits = self.classifier.forward(pooled(&out)?, opts.forward.train)?;
-        HeadOutput::with_loss(out, logits, labels.labels, |logits, l| {
-            self.loss(bert.config(), logits, l)
+    fn run(&self, pass: HeadPass) -> Result<HeadOutput> {
+        let out = pass.encode()?;
+        let logits = self.classifier.forward(pooled(&out)?, pass.train())?;
+        HeadOutput::with_loss(out, logits, pass.labels.labels, |logits, l, _| {
+            self.loss(pass.bert.config(), logits, l)
         })
     }
 }
