@@ -17,7 +17,8 @@ mod packed;
 pub use bert::{
     roberta_position_ids, BertAttention, BertEmbeddings, BertEncoder, BertInput, BertIntermediate,
     BertLayer, BertModel, BertOutput, BertOutputBlock, BertPooler, BertSelfAttention,
-    EmbeddingLayout, EncoderOutput, ForwardOptions, PassContext, PositionIds, ScoreBias,
+    EmbeddingLayout, EncoderOutput, ForwardOptions, LayerPass, PassContext, PositionIds, ScoreBias,
+    ScoreInput,
 };
 pub use family::{log_bucket_position, relative_positions, RelativeContext};
 pub use heads::{
