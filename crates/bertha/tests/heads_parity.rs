@@ -12,7 +12,7 @@ use bertha::model::{
 };
 use bertha::{
     BertForTask, BertHead, BertInput, BertModel, DType, Device, ForwardOptions, HeadInit, HeadKind,
-    Tensor,
+    HeadLabels, Tensor,
 };
 use common::{fixtures, load_safetensors, read_json};
 
@@ -463,66 +463,30 @@ fn multiple_choice_scores_each_choice() {
 #[test]
 fn losses_backpropagate_like_transformers() {
     use candle_nn::{VarBuilder, VarMap};
-    for name in [
-        "bert-pretraining",
-        "bert-mlm",
-        "bert-seqcls",
-        "bert-tokcls",
-        "bert-qa",
+    for (name, kind) in [
+        ("bert-pretraining", HeadKind::PreTraining),
+        ("bert-mlm", HeadKind::MaskedLM),
+        ("bert-seqcls", HeadKind::SequenceClassification),
+        ("bert-tokcls", HeadKind::TokenClassification),
+        ("bert-qa", HeadKind::QuestionAnswering),
     ] {
         let c = case(name);
         let config = bertha::BertConfig::from_file(&c.dir.join("config.json")).unwrap();
         let mut varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let l = |k: &str| int_labels(&c.labels[k]);
-        let loss = match name {
-            "bert-pretraining" => {
-                let m = BertForPreTraining::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(
-                    &c.input,
-                    Some(&l("labels")),
-                    Some(&l("next_sentence_label")),
-                    opts(),
-                )
-                .unwrap()
-                .loss
-            }
-            "bert-mlm" => {
-                let m = BertForMaskedLM::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(&c.input, Some(&l("labels")), opts())
-                    .unwrap()
-                    .loss
-            }
-            "bert-seqcls" => {
-                let m = BertForSequenceClassification::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(&c.input, Some(&l("labels")), opts())
-                    .unwrap()
-                    .loss
-            }
-            "bert-tokcls" => {
-                let m = BertForTokenClassification::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(&c.input, Some(&l("labels")), opts())
-                    .unwrap()
-                    .loss
-            }
-            _ => {
-                let m = BertForQuestionAnswering::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(
-                    &c.input,
-                    Some(&l("start_positions")),
-                    Some(&l("end_positions")),
-                    opts(),
-                )
-                .unwrap()
-                .loss
-            }
-        }
-        .unwrap();
+        let m = BertForTask::load(vb, config, kind).unwrap();
+        varmap.load(c.dir.join("model.safetensors")).unwrap();
+        let l = |k: &str| c.labels.get(k).map(int_labels);
+        let (labels, nsp) = (l("labels"), l("next_sentence_label"));
+        let (start, end) = (l("start_positions"), l("end_positions"));
+        let labels = HeadLabels {
+            labels: labels.as_ref(),
+            next_sentence_label: nsp.as_ref(),
+            start_positions: start.as_ref(),
+            end_positions: end.as_ref(),
+        };
+        let out = m.forward(&c.input, &labels, opts().into()).unwrap();
+        let loss = out.loss().unwrap().clone();
         assert_loss(name, Some(loss.clone()), &c.expected["loss"]);
         let grads = loss.backward().unwrap();
         let vars = varmap.data().lock().unwrap();
@@ -532,20 +496,9 @@ fn losses_backpropagate_like_transformers() {
             let p = p.as_str().unwrap();
             // Head, pooler, encoder and embedding parameters alike: the
             // attention's softmax has a backward pass.
-            let var = vars
-                .get(p)
-                .unwrap_or_else(|| panic!("{name}: no variable {p}"));
-            let got = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{name}: no gradient for {p}"));
+            let got = common::grad_of(&grads, &vars, p, name);
             let want = &c.expected[&format!("grad.{p}")];
-            let scale = want
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let scale = common::max_abs(want);
             let d = common::max_abs_diff(got, want);
             if scale < 1e-6 {
                 // Zero in exact arithmetic, rounding noise on both sides:
@@ -555,13 +508,7 @@ fn losses_backpropagate_like_transformers() {
                 // qa_outputs) gets Σ_t (p_t - y_t) · W = 0 — transformers'
                 // value is ~1e-8 of noise, and a relative comparison with
                 // noise means nothing. Ours must be zero to the same order.
-                let ours = got
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let ours = common::max_abs(got);
                 assert!(
                     ours <= 1e-6,
                     "{name} grad.{p}: transformers' gradient is zero (max {scale:e}), ours has {ours:e}"
