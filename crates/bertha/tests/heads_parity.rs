@@ -12,7 +12,7 @@ use bertha::model::{
 };
 use bertha::{
     BertForTask, BertHead, BertInput, BertModel, DType, Device, ForwardOptions, HeadInit, HeadKind,
-    HeadLabels, Tensor,
+    HeadLabels, HeadOutput, Tensor,
 };
 use common::{fixtures, load_safetensors, read_json};
 
@@ -102,6 +102,30 @@ fn opts() -> ForwardOptions {
     ForwardOptions::default()
 }
 
+/// A one-logits head loaded from case `name`: its logits (at non-padded
+/// positions when `per_token`) and its loss for the case's `labels`
+/// against transformers'.
+fn check_logits_head<H: BertHead<Output = HeadOutput>>(
+    name: &str,
+    what: &str,
+    per_token: bool,
+) -> H {
+    let c = case(name);
+    let m = H::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    let labels = int_labels(&c.labels["labels"]);
+    let labels = HeadLabels::labels(Some(&labels));
+    let out = BertHead::forward(&m, &c.input, &labels, opts().into()).unwrap();
+    assert_outputs(
+        "logits",
+        &out.logits,
+        &c.expected["logits"],
+        &c.lens,
+        per_token,
+    );
+    assert_loss(what, out.loss, &c.expected["loss"]);
+    m
+}
+
 #[test]
 fn pretraining_logits_and_loss() {
     let c = case("bert-pretraining");
@@ -133,12 +157,7 @@ fn pretraining_logits_and_loss() {
 
 #[test]
 fn masked_lm_logits_and_loss() {
-    let c = case("bert-mlm");
-    let m = BertForMaskedLM::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
-    let labels = int_labels(&c.labels["labels"]);
-    let out = m.forward(&c.input, Some(&labels), opts()).unwrap();
-    assert_outputs("logits", &out.logits, &c.expected["logits"], &c.lens, true);
-    assert_loss("mlm", out.loss, &c.expected["loss"]);
+    let m: BertForMaskedLM = check_logits_head("bert-mlm", "mlm", true);
     // The decoder is tied to the word embeddings (no decoder.weight saved).
     let d = common::max_abs_diff(
         m.predictions().decoder_weight(),
@@ -191,15 +210,9 @@ fn masked_lm_and_nsp_load_from_a_pretraining_checkpoint() {
 
 #[test]
 fn sequence_classification_logits_and_loss() {
-    let c = case("bert-seqcls");
-    let m = BertForSequenceClassification::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu)
-        .unwrap();
+    let m: BertForSequenceClassification = check_logits_head("bert-seqcls", "seqcls", false);
     assert_eq!(m.num_labels(), 3);
     assert_eq!(m.config().label_name(2), "positive");
-    let labels = int_labels(&c.labels["labels"]);
-    let out = m.forward(&c.input, Some(&labels), opts()).unwrap();
-    assert_outputs("logits", &out.logits, &c.expected["logits"], &c.lens, false);
-    assert_loss("seqcls", out.loss, &c.expected["loss"]);
 }
 
 #[test]
@@ -257,13 +270,7 @@ fn sequence_classification_multi_label_and_regression_losses() {
 
 #[test]
 fn token_classification_logits_and_loss() {
-    let c = case("bert-tokcls");
-    let m = BertForTokenClassification::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu)
-        .unwrap();
-    let labels = int_labels(&c.labels["labels"]);
-    let out = m.forward(&c.input, Some(&labels), opts()).unwrap();
-    assert_outputs("logits", &out.logits, &c.expected["logits"], &c.lens, true);
-    assert_loss("tokcls", out.loss, &c.expected["loss"]);
+    let _: BertForTokenClassification = check_logits_head("bert-tokcls", "tokcls", true);
 }
 
 #[test]

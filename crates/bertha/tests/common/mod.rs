@@ -80,6 +80,15 @@ pub fn grad_of<'a>(
         .unwrap_or_else(|| panic!("{what}: no gradient for {p}"))
 }
 
+/// The error of `r`, which must have failed, as text.
+#[track_caller]
+pub fn err_text<T>(r: bertha::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
 #[track_caller]
 pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f32) {
     let d = max_abs_diff(got, want);
