@@ -98,6 +98,15 @@ fn assert_loss(what: &str, got: Option<Tensor>, want: &Tensor) {
     );
 }
 
+/// The tiny checkpoints saved with a head, and their heads.
+const HEAD_CASES: [(&str, HeadKind); 5] = [
+    ("bert-pretraining", HeadKind::PreTraining),
+    ("bert-mlm", HeadKind::MaskedLM),
+    ("bert-seqcls", HeadKind::SequenceClassification),
+    ("bert-tokcls", HeadKind::TokenClassification),
+    ("bert-qa", HeadKind::QuestionAnswering),
+];
+
 fn opts() -> ForwardOptions {
     ForwardOptions::default()
 }
@@ -308,13 +317,7 @@ fn question_answering_logits_and_loss() {
 
 #[test]
 fn architectures_pick_the_head() {
-    for (name, kind) in [
-        ("bert-pretraining", HeadKind::PreTraining),
-        ("bert-mlm", HeadKind::MaskedLM),
-        ("bert-seqcls", HeadKind::SequenceClassification),
-        ("bert-tokcls", HeadKind::TokenClassification),
-        ("bert-qa", HeadKind::QuestionAnswering),
-    ] {
+    for (name, kind) in HEAD_CASES {
         let dir = fixtures().join("tiny").join(name);
         let m = BertForTask::from_dir(&dir, None, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
         assert_eq!(m.kind(), kind, "{name}");
@@ -470,13 +473,7 @@ fn multiple_choice_scores_each_choice() {
 #[test]
 fn losses_backpropagate_like_transformers() {
     use candle_nn::{VarBuilder, VarMap};
-    for (name, kind) in [
-        ("bert-pretraining", HeadKind::PreTraining),
-        ("bert-mlm", HeadKind::MaskedLM),
-        ("bert-seqcls", HeadKind::SequenceClassification),
-        ("bert-tokcls", HeadKind::TokenClassification),
-        ("bert-qa", HeadKind::QuestionAnswering),
-    ] {
+    for (name, kind) in HEAD_CASES {
         let c = case(name);
         let config = bertha::BertConfig::from_file(&c.dir.join("config.json")).unwrap();
         let mut varmap = VarMap::new();

@@ -223,27 +223,15 @@ fn packed_fast_path_matches_candle_modules_and_is_batch_invariant() {
         let want = &f.expected[&format!("last_hidden_state.{i}")];
         let a_t = Tensor::new(a.embeddings.clone(), &Device::Cpu).unwrap();
         assert_close(&format!("fast path, sentence {i}"), &a_t, want, 1e-4);
-        for (x, y) in a
-            .embeddings
-            .iter()
-            .flatten()
-            .zip(b.embeddings.iter().flatten())
-        {
-            assert!(
-                (x - y).abs() <= 1e-4,
-                "sentence {i}: fast {x} vs candle {y}"
-            );
-        }
-        for (x, y) in a
-            .embeddings
-            .iter()
-            .flatten()
-            .zip(c.embeddings.iter().flatten())
-        {
-            assert!(
-                (x - y).abs() <= 1e-5,
-                "sentence {i}: batch 32 {x} vs alone {y}"
-            );
+        let others = [(b, 1e-4, "fast", "candle"), (c, 1e-5, "batch 32", "alone")];
+        for (other, tol, ours, theirs) in others {
+            let pairs = a.embeddings.iter().flatten();
+            for (x, y) in pairs.zip(other.embeddings.iter().flatten()) {
+                assert!(
+                    (x - y).abs() <= tol,
+                    "sentence {i}: {ours} {x} vs {theirs} {y}"
+                );
+            }
         }
     }
 }
