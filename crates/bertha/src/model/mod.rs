@@ -26,8 +26,8 @@ pub use heads::{
     BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTask, BertForTokenClassification, BertHead,
     BertLMPredictionHead, Head, HeadInit, HeadKind, HeadLabels, HeadModule, HeadOptions,
-    HeadOutput, MaskedLmModule, MultipleChoiceModule, NextSentenceModule, PreTrainingModule,
-    PreTrainingOutput, QuestionAnsweringModule, QuestionAnsweringOutput,
+    HeadOutput, HeadPass, HeadSource, MaskedLmModule, MultipleChoiceModule, NextSentenceModule,
+    PreTrainingModule, PreTrainingOutput, QuestionAnsweringModule, QuestionAnsweringOutput,
     SequenceClassificationModule, TaskOutput, TokenClassificationModule, IGNORE_INDEX,
 };
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
