@@ -18,11 +18,23 @@ fn copy_tiny(name: &str) -> tempfile::TempDir {
     tmp
 }
 
-fn load_err(dir: &Path) -> String {
-    match BertModel::from_dir(dir, &Device::Cpu) {
+/// Loading `dir` fails with an error that names every one of `parts`.
+#[track_caller]
+fn assert_load_err(dir: &Path, parts: &[&str]) {
+    let err = match BertModel::from_dir(dir, &Device::Cpu) {
         Ok(_) => panic!("{} loaded but should not", dir.display()),
         Err(e) => e.to_string(),
-    }
+    };
+    assert!(parts.iter().all(|p| err.contains(p)), "{err}");
+}
+
+/// Rewrites the `config.json` in `dir` with `edit`.
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&path, cfg.to_string()).unwrap();
 }
 
 #[test]
@@ -31,41 +43,29 @@ fn corrupt_safetensors_names_the_file() {
     let path = tmp.path().join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 3]).unwrap();
-    let err = load_err(tmp.path());
-    assert!(
-        err.contains("model.safetensors") && err.contains("not a valid safetensors"),
-        "{err}"
+    assert_load_err(
+        tmp.path(),
+        &["model.safetensors", "not a valid safetensors"],
     );
 
     std::fs::write(&path, b"this is not a safetensors file at all").unwrap();
-    let err = load_err(tmp.path());
-    assert!(err.contains("model.safetensors"), "{err}");
+    assert_load_err(tmp.path(), &["model.safetensors"]);
 }
 
 #[test]
 fn unsupported_config_option_names_the_field() {
     let tmp = copy_tiny("bert-mlm");
-    let path = tmp.path().join("config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    cfg["position_embedding_type"] = "relative_key_query".into();
-    std::fs::write(&path, cfg.to_string()).unwrap();
-    let err = load_err(tmp.path());
-    assert!(
-        err.contains("config.json") && err.contains("position_embedding_type"),
-        "{err}"
-    );
+    edit_config(tmp.path(), |cfg| {
+        cfg["position_embedding_type"] = "relative_key_query".into()
+    });
+    assert_load_err(tmp.path(), &["config.json", "position_embedding_type"]);
 }
 
 #[test]
 fn invalid_config_json_names_the_file() {
     let tmp = copy_tiny("bert-mlm");
     std::fs::write(tmp.path().join("config.json"), "{ not json").unwrap();
-    let err = load_err(tmp.path());
-    assert!(
-        err.contains("config.json") && err.contains("invalid JSON"),
-        "{err}"
-    );
+    assert_load_err(tmp.path(), &["config.json", "invalid JSON"]);
 }
 
 #[test]
@@ -75,48 +75,43 @@ fn missing_tensor_is_named() {
     let mut tensors = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
     tensors.remove("bert.encoder.layer.1.attention.self.key.weight");
     candle_core::safetensors::save(&tensors, &path).unwrap();
-    let err = load_err(tmp.path());
-    assert!(
-        err.contains("missing tensor `bert.encoder.layer.1.attention.self.key.weight`")
-            && err.contains("[32, 32]"),
-        "{err}"
+    assert_load_err(
+        tmp.path(),
+        &[
+            "missing tensor `bert.encoder.layer.1.attention.self.key.weight`",
+            "[32, 32]",
+        ],
     );
 }
 
 #[test]
 fn shape_mismatch_names_the_tensor_and_both_shapes() {
     let tmp = copy_tiny("bert-mlm");
-    let path = tmp.path().join("config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    cfg["intermediate_size"] = 40.into();
-    std::fs::write(&path, cfg.to_string()).unwrap();
-    let err = load_err(tmp.path());
-    assert!(
-        err.contains("bert.encoder.layer.0.intermediate.dense.weight")
-            && err.contains("[37, 32]")
-            && err.contains("[40, 32]"),
-        "{err}"
+    edit_config(tmp.path(), |cfg| cfg["intermediate_size"] = 40.into());
+    assert_load_err(
+        tmp.path(),
+        &[
+            "bert.encoder.layer.0.intermediate.dense.weight",
+            "[37, 32]",
+            "[40, 32]",
+        ],
     );
 }
 
 #[test]
 fn missing_folder_and_missing_weights_are_explained() {
-    let err = load_err(Path::new("/nonexistent/model"));
-    assert!(
-        err.contains("/nonexistent/model") && err.contains("no such directory"),
-        "{err}"
+    assert_load_err(
+        Path::new("/nonexistent/model"),
+        &["/nonexistent/model", "no such directory"],
     );
 
     let tmp = copy_tiny("bert-mlm");
     std::fs::remove_file(tmp.path().join("model.safetensors")).unwrap();
-    let err = load_err(tmp.path());
-    assert!(err.contains("no weights found"), "{err}");
+    assert_load_err(tmp.path(), &["no weights found"]);
 
     let tmp = copy_tiny("bert-mlm");
     std::fs::remove_file(tmp.path().join("config.json")).unwrap();
-    let err = load_err(tmp.path());
-    assert!(err.contains("config.json is missing"), "{err}");
+    assert_load_err(tmp.path(), &["config.json is missing"]);
 }
 
 #[test]

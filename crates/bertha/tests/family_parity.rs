@@ -215,20 +215,9 @@ fn family_gradients_match_transformers() {
         let grads = loss.backward().unwrap();
         let vars = varmap.data().lock().unwrap();
         for p in &c.grad_params {
-            let var = vars
-                .get(p)
-                .unwrap_or_else(|| panic!("{name}: no variable {p}"));
-            let got = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{name}: no gradient for {p}"));
+            let got = common::grad_of(&grads, &vars, p, name);
             let want = &c.expected[&format!("grad.{p}")];
-            let scale = want
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let scale = common::max_abs(want);
             let d = common::max_abs_diff(got, want);
             println!("{name} grad.{p}: {:.2e} of max {scale:.2e}", d / scale);
             if d > 1e-4 * scale.max(1e-12) {

@@ -12,7 +12,7 @@ use bertha::model::{
 };
 use bertha::{
     BertForTask, BertHead, BertInput, BertModel, DType, Device, ForwardOptions, HeadInit, HeadKind,
-    Tensor,
+    HeadLabels, HeadOutput, Tensor,
 };
 use common::{fixtures, load_safetensors, read_json};
 
@@ -98,8 +98,41 @@ fn assert_loss(what: &str, got: Option<Tensor>, want: &Tensor) {
     );
 }
 
+/// The tiny checkpoints saved with a head, and their heads.
+const HEAD_CASES: [(&str, HeadKind); 5] = [
+    ("bert-pretraining", HeadKind::PreTraining),
+    ("bert-mlm", HeadKind::MaskedLM),
+    ("bert-seqcls", HeadKind::SequenceClassification),
+    ("bert-tokcls", HeadKind::TokenClassification),
+    ("bert-qa", HeadKind::QuestionAnswering),
+];
+
 fn opts() -> ForwardOptions {
     ForwardOptions::default()
+}
+
+/// A one-logits head loaded from case `name`: its logits (at non-padded
+/// positions when `per_token`) and its loss for the case's `labels`
+/// against transformers'.
+fn check_logits_head<H: BertHead<Output = HeadOutput>>(
+    name: &str,
+    what: &str,
+    per_token: bool,
+) -> H {
+    let c = case(name);
+    let m = H::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    let labels = int_labels(&c.labels["labels"]);
+    let labels = HeadLabels::labels(Some(&labels));
+    let out = BertHead::forward(&m, &c.input, &labels, opts().into()).unwrap();
+    assert_outputs(
+        "logits",
+        &out.logits,
+        &c.expected["logits"],
+        &c.lens,
+        per_token,
+    );
+    assert_loss(what, out.loss, &c.expected["loss"]);
+    m
 }
 
 #[test]
@@ -133,12 +166,7 @@ fn pretraining_logits_and_loss() {
 
 #[test]
 fn masked_lm_logits_and_loss() {
-    let c = case("bert-mlm");
-    let m = BertForMaskedLM::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
-    let labels = int_labels(&c.labels["labels"]);
-    let out = m.forward(&c.input, Some(&labels), opts()).unwrap();
-    assert_outputs("logits", &out.logits, &c.expected["logits"], &c.lens, true);
-    assert_loss("mlm", out.loss, &c.expected["loss"]);
+    let m: BertForMaskedLM = check_logits_head("bert-mlm", "mlm", true);
     // The decoder is tied to the word embeddings (no decoder.weight saved).
     let d = common::max_abs_diff(
         m.predictions().decoder_weight(),
@@ -191,15 +219,9 @@ fn masked_lm_and_nsp_load_from_a_pretraining_checkpoint() {
 
 #[test]
 fn sequence_classification_logits_and_loss() {
-    let c = case("bert-seqcls");
-    let m = BertForSequenceClassification::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu)
-        .unwrap();
+    let m: BertForSequenceClassification = check_logits_head("bert-seqcls", "seqcls", false);
     assert_eq!(m.num_labels(), 3);
     assert_eq!(m.config().label_name(2), "positive");
-    let labels = int_labels(&c.labels["labels"]);
-    let out = m.forward(&c.input, Some(&labels), opts()).unwrap();
-    assert_outputs("logits", &out.logits, &c.expected["logits"], &c.lens, false);
-    assert_loss("seqcls", out.loss, &c.expected["loss"]);
 }
 
 #[test]
@@ -257,13 +279,7 @@ fn sequence_classification_multi_label_and_regression_losses() {
 
 #[test]
 fn token_classification_logits_and_loss() {
-    let c = case("bert-tokcls");
-    let m = BertForTokenClassification::from_dir(&c.dir, HeadInit::FromCheckpoint, &Device::Cpu)
-        .unwrap();
-    let labels = int_labels(&c.labels["labels"]);
-    let out = m.forward(&c.input, Some(&labels), opts()).unwrap();
-    assert_outputs("logits", &out.logits, &c.expected["logits"], &c.lens, true);
-    assert_loss("tokcls", out.loss, &c.expected["loss"]);
+    let _: BertForTokenClassification = check_logits_head("bert-tokcls", "tokcls", true);
 }
 
 #[test]
@@ -301,13 +317,7 @@ fn question_answering_logits_and_loss() {
 
 #[test]
 fn architectures_pick_the_head() {
-    for (name, kind) in [
-        ("bert-pretraining", HeadKind::PreTraining),
-        ("bert-mlm", HeadKind::MaskedLM),
-        ("bert-seqcls", HeadKind::SequenceClassification),
-        ("bert-tokcls", HeadKind::TokenClassification),
-        ("bert-qa", HeadKind::QuestionAnswering),
-    ] {
+    for (name, kind) in HEAD_CASES {
         let dir = fixtures().join("tiny").join(name);
         let m = BertForTask::from_dir(&dir, None, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
         assert_eq!(m.kind(), kind, "{name}");
@@ -463,66 +473,24 @@ fn multiple_choice_scores_each_choice() {
 #[test]
 fn losses_backpropagate_like_transformers() {
     use candle_nn::{VarBuilder, VarMap};
-    for name in [
-        "bert-pretraining",
-        "bert-mlm",
-        "bert-seqcls",
-        "bert-tokcls",
-        "bert-qa",
-    ] {
+    for (name, kind) in HEAD_CASES {
         let c = case(name);
         let config = bertha::BertConfig::from_file(&c.dir.join("config.json")).unwrap();
         let mut varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let l = |k: &str| int_labels(&c.labels[k]);
-        let loss = match name {
-            "bert-pretraining" => {
-                let m = BertForPreTraining::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(
-                    &c.input,
-                    Some(&l("labels")),
-                    Some(&l("next_sentence_label")),
-                    opts(),
-                )
-                .unwrap()
-                .loss
-            }
-            "bert-mlm" => {
-                let m = BertForMaskedLM::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(&c.input, Some(&l("labels")), opts())
-                    .unwrap()
-                    .loss
-            }
-            "bert-seqcls" => {
-                let m = BertForSequenceClassification::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(&c.input, Some(&l("labels")), opts())
-                    .unwrap()
-                    .loss
-            }
-            "bert-tokcls" => {
-                let m = BertForTokenClassification::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(&c.input, Some(&l("labels")), opts())
-                    .unwrap()
-                    .loss
-            }
-            _ => {
-                let m = BertForQuestionAnswering::load(vb, config).unwrap();
-                varmap.load(c.dir.join("model.safetensors")).unwrap();
-                m.forward(
-                    &c.input,
-                    Some(&l("start_positions")),
-                    Some(&l("end_positions")),
-                    opts(),
-                )
-                .unwrap()
-                .loss
-            }
-        }
-        .unwrap();
+        let m = BertForTask::load(vb, config, kind).unwrap();
+        varmap.load(c.dir.join("model.safetensors")).unwrap();
+        let l = |k: &str| c.labels.get(k).map(int_labels);
+        let (labels, nsp) = (l("labels"), l("next_sentence_label"));
+        let (start, end) = (l("start_positions"), l("end_positions"));
+        let labels = HeadLabels {
+            labels: labels.as_ref(),
+            next_sentence_label: nsp.as_ref(),
+            start_positions: start.as_ref(),
+            end_positions: end.as_ref(),
+        };
+        let out = m.forward(&c.input, &labels, opts().into()).unwrap();
+        let loss = out.loss().unwrap().clone();
         assert_loss(name, Some(loss.clone()), &c.expected["loss"]);
         let grads = loss.backward().unwrap();
         let vars = varmap.data().lock().unwrap();
@@ -532,20 +500,9 @@ fn losses_backpropagate_like_transformers() {
             let p = p.as_str().unwrap();
             // Head, pooler, encoder and embedding parameters alike: the
             // attention's softmax has a backward pass.
-            let var = vars
-                .get(p)
-                .unwrap_or_else(|| panic!("{name}: no variable {p}"));
-            let got = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{name}: no gradient for {p}"));
+            let got = common::grad_of(&grads, &vars, p, name);
             let want = &c.expected[&format!("grad.{p}")];
-            let scale = want
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let scale = common::max_abs(want);
             let d = common::max_abs_diff(got, want);
             if scale < 1e-6 {
                 // Zero in exact arithmetic, rounding noise on both sides:
@@ -555,13 +512,7 @@ fn losses_backpropagate_like_transformers() {
                 // qa_outputs) gets Σ_t (p_t - y_t) · W = 0 — transformers'
                 // value is ~1e-8 of noise, and a relative comparison with
                 // noise means nothing. Ours must be zero to the same order.
-                let ours = got
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let ours = common::max_abs(got);
                 assert!(
                     ours <= 1e-6,
                     "{name} grad.{p}: transformers' gradient is zero (max {scale:e}), ours has {ours:e}"

@@ -17,6 +17,13 @@ struct Fixture {
     expected: std::collections::HashMap<String, Tensor>,
 }
 
+/// `got` against the fixture's `{name}.{i}`, within 1e-4.
+#[track_caller]
+fn assert_expected(f: &Fixture, name: &str, i: usize, got: &Tensor) {
+    let key = format!("{name}.{i}");
+    assert_close(&key, got, &f.expected[&key], 1e-4);
+}
+
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
@@ -44,19 +51,9 @@ fn last_hidden_state_and_pooler_match_per_sentence() {
     for (i, s) in f.sentences.iter().enumerate() {
         let out = run_one(f, s, ForwardOptions::default());
         let got = out.last_hidden_state.squeeze(0).unwrap();
-        assert_close(
-            &format!("last_hidden_state.{i}"),
-            &got,
-            &f.expected[&format!("last_hidden_state.{i}")],
-            1e-4,
-        );
+        assert_expected(f, "last_hidden_state", i, &got);
         let pooled = out.pooler_output.unwrap().squeeze(0).unwrap();
-        assert_close(
-            &format!("pooler_output.{i}"),
-            &pooled,
-            &f.expected[&format!("pooler_output.{i}")],
-            1e-4,
-        );
+        assert_expected(f, "pooler_output", i, &pooled);
     }
 }
 
@@ -71,19 +68,9 @@ fn all_hidden_states_and_attentions_match() {
     for i in 0..2 {
         let out = run_one(f, &f.sentences[i], opts);
         let hidden = Tensor::cat(&out.hidden_states.unwrap(), 0).unwrap(); // [7, T, D]
-        assert_close(
-            &format!("hidden_states.{i}"),
-            &hidden,
-            &f.expected[&format!("hidden_states.{i}")],
-            1e-4,
-        );
+        assert_expected(f, "hidden_states", i, &hidden);
         let att = Tensor::cat(&out.attentions.unwrap(), 0).unwrap(); // [6, H, T, T]
-        assert_close(
-            &format!("attentions.{i}"),
-            &att,
-            &f.expected[&format!("attentions.{i}")],
-            1e-4,
-        );
+        assert_expected(f, "attentions", i, &att);
     }
 }
 
@@ -197,10 +184,7 @@ fn max_length_above_the_model_window_is_an_error() {
         max_length: Some(1000),
         ..Default::default()
     };
-    let err = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = common::err_text(Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts));
     assert!(err.contains("max_position_embeddings"), "{err}");
 }
 
@@ -239,27 +223,15 @@ fn packed_fast_path_matches_candle_modules_and_is_batch_invariant() {
         let want = &f.expected[&format!("last_hidden_state.{i}")];
         let a_t = Tensor::new(a.embeddings.clone(), &Device::Cpu).unwrap();
         assert_close(&format!("fast path, sentence {i}"), &a_t, want, 1e-4);
-        for (x, y) in a
-            .embeddings
-            .iter()
-            .flatten()
-            .zip(b.embeddings.iter().flatten())
-        {
-            assert!(
-                (x - y).abs() <= 1e-4,
-                "sentence {i}: fast {x} vs candle {y}"
-            );
-        }
-        for (x, y) in a
-            .embeddings
-            .iter()
-            .flatten()
-            .zip(c.embeddings.iter().flatten())
-        {
-            assert!(
-                (x - y).abs() <= 1e-5,
-                "sentence {i}: batch 32 {x} vs alone {y}"
-            );
+        let others = [(b, 1e-4, "fast", "candle"), (c, 1e-5, "batch 32", "alone")];
+        for (other, tol, ours, theirs) in others {
+            let pairs = a.embeddings.iter().flatten();
+            for (x, y) in pairs.zip(other.embeddings.iter().flatten()) {
+                assert!(
+                    (x - y).abs() <= tol,
+                    "sentence {i}: {ours} {x} vs {theirs} {y}"
+                );
+            }
         }
     }
 }

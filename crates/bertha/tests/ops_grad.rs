@@ -45,6 +45,20 @@ fn weighted_sum(y: &Tensor, w: &Tensor) -> Tensor {
     (y * w).unwrap().sum_all().unwrap()
 }
 
+/// `inputs` as variables, so that gradients reach them.
+fn variables(inputs: &[Tensor]) -> Vec<Tensor> {
+    inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap().as_tensor().clone())
+        .collect()
+}
+
+/// Random weights `w` of `y`'s shape for the loss `Σ y·w`, from `seed`.
+fn loss_weights(y: &Tensor, seed: u64) -> Tensor {
+    let mut rng = StdRng::seed_from_u64(seed);
+    rand_tensor(&mut rng, y.dims(), 1.0, 0.0)
+}
+
 /// Forward values and the gradients of `Σ f(inputs)·w` for the fused op
 /// and for its composite reference, compared at `tol`.
 fn check_against(
@@ -55,16 +69,11 @@ fn check_against(
     tol: f32,
     what: &str,
 ) {
-    let vars: Vec<Var> = inputs
-        .iter()
-        .map(|t| Var::from_tensor(t).unwrap())
-        .collect();
-    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let ts = variables(inputs);
     let y = fused(&ts);
     let y_ref = reference(&ts);
     assert_close(&y, &y_ref, tol, &format!("{what}: forward"));
-    let mut rng = StdRng::seed_from_u64(seed);
-    let w = rand_tensor(&mut rng, y.dims(), 1.0, 0.0);
+    let w = loss_weights(&y, seed);
     let grads = weighted_sum(&y, &w).backward().unwrap();
     let grads_ref = weighted_sum(&y_ref, &w).backward().unwrap();
     for (i, t) in ts.iter().enumerate() {
@@ -185,14 +194,9 @@ fn check_finite_differences(
     tol: f64,
     what: &str,
 ) {
-    let vars: Vec<Var> = inputs
-        .iter()
-        .map(|t| Var::from_tensor(t).unwrap())
-        .collect();
-    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let ts = variables(inputs);
     let y = f(&ts);
-    let mut rng = StdRng::seed_from_u64(5);
-    let w = rand_tensor(&mut rng, y.dims(), 1.0, 0.0);
+    let w = loss_weights(&y, 5);
     let wv = values(&w);
     let grads = weighted_sum(&y, &w).backward().unwrap();
     let loss = |args: &[Tensor]| -> f64 {

@@ -128,18 +128,12 @@ fn fill_mask_bad_input() {
     let err = fm.fill(&long, 5).unwrap_err().to_string();
     assert!(err.contains("truncation"), "{err}");
     // A checkpoint without an MLM head.
-    let err = FillMask::from_dir(&tiny("bert-seqcls"), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = common::err_text(FillMask::from_dir(&tiny("bert-seqcls"), &Device::Cpu));
     assert!(
         err.contains("BertForMaskedLM") && err.contains("cls.predictions"),
         "{err}"
     );
-    let err = FillMask::from_dir(&common::minilm_dir(), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = common::err_text(FillMask::from_dir(&common::minilm_dir(), &Device::Cpu));
     assert!(err.contains("no BertForMaskedLM head"), "{err}");
 }
 
@@ -217,10 +211,7 @@ fn classifier_shape_and_label_errors_are_clear() {
     cfg["id2label"] = serde_json::json!({"0": "a", "1": "b"});
     cfg.as_object_mut().unwrap().remove("label2id");
     std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
-    let err = Classifier::from_dir(tmp.path(), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = common::err_text(Classifier::from_dir(tmp.path(), &Device::Cpu));
     assert!(
         err.contains("classifier.weight") && err.contains("[3, 32]") && err.contains("[2, 32]"),
         "{err}"
@@ -228,10 +219,7 @@ fn classifier_shape_and_label_errors_are_clear() {
     // Label ids with a gap.
     cfg["id2label"] = serde_json::json!({"0": "a", "1": "b", "5": "c"});
     std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
-    let err = Classifier::from_dir(tmp.path(), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = common::err_text(Classifier::from_dir(tmp.path(), &Device::Cpu));
     assert!(err.contains("id2label") && err.contains("id 2"), "{err}");
 }
 
@@ -419,44 +407,42 @@ fn qa_long_context_uses_overlapping_windows() {
 fn qa_bad_input() {
     let qa = QuestionAnswerer::from_dir(&tiny("bert-qa"), &Device::Cpu).unwrap();
     let long_q = "who played the music ".repeat(20);
-    let err = qa
-        .answer(&long_q, "john played", &QaOptions::default())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("does not leave room for the context"), "{err}");
-    let err = qa
-        .answer(
+    let default = QaOptions::default;
+    let cases = [
+        (
+            long_q.as_str(),
+            "john played",
+            default(),
+            "does not leave room for the context",
+        ),
+        (
             "who",
             "john played the music",
-            &QaOptions {
+            QaOptions {
                 doc_stride: Some(100),
-                ..QaOptions::default()
+                ..default()
             },
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("doc_stride 100"), "{err}");
-    let err = qa
-        .answer(
+            "doc_stride 100",
+        ),
+        (
             "who",
             "john",
-            &QaOptions {
+            QaOptions {
                 max_seq_len: Some(1000),
-                ..QaOptions::default()
+                ..default()
             },
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("max_position_embeddings"), "{err}");
-    let err = qa
-        .answer("who", "", &QaOptions::default())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("context is empty"), "{err}");
-    let err = QuestionAnswerer::from_dir(&tiny("bert-mlm"), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+            "max_position_embeddings",
+        ),
+        ("who", "", default(), "context is empty"),
+    ];
+    for (question, context, options, want) in cases {
+        let err = qa
+            .answer(question, context, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{err}");
+    }
+    let err = common::err_text(QuestionAnswerer::from_dir(&tiny("bert-mlm"), &Device::Cpu));
     assert!(err.contains("qa_outputs.weight"), "{err}");
 }
 
@@ -480,9 +466,6 @@ fn nsp_is_the_softmax_of_the_seq_relationship_logits() {
     let p = softmax(&logits);
     assert!((got.is_next as f64 - p[0]).abs() <= 1e-6);
     assert!((got.not_next as f64 - p[1]).abs() <= 1e-6);
-    let err = NextSentence::from_dir(&tiny("bert-mlm"), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = common::err_text(NextSentence::from_dir(&tiny("bert-mlm"), &Device::Cpu));
     assert!(err.contains("cls.seq_relationship.weight"), "{err}");
 }

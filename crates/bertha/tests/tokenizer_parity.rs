@@ -125,9 +125,9 @@ fn ten_thousand_words_are_truncated_not_a_crash() {
 
 #[test]
 fn too_small_max_length_is_an_error() {
-    let err = Tokenizer::from_dir(&fixtures().join("minilm-vocab-only"), 2)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = common::err_text(Tokenizer::from_dir(
+        &fixtures().join("minilm-vocab-only"),
+        2,
+    ));
     assert!(err.contains("max length 2"), "{err}");
 }

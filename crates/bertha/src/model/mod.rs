@@ -16,14 +16,17 @@ pub mod ops;
 pub use bert::{
     roberta_position_ids, BertAttention, BertEmbeddings, BertEncoder, BertInput, BertIntermediate,
     BertLayer, BertModel, BertOutput, BertOutputBlock, BertPooler, BertSelfAttention,
-    EmbeddingLayout, EncoderOutput, ForwardOptions, PassContext, PositionIds, ScoreBias,
+    EmbeddingLayout, EncoderOutput, ForwardOptions, LayerPass, PassContext, PositionIds, ScoreBias,
+    ScoreInput,
 };
 pub use family::{log_bucket_position, relative_positions, RelativeContext};
 pub use heads::{
     bce_with_logits, cross_entropy_with_ignore, BertForMaskedLM, BertForMultipleChoice,
     BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTask, BertForTokenClassification, BertHead,
-    BertLMPredictionHead, HeadInit, HeadKind, HeadLabels, HeadOptions, HeadOutput,
-    PreTrainingOutput, QuestionAnsweringOutput, TaskOutput, IGNORE_INDEX,
+    BertLMPredictionHead, Head, HeadInit, HeadKind, HeadLabels, HeadModule, HeadOptions,
+    HeadOutput, HeadPass, HeadSource, MaskedLmModule, MultipleChoiceModule, NextSentenceModule,
+    PreTrainingModule, PreTrainingOutput, QuestionAnsweringModule, QuestionAnsweringOutput,
+    SequenceClassificationModule, TaskOutput, TokenClassificationModule, IGNORE_INDEX,
 };
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};

@@ -102,6 +102,18 @@ impl LayerNorm {
         let bias = vb.get_with_hints(dim, "bias", Init::Const(0.0))?;
         Ok(Self { weight, bias, eps })
     }
+
+    /// `{vb}.LayerNorm` over `dim`, when the model has one (`present`).
+    pub fn load_optional(
+        present: bool,
+        vb: &VarBuilder,
+        dim: usize,
+        eps: f64,
+    ) -> Result<Option<Self>> {
+        present
+            .then(|| Self::load(vb.pp("LayerNorm"), dim, eps))
+            .transpose()
+    }
 }
 
 impl Module for LayerNorm {

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use bertha::{Device, Tensor};
+use candle_core::backprop::GradStore;
+use candle_core::Var;
 
 /// `tests/fixtures` at the repository root (copied from transformers'
 /// reference outputs; see its README.md).
@@ -51,6 +53,40 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .zip(&b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// Max |t| over all elements.
+pub fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// The gradient `grads` holds for the variable named `p` (of case `what`).
+pub fn grad_of<'a>(
+    grads: &'a GradStore,
+    vars: &HashMap<String, Var>,
+    p: &str,
+    what: &str,
+) -> &'a Tensor {
+    let var = vars
+        .get(p)
+        .unwrap_or_else(|| panic!("{what}: no variable {p}"));
+    grads
+        .get(var.as_tensor())
+        .unwrap_or_else(|| panic!("{what}: no gradient for {p}"))
+}
+
+/// The error of `r`, which must have failed, as text.
+#[track_caller]
+pub fn err_text<T>(r: bertha::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
 }
 
 #[track_caller]

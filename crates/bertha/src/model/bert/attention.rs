@@ -15,22 +15,39 @@ use crate::config::{BertConfig, NormPosition};
 use crate::model::nn::{Dense, Dropout, LayerNorm};
 use crate::model::ops;
 
+/// What every layer of one forward pass shares.
+#[derive(Clone, Copy, Default)]
+pub struct LayerPass<'a> {
+    /// Additive `[B, 1, 1, T]`: 0 to attend, a large negative number at
+    /// padding.
+    pub mask: Option<&'a Tensor>,
+    /// What the encoder's [`PassContext`](super::PassContext) made for
+    /// this pass, for the family's [`ScoreBias`].
+    pub context: Option<&'a dyn Any>,
+    /// Whether dropout is on.
+    pub train: bool,
+}
+
 /// Scores a family adds to one layer's content scores `Q·Kᵀ`.
 pub trait ScoreBias: Debug + Send + Sync {
     /// The content scores are divided by sqrt(head_dim · scale_factor).
     fn scale_factor(&self) -> usize;
 
-    /// Scores [B, H, T, T] to add for `q`, `k` [B, H, T, hd] (already
-    /// scaled); `context` is what the encoder's
-    /// [`PassContext`](super::PassContext) made for this forward pass.
-    fn bias(
-        &self,
-        attn: &BertSelfAttention,
-        q: &Tensor,
-        k: &Tensor,
-        context: &dyn Any,
-        train: bool,
-    ) -> Result<Option<Tensor>>;
+    /// Scores `[B, H, T, T]` to add to the layer's scaled content scores.
+    fn bias(&self, scores: &ScoreInput) -> Result<Option<Tensor>>;
+}
+
+/// What a [`ScoreBias`] reads.
+pub struct ScoreInput<'a> {
+    /// The layer's self-attention (its projections).
+    pub attn: &'a BertSelfAttention,
+    /// The layer's queries and keys `[B, H, T, hd]`.
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    /// What the encoder's [`PassContext`](super::PassContext) made for
+    /// this pass.
+    pub context: &'a dyn Any,
+    pub train: bool,
 }
 
 /// `attention.self`: Q, K, V projections and scaled dot-product attention.
@@ -39,9 +56,9 @@ pub struct BertSelfAttention {
     pub(crate) query: Dense,
     pub(crate) key: Dense,
     pub(crate) value: Dense,
-    pub(crate) num_heads: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) dropout: Dropout,
+    num_heads: usize,
+    head_dim: usize,
+    dropout: Dropout,
     /// A family's extra scores (relative positions, say).
     pub(crate) score_bias: Option<Arc<dyn ScoreBias>>,
 }
@@ -68,27 +85,9 @@ impl BertSelfAttention {
         })
     }
 
-    /// `x` [B, T, D]; `mask` is additive [B, 1, 1, T] (0 to attend, a large
-    /// negative number at padding). Returns the context [B, T, D] and the
-    /// attention probabilities [B, H, T, T].
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        train: bool,
-    ) -> Result<(Tensor, Tensor)> {
-        self.forward_with(x, mask, None, train)
-    }
-
-    /// As [`forward`](Self::forward), with the pass's context for the
-    /// family's [`ScoreBias`].
-    pub fn forward_with(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        context: Option<&dyn Any>,
-        train: bool,
-    ) -> Result<(Tensor, Tensor)> {
+    /// `x` `[B, T, D]`. Returns the context `[B, T, D]` and the attention
+    /// probabilities `[B, H, T, T]`.
+    pub fn forward(&self, x: &Tensor, pass: LayerPass) -> Result<(Tensor, Tensor)> {
         let (b, t, d) = x.dims3()?;
         let split = |y: Tensor| -> Result<Tensor> {
             y.reshape((b, t, self.num_heads, self.head_dim))?
@@ -101,18 +100,25 @@ impl BertSelfAttention {
         let scale_factor = self.score_bias.as_ref().map_or(1, |s| s.scale_factor());
         let scale = 1.0 / ((self.head_dim * scale_factor) as f64).sqrt();
         let mut scores = (q.matmul(&k.t()?)? * scale)?;
-        if let (Some(extra), Some(context)) = (&self.score_bias, context) {
-            if let Some(bias) = extra.bias(self, &q, &k, context, train)? {
+        if let (Some(extra), Some(context)) = (&self.score_bias, pass.context) {
+            let input = ScoreInput {
+                attn: self,
+                q: &q,
+                k: &k,
+                context,
+                train: pass.train,
+            };
+            if let Some(bias) = extra.bias(&input)? {
                 scores = (scores + bias)?;
             }
         }
-        if let Some(mask) = mask {
+        if let Some(mask) = pass.mask {
             scores = scores.broadcast_add(mask)?;
         }
         // The softmax with a backward pass (these modules train; inference
         // goes through the packed path): fused on the CPU.
         let probs = ops::softmax_last_dim(&scores)?;
-        let dropped = self.dropout.forward(&probs, train)?;
+        let dropped = self.dropout.forward(&probs, pass.train)?;
         let context = dropped.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
         Ok((context, probs))
     }
@@ -126,8 +132,8 @@ pub struct BertAttention {
     pub(crate) self_attention: BertSelfAttention,
     pub(crate) dense: Dense,
     pub(crate) layer_norm: LayerNorm,
-    pub(crate) dropout: Dropout,
-    pub(crate) norm_position: NormPosition,
+    dropout: Dropout,
+    norm_position: NormPosition,
 }
 
 impl BertAttention {
@@ -161,33 +167,18 @@ impl BertAttention {
         })
     }
 
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        train: bool,
-    ) -> Result<(Tensor, Tensor)> {
-        self.forward_with(x, mask, None, train)
-    }
-
-    pub fn forward_with(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        context: Option<&dyn Any>,
-        train: bool,
-    ) -> Result<(Tensor, Tensor)> {
+    /// Returns the block's output and the attention probabilities.
+    pub fn forward(&self, x: &Tensor, pass: LayerPass) -> Result<(Tensor, Tensor)> {
+        let train = pass.train;
         match self.norm_position {
             NormPosition::Post => {
-                let (ctx, probs) = self.self_attention.forward_with(x, mask, context, train)?;
+                let (ctx, probs) = self.self_attention.forward(x, pass)?;
                 let h = self.dropout.forward(&self.dense.forward(&ctx)?, train)?;
                 Ok((self.layer_norm.forward(&(h + x)?)?, probs))
             }
             NormPosition::Pre => {
                 let normed = self.layer_norm.forward(x)?;
-                let (ctx, probs) = self
-                    .self_attention
-                    .forward_with(&normed, mask, context, train)?;
+                let (ctx, probs) = self.self_attention.forward(&normed, pass)?;
                 let h = self.dropout.forward(&self.dense.forward(&ctx)?, train)?;
                 Ok(((h + x)?, probs))
             }

@@ -176,15 +176,12 @@ impl BertEmbeddings {
             } else {
                 None
             },
-            layer_norm: if cfg.embedding_layer_norm {
-                Some(LayerNorm::load(
-                    vb.pp("LayerNorm"),
-                    norm_dim,
-                    cfg.layer_norm_eps,
-                )?)
-            } else {
-                None
-            },
+            layer_norm: LayerNorm::load_optional(
+                cfg.embedding_layer_norm,
+                &vb,
+                norm_dim,
+                cfg.layer_norm_eps,
+            )?,
             dropout: Dropout::new(cfg.hidden_dropout_prob),
             max_positions: cfg.max_position_embeddings,
         })

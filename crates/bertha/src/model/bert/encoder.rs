@@ -10,6 +10,7 @@ use std::sync::Arc;
 use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::attention::LayerPass;
 use super::layer::BertLayer;
 use crate::config::BertConfig;
 use crate::model::nn::{Dense, LayerNorm};
@@ -53,15 +54,8 @@ impl BertEncoder {
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| BertLayer::load(vb.pp(format!("layer.{i}")), cfg))
             .collect::<Result<_>>()?;
-        let final_layer_norm = if cfg.final_layer_norm {
-            Some(LayerNorm::load(
-                vb.pp("LayerNorm"),
-                cfg.hidden_size,
-                cfg.layer_norm_eps,
-            )?)
-        } else {
-            None
-        };
+        let (d, eps) = (cfg.hidden_size, cfg.layer_norm_eps);
+        let final_layer_norm = LayerNorm::load_optional(cfg.final_layer_norm, &vb, d, eps)?;
         Ok(Self {
             final_layer_norm,
             ..Self::from_layers(layers)
@@ -111,11 +105,15 @@ impl BertEncoder {
         };
         let mut hidden = keep_hidden.then(|| vec![x.clone()]);
         let mut attentions = keep_attentions.then(Vec::new);
+        let pass = LayerPass {
+            mask,
+            context: context.as_deref(),
+            train,
+        };
         let mut x = x;
         for step in &self.steps {
             for &i in step {
-                let (y, probs) =
-                    self.layers[i].forward_with(&x, mask, context.as_deref(), train)?;
+                let (y, probs) = self.layers[i].forward(&x, pass)?;
                 x = y;
                 if let Some(a) = attentions.as_mut() {
                     a.push(probs);

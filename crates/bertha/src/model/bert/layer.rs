@@ -1,11 +1,9 @@
 //! `encoder.layer.N`: attention block then feed-forward block.
 
-use std::any::Any;
-
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::attention::BertAttention;
+use super::attention::{BertAttention, LayerPass};
 use crate::config::{Activation, BertConfig, NormPosition};
 use crate::model::nn::{Dense, Dropout, LayerNorm};
 
@@ -13,7 +11,7 @@ use crate::model::nn::{Dense, Dropout, LayerNorm};
 #[derive(Debug, Clone)]
 pub struct BertIntermediate {
     pub(crate) dense: Dense,
-    pub(crate) act: Activation,
+    act: Activation,
 }
 
 impl BertIntermediate {
@@ -45,7 +43,7 @@ impl BertIntermediate {
 pub struct BertOutputBlock {
     pub(crate) dense: Dense,
     pub(crate) layer_norm: LayerNorm,
-    pub(crate) dropout: Dropout,
+    dropout: Dropout,
 }
 
 impl BertOutputBlock {
@@ -73,7 +71,7 @@ pub struct BertLayer {
     pub(crate) attention: BertAttention,
     pub(crate) intermediate: BertIntermediate,
     pub(crate) output: BertOutputBlock,
-    pub(crate) norm_position: NormPosition,
+    norm_position: NormPosition,
 }
 
 impl BertLayer {
@@ -101,25 +99,9 @@ impl BertLayer {
     }
 
     /// Returns the layer's output and its attention probabilities.
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        train: bool,
-    ) -> Result<(Tensor, Tensor)> {
-        self.forward_with(x, mask, None, train)
-    }
-
-    /// As [`forward`](Self::forward), with the pass's context for the
-    /// attention's [`ScoreBias`](super::ScoreBias).
-    pub fn forward_with(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        context: Option<&dyn Any>,
-        train: bool,
-    ) -> Result<(Tensor, Tensor)> {
-        let (h, probs) = self.attention.forward_with(x, mask, context, train)?;
+    pub fn forward(&self, x: &Tensor, pass: LayerPass) -> Result<(Tensor, Tensor)> {
+        let train = pass.train;
+        let (h, probs) = self.attention.forward(x, pass)?;
         let out = &self.output;
         let y = match self.norm_position {
             NormPosition::Post => {

@@ -11,7 +11,7 @@ mod layer;
 mod model;
 mod pooler;
 
-pub use attention::{BertAttention, BertSelfAttention, ScoreBias};
+pub use attention::{BertAttention, BertSelfAttention, LayerPass, ScoreBias, ScoreInput};
 pub use embeddings::{roberta_position_ids, BertEmbeddings, EmbeddingLayout, PositionIds};
 pub use encoder::{BertEncoder, EncoderOutput, PassContext};
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};

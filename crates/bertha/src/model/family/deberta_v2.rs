@@ -24,7 +24,7 @@ use super::{Layout, MlmNames};
 use crate::config::{BertConfig, DebertaOptions, NormPosition};
 use crate::model::bert::{
     BertAttention, BertEncoder, BertIntermediate, BertLayer, BertOutputBlock, BertSelfAttention,
-    EmbeddingLayout, PassContext, PositionIds, ScoreBias,
+    EmbeddingLayout, PassContext, PositionIds, ScoreBias, ScoreInput,
 };
 use crate::model::nn::{Dense, Dropout, LayerNorm};
 
@@ -167,15 +167,12 @@ impl RelativeEmbeddings {
         )?;
         Ok(Self {
             embeddings: Embedding::new(w, cfg.hidden_size),
-            layer_norm: if opts.norm_rel_ebd {
-                Some(LayerNorm::load(
-                    vb.pp("LayerNorm"),
-                    cfg.hidden_size,
-                    cfg.layer_norm_eps,
-                )?)
-            } else {
-                None
-            },
+            layer_norm: LayerNorm::load_optional(
+                opts.norm_rel_ebd,
+                &vb,
+                cfg.hidden_size,
+                cfg.layer_norm_eps,
+            )?,
             opts: opts.clone(),
         })
     }
@@ -257,14 +254,14 @@ impl ScoreBias for Disentangled {
     }
 
     /// The c2p + p2c scores [B, H, T, T] for `q`, `k` [B, H, T, hd].
-    fn bias(
-        &self,
-        attn: &BertSelfAttention,
-        q: &Tensor,
-        k: &Tensor,
-        context: &dyn Any,
-        train: bool,
-    ) -> Result<Option<Tensor>> {
+    fn bias(&self, scores: &ScoreInput) -> Result<Option<Tensor>> {
+        let ScoreInput {
+            attn,
+            q,
+            k,
+            context,
+            train,
+        } = *scores;
         if !self.relative || !(self.c2p || self.p2c) {
             return Ok(None);
         }

@@ -1,54 +1,44 @@
 //! `BertForMaskedLM`: the encoder and the family's MLM head.
 
-use candle_core::{Result as CResult, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::Result as CResult;
 
-use super::init::load_bert;
 use super::loss::token_cross_entropy;
-use super::{BertHead, BertLMPredictionHead, HeadLabels, HeadOptions, HeadOutput};
-use crate::config::BertConfig;
+use super::{BertLMPredictionHead, Head, HeadOutput, HeadPass, HeadSource};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
 
-/// `BertForMaskedLM`.
-#[derive(Debug, Clone)]
-pub struct BertForMaskedLM {
-    bert: BertModel,
-    predictions: BertLMPredictionHead,
+super::declare_head! {
+    /// `BertForMaskedLM`'s module: the family's MLM prediction head.
+    BertForMaskedLM: MaskedLM -> HeadOutput,
+    MaskedLmModule { predictions: BertLMPredictionHead }
 }
 
-super::impl_bert_head!(BertForMaskedLM, MaskedLM, HeadOutput);
-
-impl BertForMaskedLM {
-    /// `labels` [B, T]: the token to predict, -100 where nothing is.
-    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
-        let (logits, loss) = if opts.labelled_rows_only {
-            self.predictions
-                .labelled_rows(&out.last_hidden_state, labels.labels)?
-        } else {
-            let logits = self.predictions.forward(&out.last_hidden_state)?;
-            let loss = labels
-                .labels
-                .map(|l| token_cross_entropy(&logits, l, "labels"))
-                .transpose()?;
-            (logits, loss)
-        };
-        Ok(HeadOutput::new(out, logits, loss))
+impl MaskedLmModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let bert = from.encoder()?;
+        let predictions = BertLMPredictionHead::load_for(
+            from.root().clone(),
+            from.config(),
+            bert.embeddings().word_embeddings(),
+        )?;
+        Ok(Head::new(bert, Self { predictions }))
     }
 
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let bert = load_bert(base, config.clone(), Self::KIND)?;
-        let predictions =
-            BertLMPredictionHead::load_for(root, &config, bert.embeddings().word_embeddings())?;
-        Ok(Self { bert, predictions })
+    /// `labels` [B, T]: the token to predict, -100 where nothing is.
+    fn run(&self, pass: HeadPass) -> Result<HeadOutput> {
+        let out = pass.encode()?;
+        if pass.opts.labelled_rows_only {
+            let (logits, loss) = self
+                .predictions
+                .labelled_rows(&out.last_hidden_state, pass.labels.labels)?;
+            return Ok(HeadOutput::new(out, logits, loss));
+        }
+        let logits = self.predictions.forward(&out.last_hidden_state)?;
+        HeadOutput::with_loss(out, logits, pass.labels.labels, token_cross_entropy)
     }
 }
 
 impl BertForMaskedLM {
     pub fn predictions(&self) -> &BertLMPredictionHead {
-        &self.predictions
+        &self.module.predictions
     }
 }
-
-super::labels_forward!(BertForMaskedLM);

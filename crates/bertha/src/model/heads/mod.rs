@@ -15,6 +15,7 @@
 //! [`HeadInit::Fresh`], initialises missing head tensors like transformers
 //! (normal(0, `initializer_range`) weights, zero biases) for fine-tuning.
 
+mod head;
 mod init;
 mod kind;
 mod lm;
@@ -32,17 +33,22 @@ use std::path::Path;
 use candle_core::{Module, Result as CResult, Tensor};
 use candle_nn::VarBuilder;
 
+pub use self::head::{Head, HeadModule, HeadPass, HeadSource};
 pub use self::init::HeadInit;
 pub use self::kind::HeadKind;
 pub use self::lm::BertLMPredictionHead;
 pub use self::loss::{bce_with_logits, cross_entropy_with_ignore, IGNORE_INDEX};
-pub use self::masked_lm::BertForMaskedLM;
-pub use self::multiple_choice::BertForMultipleChoice;
-pub use self::next_sentence::BertForNextSentencePrediction;
-pub use self::pretraining::{BertForPreTraining, PreTrainingOutput};
-pub use self::question_answering::{BertForQuestionAnswering, QuestionAnsweringOutput};
-pub use self::sequence_classification::BertForSequenceClassification;
-pub use self::token_classification::BertForTokenClassification;
+pub use self::masked_lm::{BertForMaskedLM, MaskedLmModule};
+pub use self::multiple_choice::{BertForMultipleChoice, MultipleChoiceModule};
+pub use self::next_sentence::{BertForNextSentencePrediction, NextSentenceModule};
+pub use self::pretraining::{BertForPreTraining, PreTrainingModule, PreTrainingOutput};
+pub use self::question_answering::{
+    BertForQuestionAnswering, QuestionAnsweringModule, QuestionAnsweringOutput,
+};
+pub use self::sequence_classification::{
+    BertForSequenceClassification, SequenceClassificationModule,
+};
+pub use self::token_classification::{BertForTokenClassification, TokenClassificationModule};
 
 use super::bert::{read_model_dir, BertInput, BertModel, BertOutput, ForwardOptions};
 use super::nn::{Dense, Dropout};
@@ -170,6 +176,18 @@ impl HeadOutput {
             attentions: out.attentions,
         }
     }
+
+    /// The head's logits, with the loss `loss_fn(logits, labels,
+    /// "labels")` when `labels` are given.
+    fn with_loss(
+        out: BertOutput,
+        logits: Tensor,
+        labels: Option<&Tensor>,
+        loss_fn: impl FnOnce(&Tensor, &Tensor, &str) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let loss = labels.map(|l| loss_fn(&logits, l, "labels")).transpose()?;
+        Ok(Self::new(out, logits, loss))
+    }
 }
 
 /// Any head's outputs, as [`BertForTask::forward`] returns them.
@@ -191,64 +209,55 @@ impl TaskOutput {
     }
 }
 
-impl From<HeadOutput> for TaskOutput {
-    fn from(o: HeadOutput) -> Self {
-        Self::Logits(o)
-    }
-}
-
-/// The shorthand the one-logits heads keep: `forward(input, labels,
-/// opts)` with only `labels`, for [`BertHead::forward`].
-macro_rules! labels_forward {
-    ($head:ty) => {
-        impl $head {
-            /// [`BertHead::forward`] with only `labels`.
-            pub fn forward(
-                &self,
-                input: &BertInput,
-                labels: Option<&Tensor>,
-                opts: ForwardOptions,
-            ) -> Result<HeadOutput> {
-                BertHead::forward(self, input, &HeadLabels::labels(labels), opts.into())
+/// Each head output is the [`TaskOutput`] variant of its kind.
+macro_rules! task_outputs {
+    ($($variant:ident($output:ty)),*) => {
+        $(impl From<$output> for TaskOutput {
+            fn from(o: $output) -> Self {
+                Self::$variant(o)
             }
-        }
+        })*
     };
 }
-use labels_forward;
+task_outputs!(
+    Logits(HeadOutput),
+    PreTraining(PreTrainingOutput),
+    QuestionAnswering(QuestionAnsweringOutput)
+);
 
-/// The [`BertHead`] impl every head shares: its kind, its output, its
-/// encoder; the head's own `run` (forward with the loss) and `load_head`
-/// (its modules, then or after the encoder) fill it in.
-macro_rules! impl_bert_head {
-    ($head:ty, $kind:ident, $output:ty) => {
-        impl $crate::model::BertHead for $head {
-            const KIND: $crate::model::HeadKind = $crate::model::HeadKind::$kind;
+/// Declares a head: the `BertFor*` alias of [`Head`], its module struct
+/// (the fields above the encoder) and the module's [`HeadModule`] impl,
+/// which calls the module's own `load_head` and `run`.
+macro_rules! declare_head {
+    (
+        $(#[$doc:meta])*
+        $alias:ident: $kind:ident -> $output:ty,
+        $module:ident { $($field:ident: $ty:ty),+ }
+    ) => {
+        #[doc = concat!("`", stringify!($alias), "`: the encoder and [`", stringify!($module), "`].")]
+        pub type $alias = super::Head<$module>;
+
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $module {
+            $($field: $ty),+
+        }
+
+        impl super::HeadModule for $module {
+            const KIND: super::HeadKind = super::HeadKind::$kind;
             type Output = $output;
 
-            fn load_parts(
-                base: candle_nn::VarBuilder,
-                root: candle_nn::VarBuilder,
-                config: $crate::BertConfig,
-            ) -> candle_core::Result<Self> {
-                Self::load_head(base, root, config)
+            fn load(from: &super::HeadSource) -> candle_core::Result<super::Head<Self>> {
+                Self::load_head(from)
             }
 
-            fn bert(&self) -> &$crate::BertModel {
-                &self.bert
-            }
-
-            fn forward(
-                &self,
-                input: &$crate::BertInput,
-                labels: &$crate::model::HeadLabels,
-                opts: $crate::model::HeadOptions,
-            ) -> $crate::Result<$output> {
-                self.run(input, labels, opts)
+            fn forward(&self, pass: super::HeadPass) -> $crate::Result<$output> {
+                self.run(pass)
             }
         }
     };
 }
-use impl_bert_head;
+use declare_head;
 
 /// The pooled output, which the pooler heads need.
 fn pooled(out: &BertOutput) -> Result<&Tensor> {
@@ -263,18 +272,30 @@ fn pooled(out: &BertOutput) -> Result<&Tensor> {
 struct Classifier {
     dropout: Dropout,
     dense: Dense,
+    outputs: usize,
 }
 
 impl Classifier {
-    /// `vb` rooted at the linear layer (`classifier`).
-    fn load(vb: VarBuilder, config: &BertConfig, outputs: usize) -> CResult<Self> {
+    /// `classifier` at the checkpoint root, with `outputs` outputs.
+    fn load(from: &HeadSource, outputs: usize) -> CResult<Self> {
+        let config = from.config();
+        let vb = from.root().pp("classifier");
         let dense = Dense::load(vb, config.hidden_size, outputs, config.initializer_range)?;
         let dropout = Dropout::new(
             config
                 .classifier_dropout
                 .unwrap_or(config.hidden_dropout_prob),
         );
-        Ok(Self { dropout, dense })
+        Ok(Self {
+            dropout,
+            dense,
+            outputs,
+        })
+    }
+
+    /// The number of outputs (labels).
+    fn outputs(&self) -> usize {
+        self.outputs
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {

@@ -2,28 +2,29 @@
 //! encoder, pooler → dropout → a one-output classifier, scores [B, C].
 
 use candle_core::{Result as CResult, Tensor};
-use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::class_cross_entropy;
-use super::{pooled, BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
-use crate::config::BertConfig;
+use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::error::{Error, Result};
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::bert::BertInput;
 
-/// `BertForMultipleChoice`.
-#[derive(Debug, Clone)]
-pub struct BertForMultipleChoice {
-    bert: BertModel,
-    classifier: Classifier,
+super::declare_head! {
+    /// `BertForMultipleChoice`'s module: a one-output classifier on the
+    /// pooled output of each choice.
+    BertForMultipleChoice: MultipleChoice -> HeadOutput,
+    MultipleChoiceModule { classifier: Classifier }
 }
 
-super::impl_bert_head!(BertForMultipleChoice, MultipleChoice, HeadOutput);
+impl MultipleChoiceModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let classifier = Classifier::load(from, 1)?;
+        Ok(Head::new(from.encoder()?, Self { classifier }))
+    }
 
-impl BertForMultipleChoice {
     /// `input` tensors are [B, C, T] (C choices per example); `labels` [B]
     /// the index of the right choice.
-    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
+    fn run(&self, pass: HeadPass) -> Result<HeadOutput> {
+        let input = pass.input;
         let (b, c, t) = input.input_ids.dims3().map_err(|_| {
             Error::Input(format!(
                 "multiple choice needs input_ids of shape [batch, choices, seq], got {:?}",
@@ -36,23 +37,11 @@ impl BertForMultipleChoice {
             token_type_ids: input.token_type_ids.as_ref().map(flat).transpose()?,
             attention_mask: input.attention_mask.as_ref().map(flat).transpose()?,
         };
-        let out = self.bert.forward(&flat_input, opts.forward)?;
+        let out = pass.bert.forward(&flat_input, pass.opts.forward)?;
         let logits = self
             .classifier
-            .forward(pooled(&out)?, opts.forward.train)?
+            .forward(pooled(&out)?, pass.train())?
             .reshape((b, c))?;
-        let loss = labels
-            .labels
-            .map(|l| class_cross_entropy(&logits, l, "labels"))
-            .transpose()?;
-        Ok(HeadOutput::new(out, logits, loss))
-    }
-
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let classifier = Classifier::load(root.pp("classifier"), &config, 1)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self { bert, classifier })
+        HeadOutput::with_loss(out, logits, pass.labels.labels, class_cross_entropy)
     }
 }
-
-super::labels_forward!(BertForMultipleChoice);

@@ -1,15 +1,12 @@
 //! `BertForPreTraining`: the masked-LM and next-sentence heads together.
 
 use candle_core::{Module, Result as CResult, Tensor};
-use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::{class_cross_entropy, token_cross_entropy};
 use super::next_sentence::load_seq_relationship;
-use super::{pooled, BertHead, BertLMPredictionHead, HeadLabels, HeadOptions};
-use crate::config::BertConfig;
+use super::{pooled, BertHead, BertLMPredictionHead, Head, HeadLabels, HeadPass, HeadSource};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::bert::{BertInput, ForwardOptions};
 use crate::model::nn::Dense;
 
 /// `BertForPreTraining`'s outputs.
@@ -29,40 +26,41 @@ pub struct PreTrainingOutput {
     pub attentions: Option<Vec<Tensor>>,
 }
 
-impl From<PreTrainingOutput> for super::TaskOutput {
-    fn from(o: PreTrainingOutput) -> Self {
-        Self::PreTraining(o)
+super::declare_head! {
+    /// `BertForPreTraining`'s module (transformers' `BertPreTrainingHeads`):
+    /// the MLM prediction head and the NSP classifier.
+    BertForPreTraining: PreTraining -> PreTrainingOutput,
+    PreTrainingModule { predictions: BertLMPredictionHead, seq_relationship: Dense }
+}
+
+impl PreTrainingModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let bert = from.encoder()?;
+        let predictions = BertLMPredictionHead::load(
+            from.root().pp("cls").pp("predictions"),
+            from.config(),
+            bert.embeddings().word_embeddings(),
+        )?;
+        let seq_relationship = load_seq_relationship(from.root(), from.config())?;
+        let module = Self {
+            predictions,
+            seq_relationship,
+        };
+        Ok(Head::new(bert, module))
     }
-}
 
-/// `BertForPreTraining`.
-#[derive(Debug, Clone)]
-pub struct BertForPreTraining {
-    bert: BertModel,
-    predictions: BertLMPredictionHead,
-    seq_relationship: Dense,
-}
-
-super::impl_bert_head!(BertForPreTraining, PreTraining, PreTrainingOutput);
-
-impl BertForPreTraining {
     /// `labels` [B, T] (token ids, -100 where not masked) and
     /// `next_sentence_label` [B] (0: B follows A, 1: random B): the loss is
     /// the sum of both cross-entropies, computed when both are given (with
     /// `labelled_rows_only`, from whichever are given).
-    fn run(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<PreTrainingOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
-        let nsp = labels.next_sentence_label;
+    fn run(&self, pass: HeadPass) -> Result<PreTrainingOutput> {
+        let out = pass.encode()?;
+        let nsp = pass.labels.next_sentence_label;
         let (prediction_logits, mlm_loss, nsp_loss, seq_relationship_logits);
-        if opts.labelled_rows_only {
+        if pass.opts.labelled_rows_only {
             (prediction_logits, mlm_loss) = self
                 .predictions
-                .labelled_rows(&out.last_hidden_state, labels.labels)?;
+                .labelled_rows(&out.last_hidden_state, pass.labels.labels)?;
             seq_relationship_logits = self.seq_relationship.forward(pooled(&out)?)?;
             nsp_loss = nsp
                 .map(|n| class_cross_entropy(&seq_relationship_logits, n, "next_sentence_label"))
@@ -70,7 +68,7 @@ impl BertForPreTraining {
         } else {
             prediction_logits = self.predictions.forward(&out.last_hidden_state)?;
             seq_relationship_logits = self.seq_relationship.forward(pooled(&out)?)?;
-            (mlm_loss, nsp_loss) = match (labels.labels, nsp) {
+            (mlm_loss, nsp_loss) = match (pass.labels.labels, nsp) {
                 (Some(l), Some(n)) => (
                     Some(token_cross_entropy(&prediction_logits, l, "labels")?),
                     Some(class_cross_entropy(
@@ -96,31 +94,16 @@ impl BertForPreTraining {
             attentions: out.attentions,
         })
     }
-
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let bert = load_bert(base, config.clone(), Self::KIND)?;
-        let predictions = BertLMPredictionHead::load(
-            root.pp("cls").pp("predictions"),
-            &config,
-            bert.embeddings().word_embeddings(),
-        )?;
-        let seq_relationship = load_seq_relationship(&root, &config)?;
-        Ok(Self {
-            bert,
-            predictions,
-            seq_relationship,
-        })
-    }
 }
 
 impl BertForPreTraining {
     pub fn predictions(&self) -> &BertLMPredictionHead {
-        &self.predictions
+        &self.module.predictions
     }
 
     /// The NSP classifier on the pooled output, [B, D] → [B, 2].
     pub fn seq_relationship(&self) -> &Dense {
-        &self.seq_relationship
+        &self.module.seq_relationship
     }
 
     /// [`BertHead::forward`] with the MLM and NSP labels.

@@ -1,14 +1,11 @@
 //! `BertForQuestionAnswering`: `qa_outputs` → start and end logits.
 
 use candle_core::{Module, Result as CResult, Tensor, D};
-use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::{cross_entropy_with_ignore, label_values};
-use super::{BertHead, HeadLabels, HeadOptions};
-use crate::config::BertConfig;
+use super::{BertHead, Head, HeadLabels, HeadPass, HeadSource};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
+use crate::model::bert::{BertInput, ForwardOptions};
 use crate::model::nn::Dense;
 
 /// `BertForQuestionAnswering`'s outputs.
@@ -23,40 +20,30 @@ pub struct QuestionAnsweringOutput {
     pub attentions: Option<Vec<Tensor>>,
 }
 
-impl From<QuestionAnsweringOutput> for super::TaskOutput {
-    fn from(o: QuestionAnsweringOutput) -> Self {
-        Self::QuestionAnswering(o)
+super::declare_head! {
+    /// `BertForQuestionAnswering`'s module: `qa_outputs`, the start and end
+    /// logits of every token.
+    BertForQuestionAnswering: QuestionAnswering -> QuestionAnsweringOutput,
+    QuestionAnsweringModule { qa_outputs: Dense }
+}
+
+impl QuestionAnsweringModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let config = from.config();
+        let (d, std) = (config.hidden_size, config.initializer_range);
+        let qa_outputs = Dense::load(from.root().pp("qa_outputs"), d, 2, std)?;
+        Ok(Head::new(from.encoder()?, Self { qa_outputs }))
     }
-}
 
-/// `BertForQuestionAnswering`.
-#[derive(Debug, Clone)]
-pub struct BertForQuestionAnswering {
-    bert: BertModel,
-    qa_outputs: Dense,
-}
-
-super::impl_bert_head!(
-    BertForQuestionAnswering,
-    QuestionAnswering,
-    QuestionAnsweringOutput
-);
-
-impl BertForQuestionAnswering {
     /// `start_positions` / `end_positions` [B]: token indices of the answer.
     /// As in transformers, positions outside the sequence are clamped to
     /// its length and then ignored; the loss is (start CE + end CE) / 2.
-    fn run(
-        &self,
-        input: &BertInput,
-        labels: &HeadLabels,
-        opts: HeadOptions,
-    ) -> Result<QuestionAnsweringOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
+    fn run(&self, pass: HeadPass) -> Result<QuestionAnsweringOutput> {
+        let out = pass.encode()?;
         let logits = self.qa_outputs.forward(&out.last_hidden_state)?;
         let start_logits = logits.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
         let end_logits = logits.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
-        let loss = match (labels.start_positions, labels.end_positions) {
+        let loss = match (pass.labels.start_positions, pass.labels.end_positions) {
             (Some(s), Some(e)) => {
                 let t = start_logits.dim(1)? as i64;
                 let clamp = |v: Vec<i64>| v.into_iter().map(|x| x.clamp(0, t)).collect::<Vec<_>>();
@@ -75,17 +62,6 @@ impl BertForQuestionAnswering {
             hidden_states: out.hidden_states,
             attentions: out.attentions,
         })
-    }
-
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let qa_outputs = Dense::load(
-            root.pp("qa_outputs"),
-            config.hidden_size,
-            2,
-            config.initializer_range,
-        )?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self { bert, qa_outputs })
     }
 }
 

@@ -2,63 +2,54 @@
 //! the loss its `problem_type` says.
 
 use candle_core::{DType, Result as CResult, Tensor};
-use candle_nn::VarBuilder;
 
-use super::init::load_bert;
 use super::loss::{bce_with_logits, class_cross_entropy, float_labels};
-use super::{pooled, BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
+use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::config::{BertConfig, ProblemType};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
 
-/// `BertForSequenceClassification`.
-#[derive(Debug, Clone)]
-pub struct BertForSequenceClassification {
-    bert: BertModel,
-    classifier: Classifier,
-    num_labels: usize,
+super::declare_head! {
+    /// `BertForSequenceClassification`'s module: the classifier on the
+    /// pooled output.
+    BertForSequenceClassification: SequenceClassification -> HeadOutput,
+    SequenceClassificationModule { classifier: Classifier }
 }
 
-super::impl_bert_head!(
-    BertForSequenceClassification,
-    SequenceClassification,
-    HeadOutput
-);
-
-impl BertForSequenceClassification {
-    /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
-    /// (multi-label) or [B] / [B, num_labels] floats (regression).
-    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
-        let logits = self.classifier.forward(pooled(&out)?, opts.forward.train)?;
-        let loss = labels.labels.map(|l| self.loss(&logits, l)).transpose()?;
-        Ok(HeadOutput::new(out, logits, loss))
+impl SequenceClassificationModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let classifier = Classifier::load(from, from.config().num_labels())?;
+        Ok(Head::new(from.encoder()?, Self { classifier }))
     }
 
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let num_labels = config.num_labels();
-        let classifier = Classifier::load(root.pp("classifier"), &config, num_labels)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self {
-            bert,
-            classifier,
-            num_labels,
+    /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
+    /// (multi-label) or [B] / [B, num_labels] floats (regression).
+    fn run(&self, pass: HeadPass) -> Result<HeadOutput> {
+        let out = pass.encode()?;
+        let logits = self.classifier.forward(pooled(&out)?, pass.train())?;
+        HeadOutput::with_loss(out, logits, pass.labels.labels, |logits, l, _| {
+            self.loss(pass.bert.config(), logits, l)
         })
     }
 }
 
 impl BertForSequenceClassification {
     pub fn num_labels(&self) -> usize {
-        self.num_labels
+        self.module.classifier.outputs()
     }
 
     /// The loss transformers would use for these labels: the config's
     /// `problem_type`, else regression for one label, single-label
     /// classification for integer labels and multi-label otherwise.
     pub fn problem_type(&self, labels: &Tensor) -> ProblemType {
-        match self.config().problem_type {
+        self.module.problem_type(self.bert.config(), labels)
+    }
+}
+
+impl SequenceClassificationModule {
+    fn problem_type(&self, config: &BertConfig, labels: &Tensor) -> ProblemType {
+        match config.problem_type {
             Some(p) => p,
-            None if self.num_labels == 1 => ProblemType::Regression,
+            None if self.classifier.outputs() == 1 => ProblemType::Regression,
             None if matches!(labels.dtype(), DType::U8 | DType::U32 | DType::I64) => {
                 ProblemType::SingleLabelClassification
             }
@@ -66,14 +57,14 @@ impl BertForSequenceClassification {
         }
     }
 
-    fn loss(&self, logits: &Tensor, l: &Tensor) -> Result<Tensor> {
-        Ok(match self.problem_type(l) {
+    fn loss(&self, config: &BertConfig, logits: &Tensor, l: &Tensor) -> Result<Tensor> {
+        Ok(match self.problem_type(config, l) {
             ProblemType::SingleLabelClassification => class_cross_entropy(logits, l, "labels")?,
             ProblemType::MultiLabelClassification => {
                 bce_with_logits(logits, &float_labels(l, logits.dims(), "labels")?)?
             }
             ProblemType::Regression => {
-                let target = if self.num_labels == 1 {
+                let target = if self.classifier.outputs() == 1 {
                     float_labels(l, &[logits.dim(0)?], "labels")?.unsqueeze(1)?
                 } else {
                     float_labels(l, logits.dims(), "labels")?
@@ -83,5 +74,3 @@ impl BertForSequenceClassification {
         })
     }
 }
-
-super::labels_forward!(BertForSequenceClassification);

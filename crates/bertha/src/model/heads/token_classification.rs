@@ -1,55 +1,35 @@
 //! `BertForTokenClassification`: dropout → classifier on every token.
 
-use candle_core::{Result as CResult, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::Result as CResult;
 
-use super::init::load_bert;
 use super::loss::token_cross_entropy;
-use super::{BertHead, Classifier, HeadLabels, HeadOptions, HeadOutput};
-use crate::config::BertConfig;
+use super::{Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::error::Result;
-use crate::model::bert::{BertInput, BertModel, ForwardOptions};
 
-/// `BertForTokenClassification`.
-#[derive(Debug, Clone)]
-pub struct BertForTokenClassification {
-    bert: BertModel,
-    classifier: Classifier,
-    num_labels: usize,
+super::declare_head! {
+    /// `BertForTokenClassification`'s module: the classifier on every token.
+    BertForTokenClassification: TokenClassification -> HeadOutput,
+    TokenClassificationModule { classifier: Classifier }
 }
 
-super::impl_bert_head!(BertForTokenClassification, TokenClassification, HeadOutput);
-
-impl BertForTokenClassification {
-    /// `labels` [B, T]: class ids, -100 where a token has none.
-    fn run(&self, input: &BertInput, labels: &HeadLabels, opts: HeadOptions) -> Result<HeadOutput> {
-        let out = self.bert.forward(input, opts.forward)?;
-        let logits = self
-            .classifier
-            .forward(&out.last_hidden_state, opts.forward.train)?;
-        let loss = labels
-            .labels
-            .map(|l| token_cross_entropy(&logits, l, "labels"))
-            .transpose()?;
-        Ok(HeadOutput::new(out, logits, loss))
+impl TokenClassificationModule {
+    fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
+        let classifier = Classifier::load(from, from.config().num_labels())?;
+        Ok(Head::new(from.encoder()?, Self { classifier }))
     }
 
-    fn load_head(base: VarBuilder, root: VarBuilder, config: BertConfig) -> CResult<Self> {
-        let num_labels = config.num_labels();
-        let classifier = Classifier::load(root.pp("classifier"), &config, num_labels)?;
-        let bert = load_bert(base, config, Self::KIND)?;
-        Ok(Self {
-            bert,
-            classifier,
-            num_labels,
-        })
+    /// `labels` [B, T]: class ids, -100 where a token has none.
+    fn run(&self, pass: HeadPass) -> Result<HeadOutput> {
+        let out = pass.encode()?;
+        let logits = self
+            .classifier
+            .forward(&out.last_hidden_state, pass.train())?;
+        HeadOutput::with_loss(out, logits, pass.labels.labels, token_cross_entropy)
     }
 }
 
 impl BertForTokenClassification {
     pub fn num_labels(&self) -> usize {
-        self.num_labels
+        self.module.classifier.outputs()
     }
 }
-
-super::labels_forward!(BertForTokenClassification);
