@@ -75,6 +75,13 @@ fn run(t: &mut Finetuner) -> (Vec<StepMetrics>, Vec<Event>) {
     (steps, events)
 }
 
+/// Each named score of `ev` within `tol` of the value counted by hand.
+fn assert_scores(ev: &Evaluation, want: &[(&str, f64)], tol: f64) {
+    for (name, value) in want {
+        assert!((ev.scores[*name] - value).abs() < tol, "{name}: {ev:?}");
+    }
+}
+
 fn mean(v: &[StepMetrics]) -> f64 {
     v.iter().map(|m| m.loss).sum::<f64>() / v.len() as f64
 }
@@ -365,9 +372,11 @@ fn ner_overfits_and_entity_scores_match_hand_counts() {
     let ev0 = t.evaluate().unwrap().unwrap();
     let (p0, r0, f0) = hand(&ev0);
     println!("untrained: P {p0:.3} R {r0:.3} F1 {f0:.3}");
-    assert!((ev0.scores["precision"] - p0).abs() < 1e-12);
-    assert!((ev0.scores["recall"] - r0).abs() < 1e-12);
-    assert!((ev0.scores["f1"] - f0).abs() < 1e-12);
+    assert_scores(
+        &ev0,
+        &[("precision", p0), ("recall", r0), ("f1", f0)],
+        1e-12,
+    );
 
     let (steps, _) = run(&mut t);
     let ev = t.evaluate().unwrap().unwrap();
@@ -420,8 +429,7 @@ fn qa_overfits_and_squad_scores_match_hand_counts() {
     };
     let ev0 = t.evaluate().unwrap().unwrap();
     let (em0, f10) = hand(&ev0);
-    assert!((ev0.scores["exact_match"] - em0).abs() < 1e-9);
-    assert!((ev0.scores["f1"] - f10).abs() < 1e-9);
+    assert_scores(&ev0, &[("exact_match", em0), ("f1", f10)], 1e-9);
 
     let (steps, _) = run(&mut t);
     let ev = t.evaluate().unwrap().unwrap();
