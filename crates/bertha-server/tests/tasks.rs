@@ -8,13 +8,13 @@ use bertha::Device;
 use bertha_server::ServerConfig;
 use serde_json::json;
 
-use common::{as_sent, tiny, Server};
+use common::{as_sent, tiny_dir, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predict_and_rerank_match_the_classifier() {
     // Sequence classification: /predict and /rerank.
-    let server = Server::start(ServerConfig::new(tiny("bert-seqcls"))).await;
-    let lib = Classifier::from_dir(&tiny("bert-seqcls"), &Device::Cpu).unwrap();
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-seqcls"))).await;
+    let lib = Classifier::from_dir(&tiny_dir("bert-seqcls"), &Device::Cpu).unwrap();
     let want = lib.classify("the cat sat", None, None).unwrap();
     let (status, got) = server
         .post("/predict", json!({ "inputs": "the cat sat" }))
@@ -56,8 +56,8 @@ async fn predict_and_rerank_match_the_classifier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fill_mask_matches_the_pipeline() {
     // Masked LM: /fill-mask.
-    let server = Server::start(ServerConfig::new(tiny("bert-mlm"))).await;
-    let lib = FillMask::from_dir(&tiny("bert-mlm"), &Device::Cpu).unwrap();
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-mlm"))).await;
+    let lib = FillMask::from_dir(&tiny_dir("bert-mlm"), &Device::Cpu).unwrap();
     let want = lib.fill("the [MASK] sat", 3).unwrap();
     let (status, got) = server
         .post(
@@ -77,8 +77,8 @@ async fn fill_mask_matches_the_pipeline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ner_matches_the_pipeline() {
     // Token classification: /ner.
-    let server = Server::start(ServerConfig::new(tiny("bert-tokcls"))).await;
-    let lib = TokenClassifier::from_dir(&tiny("bert-tokcls"), &Device::Cpu).unwrap();
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-tokcls"))).await;
+    let lib = TokenClassifier::from_dir(&tiny_dir("bert-tokcls"), &Device::Cpu).unwrap();
     let want = lib
         .entities("the cat sat on the mat", "simple".parse().unwrap())
         .unwrap();
@@ -92,8 +92,8 @@ async fn ner_matches_the_pipeline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qa_matches_the_pipeline() {
     // Question answering: /qa.
-    let server = Server::start(ServerConfig::new(tiny("bert-qa"))).await;
-    let lib = QuestionAnswerer::from_dir(&tiny("bert-qa"), &Device::Cpu).unwrap();
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-qa"))).await;
+    let lib = QuestionAnswerer::from_dir(&tiny_dir("bert-qa"), &Device::Cpu).unwrap();
     let want = lib
         .answer(
             "where is the cat",
