@@ -107,6 +107,12 @@ pub fn read_jsonl(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The lines of a `metrics.jsonl` that have `key` (`loss` for steps,
+/// `eval_loss` for evaluations, ...).
+pub fn with_key<'a>(lines: &'a [Value], key: &str) -> Vec<&'a Value> {
+    lines.iter().filter(|l| l.get(key).is_some()).collect()
+}
+
 /// A JSON file written by a run.
 pub fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
