@@ -86,9 +86,5 @@ pub const TEXTS: [&str; 3] = [
 
 /// transformers' outputs for MiniLM (`tests/fixtures/minilm.safetensors`).
 pub fn candle_core_fixture() -> std::collections::HashMap<String, bertha::Tensor> {
-    candle_core::safetensors::load(
-        fixtures().join("minilm.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap()
+    candle_core::safetensors::load(fixtures().join("minilm.safetensors"), &Device::Cpu).unwrap()
 }
