@@ -11,6 +11,7 @@ mod commands;
 mod model_dir;
 mod output;
 mod texts;
+mod training;
 
 use clap::{Parser, Subcommand};
 

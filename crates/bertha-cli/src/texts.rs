@@ -1,5 +1,5 @@
 //! The texts a command works on (arguments, `--input FILE`, or stdin) and
-//! the progress bars shown while working through them.
+//! the progress bar shown while working through them.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -62,20 +62,6 @@ pub fn progress_bar(total: usize) -> indicatif::ProgressBar {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} texts  {per_sec}  eta {eta}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    bar
-}
-
-/// The progress bar of a training run: `total` steps, `at` done (a
-/// resumed run starts part-way), the step's figures as its message.
-pub fn training_bar(total: u64, at: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar.set_position(at);
     bar
 }
 

@@ -3,7 +3,10 @@
 
 mod common;
 
-use common::{run, tiny_dir};
+use std::path::Path;
+use std::process::Output;
+
+use common::{ok, read_json, run_model, s, stderr, tiny_dir};
 
 /// The first sequence of a fixture as text (its tokens joined, `##`
 /// pieces glued on) and transformers' attentions for it [L][H][T][T].
@@ -17,8 +20,7 @@ fn fixture_text(name: &str) -> (String, Vec<String>, Maps) {
         .lines()
         .map(str::to_string)
         .collect();
-    let inputs: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("inputs.json")).unwrap()).unwrap();
+    let inputs = read_json(&dir.join("inputs.json"));
     let ids: Vec<usize> = serde_json::from_value(inputs["inputs"]["input_ids"][0].clone()).unwrap();
     let tokens: Vec<String> = ids.iter().map(|&i| vocab[i].clone()).collect();
     let mut text = String::new();
@@ -60,6 +62,13 @@ fn fixture_text(name: &str) -> (String, Vec<String>, Maps) {
     (text, tokens, maps)
 }
 
+/// `bertha attention --model MODEL TEXT`, then `extra` flags.
+fn attention(model: &Path, text: &str, extra: &[&str]) -> Output {
+    let mut args = vec![text];
+    args.extend_from_slice(extra);
+    run_model("attention", model, &args)
+}
+
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -76,18 +85,11 @@ fn json_matrices_are_transformers_attentions() {
     for name in ["roberta-mlm", "distilbert-mlm", "deberta-v2-mlm"] {
         let (text, tokens, want) = fixture_text(name);
         let dir = tiny_dir(name);
-        let out = run(&[
-            "attention",
-            "--model",
-            dir.to_str().unwrap(),
+        let out = attention(
+            &dir,
             &text,
-            "--layer",
-            "1",
-            "--head",
-            "3",
-            "--format",
-            "json",
-        ]);
+            &["--layer", "1", "--head", "3", "--format", "json"],
+        );
         assert!(
             out.status.success(),
             "{name}: {}",
@@ -113,15 +115,7 @@ fn json_matrices_are_transformers_attentions() {
             "{name}: the drawn head"
         );
         // [CLS] across layers: the mean over heads of each layer's row 0.
-        let out = run(&[
-            "attention",
-            "--model",
-            dir.to_str().unwrap(),
-            &text,
-            "--cls-across-layers",
-            "--format",
-            "json",
-        ]);
+        let out = attention(&dir, &text, &["--cls-across-layers", "--format", "json"]);
         assert!(out.status.success());
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let cls: Vec<Vec<f32>> = serde_json::from_value(v["matrix"].clone()).unwrap();
@@ -143,19 +137,11 @@ fn pictures_are_valid_png_and_svg() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tiny_dir("bert-mlm");
     let png_path = tmp.path().join("head.png");
-    let out = run(&[
-        "attention",
-        "--model",
-        dir.to_str().unwrap(),
+    ok(&attention(
+        &dir,
         "the film about germany",
-        "--out",
-        png_path.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        &["--out", s(&png_path)],
+    ));
     let decoder = png::Decoder::new(std::fs::File::open(&png_path).unwrap());
     let mut reader = decoder.read_info().unwrap();
     let mut buf = vec![0; reader.output_buffer_size()];
@@ -175,20 +161,11 @@ fn pictures_are_valid_png_and_svg() {
     assert!(darkest.unwrap() < 300);
 
     let svg_path = tmp.path().join("cls.svg");
-    let out = run(&[
-        "attention",
-        "--model",
-        tiny_dir("albert-mlm").to_str().unwrap(),
+    ok(&attention(
+        &tiny_dir("albert-mlm"),
         "the film about germany",
-        "--cls-across-layers",
-        "--out",
-        svg_path.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        &["--cls-across-layers", "--out", s(&svg_path)],
+    ));
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg"), "{}", &svg[..60.min(svg.len())]);
     assert!(svg.trim_end().ends_with("</svg>"));
@@ -202,44 +179,16 @@ fn pictures_are_valid_png_and_svg() {
 #[test]
 fn bad_requests_are_explained() {
     let dir = tiny_dir("bert-mlm");
-    let d = dir.to_str().unwrap();
     let cases: [(&[&str], &str); 4] = [
-        (
-            &[
-                "attention",
-                "--model",
-                d,
-                "a text",
-                "--layer",
-                "7",
-                "--format",
-                "json",
-            ],
-            "layer 7",
-        ),
-        (
-            &[
-                "attention",
-                "--model",
-                d,
-                "a text",
-                "--head",
-                "9",
-                "--format",
-                "json",
-            ],
-            "head 9",
-        ),
-        (&["attention", "--model", d, "a text"], "--out"),
-        (
-            &["attention", "--model", d, "a text", "--out", "/tmp/x.gif"],
-            ".png or .svg",
-        ),
+        (&["--layer", "7", "--format", "json"], "layer 7"),
+        (&["--head", "9", "--format", "json"], "head 9"),
+        (&[], "--out"),
+        (&["--out", "/tmp/x.gif"], ".png or .svg"),
     ];
     for (args, want) in cases {
-        let out = run(args);
+        let out = attention(&dir, "a text", args);
         assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = stderr(&out);
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }

@@ -2,17 +2,32 @@
 
 mod common;
 
-use common::{bertha, fixtures, minilm, ok_lines, run, run_model, run_stdin, stderr};
+use common::{
+    assert_stderr_has, bertha, fixtures, minilm, ok, ok_lines, read_jsonl, reference, run,
+    run_model, run_stdin, s,
+};
 
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{Output, Stdio};
 
 fn reference_embedding(i: usize) -> Vec<f32> {
-    let t = candle_core::safetensors::load(
-        fixtures().join("minilm.safetensors"),
-        &candle_core::Device::Cpu,
+    reference("minilm.safetensors")[&format!("sentence_embedding.{i}")]
+        .to_vec1()
+        .unwrap()
+}
+
+/// The JSON lines of a successful `bertha CMD --model <MiniLM> ARGS...`.
+fn on_minilm(cmd: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    ok_lines(&run_model(cmd, &minilm(), args))
+}
+
+/// `bertha embed` of the file `input` into the file `output`.
+fn embed_file(model: &Path, input: &Path, output: &Path) -> Output {
+    run_model(
+        "embed",
+        model,
+        &["--input", s(input), "--output", s(output)],
     )
-    .unwrap();
-    t[&format!("sentence_embedding.{i}")].to_vec1().unwrap()
 }
 
 #[test]
@@ -58,25 +73,18 @@ fn tokenize_pairs_and_truncation_is_reported() {
     let lines = ok_lines(&out);
     assert_eq!(lines[0]["input_ids"].as_array().unwrap().len(), 16);
     assert_eq!(lines[0]["truncated"], true);
-    assert!(
-        stderr(&out).contains("truncated to 16 tokens"),
-        "{}",
-        stderr(&out)
-    );
+    assert_stderr_has(&out, "truncated to 16 tokens");
 }
 
 #[test]
 fn embed_matches_sentence_transformers() {
-    let dir = minilm();
-    let out = run_model(
+    let lines = on_minilm(
         "embed",
-        &dir,
         &[
             "The cat sat on the mat.",
             "I went to the bank to deposit money.",
         ],
     );
-    let lines = ok_lines(&out);
     assert_eq!(lines.len(), 2);
     for (i, line) in lines.iter().enumerate() {
         let got: Vec<f32> = serde_json::from_value(line["embedding"].clone()).unwrap();
@@ -101,22 +109,9 @@ fn embed_reads_files_and_stdin_and_writes_files_atomically() {
     )
     .unwrap();
     let output = tmp.path().join("out.jsonl");
-    let out = run_model(
-        "embed",
-        &dir,
-        &[
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = std::fs::read_to_string(&output).unwrap();
-    let lines: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let out = embed_file(&dir, &input, &output);
+    ok(&out);
+    let lines = read_jsonl(&output);
     assert_eq!(lines.len(), 3, "the empty line gets its own embedding");
     let first: Vec<f32> = serde_json::from_value(lines[0]["embedding"].clone()).unwrap();
     let want = reference_embedding(0);
@@ -137,29 +132,24 @@ fn embed_reads_files_and_stdin_and_writes_files_atomically() {
 
 #[test]
 fn embed_pooling_none_gives_token_vectors() {
-    let dir = minilm();
-    let lines = ok_lines(&run_model(
+    let lines = on_minilm(
         "embed",
-        &dir,
         &[
             "--pooling",
             "none",
             "--no-normalize",
             "The cat sat on the mat.",
         ],
-    ));
+    );
     let tokens = lines[0]["tokens"].as_array().unwrap();
     let vectors = lines[0]["embeddings"].as_array().unwrap();
     assert_eq!(tokens.len(), 9);
     assert_eq!(vectors.len(), 9);
     assert_eq!(vectors[0].as_array().unwrap().len(), 384);
     // The un-normalised token states are the model's last hidden state.
-    let t = candle_core::safetensors::load(
-        fixtures().join("minilm.safetensors"),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    let want: Vec<Vec<f32>> = t["last_hidden_state.0"].to_vec2().unwrap();
+    let want: Vec<Vec<f32>> = reference("minilm.safetensors")["last_hidden_state.0"]
+        .to_vec2()
+        .unwrap();
     let got: Vec<Vec<f32>> = serde_json::from_value(lines[0]["embeddings"].clone()).unwrap();
     for (g, w) in got.iter().zip(&want) {
         assert!(g.iter().zip(w).all(|(a, b)| (a - b).abs() <= 1e-4));
@@ -168,16 +158,14 @@ fn embed_pooling_none_gives_token_vectors() {
 
 #[test]
 fn similarity_matrix_is_symmetric_with_unit_diagonal() {
-    let dir = minilm();
-    let lines = ok_lines(&run_model(
+    let lines = on_minilm(
         "similarity",
-        &dir,
         &[
             "The film was surprisingly moving and beautifully shot.",
             "A gripping, beautifully acted drama that never lets up.",
             "I went to the bank to deposit money.",
         ],
-    ));
+    );
     let m: Vec<Vec<f32>> = serde_json::from_value(lines[0]["similarity"].clone()).unwrap();
     for (i, row) in m.iter().enumerate() {
         assert!((row[i] - 1.0).abs() < 1e-5);
@@ -198,73 +186,37 @@ fn invalid_utf8_input_names_the_line() {
     let input = tmp.path().join("bad.txt");
     std::fs::write(&input, b"fine\nalso fine\nbroken \xc3\x28 here\n").unwrap();
     let output = tmp.path().join("out.jsonl");
-    let out = run_model(
-        "embed",
-        &dir,
-        &[
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-        ],
-    );
+    let out = embed_file(&dir, &input, &output);
     assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
-    assert!(err.contains("bad.txt: line 3: invalid UTF-8"), "{err}");
+    assert_stderr_has(&out, "bad.txt: line 3: invalid UTF-8");
     assert!(!output.exists(), "no half-written output");
 
     let out = run_stdin(
         &["tokenize", "--model", dir.to_str().unwrap()],
         b"ok\n\xff\n",
     );
-    assert!(
-        stderr(&out).contains("stdin: line 2: invalid UTF-8"),
-        "{}",
-        stderr(&out)
-    );
+    assert_stderr_has(&out, "stdin: line 2: invalid UTF-8");
 }
 
 #[test]
 fn bad_model_paths_are_explained() {
-    let out = run(&["embed", "--model", "/nonexistent/folder", "hi"]);
+    let embed_hi = |model: &str| run(&["embed", "--model", model, "hi"]);
+    let out = embed_hi("/nonexistent/folder");
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+    assert_stderr_has(&out, "does not exist");
 
     // A hub id fails at once with an explanation; nothing tries the network.
     let start = std::time::Instant::now();
-    let out = run(&[
-        "embed",
-        "--model",
-        "sentence-transformers/all-MiniLM-L6-v2",
-        "hi",
-    ]);
+    let out = embed_hi("sentence-transformers/all-MiniLM-L6-v2");
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("Hugging Face hub id"),
-        "{}",
-        stderr(&out)
-    );
+    assert_stderr_has(&out, "Hugging Face hub id");
     assert!(start.elapsed().as_secs() < 30);
 
-    let out = run(&[
-        "embed",
-        "--model",
-        fixtures().join("sentences.txt").to_str().unwrap(),
-        "hi",
-    ]);
-    assert!(stderr(&out).contains("not a folder"), "{}", stderr(&out));
+    let out = embed_hi(s(&fixtures().join("sentences.txt")));
+    assert_stderr_has(&out, "not a folder");
 
-    let out = run(&[
-        "embed",
-        "--model",
-        fixtures().join("minilm-vocab-only").to_str().unwrap(),
-        "hi",
-    ]);
-    assert!(
-        stderr(&out).contains("config.json is missing"),
-        "{}",
-        stderr(&out)
-    );
+    let out = embed_hi(s(&fixtures().join("minilm-vocab-only")));
+    assert_stderr_has(&out, "config.json is missing");
 }
 
 #[test]
@@ -282,17 +234,15 @@ fn default_model_is_the_fetched_minilm() {
 
 #[test]
 fn bench_reports_throughput() {
-    let dir = minilm();
-    let lines = ok_lines(&run_model(
+    let lines = on_minilm(
         "bench",
-        &dir,
         &[
             "--input",
             fixtures().join("sentences.txt").to_str().unwrap(),
             "--reps",
             "1",
         ],
-    ));
+    );
     assert_eq!(lines[0]["texts"], 17);
     assert!(lines[0]["texts_per_s"].as_f64().unwrap() > 0.0);
     assert!(lines[0]["tokens"].as_u64().unwrap() > 17 * 2);

@@ -7,13 +7,13 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{ok, repo, run, s};
+use common::{failure, ok, read_json, read_jsonl, repo, run, s, with_key};
 
 use serde_json::Value;
 
-/// `bertha finetune` of a classification head: two epochs of `data`
-/// (dev set too) from `model` into `out`, then `extra` flags.
-fn finetune_sst2(model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Output {
+/// `bertha finetune` of a classification head on `train` from `model`
+/// into `out`, then `extra` flags.
+fn finetune_classifier(model: &Path, train: &Path, out: &Path, extra: &[&str]) -> Output {
     let mut args = vec![
         "finetune",
         "--task",
@@ -21,11 +21,20 @@ fn finetune_sst2(model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Outpu
         "--model",
         s(model),
         "--train",
-        s(data),
-        "--dev",
-        s(data),
+        s(train),
         "--out",
         s(out),
+    ];
+    args.extend(extra);
+    run(&args)
+}
+
+/// [`finetune_classifier`] for two epochs of `data` (dev set too), then
+/// `extra` flags.
+fn finetune_sst2(model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "--dev",
+        s(data),
         "--epochs",
         "2",
         "--batch-size",
@@ -36,7 +45,7 @@ fn finetune_sst2(model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Outpu
         "1e-3",
     ];
     args.extend(extra);
-    run(&args)
+    finetune_classifier(model, data, out, &args)
 }
 
 /// `bertha evaluate` or `predict` (`cmd`) of `task` on `model` and
@@ -58,16 +67,9 @@ fn finetune_then_evaluate_and_predict_agree() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("40 training examples"), "{stderr}");
     // 40 examples in batches of 8: 5 steps an epoch, an evaluation each.
-    let metrics: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let steps: Vec<&Value> = metrics.iter().filter(|m| m.get("loss").is_some()).collect();
-    let evals: Vec<&Value> = metrics
-        .iter()
-        .filter(|m| m.get("eval_loss").is_some())
-        .collect();
+    let metrics = read_jsonl(&out.join("metrics.jsonl"));
+    let steps = with_key(&metrics, "loss");
+    let evals = with_key(&metrics, "eval_loss");
     assert_eq!(steps.len(), 10);
     assert_eq!(evals.len(), 2);
     assert_eq!(evals[1]["step"], 10);
@@ -81,8 +83,7 @@ fn finetune_then_evaluate_and_predict_agree() {
         let png = std::fs::read(out.join(f)).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{f}");
     }
-    let config: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let config = read_json(&out.join("config.json"));
     assert_eq!(config["architectures"][0], "BertForSequenceClassification");
     assert_eq!(config["id2label"]["1"], "1");
     assert_eq!(config["label2id"]["0"], 0);
@@ -118,11 +119,7 @@ fn finetune_then_evaluate_and_predict_agree() {
         &data,
         &["--output", s(&pred_file)],
     ));
-    let preds: Vec<Value> = std::fs::read_to_string(&pred_file)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let preds = read_jsonl(&pred_file);
     assert_eq!(preds.len(), 40);
     let gold: Vec<String> = std::fs::read_to_string(&data)
         .unwrap()
@@ -175,7 +172,7 @@ fn qa_predictions_are_squads_predictions_file() {
     args.extend_from_slice(&common);
     args.extend_from_slice(&["--output", s(&pred_file)]);
     ok(&run(&args));
-    let preds: Value = serde_json::from_str(&std::fs::read_to_string(&pred_file).unwrap()).unwrap();
+    let preds = read_json(&pred_file);
     let preds = preds.as_object().unwrap();
     assert_eq!(preds.len(), 81);
     assert!(preds.contains_key("56be4db0acb8001400a502ec"));
@@ -201,40 +198,17 @@ fn bad_input_is_a_one_line_error() {
     let tmp = tempfile::tempdir().unwrap();
     let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
     let data = repo().join("tests/fixtures/finetune/bad-rows.tsv");
-    let o = run(&[
-        "finetune",
-        "--task",
-        "classification",
-        "--model",
-        s(&tiny),
-        "--train",
-        s(&data),
-        "--out",
-        s(&tmp.path().join("o")),
-    ]);
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = failure(&finetune_classifier(
+        &tiny,
+        &data,
+        &tmp.path().join("o"),
+        &[],
+    ));
     assert!(err.contains("bad-rows.tsv: line 3"), "{err}");
     // Library options are reported by the flags that set them.
     let train = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
     let out = tmp.path().join("p");
-    let finetune = |extra: &[&str]| {
-        let mut args = vec![
-            "finetune",
-            "--task",
-            "classification",
-            "--model",
-            s(&tiny),
-            "--train",
-            s(&train),
-            "--out",
-            s(&out),
-        ];
-        args.extend_from_slice(extra);
-        let o = run(&args);
-        assert!(!o.status.success());
-        String::from_utf8_lossy(&o.stderr).to_string()
-    };
+    let finetune = |extra: &[&str]| failure(&finetune_classifier(&tiny, &train, &out, extra));
     let err = finetune(&["--max-length", "100"]);
     assert!(
         err.contains("--max-length 100") && err.contains("64"),
@@ -242,7 +216,6 @@ fn bad_input_is_a_one_line_error() {
     );
     let err = finetune(&["--early-stop", "2"]);
     assert!(err.contains("--early-stop needs a dev set"), "{err}");
-    let o = on_checkpoint("evaluate", "sentiment", &tiny, &data, &[]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("expected classification, ner or qa"));
+    let err = failure(&on_checkpoint("evaluate", "sentiment", &tiny, &data, &[]));
+    assert!(err.contains("expected classification, ner or qa"));
 }

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{failure, ok_lines, repo, run, run_model, tiny, tiny_dir};
+use common::{assert_mentions, failure, ok_lines, repo, run, run_model, tiny, tiny_dir};
+
+use std::process::Output;
 
 use serde_json::Value;
 
@@ -15,6 +17,22 @@ fn pipelines() -> Value {
 fn assert_score(got: &Value, want: &Value) {
     let (g, w) = (got.as_f64().unwrap(), want.as_f64().unwrap());
     assert!((g - w).abs() <= 1e-5, "score {g} vs {w}");
+}
+
+/// Asserts that one prediction is transformers': the fields `keys` equal,
+/// the score within 1e-5.
+fn assert_prediction(got: &Value, want: &Value, keys: &[&str]) {
+    for k in keys {
+        assert_eq!(got.get(k), want.get(k), "{k}");
+    }
+    assert_score(&got["score"], &want["score"]);
+}
+
+/// `bertha qa` on the tiny QA checkpoint, then `extra` flags.
+fn qa(question: &str, context: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["--question", question, "--context", context];
+    args.extend(extra);
+    run_model("qa", &tiny_dir("bert-qa"), &args)
 }
 
 #[test]
@@ -32,10 +50,7 @@ fn fill_mask_prints_transformers_candidates() {
         let got = line.as_array().unwrap();
         assert_eq!(got.len(), 5);
         for (g, w) in got.iter().zip(want) {
-            for k in ["token", "token_str", "sequence"] {
-                assert_eq!(g[k], w[k], "{k}");
-            }
-            assert_score(&g["score"], &w["score"]);
+            assert_prediction(g, w, &["token", "token_str", "sequence"]);
         }
     }
     // Several masks: one list per mask.
@@ -49,10 +64,7 @@ fn fill_mask_prints_transformers_candidates() {
     assert_eq!(masks[1].as_array().unwrap().len(), 2);
     // No mask: a clear error naming the text.
     let err = failure(&run_model("fill-mask", &tiny_dir("bert-mlm"), &["no mask"]));
-    assert!(
-        err.contains("text 1") && err.contains("no mask token"),
-        "{err}"
-    );
+    assert_mentions(&err, &["text 1", "no mask token"]);
 }
 
 #[test]
@@ -70,8 +82,7 @@ fn classify_top_k_all_scores_and_pairs() {
     assert_eq!(top2[0].as_array().unwrap().len(), 2);
     let all = ok_lines(&run(&["classify", "--model", &model, "--all-scores", text]));
     for (g, w) in all[0].as_array().unwrap().iter().zip(want) {
-        assert_eq!(g["label"], w["label"]);
-        assert_score(&g["score"], &w["score"]);
+        assert_prediction(g, w, &["label"]);
     }
     let pc = &fx["classify_pair"]["cases"][0];
     let pair = ok_lines(&run(&[
@@ -89,14 +100,13 @@ fn classify_top_k_all_scores_and_pairs() {
         .iter()
         .zip(pc["expected"].as_array().unwrap())
     {
-        assert_eq!(g["label"], w["label"]);
-        assert_score(&g["score"], &w["score"]);
+        assert_prediction(g, w, &["label"]);
     }
     // A headless checkpoint names the missing head.
     let err = failure(&run(&["classify", "--model", &tiny("bert-mlm"), text]));
-    assert!(
-        err.contains("BertForSequenceClassification") && err.contains("classifier.weight"),
-        "{err}"
+    assert_mentions(
+        &err,
+        &["BertForSequenceClassification", "classifier.weight"],
     );
 }
 
@@ -117,10 +127,11 @@ fn ner_every_aggregation() {
         let want = case["expected"].as_array().unwrap();
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(want) {
-            for k in ["entity", "entity_group", "index", "word", "start", "end"] {
-                assert_eq!(g.get(k), w.get(k), "{k}");
-            }
-            assert_score(&g["score"], &w["score"]);
+            assert_prediction(
+                g,
+                w,
+                &["entity", "entity_group", "index", "word", "start", "end"],
+            );
         }
     }
     let err = failure(&run_model(
@@ -134,68 +145,29 @@ fn ner_every_aggregation() {
 #[test]
 fn qa_answers_and_errors() {
     let fx = pipelines();
+    let text = |case: &Value, k: &str| case[k].as_str().unwrap().to_string();
     for case in fx["qa"]["cases"].as_array().unwrap() {
-        let lines = ok_lines(&run_model(
-            "qa",
-            &tiny_dir("bert-qa"),
-            &[
-                "--question",
-                case["question"].as_str().unwrap(),
-                "--context",
-                case["context"].as_str().unwrap(),
-            ],
-        ));
-        let w = &case["expected"];
-        for k in ["answer", "start", "end"] {
-            assert_eq!(lines[0][k], w[k], "{k}");
-        }
-        assert_score(&lines[0]["score"], &w["score"]);
+        let lines = ok_lines(&qa(&text(case, "question"), &text(case, "context"), &[]));
+        assert_prediction(&lines[0], &case["expected"], &["answer", "start", "end"]);
     }
     let case = &fx["qa"]["cases"][0];
-    let lines = ok_lines(&run_model(
-        "qa",
-        &tiny_dir("bert-qa"),
-        &[
-            "--question",
-            case["question"].as_str().unwrap(),
-            "--context",
-            case["context"].as_str().unwrap(),
-            "--top-k",
-            "3",
-        ],
+    let lines = ok_lines(&qa(
+        &text(case, "question"),
+        &text(case, "context"),
+        &["--top-k", "3"],
     ));
     let answers = lines[0].as_array().unwrap();
     assert_eq!(answers.len(), 3);
     assert_eq!(answers[0]["answer"], case["expected"]["answer"]);
     // A long context is split into windows; the answer is still in it.
     let context = "john played the music and the company released the album. ".repeat(12);
-    let lines = ok_lines(&run_model(
-        "qa",
-        &tiny_dir("bert-qa"),
-        &[
-            "--question",
-            "who played",
-            "--context",
-            &context,
-            "--doc-stride",
-            "16",
-        ],
-    ));
+    let lines = ok_lines(&qa("who played", &context, &["--doc-stride", "16"]));
     let (s, e) = (
         lines[0]["start"].as_u64().unwrap() as usize,
         lines[0]["end"].as_u64().unwrap() as usize,
     );
     assert_eq!(lines[0]["answer"].as_str().unwrap(), &context[s..e]);
-    let err = failure(&run_model(
-        "qa",
-        &tiny_dir("bert-qa"),
-        &[
-            "--question",
-            &"who played the music ".repeat(20),
-            "--context",
-            "john",
-        ],
-    ));
+    let err = failure(&qa(&"who played the music ".repeat(20), "john", &[]));
     assert!(err.contains("does not leave room"), "{err}");
 }
 

@@ -4,27 +4,38 @@
 
 mod common;
 
-use common::{repo, run};
+use common::{failure, ok, read_json, read_jsonl, repo, run, run_model, s, tiny_dir, with_key};
 
 use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
 
-fn pretrain(out: &Path, extra: &[&str]) -> Output {
-    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
-    let tiny = repo().join("tests/fixtures/tiny/bert-mlm");
-    let config = tiny.join("config.json");
+/// `bertha pretrain` of `corpus` with the `config` (a file or a preset)
+/// into `out`, then `extra` flags.
+fn pretrain_with(corpus: &str, config: &str, out: &Path, extra: &[&str]) -> Output {
     let mut args = vec![
         "pretrain",
         "--corpus",
-        corpus.to_str().unwrap(),
+        corpus,
         "--config",
-        config.to_str().unwrap(),
-        "--tokenizer",
-        tiny.to_str().unwrap(),
+        config,
         "--out",
-        out.to_str().unwrap(),
+        s(out),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// Four steps on the corpus slice from the tiny MLM checkpoint's config
+/// and tokenizer, evaluated and saved every two, then `extra` flags.
+fn pretrain(out: &Path, extra: &[&str]) -> Output {
+    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
+    let tiny = tiny_dir("bert-mlm");
+    let config = tiny.join("config.json");
+    let mut args = vec![
+        "--tokenizer",
+        s(&tiny),
         "--steps",
         "4",
         "--batch-size",
@@ -39,15 +50,11 @@ fn pretrain(out: &Path, extra: &[&str]) -> Output {
         "1e-3",
     ];
     args.extend_from_slice(extra);
-    run(&args)
+    pretrain_with(s(&corpus), s(&config), out, &args)
 }
 
 fn metrics(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    read_jsonl(&dir.join("metrics.jsonl"))
 }
 
 #[test]
@@ -55,17 +62,10 @@ fn pretrain_writes_a_model_that_fill_mask_loads_and_resumes_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let a = tmp.path().join("a");
     let out = pretrain(&a, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let m = metrics(&a);
-    let steps: Vec<&Value> = m.iter().filter(|v| v.get("loss").is_some()).collect();
-    let evals: Vec<&Value> = m
-        .iter()
-        .filter(|v| v.get("eval_mlm_loss").is_some())
-        .collect();
+    let steps = with_key(&m, "loss");
+    let evals = with_key(&m, "eval_mlm_loss");
     assert_eq!(steps.len(), 4);
     assert_eq!(evals.len(), 2);
     for s in &steps {
@@ -101,18 +101,8 @@ fn pretrain_writes_a_model_that_fill_mask_loads_and_resumes_exactly() {
     }
 
     // The result is a BertForMaskedLM checkpoint fill-mask can use.
-    let out = run(&[
-        "fill-mask",
-        "--model",
-        a.to_str().unwrap(),
-        "the [MASK] is here.",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value =
+        serde_json::from_str(&ok(&run_model("fill-mask", &a, &["the [MASK] is here."]))).unwrap();
     let preds = v.as_array().unwrap();
     assert_eq!(preds.len(), 5);
     let total: f64 = preds.iter().map(|p| p["score"].as_f64().unwrap()).sum();
@@ -123,17 +113,11 @@ fn pretrain_writes_a_model_that_fill_mask_loads_and_resumes_exactly() {
     std::fs::create_dir_all(&b).unwrap();
     let ck = a.join("checkpoint-2");
     let out = pretrain(&b, &["--resume", ck.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let resumed: Vec<Value> = metrics(&b)
-        .into_iter()
-        .filter(|v| v.get("loss").is_some())
-        .collect();
+    ok(&out);
+    let m = metrics(&b);
+    let resumed = with_key(&m, "loss");
     assert_eq!(resumed.len(), 2);
-    for (r, s) in resumed.iter().zip(&steps[2..]) {
+    for (r, s) in resumed.into_iter().zip(&steps[2..]) {
         for key in ["step", "loss", "mlm_accuracy", "grad_norm", "lr"] {
             assert_eq!(r[key], s[key], "{key}");
         }
@@ -143,41 +127,29 @@ fn pretrain_writes_a_model_that_fill_mask_loads_and_resumes_exactly() {
 #[test]
 fn pretrain_rejects_bad_options_by_name() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = pretrain(&tmp.path().join("x"), &["--mask-split", "90,20,0"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--mask-split"));
+    let err = failure(&pretrain(
+        &tmp.path().join("x"),
+        &["--mask-split", "90,20,0"],
+    ));
+    assert!(err.contains("--mask-split"));
     let one = tmp.path().join("one.txt");
     std::fs::write(&one, "just one document.\n").unwrap();
-    let out = run(&[
-        "pretrain",
-        "--corpus",
-        one.to_str().unwrap(),
-        "--config",
+    let err = failure(&pretrain_with(
+        s(&one),
         "tiny",
-        "--nsp",
-        "--out",
-        tmp.path().join("z").to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        &tmp.path().join("z"),
+        &["--nsp"],
+    ));
     assert!(err.contains("--nsp needs at least two documents"), "{err}");
-    let out = run(&[
-        "pretrain",
-        "--corpus",
+    let err = failure(&pretrain_with(
         "/nonexistent/corpus.txt",
-        "--config",
         "tiny",
-        "--out",
-        tmp.path().join("y").to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        &tmp.path().join("y"),
+        &[],
+    ));
     assert!(err.contains("/nonexistent/corpus.txt"), "{err}");
-    let out = run(&[
-        "pretrain", "--corpus", "x", "--config", "huge", "--out", "y",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("preset"));
+    let err = failure(&pretrain_with("x", "huge", Path::new("y"), &[]));
+    assert!(err.contains("preset"));
 }
 
 #[test]
@@ -185,36 +157,28 @@ fn pretrain_can_learn_its_own_vocabulary() {
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("v");
     let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
-    let out = run(&[
-        "pretrain",
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--config",
+    let out = pretrain_with(
+        s(&corpus),
         "tiny",
-        "--train-tokenizer",
-        "700",
-        "--out",
-        out_dir.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "32",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        &out_dir,
+        &[
+            "--train-tokenizer",
+            "700",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "32",
+        ],
     );
+    ok(&out);
     let vocab = std::fs::read_to_string(out_dir.join("tokenizer/vocab.txt")).unwrap();
     let n = vocab.lines().count();
     assert!((500..=700).contains(&n), "{n} tokens");
     assert!(vocab.starts_with("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"));
     // The model is sized to the new vocabulary and ships it.
-    let config: Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("config.json")).unwrap())
-            .unwrap();
+    let config = read_json(&out_dir.join("config.json"));
     assert_eq!(config["vocab_size"].as_u64(), Some(n as u64));
     assert_eq!(
         std::fs::read_to_string(out_dir.join("vocab.txt")).unwrap(),

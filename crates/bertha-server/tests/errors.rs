@@ -8,44 +8,34 @@ use serde_json::{json, Value};
 
 use common::{minilm, Server};
 
+/// POSTs `body` to `url`, with `key` as the bearer token when given.
+async fn post(url: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+    let mut request = reqwest::Client::new().post(url).json(body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request.send().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_have_tei_status_codes_and_shapes() {
     let mut config = ServerConfig::new(minilm());
     config.max_client_batch_size = 2;
     config.api_key = Some("s3cret".into());
     let server = Server::start(config).await;
-    let client = reqwest::Client::new();
     let url = format!("{}/embed", server.base);
 
     // 401 without or with a wrong key; the key works.
-    let r = client
-        .post(&url)
-        .json(&json!({ "inputs": "hi" }))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&url, None, &json!({ "inputs": "hi" })).await;
     assert_eq!(r.status(), 401);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error_type"], "Unauthorized");
-    let r = client
-        .post(&url)
-        .bearer_auth("nope")
-        .json(&json!({ "inputs": "hi" }))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&url, Some("nope"), &json!({ "inputs": "hi" })).await;
     assert_eq!(r.status(), 401);
     let call = |body: Value| {
-        let client = client.clone();
         let url = url.clone();
         async move {
-            let r = client
-                .post(&url)
-                .bearer_auth("s3cret")
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let r = post(&url, Some("s3cret"), &body).await;
             (r.status().as_u16(), r.json::<Value>().await.unwrap())
         }
     };
@@ -63,7 +53,7 @@ async fn errors_have_tei_status_codes_and_shapes() {
         "{body}"
     );
     // Malformed JSON is a 422 too.
-    let r = client
+    let r = reqwest::Client::new()
         .post(&url)
         .bearer_auth("s3cret")
         .header("content-type", "application/json")
@@ -108,13 +98,12 @@ async fn errors_have_tei_status_codes_and_shapes() {
     assert_eq!(call(json!({ "inputs": "hi" })).await.0, 200);
 
     // A head the checkpoint does not have.
-    let r = client
-        .post(format!("{}/fill-mask", server.base))
-        .bearer_auth("s3cret")
-        .json(&json!({ "inputs": "a [MASK]" }))
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &format!("{}/fill-mask", server.base),
+        Some("s3cret"),
+        &json!({ "inputs": "a [MASK]" }),
+    )
+    .await;
     assert_eq!(r.status(), 400);
     let body: Value = r.json().await.unwrap();
     assert!(
@@ -124,13 +113,7 @@ async fn errors_have_tei_status_codes_and_shapes() {
 
     // A body over the payload limit.
     let huge = "x".repeat(3_000_000);
-    let r = client
-        .post(&url)
-        .bearer_auth("s3cret")
-        .json(&json!({ "inputs": huge }))
-        .send()
-        .await
-        .unwrap();
+    let r = post(&url, Some("s3cret"), &json!({ "inputs": huge })).await;
     assert_eq!(r.status(), 413);
     server.stop().await;
 }

@@ -6,15 +6,24 @@ mod common;
 use bertha::tasks::{Classifier, FillMask, QaOptions, QuestionAnswerer, TokenClassifier};
 use bertha::Device;
 use bertha_server::ServerConfig;
-use serde_json::json;
+use serde_json::{json, Value};
 
-use common::{as_sent, tiny, Server};
+use common::{as_sent, tiny_dir, Server};
+
+/// Serves the tiny checkpoint `name` for one `POST path body`: its status
+/// and body.
+async fn post_once(name: &str, path: &str, body: Value) -> (u16, Value) {
+    let server = Server::start(ServerConfig::new(tiny_dir(name))).await;
+    let reply = server.post(path, body).await;
+    server.stop().await;
+    reply
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predict_and_rerank_match_the_classifier() {
     // Sequence classification: /predict and /rerank.
-    let server = Server::start(ServerConfig::new(tiny("bert-seqcls"))).await;
-    let lib = Classifier::from_dir(&tiny("bert-seqcls"), &Device::Cpu).unwrap();
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-seqcls"))).await;
+    let lib = Classifier::from_dir(&tiny_dir("bert-seqcls"), &Device::Cpu).unwrap();
     let want = lib.classify("the cat sat", None, None).unwrap();
     let (status, got) = server
         .post("/predict", json!({ "inputs": "the cat sat" }))
@@ -56,8 +65,8 @@ async fn predict_and_rerank_match_the_classifier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fill_mask_matches_the_pipeline() {
     // Masked LM: /fill-mask.
-    let server = Server::start(ServerConfig::new(tiny("bert-mlm"))).await;
-    let lib = FillMask::from_dir(&tiny("bert-mlm"), &Device::Cpu).unwrap();
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-mlm"))).await;
+    let lib = FillMask::from_dir(&tiny_dir("bert-mlm"), &Device::Cpu).unwrap();
     let want = lib.fill("the [MASK] sat", 3).unwrap();
     let (status, got) = server
         .post(
@@ -77,23 +86,23 @@ async fn fill_mask_matches_the_pipeline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ner_matches_the_pipeline() {
     // Token classification: /ner.
-    let server = Server::start(ServerConfig::new(tiny("bert-tokcls"))).await;
-    let lib = TokenClassifier::from_dir(&tiny("bert-tokcls"), &Device::Cpu).unwrap();
+    let lib = TokenClassifier::from_dir(&tiny_dir("bert-tokcls"), &Device::Cpu).unwrap();
     let want = lib
         .entities("the cat sat on the mat", "simple".parse().unwrap())
         .unwrap();
-    let (_, got) = server
-        .post("/ner", json!({ "inputs": "the cat sat on the mat" }))
-        .await;
+    let (_, got) = post_once(
+        "bert-tokcls",
+        "/ner",
+        json!({ "inputs": "the cat sat on the mat" }),
+    )
+    .await;
     assert_eq!(got, as_sent(&want));
-    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qa_matches_the_pipeline() {
     // Question answering: /qa.
-    let server = Server::start(ServerConfig::new(tiny("bert-qa"))).await;
-    let lib = QuestionAnswerer::from_dir(&tiny("bert-qa"), &Device::Cpu).unwrap();
+    let lib = QuestionAnswerer::from_dir(&tiny_dir("bert-qa"), &Device::Cpu).unwrap();
     let want = lib
         .answer(
             "where is the cat",
@@ -101,12 +110,11 @@ async fn qa_matches_the_pipeline() {
             &QaOptions::default(),
         )
         .unwrap();
-    let (_, got) = server
-        .post(
-            "/qa",
-            json!({ "question": "where is the cat", "context": "the cat sat on the mat" }),
-        )
-        .await;
+    let (_, got) = post_once(
+        "bert-qa",
+        "/qa",
+        json!({ "question": "where is the cat", "context": "the cat sat on the mat" }),
+    )
+    .await;
     assert_eq!(got, as_sent(&want[0]));
-    server.stop().await;
 }

@@ -7,11 +7,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use bertha::data::{DataOptions, Task};
-use bertha::training::checkpoint::Checkpoint;
-use bertha::training::{Event, FinetuneOptions, Finetuner};
+use bertha::training::{FinetuneOptions, Finetuner};
 
 use crate::model_dir::ModelArgs;
-use crate::texts::training_bar;
+use crate::training::{self, Wording};
 
 /// Data-file options shared by finetune, evaluate and predict.
 #[derive(clap::Args, Debug, Clone)]
@@ -202,11 +201,7 @@ pub fn run(a: Args) -> Result<()> {
             .unwrap_or_default(),
         t0.elapsed().as_secs_f64()
     );
-    if let Some(dir) = &a.resume {
-        let ck = Checkpoint::find(dir)?;
-        trainer.resume(&ck)?;
-        eprintln!("resumed from {} at step {}", ck.display(), trainer.step());
-    }
+    training::resume(&mut trainer, a.resume.as_deref())?;
     eprintln!(
         "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch)",
         trainer.config().architectures.join(", "),
@@ -218,40 +213,39 @@ pub fn run(a: Args) -> Result<()> {
         trainer.steps_per_epoch()
     );
 
-    let bar = training_bar(trainer.total_steps(), trainer.step());
-    let scores = |s: &std::collections::BTreeMap<String, f64>| {
-        s.iter()
-            .map(|(k, v)| format!("{k} {v:.4}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    trainer.run(|event| match event {
-        Event::Step(m) => {
-            bar.set_position(m.step);
-            bar.set_message(format!(
-                "epoch {:.2} loss {:.4} lr {:.2e} {:.0} tok/s",
-                m.epoch, m.loss, m.lr, m.tokens_per_s
-            ));
-        }
-        Event::Eval(e) => bar.println(format!(
-            "step {} (epoch {:.2}): dev loss {:.4}, {}",
-            e.step,
-            e.epoch,
-            e.eval_loss,
-            scores(&e.scores)
-        )),
-        Event::Best(e) => bar.println(format!(
-            "step {}: best {} so far ({:.4}), saved to best/",
-            e.step,
-            e.metric,
-            e.main()
-        )),
-        Event::Saved(dir) => bar.println(format!("saved {}", dir.display())),
-        Event::EarlyStop { step, best_step } => bar.println(format!(
-            "early stop at step {step}: no better dev score since step {best_step}"
-        )),
-    })?;
-    bar.finish_and_clear();
+    training::run(
+        &mut trainer,
+        &Wording {
+            step: |m| {
+                format!(
+                    "epoch {:.2} loss {:.4} lr {:.2e} {:.0} tok/s",
+                    m.epoch, m.loss, m.lr, m.tokens_per_s
+                )
+            },
+            eval: |e| {
+                format!(
+                    "step {} (epoch {:.2}): dev loss {:.4}, {}",
+                    e.step,
+                    e.epoch,
+                    e.eval_loss,
+                    e.scores
+                        .iter()
+                        .map(|(k, v)| format!("{k} {v:.4}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
+            best: |e| {
+                format!(
+                    "step {}: best {} so far ({:.4}), saved to best/",
+                    e.step,
+                    e.metric,
+                    e.main()
+                )
+            },
+            no_better: "better dev score",
+        },
+    )?;
     if let Some(best) = trainer
         .evals()
         .iter()
@@ -264,10 +258,6 @@ pub fn run(a: Args) -> Result<()> {
             best.step
         );
     }
-    eprintln!(
-        "done: model in {}, metrics in {}",
-        a.out.display(),
-        a.out.join("metrics.jsonl").display()
-    );
+    training::report_done(&a.out);
     Ok(())
 }

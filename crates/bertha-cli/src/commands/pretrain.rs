@@ -6,15 +6,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
-use bertha::training::checkpoint::Checkpoint;
 use bertha::training::{
-    presets::resolve_config, Event, LoopOptions, PretrainOptions, Pretrainer, RunLength,
-    ScheduleKind, Warmup,
+    presets::resolve_config, LoopOptions, PretrainOptions, Pretrainer, RunLength, ScheduleKind,
+    Warmup,
 };
 use bertha::{Tokenizer, Weights};
 
 use crate::model_dir::ModelArgs;
-use crate::texts::training_bar;
+use crate::training::{self, Wording};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -256,11 +255,7 @@ pub fn run(a: Args) -> Result<()> {
         tokenizer.pad_id(),
         &tokenizer_source,
     )?;
-    if let Some(dir) = &a.resume {
-        let ck = Checkpoint::find(dir)?;
-        trainer.resume(&ck)?;
-        eprintln!("resumed from {} at step {}", ck.display(), trainer.step());
-    }
+    training::resume(&mut trainer, a.resume.as_deref())?;
     eprintln!(
         "model: {} layers, hidden {}, {} parameters; {} steps of {per_step} sequences",
         trainer.config().num_hidden_layers,
@@ -269,43 +264,40 @@ pub fn run(a: Args) -> Result<()> {
         trainer.total_steps()
     );
 
-    let bar = training_bar(trainer.total_steps(), trainer.step());
-    trainer.run(|event| match event {
-        Event::Step(m) => {
-            bar.set_position(m.step);
-            bar.set_message(format!(
-                "loss {:.4} acc {:.3} lr {:.2e} {:.0} tok/s",
-                m.loss,
-                m.figures.get("mlm_accuracy").copied().unwrap_or(f64::NAN),
-                m.lr,
-                m.tokens_per_s
-            ));
-        }
-        Event::Eval(e) => bar.println(format!(
-            "step {}: held-out MLM loss {:.4}, perplexity {:.2}, accuracy {:.3}",
-            e.step,
-            e.eval_loss,
-            e.scores.get("eval_perplexity").copied().unwrap_or(f64::NAN),
-            e.scores
-                .get("eval_mlm_accuracy")
-                .copied()
-                .unwrap_or(f64::NAN)
-        )),
-        Event::Best(e) => bar.println(format!(
-            "step {}: lowest held-out MLM loss so far ({:.4}), saved to best/",
-            e.step,
-            e.main()
-        )),
-        Event::Saved(dir) => bar.println(format!("saved {}", dir.display())),
-        Event::EarlyStop { step, best_step } => bar.println(format!(
-            "early stop at step {step}: no lower held-out loss since step {best_step}"
-        )),
-    })?;
-    bar.finish_and_clear();
-    eprintln!(
-        "done: model in {}, metrics in {}",
-        a.out.display(),
-        a.out.join("metrics.jsonl").display()
-    );
+    training::run(
+        &mut trainer,
+        &Wording {
+            step: |m| {
+                format!(
+                    "loss {:.4} acc {:.3} lr {:.2e} {:.0} tok/s",
+                    m.loss,
+                    m.figures.get("mlm_accuracy").copied().unwrap_or(f64::NAN),
+                    m.lr,
+                    m.tokens_per_s
+                )
+            },
+            eval: |e| {
+                format!(
+                    "step {}: held-out MLM loss {:.4}, perplexity {:.2}, accuracy {:.3}",
+                    e.step,
+                    e.eval_loss,
+                    e.scores.get("eval_perplexity").copied().unwrap_or(f64::NAN),
+                    e.scores
+                        .get("eval_mlm_accuracy")
+                        .copied()
+                        .unwrap_or(f64::NAN)
+                )
+            },
+            best: |e| {
+                format!(
+                    "step {}: lowest held-out MLM loss so far ({:.4}), saved to best/",
+                    e.step,
+                    e.main()
+                )
+            },
+            no_better: "lower held-out loss",
+        },
+    )?;
+    training::report_done(&a.out);
     Ok(())
 }

@@ -5,37 +5,19 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-pub fn fixtures() -> PathBuf {
-    repo().join("tests/fixtures")
-}
-
-/// A tiny checkpoint of `tests/fixtures/tiny` (`bert-mlm`, `bert-qa`, ...).
-pub fn tiny_dir(name: &str) -> PathBuf {
-    fixtures().join("tiny").join(name)
-}
+#[path = "../../../../tests/paths.rs"]
+mod paths;
+#[allow(unused_imports)] // each test binary uses some
+pub use paths::{fixtures, minilm, repo, tiny_dir};
 
 /// [`tiny_dir`] as a `--model` argument.
 pub fn tiny(name: &str) -> String {
     tiny_dir(name).to_string_lossy().into_owned()
-}
-
-/// The all-MiniLM-L6-v2 folder fetched by `scripts/fetch-model.sh`.
-pub fn minilm() -> PathBuf {
-    let dir = repo().join(".cache/models/all-MiniLM-L6-v2");
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "run scripts/fetch-model.sh first"
-    );
-    dir
 }
 
 /// The binary with `args`, on two threads, ignoring the caller's
@@ -96,11 +78,49 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Asserts that `text` (an error message) says each of `parts`.
+#[track_caller]
+pub fn assert_mentions(text: &str, parts: &[&str]) {
+    assert!(parts.iter().all(|p| text.contains(p)), "{text}");
+}
+
+/// Asserts that the run's stderr says `needle` (showing stderr if not).
+#[track_caller]
+pub fn assert_stderr_has(out: &Output, needle: &str) {
+    let err = stderr(out);
+    assert!(err.contains(needle), "{err}");
+}
+
 /// Stderr of a run that must have failed.
 #[track_caller]
 pub fn failure(out: &Output) -> String {
     assert!(!out.status.success(), "should have failed");
     stderr(out)
+}
+
+/// A JSON Lines file written by a run.
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The lines of a `metrics.jsonl` that have `key` (`loss` for steps,
+/// `eval_loss` for evaluations, ...).
+pub fn with_key<'a>(lines: &'a [Value], key: &str) -> Vec<&'a Value> {
+    lines.iter().filter(|l| l.get(key).is_some()).collect()
+}
+
+/// A JSON file written by a run.
+pub fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The reference tensors transformers wrote to `tests/fixtures/NAME`.
+pub fn reference(name: &str) -> std::collections::HashMap<String, candle_core::Tensor> {
+    candle_core::safetensors::load(fixtures().join(name), &candle_core::Device::Cpu).unwrap()
 }
 
 pub fn s(p: &Path) -> &str {

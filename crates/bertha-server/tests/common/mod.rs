@@ -3,29 +3,16 @@
 //! fixtures, and float comparisons.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use bertha::Device;
 use bertha_server::{AppState, ServerConfig};
 use serde_json::Value;
 
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-pub fn minilm() -> PathBuf {
-    let dir = repo().join(".cache/models/all-MiniLM-L6-v2");
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "run scripts/fetch-model.sh first"
-    );
-    dir
-}
-
-pub fn tiny(name: &str) -> PathBuf {
-    repo().join("tests/fixtures/tiny").join(name)
-}
+#[path = "../../../../tests/paths.rs"]
+mod paths;
+#[allow(unused_imports)] // each test binary uses some
+pub use paths::{fixtures, minilm, repo, tiny_dir};
 
 /// A server on `127.0.0.1:0`, serving `state` until [`Server::stop`].
 pub struct Server {
@@ -99,9 +86,5 @@ pub const TEXTS: [&str; 3] = [
 
 /// transformers' outputs for MiniLM (`tests/fixtures/minilm.safetensors`).
 pub fn candle_core_fixture() -> std::collections::HashMap<String, bertha::Tensor> {
-    candle_core::safetensors::load(
-        repo().join("tests/fixtures/minilm.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap()
+    candle_core::safetensors::load(fixtures().join("minilm.safetensors"), &Device::Cpu).unwrap()
 }
