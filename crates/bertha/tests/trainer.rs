@@ -235,3 +235,51 @@ fn a_non_finite_loss_stops_the_run() {
         }
     });
 }
+
+/// The gradient hook sees every step's summed gradients before the update
+/// and what it does to them is what the optimiser applies: doubled
+/// gradients give a doubled norm.
+#[test]
+fn the_gradient_hook_transforms_every_step() {
+    use bertha::training::optim::GradAccumulator;
+    use bertha::training::GradientHook;
+    use std::sync::{Arc, Mutex};
+
+    struct Double(Arc<Mutex<Vec<u64>>>);
+    impl GradientHook for Double {
+        fn on_gradients(&mut self, step: u64, grads: &mut GradAccumulator) -> bertha::Result<()> {
+            self.0.lock().unwrap().push(step);
+            for (_, g) in grads.iter_mut() {
+                g.iter_mut().for_each(|x| *x *= 2.0);
+            }
+            Ok(())
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let frozen = Tweak {
+        lr: 0.0,
+        dropout: 0.0,
+        ..Tweak::default()
+    };
+    let norms = |dir: &str, hook: Option<Arc<Mutex<Vec<u64>>>>| {
+        let mut t = finetuner(&tmp.path().join(dir), Task::Classification, &frozen);
+        if let Some(calls) = hook {
+            t.set_gradient_hook(Box::new(Double(calls)));
+        }
+        let mut norms = Vec::new();
+        t.run_until(3, |e| {
+            if let Event::Step(m) = e {
+                norms.push(m.grad_norm);
+            }
+        })
+        .unwrap();
+        norms
+    };
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let plain = norms("plain", None);
+    let doubled = norms("doubled", Some(calls.clone()));
+    assert_eq!(*calls.lock().unwrap(), [0, 1, 2]);
+    for (p, d) in plain.iter().zip(&doubled) {
+        assert!((d - 2.0 * p).abs() <= 1e-9 * p, "{p} {d}");
+    }
+}

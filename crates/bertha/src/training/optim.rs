@@ -90,6 +90,19 @@ impl GradAccumulator {
     pub fn is_empty(&self) -> bool {
         self.micro_batches == 0
     }
+
+    /// Micro-batches summed so far (the update averages over them).
+    pub fn micro_batches(&self) -> usize {
+        self.micro_batches
+    }
+
+    /// The summed gradients by parameter name, in name order (the same on
+    /// every process: what an all-reduce walks).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut [f32])> {
+        self.grads
+            .iter_mut()
+            .map(|(name, g)| (name.as_str(), g.as_mut_slice()))
+    }
 }
 
 impl AdamW {
