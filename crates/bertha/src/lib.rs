@@ -2,9 +2,18 @@
 //!
 //! The crate follows the path of a text through a model:
 //! [`config`] → [`io`] (the model folder, its tokenizer and weights, the
-//! user's texts) → [`model`] (embeddings, attention, layer, encoder,
-//! pooler) → [`pooling`] → [`tasks`]. [`fast`] runs the same encoder on
-//! packed sequences for CPU inference.
+//! user's texts) → [`model`] (the generic BERT, one file per family member,
+//! the task heads behind [`BertHead`]) → [`pooling`] → [`tasks`] (the
+//! pipelines, and fine-tuned checkpoints in use). [`fast`] runs the same
+//! encoder on packed sequences for CPU inference.
+//!
+//! Training: [`data`] (pre-training corpora and masking, the fine-tuning
+//! readers and model inputs) → [`training`] (one loop, the
+//! [`Trainer`](training::Trainer), for every
+//! [`Objective`](training::Objective): MLM (+NSP) pre-training,
+//! classification, NER and QA fine-tuning), scored with [`metrics`];
+//! every random draw comes from [`rng`]'s seeded streams.
+//!
 //! Every stage matches Hugging Face transformers numerically; the tests
 //! under `tests/` prove it against reference outputs made by transformers.
 
