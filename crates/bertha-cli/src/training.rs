@@ -2,11 +2,31 @@
 //! run, its progress bar, a line per evaluation, save, best model and early
 //! stop, and the closing line. Each command only words its own figures.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use bertha::training::checkpoint::Checkpoint;
 use bertha::training::{EvalMetrics, Event, Objective, StepMetrics, Trainer};
+
+/// What a training command does with its output folder.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Continue a run from a checkpoint folder (or the newest checkpoint-N
+    /// of an output folder), with the same data and options.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+
+    /// Replace the metrics, checkpoints and best/ of another run in --out
+    /// (a fresh run refuses such a folder).
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
+
+    /// With --resume: what this run may change from the checkpoint's run
+    /// (option names such as lr,steps,batch_size; data; config); any other
+    /// change is refused.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES", requires = "resume")]
+    pub allow_changes: Vec<String>,
+}
 
 /// How one training command words its events.
 pub struct Wording {

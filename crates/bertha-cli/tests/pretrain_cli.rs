@@ -124,6 +124,34 @@ fn pretrain_writes_a_model_that_fill_mask_loads_and_resumes_exactly() {
     }
 }
 
+/// An output folder belongs to one run: a second run refuses it (or
+/// replaces it with --overwrite), and --resume refuses changed options
+/// unless --allow-changes names them.
+#[test]
+fn pretrain_keeps_runs_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    ok(&pretrain(&a, &[]));
+    let err = failure(&pretrain(&a, &[]));
+    assert!(
+        err.contains(&format!("--out {} holds another run", a.display())),
+        "{err}"
+    );
+    ok(&pretrain(&a, &["--overwrite"]));
+    assert_eq!(with_key(&metrics(&a), "loss").len(), 4);
+    let ck = a.join("checkpoint-2");
+    let resume = ["--resume", s(&ck), "--weight-decay", "0.1"];
+    let err = failure(&pretrain(&a, &resume));
+    assert!(
+        err.contains("--resume") && err.contains("adamw.weight_decay (was 0.01, now 0.1)"),
+        "{err}"
+    );
+    let allowed = [&resume[..], &["--allow-changes", "weight_decay"]].concat();
+    ok(&pretrain(&a, &allowed));
+    let err = failure(&pretrain(&a, &["--max-grad-norm", "-1"]));
+    assert!(err.contains("--max-grad-norm -1"), "{err}");
+}
+
 #[test]
 fn pretrain_rejects_bad_options_by_name() {
     let tmp = tempfile::tempdir().unwrap();

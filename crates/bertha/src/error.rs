@@ -43,13 +43,15 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
-    /// Training stopped: a loss or gradient norm that must be finite is not.
-    #[error("the {what} is {value} at step {step}: stopping; the last good checkpoint is the newest checkpoint-N in {out}")]
+    /// Training stopped: a loss, gradient norm or weight that must be
+    /// finite is not. `last_good` is the newest checkpoint written before,
+    /// if any (all checkpoints hold finite weights).
+    #[error("the {what} is {value} at step {step}: stopping; {}", resume_hint(.last_good))]
     Diverged {
         what: &'static str,
         value: f64,
         step: u64,
-        out: PathBuf,
+        last_good: Option<PathBuf>,
     },
 
     /// User input that cannot be processed (names the input).
@@ -75,6 +77,13 @@ pub enum Error {
     /// A tensor operation failed; a shape bug or an unsupported device.
     #[error(transparent)]
     Tensor(#[from] candle_core::Error),
+}
+
+fn resume_hint(last_good: &Option<PathBuf>) -> String {
+    match last_good {
+        Some(p) => format!("the last good checkpoint is {}", p.display()),
+        None => "no checkpoint was written before it".into(),
+    }
 }
 
 impl Error {

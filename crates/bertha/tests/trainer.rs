@@ -283,3 +283,139 @@ fn the_gradient_hook_transforms_every_step() {
         assert!((d - 2.0 * p).abs() <= 1e-9 * p, "{p} {d}");
     }
 }
+
+/// An output folder belongs to one run: a fresh run refuses a folder with
+/// another run's metrics and checkpoints, and with `overwrite` replaces
+/// them (and the temporaries a killed write left).
+#[test]
+fn a_fresh_run_refuses_another_runs_folder() {
+    each_objective(|name, run| {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let once = Tweak {
+            save_every: Some(1),
+            ..Tweak::default()
+        };
+        run(&out, &once).result.unwrap();
+        match run(&out, &once).result {
+            Err(Error::Option {
+                name: option,
+                reason,
+            }) => {
+                assert_eq!(option, "out", "{name}");
+                assert!(reason.contains("holds another run"), "{name}: {reason}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        let stale = out.join(".checkpoint-7.tmp-12345");
+        std::fs::create_dir_all(&stale).unwrap();
+        let again = run(
+            &out,
+            &Tweak {
+                overwrite: true,
+                ..once
+            },
+        );
+        again.result.unwrap();
+        assert!(!stale.exists(), "{name}");
+        let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+        let steps = metrics.lines().filter(|l| l.contains("\"loss\"")).count();
+        assert_eq!(steps, again.steps.len(), "{name}: only the new run's steps");
+    });
+}
+
+/// `resume` refuses a run whose options, data or model config differ from
+/// the checkpoint's, naming each change, unless `allow_changes` names it.
+#[test]
+fn resume_refuses_changes_it_was_not_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let saving = Tweak {
+        save_every: Some(1),
+        ..Tweak::default()
+    };
+    let mut first = finetuner(&out, Task::Classification, &saving);
+    first.run_until(2, |_| {}).unwrap();
+    let checkpoint = out.join("checkpoint-2");
+    let resume = |t: &Tweak| {
+        let mut again = finetuner(&out, Task::Classification, t);
+        again.resume(&checkpoint).map(|_| again.step())
+    };
+    assert_eq!(resume(&saving).unwrap(), 2);
+    let changed = Tweak {
+        lr: 1e-3,
+        ..saving.clone()
+    };
+    match resume(&changed) {
+        Err(Error::Option { name, reason }) => {
+            assert_eq!(name, "resume");
+            assert!(reason.contains("lr (was 0.005, now 0.001)"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let allowed = Tweak {
+        allow_changes: vec!["lr".into()],
+        ..changed
+    };
+    assert_eq!(resume(&allowed).unwrap(), 2);
+    // Other model settings are a change of `config`.
+    let other_model = Tweak {
+        dropout: 0.3,
+        ..saving
+    };
+    let err = resume(&other_model).unwrap_err().to_string();
+    assert!(
+        err.contains("config.hidden_dropout_prob (was 0.1, now 0.3)"),
+        "{err}"
+    );
+}
+
+/// The non-finite stop names the newest checkpoint when there is one.
+#[test]
+fn a_diverged_run_names_its_last_good_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let exploding = Tweak {
+        lr: 1e38,
+        save_every: Some(1),
+        ..Tweak::default()
+    };
+    let mut t = finetuner(&out, Task::Classification, &exploding);
+    match t.run(|_| {}) {
+        Err(Error::Diverged {
+            step, last_good, ..
+        }) => {
+            let last_good = last_good.expect("a checkpoint before the divergence");
+            assert_eq!(last_good, out.join(format!("checkpoint-{}", step - 1)));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn options_out_of_range_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut opts = bertha::training::LoopOptions::new(tmp.path());
+    opts.adamw.max_grad_norm = Some(-1.0);
+    let err = bertha::training::Trainer::build(
+        bertha::training::ModelSetup {
+            config: bertha::BertConfig::default(),
+            init: None,
+            tokenizer_source: tmp.path().to_path_buf(),
+        },
+        opts,
+        |_| -> bertha::Result<bertha::training::Finetuning> { unreachable!() },
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.starts_with("max_grad_norm -1"), "{err}");
+    let err = bertha::data::Masker::new(0.0, Default::default(), 103, 1024)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("mask_prob 0"), "{err}");
+    let err = bertha::training::presets::resolve_config("mini", 1024, 100_000)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("seq_len 100000"), "{err}");
+}

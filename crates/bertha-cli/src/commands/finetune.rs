@@ -105,8 +105,9 @@ pub struct Args {
     #[arg(long, default_value_t = 0.01)]
     weight_decay: f64,
 
-    /// Clip the global gradient norm (0 turns clipping off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Clip the global gradient norm (0 turns clipping off; a negative
+    /// norm is refused, not taken as off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     max_grad_norm: f64,
 
     #[arg(long, default_value_t = 0)]
@@ -139,10 +140,8 @@ pub struct Args {
     #[arg(long)]
     group_by_length: bool,
 
-    /// Continue from a checkpoint folder (or the newest checkpoint-N of an
-    /// output folder); give the same data and options.
-    #[arg(long)]
-    resume: Option<PathBuf>,
+    #[command(flatten)]
+    run: training::RunArgs,
 
     #[command(flatten)]
     data: DataArgs,
@@ -167,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
         max_answer_length: a.max_answer_length,
         warmup_ratio: a.warmup_ratio,
         weight_decay: a.weight_decay,
-        max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
+        max_grad_norm: (a.max_grad_norm != 0.0).then_some(a.max_grad_norm),
         seed: a.seed,
         eval_every: a.eval_every,
         save_every: a.save_every,
@@ -176,6 +175,8 @@ pub fn run(a: Args) -> Result<()> {
         max_train: a.max_train,
         group_by_length: a.group_by_length,
         out: a.out.clone(),
+        overwrite: a.run.overwrite,
+        allow_changes: a.run.allow_changes.clone(),
     };
     let t0 = std::time::Instant::now();
     let mut trainer = Finetuner::new(
@@ -201,7 +202,7 @@ pub fn run(a: Args) -> Result<()> {
             .unwrap_or_default(),
         t0.elapsed().as_secs_f64()
     );
-    training::resume(&mut trainer, a.resume.as_deref())?;
+    training::resume(&mut trainer, a.run.resume.as_deref())?;
     eprintln!(
         "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch)",
         trainer.config().architectures.join(", "),

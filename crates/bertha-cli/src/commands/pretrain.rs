@@ -80,8 +80,9 @@ pub struct Args {
     #[arg(long, default_value_t = 0.01)]
     weight_decay: f64,
 
-    /// Clip the global gradient norm (0 turns clipping off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Clip the global gradient norm (0 turns clipping off; a negative
+    /// norm is refused, not taken as off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     max_grad_norm: f64,
 
     /// Tokens per sequence.
@@ -125,10 +126,8 @@ pub struct Args {
     #[arg(long, value_name = "PATIENCE")]
     early_stop: Option<usize>,
 
-    /// Continue a run from a checkpoint folder (or the newest checkpoint-N
-    /// of an output folder); give the same corpus and options.
-    #[arg(long)]
-    resume: Option<PathBuf>,
+    #[command(flatten)]
+    run: training::RunArgs,
 
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -148,7 +147,7 @@ pub fn run(a: Args) -> Result<()> {
     let tokenizer_source = match (&a.tokenizer, &a.init, a.train_tokenizer) {
         (_, _, Some(size)) => {
             let dir = a.out.join("tokenizer");
-            if a.resume.is_some() && dir.join("vocab.txt").is_file() {
+            if a.run.resume.is_some() && dir.join("vocab.txt").is_file() {
                 dir
             } else {
                 let t0 = std::time::Instant::now();
@@ -232,7 +231,7 @@ pub fn run(a: Args) -> Result<()> {
             lr: a.lr,
             adamw: bertha::training::AdamWConfig {
                 weight_decay: a.weight_decay,
-                max_grad_norm: (a.max_grad_norm > 0.0).then_some(a.max_grad_norm),
+                max_grad_norm: (a.max_grad_norm != 0.0).then_some(a.max_grad_norm),
                 ..Default::default()
             },
             seed: a.seed,
@@ -242,6 +241,8 @@ pub fn run(a: Args) -> Result<()> {
             save_every: a.save_every,
             save_total_limit: a.save_total_limit,
             early_stop: a.early_stop,
+            overwrite: a.run.overwrite,
+            allow_changes: a.run.allow_changes.clone(),
             ..LoopOptions::new(&a.out)
         },
     };
@@ -255,7 +256,7 @@ pub fn run(a: Args) -> Result<()> {
         tokenizer.pad_id(),
         &tokenizer_source,
     )?;
-    training::resume(&mut trainer, a.resume.as_deref())?;
+    training::resume(&mut trainer, a.run.resume.as_deref())?;
     eprintln!(
         "model: {} layers, hidden {}, {} parameters; {} steps of {per_step} sequences",
         trainer.config().num_hidden_layers,

@@ -78,10 +78,10 @@ pub struct Masked {
 
 impl Masker {
     pub fn new(mask_prob: f64, split: MaskSplit, mask_id: u32, vocab_size: u32) -> Result<Self> {
-        if !(0.0..=1.0).contains(&mask_prob) {
+        if !(mask_prob > 0.0 && mask_prob <= 1.0) {
             return Err(Error::option(
                 "mask_prob",
-                format!("{mask_prob}: must lie in [0, 1]"),
+                format!("{mask_prob}: must lie in (0, 1] (nothing masked, nothing learnt)"),
             ));
         }
         Ok(Self {

@@ -37,6 +37,9 @@ pub struct TrainerState {
     /// run differs).
     pub options: serde_json::Value,
     pub last_loss: Option<f64>,
+    /// The fingerprint of the training inputs (checked on resume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
 }
 
 /// What a checkpoint folder holds, loaded.

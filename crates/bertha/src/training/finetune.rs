@@ -14,6 +14,7 @@ use candle_nn::var_builder::SimpleBackend;
 use super::log::write_json;
 use super::optim::AdamWConfig;
 use super::plan::{RunLength, Warmup};
+use super::run_dir::Fingerprint;
 use super::trainer::{
     Chart, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams,
     Trainer,
@@ -21,7 +22,7 @@ use super::trainer::{
 use super::ScheduleKind;
 use crate::config::{BertConfig, ProblemType};
 use crate::data::{
-    DataOptions, LabelSet, PostprocessOptions, Task, TaskData, TaskInput, TaskInputBuilder,
+    DataOptions, LabelSet, PostprocessOptions, Target, Task, TaskData, TaskInput, TaskInputBuilder,
     TaskInputs,
 };
 use crate::error::{Error, Result};
@@ -78,6 +79,12 @@ pub struct FinetuneOptions {
     #[serde(default)]
     pub group_by_length: bool,
     pub out: PathBuf,
+    /// Replace another run's metrics and checkpoints in `out`.
+    #[serde(default)]
+    pub overwrite: bool,
+    /// Options (or `data`, `config`) a resumed run may change.
+    #[serde(default)]
+    pub allow_changes: Vec<String>,
 }
 
 impl Default for FinetuneOptions {
@@ -102,6 +109,8 @@ impl Default for FinetuneOptions {
             max_train: None,
             group_by_length: false,
             out: PathBuf::from("finetuned"),
+            overwrite: false,
+            allow_changes: Vec::new(),
         }
     }
 }
@@ -138,6 +147,8 @@ impl FinetuneOptions {
             save_total_limit: self.save_total_limit,
             early_stop: self.early_stop,
             out: self.out.clone(),
+            overwrite: self.overwrite,
+            allow_changes: self.allow_changes.clone(),
         }
     }
 }
@@ -489,6 +500,20 @@ impl Objective for Finetuning {
             loss: ev.loss.unwrap_or(f64::NAN),
             scores: ev.scores,
         }))
+    }
+
+    fn data_fingerprint(&self) -> Fingerprint {
+        let mut f = Fingerprint::default();
+        for item in &self.train.items {
+            f.add(item.input_ids.iter().map(|&t| i64::from(t)));
+            f.add(item.token_type_ids.iter().map(|&t| i64::from(t)));
+            match &item.target {
+                Target::Class(y) => f.add([*y]),
+                Target::Tokens(tags) => f.add(tags.iter().copied()),
+                Target::Span(s, e) => f.add([*s, *e]),
+            }
+        }
+        f
     }
 
     fn options_json(&self) -> serde_json::Value {

@@ -16,6 +16,7 @@ pub mod params;
 pub mod plan;
 pub mod presets;
 pub mod pretrain;
+pub mod run_dir;
 pub mod schedule;
 pub mod trainer;
 

@@ -140,7 +140,7 @@ impl AdamW {
                 what: "gradient norm",
                 value: norm,
                 step: self.step + 1,
-                out: std::path::PathBuf::new(),
+                last_good: None,
             });
         }
         let clip = match self.config.max_grad_norm {

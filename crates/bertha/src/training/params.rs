@@ -155,6 +155,18 @@ impl ParamStore {
         self.snapshot.iter().map(|(_, v)| v.elem_count()).sum()
     }
 
+    /// The first weight that is NaN or infinite, if any (checkpoints
+    /// refuse to keep a diverged model).
+    pub fn first_non_finite(&self) -> Result<Option<f64>> {
+        for (_, var) in &self.snapshot {
+            let values = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+            if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+                return Ok(Some(f64::from(*v)));
+            }
+        }
+        Ok(None)
+    }
+
     /// The current values, by name, for a checkpoint.
     pub fn tensors(&self) -> HashMap<String, Tensor> {
         self.snapshot

@@ -34,8 +34,12 @@ impl Preset {
         })
     }
 
+    /// Position-table size of Google's presets (BERT's 512).
+    pub const MAX_POSITIONS: usize = 512;
+
     /// The config for a vocabulary of `vocab_size` and sequences of
-    /// `seq_len` tokens.
+    /// `seq_len` tokens (at most [`Preset::MAX_POSITIONS`]; the seed's mini
+    /// BERT, with 4 positions of its own, gets `seq_len` of them).
     pub fn config(self, vocab_size: usize, seq_len: usize) -> BertConfig {
         let (layers, hidden, heads) = match self {
             Self::Tiny => (2, 128, 2),
@@ -56,7 +60,7 @@ impl Preset {
             num_hidden_layers: layers,
             num_attention_heads: heads,
             intermediate_size: 4 * hidden,
-            max_position_embeddings: 512.max(seq_len),
+            max_position_embeddings: Self::MAX_POSITIONS,
             ..BertConfig::default()
         }
     }
@@ -65,6 +69,15 @@ impl Preset {
 /// `--config`: a preset name or a `config.json`-shaped file.
 pub fn resolve_config(spec: &str, vocab_size: usize, seq_len: usize) -> Result<BertConfig> {
     if let Some(p) = Preset::parse(spec) {
+        if seq_len > Preset::MAX_POSITIONS {
+            return Err(Error::option(
+                "seq_len",
+                format!(
+                    "{seq_len}: longer than the presets' {} positions (max_position_embeddings); give a config.json for longer sequences",
+                    Preset::MAX_POSITIONS
+                ),
+            ));
+        }
         return Ok(p.config(vocab_size, seq_len));
     }
     let path = Path::new(spec);

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor, D};
 
+use super::run_dir::Fingerprint;
 use super::trainer::{
     Chart, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams,
     Trainer,
@@ -77,6 +78,16 @@ impl Pretrainer {
     ) -> Result<Self> {
         if train.is_empty() {
             return Err(Error::Input("the training corpus gave no sequences".into()));
+        }
+        let positions = config.max_sequence_length();
+        let longest = train.examples.iter().map(|e| e.input_ids.len()).max();
+        if let Some(n) = longest.filter(|&n| n > positions) {
+            return Err(Error::option(
+                "seq_len",
+                format!(
+                    "{n}: longer than the model's {positions} positions (max_position_embeddings)"
+                ),
+            ));
         }
         if opts.nsp && !config.add_pooling_layer {
             return Err(Error::option(
@@ -304,6 +315,16 @@ impl Objective for Pretraining {
                 ),
             ]),
         }))
+    }
+
+    fn data_fingerprint(&self) -> Fingerprint {
+        let mut f = Fingerprint::default();
+        for e in &self.train.examples {
+            f.add(e.input_ids.iter().map(|&t| i64::from(t)));
+            f.add(e.token_type_ids.iter().map(|&t| i64::from(t)));
+            f.add([e.next_sentence_label.map_or(-1, i64::from)]);
+        }
+        f
     }
 
     fn options_json(&self) -> serde_json::Value {

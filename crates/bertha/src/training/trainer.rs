@@ -19,6 +19,7 @@ use super::log::{rewind_metrics, write_json, EvalMetrics, Event, MetricsFile, St
 use super::optim::{AdamW, AdamWConfig, GradAccumulator};
 use super::params::ParamStore;
 use super::plan::{EpochOrder, RunLength, TrainPlan, Warmup};
+use super::run_dir::{self, Fingerprint};
 use super::schedule::{LrSchedule, ScheduleKind};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
@@ -118,8 +119,13 @@ pub trait Objective {
     /// Scores on the held-out data, dropout off (`None` without any).
     fn evaluate(&self) -> Result<Option<Scores>>;
 
-    /// The objective's options, recorded in `trainer_state.json`.
+    /// The objective's options, recorded in `trainer_state.json`; a
+    /// resumed run must have the same (see [`LoopOptions::allow_changes`]).
     fn options_json(&self) -> serde_json::Value;
+
+    /// A fingerprint of the training inputs (a resumed run must read the
+    /// same data).
+    fn data_fingerprint(&self) -> Fingerprint;
 
     /// Files written beside every saved model (e.g. `training_args.json`).
     fn write_extras(&self, _dir: &Path) -> Result<()> {
@@ -160,6 +166,12 @@ pub struct LoopOptions {
     /// best model is kept in `out/best` and becomes the run's final model.
     pub early_stop: Option<usize>,
     pub out: PathBuf,
+    /// Replace the metrics, checkpoints and `best/` of another run in
+    /// `out` (else a fresh run refuses such a folder).
+    pub overwrite: bool,
+    /// Options (or `data`, `config`) a resumed run may change; any other
+    /// change is refused.
+    pub allow_changes: Vec<String>,
 }
 
 impl LoopOptions {
@@ -184,6 +196,8 @@ impl LoopOptions {
             save_total_limit: None,
             early_stop: None,
             out: out.into(),
+            overwrite: false,
+            allow_changes: Vec::new(),
         }
     }
 }
@@ -334,22 +348,10 @@ impl<O: Objective> Trainer<O> {
     /// the early-stopping state is rebuilt from those before it.
     pub fn resume(&mut self, dir: &Path) -> Result<()> {
         let ck = Checkpoint::load(dir)?;
+        self.check_same_run(&ck)?;
+        run_dir::remove_stale_temporaries(&self.opts.out)?;
         self.params.load(&ck.model, &ck.dir.join(MODEL_FILE))?;
         self.optim.load_state(ck.state.step, &ck.optimizer)?;
-        if ck.state.seed != self.opts.seed {
-            tracing::warn!(
-                "resuming a run seeded {} with seed {}: the data order, masks and dropout will differ",
-                ck.state.seed,
-                self.opts.seed
-            );
-        }
-        if ck.state.total_steps != self.plan.total_steps {
-            tracing::warn!(
-                "the checkpoint's run had {} steps, this one has {}: the schedule differs",
-                ck.state.total_steps,
-                self.plan.total_steps
-            );
-        }
         self.step = ck.state.step;
         (self.history, self.evals) =
             rewind_metrics(&self.opts.out.join("metrics.jsonl"), self.step)?;
@@ -375,6 +377,29 @@ impl<O: Objective> Trainer<O> {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a checkpoint whose run had other options, data or model
+    /// config than this one, but for the changes `allow_changes` accepts.
+    fn check_same_run(&self, ck: &Checkpoint) -> Result<()> {
+        let mut was = run_dir::fields(&ck.state.options);
+        let mut now = run_dir::fields(&self.objective.options_json());
+        if let Some(data) = &ck.state.data {
+            was.insert("data".into(), data.clone().into());
+            now.insert(
+                "data".into(),
+                self.objective.data_fingerprint().hex().into(),
+            );
+        }
+        let config_path = ck.dir.join("config.json");
+        if config_path.is_file() {
+            let config = |c: &BertConfig| serde_json::json!({ "config": c.to_json() });
+            was.extend(run_dir::fields(&config(&BertConfig::from_file(
+                &config_path,
+            )?)));
+            now.extend(run_dir::fields(&config(&self.config)));
+        }
+        run_dir::check_unchanged(&ck.dir, &was, &now, &self.opts.allow_changes)
     }
 
     /// Updates the best evaluation and the patience counter; returns
@@ -409,6 +434,9 @@ impl<O: Objective> Trainer<O> {
     pub fn run_until(&mut self, stop: u64, mut on_event: impl FnMut(&Event)) -> Result<()> {
         let stop = stop.min(self.plan.total_steps);
         let out = self.opts.out.clone();
+        if !self.metrics_owned {
+            run_dir::claim(&out, self.opts.overwrite)?;
+        }
         std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
         let mut metrics = MetricsFile::open(&out.join("metrics.jsonl"), self.metrics_owned)?;
         self.metrics_owned = true;
@@ -480,7 +508,7 @@ impl<O: Objective> Trainer<O> {
                     what: "loss",
                     value: out.loss,
                     step: self.step + 1,
-                    out: self.opts.out.clone(),
+                    last_good: newest_checkpoint(&self.opts.out),
                 });
             }
             match out.gradients {
@@ -508,7 +536,7 @@ impl<O: Objective> Trainer<O> {
                         what,
                         value,
                         step,
-                        out: self.opts.out.clone(),
+                        last_good: newest_checkpoint(&self.opts.out),
                     },
                     other => other,
                 })?
@@ -580,14 +608,24 @@ impl<O: Objective> Trainer<O> {
         self.objective.write_extras(dir)
     }
 
-    /// Writes a resumable checkpoint of the current state.
+    /// Writes a resumable checkpoint of the current state (refused when a
+    /// weight is not finite: a checkpoint is always one to resume from).
     pub fn save_checkpoint(&self, dir: &Path) -> Result<()> {
+        if let Some(value) = self.params.first_non_finite()? {
+            return Err(Error::Diverged {
+                what: "a weight",
+                value,
+                step: self.step,
+                last_good: newest_checkpoint(&self.opts.out),
+            });
+        }
         let state = TrainerState {
             step: self.step,
             total_steps: self.plan.total_steps,
             seed: self.opts.seed,
             options: self.objective.options_json(),
             last_loss: self.history.last().map(|m| m.loss),
+            data: Some(self.objective.data_fingerprint().hex()),
         };
         Checkpoint::save(dir, &self.parts(Some(&state)))?;
         self.objective.write_extras(dir)
@@ -646,6 +684,20 @@ impl<O: Objective> Trainer<O> {
     }
 }
 
+/// The newest `checkpoint-N` in `out`.
+fn newest_checkpoint(out: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(out)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name();
+            let step: u64 = name.to_str()?.strip_prefix("checkpoint-")?.parse().ok()?;
+            e.path().is_dir().then(|| (step, e.path()))
+        })
+        .max_by_key(|(step, _)| *step)
+        .map(|(_, p)| p)
+}
+
 fn every(n: Option<u64>, step: u64) -> bool {
     n.is_some_and(|n| step.is_multiple_of(n))
 }
@@ -675,6 +727,14 @@ fn validate(opts: &LoopOptions) -> Result<()> {
             "early_stop",
             "must be at least 1 (evaluations without improvement)",
         ));
+    }
+    if let Some(max) = opts.adamw.max_grad_norm {
+        if !(max.is_finite() && max > 0.0) {
+            return Err(Error::option(
+                "max_grad_norm",
+                format!("{max}: must be above 0 (no clipping: none)"),
+            ));
+        }
     }
     if opts.save_total_limit == Some(0) {
         return Err(Error::option("save_total_limit", "must be at least 1"));

@@ -25,6 +25,8 @@ pub struct Tweak {
     pub early_stop: Option<usize>,
     /// A tensor of the initial weights set to NaN.
     pub poison: Option<&'static str>,
+    pub overwrite: bool,
+    pub allow_changes: Vec<String>,
 }
 
 impl Default for Tweak {
@@ -39,6 +41,8 @@ impl Default for Tweak {
             save_total_limit: None,
             early_stop: None,
             poison: None,
+            overwrite: false,
+            allow_changes: Vec::new(),
         }
     }
 }
@@ -101,6 +105,8 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
             save_every: t.save_every,
             save_total_limit: t.save_total_limit,
             early_stop: t.early_stop,
+            overwrite: t.overwrite,
+            allow_changes: t.allow_changes.clone(),
             ..LoopOptions::new(out)
         },
     };
@@ -187,6 +193,8 @@ pub fn finetuner(out: &Path, task: Task, t: &Tweak) -> Finetuner {
         save_total_limit: t.save_total_limit.or(Some(1)),
         early_stop: t.early_stop,
         out: out.to_path_buf(),
+        overwrite: t.overwrite,
+        allow_changes: t.allow_changes.clone(),
         ..FinetuneOptions::default()
     };
     Finetuner::new(
