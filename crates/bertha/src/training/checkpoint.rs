@@ -135,18 +135,10 @@ impl Checkpoint {
         if dir.join(STATE_FILE).is_file() {
             return Ok(dir.to_path_buf());
         }
-        let newest = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir, e))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().to_str()?.to_string();
-                let step: u64 = name.strip_prefix("checkpoint-")?.parse().ok()?;
-                e.path()
-                    .join(STATE_FILE)
-                    .is_file()
-                    .then_some((step, e.path()))
-            })
-            .max_by_key(|(step, _)| *step);
+        let newest = list(dir)?
+            .into_iter()
+            .rev()
+            .find(|(_, p)| p.join(STATE_FILE).is_file());
         newest.map(|(_, p)| p).ok_or_else(|| {
             Error::Input(format!(
                 "{}: no {STATE_FILE} there and no checkpoint-N folder inside to resume from",
@@ -154,6 +146,21 @@ impl Checkpoint {
             ))
         })
     }
+}
+
+/// The `checkpoint-N` folders in `out`, by step.
+pub fn list(out: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(out)
+        .map_err(|e| Error::io(out, e))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name();
+            let step: u64 = name.to_str()?.strip_prefix("checkpoint-")?.parse().ok()?;
+            e.path().is_dir().then(|| (step, e.path()))
+        })
+        .collect();
+    found.sort();
+    Ok(found)
 }
 
 fn write_files(dir: &Path, parts: &CheckpointParts) -> Result<()> {

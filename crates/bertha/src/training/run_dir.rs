@@ -51,15 +51,31 @@ pub(crate) fn claim(out: &Path, overwrite: bool) -> Result<()> {
             ),
         ));
     }
-    for p in found {
-        let removed = if p.is_dir() {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
-        };
-        removed.map_err(|e| Error::io(&p, e))?;
-    }
-    Ok(())
+    found.iter().try_for_each(|p| remove(p))
+}
+
+/// Keeps the checkpoint of `step` and the newest `keep - 1` before it
+/// (transformers' `save_total_limit`: each holds the optimiser's moments,
+/// twice the model's size). Later ones are an abandoned run's (a resume
+/// repeats those steps) and go too.
+pub(crate) fn prune_checkpoints(out: &Path, step: u64, keep: usize) -> Result<()> {
+    let all = super::checkpoint::list(out)?;
+    let older = all.iter().filter(|(s, _)| *s < step).count();
+    let excess = older.saturating_sub(keep.saturating_sub(1));
+    all.iter()
+        .enumerate()
+        .filter(|(i, (s, _))| *i < excess || *s > step)
+        .try_for_each(|(_, (_, p))| remove(p))
+}
+
+/// Removes a file or a folder with everything in it.
+fn remove(p: &Path) -> Result<()> {
+    let removed = if p.is_dir() {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_file(p)
+    };
+    removed.map_err(|e| Error::io(p, e))
 }
 
 /// The metrics, checkpoints and `best/` of a run in `out`.
@@ -99,12 +115,7 @@ pub(crate) fn remove_stale_temporaries(out: &Path) -> Result<()> {
             "{}: removing a temporary left by an interrupted write",
             p.display()
         );
-        let removed = if p.is_dir() {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
-        };
-        removed.map_err(|e| Error::io(&p, e))?;
+        remove(&p)?;
     }
     Ok(())
 }

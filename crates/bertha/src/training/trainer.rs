@@ -14,7 +14,9 @@ use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 
-use super::checkpoint::{write_atomic, Checkpoint, CheckpointParts, TrainerState, MODEL_FILE};
+use super::checkpoint::{
+    self, write_atomic, Checkpoint, CheckpointParts, TrainerState, MODEL_FILE,
+};
 use super::log::{rewind_metrics, write_json, EvalMetrics, Event, MetricsFile, StepMetrics};
 use super::optim::{AdamW, AdamWConfig, GradAccumulator};
 use super::params::ParamStore;
@@ -475,7 +477,7 @@ impl<O: Objective> Trainer<O> {
                 let dir = out.join(format!("checkpoint-{}", self.step));
                 self.save_checkpoint(&dir)?;
                 if let Some(keep) = self.opts.save_total_limit {
-                    prune_checkpoints(&out, self.step, keep)?;
+                    run_dir::prune_checkpoints(&out, self.step, keep)?;
                 }
                 self.plot(&out)?;
                 on_event(&Event::Saved(dir));
@@ -686,16 +688,7 @@ impl<O: Objective> Trainer<O> {
 
 /// The newest `checkpoint-N` in `out`.
 fn newest_checkpoint(out: &Path) -> Option<PathBuf> {
-    std::fs::read_dir(out)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name();
-            let step: u64 = name.to_str()?.strip_prefix("checkpoint-")?.parse().ok()?;
-            e.path().is_dir().then(|| (step, e.path()))
-        })
-        .max_by_key(|(step, _)| *step)
-        .map(|(_, p)| p)
+    checkpoint::list(out).ok()?.pop().map(|(_, p)| p)
 }
 
 fn every(n: Option<u64>, step: u64) -> bool {
@@ -738,40 +731,6 @@ fn validate(opts: &LoopOptions) -> Result<()> {
     }
     if opts.save_total_limit == Some(0) {
         return Err(Error::option("save_total_limit", "must be at least 1"));
-    }
-    Ok(())
-}
-
-/// Keeps the checkpoint of `step` and the newest `keep - 1` before it
-/// (transformers' `save_total_limit`: each holds the optimiser's moments,
-/// twice the model's size). Later ones are an abandoned run's (a resume
-/// repeats those steps) and go too.
-fn prune_checkpoints(out: &Path, step: u64, keep: usize) -> Result<()> {
-    let mut older: Vec<(u64, PathBuf)> = Vec::new();
-    for entry in std::fs::read_dir(out).map_err(|e| Error::io(out, e))? {
-        let Ok(entry) = entry else { continue };
-        let name = entry.file_name();
-        let Some(s) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("checkpoint-"))
-            .and_then(|s| s.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        let p = entry.path();
-        if s == step || !p.is_dir() {
-            continue;
-        }
-        if s > step {
-            std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
-        } else {
-            older.push((s, p));
-        }
-    }
-    older.sort();
-    let excess = older.len().saturating_sub(keep.saturating_sub(1));
-    for (_, p) in &older[..excess] {
-        std::fs::remove_dir_all(p).map_err(|e| Error::io(p, e))?;
     }
     Ok(())
 }
