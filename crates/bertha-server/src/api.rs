@@ -219,12 +219,14 @@ pub async fn embed_all(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SimilarityInputs {
     source_sentence: String,
     sentences: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SimilarityRequest {
     inputs: SimilarityInputs,
     #[serde(default)]
@@ -258,6 +260,7 @@ pub async fn similarity(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     inputs: Inputs,
     #[serde(default = "yes")]
@@ -323,6 +326,7 @@ pub enum Ids {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DecodeRequest {
     ids: Ids,
     #[serde(default = "yes")]
@@ -426,6 +430,7 @@ pub enum EncodingFormat {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct OpenAiRequest {
     input: Inputs,
     model: Option<String>,
@@ -526,6 +531,7 @@ pub enum PredictInput {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PredictRequest {
     inputs: PredictInput,
     #[serde(default)]
@@ -580,6 +586,7 @@ pub async fn predict(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RerankRequest {
     query: String,
     texts: Vec<String>,
@@ -644,6 +651,7 @@ pub async fn rerank(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FillMaskRequest {
     inputs: String,
     #[serde(default = "five")]
@@ -669,6 +677,7 @@ pub async fn fill_mask(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NerRequest {
     inputs: String,
     #[serde(default)]
@@ -693,6 +702,7 @@ pub async fn ner(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct QaRequest {
     question: String,
     context: String,
@@ -740,6 +750,7 @@ pub async fn qa(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AttentionRequest {
     inputs: String,
     layer: Option<usize>,

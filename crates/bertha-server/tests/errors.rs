@@ -117,3 +117,86 @@ async fn errors_have_tei_status_codes_and_shapes() {
     assert_eq!(r.status(), 413);
     server.stop().await;
 }
+
+/// A misspelt field is a 422 naming it on every route, never silently
+/// ignored (a typo such as `topk` would otherwise change the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_are_rejected_on_every_route() {
+    let server = Server::start(ServerConfig::new(minilm())).await;
+    let similar = json!({ "source_sentence": "a", "sentences": ["b"] });
+    let nested = json!({ "source_sentence": "a", "sentences": ["b"], "sentence": "c" });
+    let cases = [
+        (
+            "/embed",
+            "normalise",
+            json!({ "inputs": "hi", "normalise": true }),
+        ),
+        (
+            "/embed_all",
+            "normalise",
+            json!({ "inputs": "hi", "normalise": true }),
+        ),
+        (
+            "/similarity",
+            "truncat",
+            json!({ "inputs": similar, "truncat": true }),
+        ),
+        ("/similarity", "sentence", json!({ "inputs": nested })),
+        (
+            "/tokenize",
+            "add_special",
+            json!({ "inputs": "hi", "add_special": false }),
+        ),
+        (
+            "/decode",
+            "skip_special",
+            json!({ "ids": [101], "skip_special": false }),
+        ),
+        (
+            "/predict",
+            "rawscores",
+            json!({ "inputs": "hi", "rawscores": true }),
+        ),
+        (
+            "/rerank",
+            "returntext",
+            json!({ "query": "a", "texts": ["b"], "returntext": true }),
+        ),
+        (
+            "/fill-mask",
+            "topk",
+            json!({ "inputs": "a [MASK]", "topk": 3 }),
+        ),
+        (
+            "/ner",
+            "aggregation",
+            json!({ "inputs": "hi", "aggregation": "none" }),
+        ),
+        (
+            "/qa",
+            "topk",
+            json!({ "question": "q", "context": "c", "topk": 3 }),
+        ),
+        (
+            "/attention",
+            "layers",
+            json!({ "inputs": "hi", "layers": 0 }),
+        ),
+        (
+            "/v1/embeddings",
+            "inputs",
+            json!({ "input": "hi", "inputs": "hi" }),
+        ),
+    ];
+    for (path, field, body) in cases {
+        let (status, reply) = server.post(path, body.clone()).await;
+        assert_eq!(status, 422, "{path} {body}: {reply}");
+        assert_eq!(reply["error_type"], "Validation", "{path}: {reply}");
+        let message = reply["error"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("unknown field `{field}`")),
+            "{path}: {message}"
+        );
+    }
+    server.stop().await;
+}
