@@ -64,7 +64,7 @@ impl Embedder {
             None => folder.default_max_length(model.config())?,
         };
         check_max_length(max_length, model.config())?;
-        let tokenizer = folder.tokenizer(max_length)?;
+        let tokenizer = folder.model_tokenizer(model.config(), max_length)?;
         let spec = SentenceTransformerSpec::from_dir(dir)?;
         let pooling = opts
             .pooling
