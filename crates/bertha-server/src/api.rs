@@ -159,11 +159,7 @@ async fn pooled(
 ) -> AppResult<(Vec<Vec<f32>>, usize)> {
     let encodings = tokenize(state, texts, truncate, dir).await?;
     let tokens = encodings.iter().map(Encoded::len).sum();
-    let out = state
-        .batcher
-        .run(encodings, Want::Pooled)
-        .await
-        .map_err(ApiError::backend)?;
+    let out = state.batcher.run(encodings, Want::Pooled).await?;
     let Output::Pooled(mut rows) = out else {
         return Err(ApiError::backend("the batcher answered with token vectors"));
     };
@@ -195,11 +191,7 @@ pub async fn embed_all(
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
     let encodings = tokenize(&state, texts, req.truncate, req.truncation_direction).await?;
-    let out = state
-        .batcher
-        .run(encodings, Want::Tokens)
-        .await
-        .map_err(ApiError::backend)?;
+    let out = state.batcher.run(encodings, Want::Tokens).await?;
     let Output::Tokens(rows) = out else {
         return Err(ApiError::backend(
             "the batcher answered with pooled vectors",

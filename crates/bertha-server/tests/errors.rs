@@ -200,3 +200,26 @@ async fn unknown_fields_are_rejected_on_every_route() {
     }
     server.stop().await;
 }
+
+/// A 500 tells the client what failed in one line; the backtrace that
+/// candle appends (with the server's source paths) stays in the log.
+#[tokio::test]
+async fn server_errors_send_no_backtrace() {
+    use axum::response::IntoResponse;
+    let message = "index-select invalid index 30527 with dim size 30522\n\
+                   \x20  0: candle_core::error::Error::bt\n\
+                   \x20            at /home/u/.cargo/registry/src/candle-core-0.9.1/src/error.rs:264:25";
+    let response = bertha_server::error::ApiError::backend(message).into_response();
+    assert_eq!(response.status(), 500);
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "error": "index-select invalid index 30527 with dim size 30522",
+            "error_type": "Backend"
+        })
+    );
+}
