@@ -156,6 +156,22 @@ fn embed_pooling_none_gives_token_vectors() {
     }
 }
 
+/// Without `--no-normalize` too: the folder's Normalize module acts on
+/// sentence vectors, never on token vectors (as `/embed_all`, TEI and
+/// sentence-transformers' `token_embeddings`).
+#[test]
+fn embed_pooling_none_is_not_normalised_by_the_folder() {
+    let lines = on_minilm("embed", &["--pooling", "none", "The cat sat on the mat."]);
+    let want: Vec<Vec<f32>> = reference("minilm.safetensors")["last_hidden_state.0"]
+        .to_vec2()
+        .unwrap();
+    let got: Vec<Vec<f32>> = serde_json::from_value(lines[0]["embeddings"].clone()).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!(g.iter().zip(w).all(|(a, b)| (a - b).abs() <= 1e-4));
+    }
+}
+
 #[test]
 fn similarity_matrix_is_symmetric_with_unit_diagonal() {
     let lines = on_minilm(
