@@ -263,3 +263,45 @@ fn bench_reports_throughput() {
     assert!(lines[0]["texts_per_s"].as_f64().unwrap() > 0.0);
     assert!(lines[0]["tokens"].as_u64().unwrap() > 17 * 2);
 }
+
+/// `serve` with an empty key (flag or `BERTHA_API_KEY`) stops at once with
+/// an error naming the flag, instead of serving 401 to every call.
+#[test]
+fn serve_refuses_an_empty_api_key() {
+    let model = minilm();
+    let by_flag = [
+        "serve",
+        "--model",
+        s(&model),
+        "--port",
+        "0",
+        "--api-key",
+        "",
+    ];
+    let by_env = ["serve", "--model", s(&model), "--port", "0"];
+    for (args, env) in [(&by_flag[..], None), (&by_env[..], Some(""))] {
+        let mut cmd = bertha(args);
+        if let Some(value) = env {
+            cmd.env("BERTHA_API_KEY", value);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(60) {
+                child.kill().unwrap();
+                panic!("`bertha {args:?}` is serving with an empty key");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--api-key is empty"), "{err}");
+        assert!(err.contains("BERTHA_API_KEY"), "{err}");
+    }
+}

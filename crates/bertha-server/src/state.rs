@@ -73,7 +73,22 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Loads the model and starts the batcher. An empty API key is refused:
+    /// it is most often an unset shell variable (`--api-key "$KEY"`), and
+    /// serving with it would answer 401 to every client, while treating it
+    /// as no key would open a server its operator meant to protect.
     pub fn load(config: ServerConfig) -> bertha::Result<Arc<Self>> {
+        if config
+            .api_key
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty())
+        {
+            return Err(bertha::Error::option(
+                "api_key",
+                "is empty (set by the flag or by BERTHA_API_KEY): give a key, or leave both \
+                 unset to serve without one",
+            ));
+        }
         let dir = &config.model_dir;
         // Requests choose normalisation themselves, so the embedder never
         // normalises; the folder's own choice becomes the default.

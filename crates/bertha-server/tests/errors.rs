@@ -223,3 +223,18 @@ async fn server_errors_send_no_backtrace() {
         })
     );
 }
+
+/// An empty (or blank) API key is refused when the server starts, rather
+/// than answering 401 to every call.
+#[test]
+fn an_empty_api_key_is_refused_at_start() {
+    for key in ["", "  "] {
+        let mut config = ServerConfig::new(minilm());
+        config.api_key = Some(key.into());
+        let err = bertha_server::AppState::load(config)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("api_key is empty"), "{err}");
+    }
+}
