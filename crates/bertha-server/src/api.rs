@@ -18,7 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::batcher::{Output, Want};
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, ModelKind};
 
 type AppResult<T> = Result<T, ApiError>;
 
@@ -379,11 +379,27 @@ pub async fn health(State(state): Shared) -> Response {
 pub async fn info(State(state): Shared) -> Json<Value> {
     let c = &state.config;
     let cfg = state.embedder.model().config();
+    let labels = || {
+        let id2label: serde_json::Map<String, Value> = (0..cfg.num_labels())
+            .map(|i| (i.to_string(), cfg.label_name(i).into()))
+            .collect();
+        let label2id: serde_json::Map<String, Value> = (0..cfg.num_labels())
+            .map(|i| (cfg.label_name(i), i.into()))
+            .collect();
+        json!({ "id2label": id2label, "label2id": label2id })
+    };
+    let model_type = match state.kind {
+        ModelKind::Embedding => {
+            json!({ "embedding": { "pooling": state.embedder.pooling().name() } })
+        }
+        ModelKind::Classifier => json!({ "classifier": labels() }),
+        ModelKind::Reranker => json!({ "reranker": labels() }),
+    };
     Json(json!({
         "model_id": c.model_id,
         "model_sha": null,
         "model_dtype": "float32",
-        "model_type": { "embedding": { "pooling": state.embedder.pooling().name() } },
+        "model_type": model_type,
         "architectures": cfg.architectures,
         "hidden_size": cfg.hidden_size,
         "max_concurrent_requests": c.max_concurrent_requests,
@@ -504,6 +520,19 @@ pub async fn openai_embeddings(
             prompt_tokens: tokens,
             total_tokens: tokens,
         },
+    }))
+}
+
+/// `GET /v1/models` (OpenAI): the one model served.
+pub async fn openai_models(State(state): Shared) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "bertha",
+        }],
     }))
 }
 

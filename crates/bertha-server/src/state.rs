@@ -51,6 +51,32 @@ impl ServerConfig {
     }
 }
 
+/// What the loaded checkpoint is, as TEI tells it from `config.json`: it
+/// picks what `POST /` and `/invocations` do and `/info`'s `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Any encoder: `/embed`.
+    Embedding,
+    /// A sequence classifier with several labels: `/predict`.
+    Classifier,
+    /// A sequence classifier with one output (a cross-encoder): `/rerank`.
+    Reranker,
+}
+
+impl ModelKind {
+    pub fn of(config: &bertha::BertConfig) -> Self {
+        let classifies = config
+            .architectures
+            .iter()
+            .any(|a| a.ends_with("ForSequenceClassification"));
+        match (classifies, config.num_labels()) {
+            (false, _) => Self::Embedding,
+            (true, 1) => Self::Reranker,
+            (true, _) => Self::Classifier,
+        }
+    }
+}
+
 /// A task head loaded on first use; `Err` keeps the reason it is absent.
 type Lazy<T> = OnceLock<Result<Arc<T>, String>>;
 
@@ -60,6 +86,9 @@ pub struct AppState {
     /// The same tokenizer, truncating from the left.
     pub left_tokenizer: Tokenizer,
     pub normalize_default: bool,
+    pub kind: ModelKind,
+    /// When the model was loaded (OpenAI's `created`, Unix seconds).
+    pub created: u64,
     pub batcher: Batcher,
     pub limit: Arc<Semaphore>,
     pub metrics: Arc<Metrics>,
@@ -109,6 +138,10 @@ impl AppState {
         Ok(Arc::new(Self {
             limit: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
             normalize_default: spec.map(|s| s.normalize).unwrap_or(true),
+            kind: ModelKind::of(embedder.model().config()),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             config,
             embedder,
             left_tokenizer,

@@ -45,15 +45,16 @@ pub struct Args {
     #[arg(long)]
     pooling: Option<String>,
 
-    /// Name reported by /info and OpenAI's `model` (default: the folder name).
-    #[arg(long)]
-    model_id: Option<String>,
+    /// Name reported by /info, /v1/models and OpenAI's `model` (default:
+    /// the folder name). TEI's flag; `--model-id` is bertha's older name.
+    #[arg(long, alias = "model-id")]
+    served_model_name: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let dir = a.model.resolve()?;
     let mut config = ServerConfig::new(&dir);
-    if let Some(id) = a.model_id {
+    if let Some(id) = a.served_model_name {
         config.model_id = id;
     }
     config.pooling = a
