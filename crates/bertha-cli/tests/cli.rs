@@ -305,3 +305,75 @@ fn serve_refuses_an_empty_api_key() {
         assert!(err.contains("BERTHA_API_KEY"), "{err}");
     }
 }
+
+/// `serve --served-model-name` (TEI's flag) names the model in
+/// `/v1/models`; `TASK=sentence-similarity` makes `POST /` compare
+/// sentences, as TEI.
+#[test]
+fn serve_takes_tei_served_model_name_and_task() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let model = minilm();
+    /// Stops the server however the test ends.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = bertha(&[
+        "serve",
+        "--model",
+        s(&model),
+        "--port",
+        "0",
+        "--served-model-name",
+        "my-model",
+    ])
+    .env("TASK", "sentence-similarity")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let server = Stop(child);
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let http = |request: String| {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        let body = reply
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        (reply, body)
+    };
+    let (_, models) = http(format!(
+        "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    ));
+    let body = r#"{"inputs": {"source_sentence": "a cat", "sentences": ["a cat"]}}"#;
+    let (reply, scores) = http(format!(
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    drop(server);
+    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], "my-model");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let scores: Vec<f32> = serde_json::from_str(&scores).unwrap();
+    assert!(
+        scores.len() == 1 && (scores[0] - 1.0).abs() < 1e-5,
+        "{scores:?}"
+    );
+}

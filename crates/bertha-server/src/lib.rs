@@ -33,6 +33,7 @@ const OPENAPI: &str = include_str!("../static/openapi.json");
 pub fn router(state: Arc<AppState>) -> Router {
     // TEI's default route, and SageMaker's: the model type's own task.
     let root = match state.kind {
+        ModelKind::Embedding if state.config.similarity_root => post(api::similarity),
         ModelKind::Embedding => post(api::embed),
         ModelKind::Classifier => post(api::predict),
         ModelKind::Reranker => post(api::rerank),

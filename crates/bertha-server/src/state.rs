@@ -28,6 +28,9 @@ pub struct ServerConfig {
     /// Largest request body in bytes.
     pub payload_limit: usize,
     pub api_key: Option<String>,
+    /// TEI's `TASK=sentence-similarity`: `POST /` and `/invocations` of an
+    /// embedding model answer `/similarity` instead of `/embed`.
+    pub similarity_root: bool,
 }
 
 impl ServerConfig {
@@ -47,6 +50,7 @@ impl ServerConfig {
             max_input_length: None,
             payload_limit: 2_000_000,
             api_key: None,
+            similarity_root: false,
         }
     }
 }

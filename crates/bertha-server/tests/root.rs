@@ -146,3 +146,14 @@ async fn root_reranks_for_a_one_label_classifier() {
     assert_eq!(info["model_type"]["reranker"]["id2label"]["0"], "LABEL_0");
     server.stop().await;
 }
+
+/// TEI's `TASK=sentence-similarity`: the root answers `/similarity`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_compares_sentences_for_the_similarity_task() {
+    let mut config = ServerConfig::new(minilm());
+    config.similarity_root = true;
+    let server = Server::start(config).await;
+    let inputs = json!({ "source_sentence": "a cat", "sentences": ["a dog", "a bank"] });
+    root_is(&server, "/similarity", json!({ "inputs": inputs })).await;
+    server.stop().await;
+}
