@@ -9,6 +9,7 @@ pub mod api;
 pub mod batcher;
 pub mod error;
 pub mod metrics;
+pub mod openai;
 pub mod state;
 
 use std::sync::Arc;
@@ -52,8 +53,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ner", post(api::ner))
         .route("/qa", post(api::qa))
         .route("/attention", post(api::attention))
-        .route("/v1/embeddings", post(api::openai_embeddings))
-        .route("/v1/models", get(api::openai_models))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/models", get(openai::models))
         .route("/info", get(api::info))
         .route("/metrics", get(api::metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
