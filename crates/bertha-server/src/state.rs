@@ -90,6 +90,7 @@ pub struct AppState {
     /// The same tokenizer, truncating from the left.
     pub left_tokenizer: Tokenizer,
     pub normalize_default: bool,
+    /// Picks the task of `POST /` (TEI's default route).
     pub kind: ModelKind,
     /// When the model was loaded (OpenAI's `created`, Unix seconds).
     pub created: u64,
