@@ -156,6 +156,22 @@ fn embed_pooling_none_gives_token_vectors() {
     }
 }
 
+/// Without `--no-normalize` too: the folder's Normalize module acts on
+/// sentence vectors, never on token vectors (as `/embed_all`, TEI and
+/// sentence-transformers' `token_embeddings`).
+#[test]
+fn embed_pooling_none_is_not_normalised_by_the_folder() {
+    let lines = on_minilm("embed", &["--pooling", "none", "The cat sat on the mat."]);
+    let want: Vec<Vec<f32>> = reference("minilm.safetensors")["last_hidden_state.0"]
+        .to_vec2()
+        .unwrap();
+    let got: Vec<Vec<f32>> = serde_json::from_value(lines[0]["embeddings"].clone()).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!(g.iter().zip(w).all(|(a, b)| (a - b).abs() <= 1e-4));
+    }
+}
+
 #[test]
 fn similarity_matrix_is_symmetric_with_unit_diagonal() {
     let lines = on_minilm(
@@ -246,4 +262,118 @@ fn bench_reports_throughput() {
     assert_eq!(lines[0]["texts"], 17);
     assert!(lines[0]["texts_per_s"].as_f64().unwrap() > 0.0);
     assert!(lines[0]["tokens"].as_u64().unwrap() > 17 * 2);
+}
+
+/// `serve` with an empty key (flag or `BERTHA_API_KEY`) stops at once with
+/// an error naming the flag, instead of serving 401 to every call.
+#[test]
+fn serve_refuses_an_empty_api_key() {
+    let model = minilm();
+    let by_flag = [
+        "serve",
+        "--model",
+        s(&model),
+        "--port",
+        "0",
+        "--api-key",
+        "",
+    ];
+    let by_env = ["serve", "--model", s(&model), "--port", "0"];
+    for (args, env) in [(&by_flag[..], None), (&by_env[..], Some(""))] {
+        let mut cmd = bertha(args);
+        if let Some(value) = env {
+            cmd.env("BERTHA_API_KEY", value);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(60) {
+                child.kill().unwrap();
+                panic!("`bertha {args:?}` is serving with an empty key");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--api-key is empty"), "{err}");
+        assert!(err.contains("BERTHA_API_KEY"), "{err}");
+    }
+}
+
+/// `serve --served-model-name` (TEI's flag) names the model in
+/// `/v1/models`; `TASK=sentence-similarity` makes `POST /` compare
+/// sentences, as TEI.
+#[test]
+fn serve_takes_tei_served_model_name_and_task() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let model = minilm();
+    /// Stops the server however the test ends.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = bertha(&[
+        "serve",
+        "--model",
+        s(&model),
+        "--port",
+        "0",
+        "--served-model-name",
+        "my-model",
+    ])
+    .env("TASK", "sentence-similarity")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let server = Stop(child);
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let http = |request: String| {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        let body = reply
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        (reply, body)
+    };
+    let (_, models) = http(format!(
+        "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    ));
+    let body = r#"{"inputs": {"source_sentence": "a cat", "sentences": ["a cat"]}}"#;
+    let (reply, scores) = http(format!(
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    drop(server);
+    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], "my-model");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let scores: Vec<f32> = serde_json::from_str(&scores).unwrap();
+    assert!(
+        scores.len() == 1 && (scores[0] - 1.0).abs() < 1e-5,
+        "{scores:?}"
+    );
 }

@@ -186,3 +186,19 @@ fn nsp_probabilities() {
     let err = failure(&run(&["nsp", "--model", &tiny("bert-qa"), "a", "b"]));
     assert!(err.contains("cls.seq_relationship.weight"), "{err}");
 }
+
+/// A mask past the truncation point fails the command naming it, even when
+/// other masks survive (never a line with fewer answers than masks).
+#[test]
+fn fill_mask_answers_every_mask_or_fails() {
+    let words = "the year ".repeat(28);
+    let text = format!("[MASK] {words} [MASK] [MASK] [MASK] [MASK] [MASK] [MASK] [MASK] [MASK]");
+    let err = failure(&run_model("fill-mask", &tiny_dir("bert-mlm"), &[&text]));
+    assert_mentions(
+        &err,
+        &[
+            "text 1",
+            "masks 7 to 9 of 9 were cut off by truncation at 64 tokens",
+        ],
+    );
+}

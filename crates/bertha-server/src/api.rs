@@ -1,6 +1,7 @@
 //! Route handlers. Request and response bodies follow TEI's where TEI has
 //! the route, OpenAI's for `/v1/embeddings`, and transformers' pipelines
-//! for the routes beyond TEI (`/fill-mask`, `/ner`, `/qa`, `/attention`).
+//! for the routes beyond TEI (`/fill-mask`, `/ner`, `/qa`, `/attention`);
+//! OpenAI's routes are in [`crate::openai`].
 
 use std::sync::Arc;
 
@@ -9,7 +10,6 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::Engine;
 use bertha::tasks::{Aggregation, Answer, Entity, LabelScore, MaskPrediction, QaOptions};
 use bertha::Encoded;
 use serde::{Deserialize, Serialize};
@@ -18,9 +18,9 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::batcher::{Output, Want};
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, ModelKind};
 
-type AppResult<T> = Result<T, ApiError>;
+pub(crate) type AppResult<T> = Result<T, ApiError>;
 
 /// One item, or a list when the request was a batch. Responses are typed
 /// (not `serde_json::Value`) so f32 numbers print in their shortest form.
@@ -30,7 +30,7 @@ pub enum OneOrMany<T> {
     One(T),
     Many(Vec<T>),
 }
-type Shared = State<Arc<AppState>>;
+pub(crate) type Shared = State<Arc<AppState>>;
 
 /// `Json` whose rejections are 422s naming the field, in TEI's error shape.
 pub struct Body<T>(pub T);
@@ -65,7 +65,7 @@ pub enum Inputs {
 }
 
 impl Inputs {
-    fn into_vec(self) -> Vec<String> {
+    pub(crate) fn into_vec(self) -> Vec<String> {
         match self {
             Inputs::One(s) => vec![s],
             Inputs::Many(v) => v,
@@ -82,7 +82,7 @@ pub enum TruncationDirection {
 
 /// Holds a slot of `--max-concurrent-requests`; refuses at once when none
 /// is free.
-fn admit(state: &AppState) -> AppResult<OwnedSemaphorePermit> {
+pub(crate) fn admit(state: &AppState) -> AppResult<OwnedSemaphorePermit> {
     state
         .limit
         .clone()
@@ -90,7 +90,7 @@ fn admit(state: &AppState) -> AppResult<OwnedSemaphorePermit> {
         .map_err(|_| ApiError::overloaded())
 }
 
-fn check_batch(state: &AppState, n: usize) -> AppResult<()> {
+pub(crate) fn check_batch(state: &AppState, n: usize) -> AppResult<()> {
     if n == 0 {
         return Err(ApiError::validation("`inputs` cannot be empty"));
     }
@@ -150,7 +150,7 @@ pub struct EmbedRequest {
     prompt_name: Option<String>,
 }
 
-async fn pooled(
+pub(crate) async fn pooled(
     state: &Arc<AppState>,
     texts: Vec<String>,
     truncate: bool,
@@ -159,11 +159,7 @@ async fn pooled(
 ) -> AppResult<(Vec<Vec<f32>>, usize)> {
     let encodings = tokenize(state, texts, truncate, dir).await?;
     let tokens = encodings.iter().map(Encoded::len).sum();
-    let out = state
-        .batcher
-        .run(encodings, Want::Pooled)
-        .await
-        .map_err(ApiError::backend)?;
+    let out = state.batcher.run(encodings, Want::Pooled).await?;
     let Output::Pooled(mut rows) = out else {
         return Err(ApiError::backend("the batcher answered with token vectors"));
     };
@@ -195,11 +191,7 @@ pub async fn embed_all(
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
     let encodings = tokenize(&state, texts, req.truncate, req.truncation_direction).await?;
-    let out = state
-        .batcher
-        .run(encodings, Want::Tokens)
-        .await
-        .map_err(ApiError::backend)?;
+    let out = state.batcher.run(encodings, Want::Tokens).await?;
     let Output::Tokens(rows) = out else {
         return Err(ApiError::backend(
             "the batcher answered with pooled vectors",
@@ -219,12 +211,14 @@ pub async fn embed_all(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SimilarityInputs {
     source_sentence: String,
     sentences: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SimilarityRequest {
     inputs: SimilarityInputs,
     #[serde(default)]
@@ -258,6 +252,7 @@ pub async fn similarity(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     inputs: Inputs,
     #[serde(default = "yes")]
@@ -323,6 +318,7 @@ pub enum Ids {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DecodeRequest {
     ids: Ids,
     #[serde(default = "yes")]
@@ -383,11 +379,27 @@ pub async fn health(State(state): Shared) -> Response {
 pub async fn info(State(state): Shared) -> Json<Value> {
     let c = &state.config;
     let cfg = state.embedder.model().config();
+    let labels = || {
+        let id2label: serde_json::Map<String, Value> = (0..cfg.num_labels())
+            .map(|i| (i.to_string(), cfg.label_name(i).into()))
+            .collect();
+        let label2id: serde_json::Map<String, Value> = (0..cfg.num_labels())
+            .map(|i| (cfg.label_name(i), i.into()))
+            .collect();
+        json!({ "id2label": id2label, "label2id": label2id })
+    };
+    let model_type = match state.kind {
+        ModelKind::Embedding => {
+            json!({ "embedding": { "pooling": state.embedder.pooling().name() } })
+        }
+        ModelKind::Classifier => json!({ "classifier": labels() }),
+        ModelKind::Reranker => json!({ "reranker": labels() }),
+    };
     Json(json!({
         "model_id": c.model_id,
         "model_sha": null,
         "model_dtype": "float32",
-        "model_type": { "embedding": { "pooling": state.embedder.pooling().name() } },
+        "model_type": model_type,
         "architectures": cfg.architectures,
         "hidden_size": cfg.hidden_size,
         "max_concurrent_requests": c.max_concurrent_requests,
@@ -417,99 +429,6 @@ pub async fn metrics(State(state): Shared) -> impl IntoResponse {
     )
 }
 
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum EncodingFormat {
-    #[default]
-    Float,
-    Base64,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct OpenAiRequest {
-    input: Inputs,
-    model: Option<String>,
-    #[serde(default)]
-    encoding_format: EncodingFormat,
-    #[allow(dead_code)]
-    user: Option<String>,
-    dimensions: Option<usize>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
-pub enum OpenAiVector {
-    Float(Vec<f32>),
-    Base64(String),
-}
-
-#[derive(Debug, Serialize)]
-pub struct OpenAiEmbedding {
-    object: &'static str,
-    embedding: OpenAiVector,
-    index: usize,
-}
-
-#[derive(Debug, Serialize)]
-pub struct OpenAiUsage {
-    prompt_tokens: usize,
-    total_tokens: usize,
-}
-
-#[derive(Debug, Serialize)]
-pub struct OpenAiResponse {
-    object: &'static str,
-    data: Vec<OpenAiEmbedding>,
-    model: String,
-    usage: OpenAiUsage,
-}
-
-/// `POST /v1/embeddings` (OpenAI): normalised vectors, `usage` in tokens.
-pub async fn openai_embeddings(
-    State(state): Shared,
-    Body(req): Body<OpenAiRequest>,
-) -> AppResult<Json<OpenAiResponse>> {
-    let _permit = admit(&state)?;
-    if let Some(d) = req.dimensions {
-        if d != state.embedder.model().config().hidden_size {
-            return Err(ApiError::validation(format!(
-                "`dimensions` {d} is not supported: this model gives {} dimensions",
-                state.embedder.model().config().hidden_size
-            )));
-        }
-    }
-    let texts = req.input.into_vec();
-    check_batch(&state, texts.len())?;
-    let (rows, tokens) = pooled(&state, texts, false, TruncationDirection::Right, true).await?;
-    let data = rows
-        .into_iter()
-        .enumerate()
-        .map(|(index, v)| {
-            let embedding = match req.encoding_format {
-                EncodingFormat::Float => OpenAiVector::Float(v),
-                EncodingFormat::Base64 => {
-                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    OpenAiVector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
-                }
-            };
-            OpenAiEmbedding {
-                object: "embedding",
-                embedding,
-                index,
-            }
-        })
-        .collect();
-    Ok(Json(OpenAiResponse {
-        object: "list",
-        data,
-        model: req.model.unwrap_or_else(|| state.config.model_id.clone()),
-        usage: OpenAiUsage {
-            prompt_tokens: tokens,
-            total_tokens: tokens,
-        },
-    }))
-}
-
 /// TEI's predict input: a text, a pair `[a, b]`, or a batch of either.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -526,6 +445,7 @@ pub enum PredictInput {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PredictRequest {
     inputs: PredictInput,
     #[serde(default)]
@@ -580,6 +500,7 @@ pub async fn predict(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RerankRequest {
     query: String,
     texts: Vec<String>,
@@ -644,6 +565,7 @@ pub async fn rerank(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FillMaskRequest {
     inputs: String,
     #[serde(default = "five")]
@@ -669,6 +591,7 @@ pub async fn fill_mask(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NerRequest {
     inputs: String,
     #[serde(default)]
@@ -693,6 +616,7 @@ pub async fn ner(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct QaRequest {
     question: String,
     context: String,
@@ -740,6 +664,7 @@ pub async fn qa(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AttentionRequest {
     inputs: String,
     layer: Option<usize>,

@@ -2,6 +2,11 @@
 //! thread (off the async runtime) takes everything queued, up to
 //! `max_batch_tokens`, runs it as one batch, and answers each request
 //! with its own rows, in its own order.
+//!
+//! One request must never fail another: inputs are checked against the
+//! model's vocabulary before they join the queue, and should a shared batch
+//! still fail, each of its requests is run again alone so that only the
+//! culprit gets the error.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,6 +15,7 @@ use bertha::tasks::TokenEmbeddings;
 use bertha::{Embedder, Encoded};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 /// What a request wants from the model.
@@ -36,22 +42,32 @@ struct Job {
 pub struct Batcher {
     tx: mpsc::UnboundedSender<Job>,
     metrics: Arc<Metrics>,
+    /// The model's `vocab_size`: ids from here on have no embedding.
+    vocab_size: usize,
 }
 
 impl Batcher {
     /// Starts the worker thread. The embedder must not normalise: requests
     /// choose normalisation for themselves.
     pub fn start(embedder: Arc<Embedder>, max_batch_tokens: usize, metrics: Arc<Metrics>) -> Self {
+        let vocab_size = embedder.model().config().vocab_size;
         let (tx, rx) = mpsc::unbounded_channel();
         let worker_metrics = metrics.clone();
         std::thread::Builder::new()
             .name("bertha-batcher".into())
             .spawn(move || worker(rx, embedder, max_batch_tokens, worker_metrics))
             .expect("spawning the batching thread");
-        Self { tx, metrics }
+        Self {
+            tx,
+            metrics,
+            vocab_size,
+        }
     }
 
-    pub async fn run(&self, inputs: Vec<Encoded>, want: Want) -> Result<Output, String> {
+    /// Runs `inputs` in the next batch. Inputs the model cannot take are a
+    /// 422 for this request alone; a model failure is a 500.
+    pub async fn run(&self, inputs: Vec<Encoded>, want: Want) -> Result<Output, ApiError> {
+        self.check_ids(&inputs)?;
         let (reply, rx) = oneshot::channel();
         self.metrics.queue_depth.inc();
         if self
@@ -64,10 +80,28 @@ impl Batcher {
             .is_err()
         {
             self.metrics.queue_depth.dec();
-            return Err("the model worker has stopped".into());
+            return Err(ApiError::backend("the model worker has stopped"));
         }
         rx.await
-            .map_err(|_| "the model worker dropped the request".to_string())?
+            .map_err(|_| ApiError::backend("the model worker dropped the request"))?
+            .map_err(ApiError::backend)
+    }
+
+    /// Every token id must have an embedding row.
+    fn check_ids(&self, inputs: &[Encoded]) -> Result<(), ApiError> {
+        for (i, input) in inputs.iter().enumerate() {
+            if let Some(id) = input
+                .input_ids
+                .iter()
+                .find(|&&id| id as usize >= self.vocab_size)
+            {
+                return Err(ApiError::validation(format!(
+                    "Input validation error: `inputs[{i}]` has token id {id}, outside the model's vocabulary of {} ids",
+                    self.vocab_size
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -108,14 +142,7 @@ fn worker(
         metrics.batch_texts.observe(all.len() as f64);
         metrics.batch_tokens.observe(tokens as f64);
         metrics.input_tokens.inc_by(tokens as u64);
-        let result = match want {
-            Want::Pooled => embedder
-                .embed_encoded(&all, all.len().max(1), &mut |_| {})
-                .map(Output::Pooled),
-            Want::Tokens => embedder
-                .embed_tokens_encoded(&all, all.len().max(1), &mut |_| {})
-                .map(Output::Tokens),
-        };
+        let result = forward(&embedder, &all, want);
         tracing::debug!(
             texts = all.len(),
             tokens,
@@ -123,10 +150,22 @@ fn worker(
             "batch"
         );
         match result {
+            Err(e) if jobs.len() == 1 => {
+                tracing::error!(texts = all.len(), "model batch failed: {e}");
+                let _ = jobs.remove(0).reply.send(Err(e.to_string()));
+            }
             Err(e) => {
-                let msg = e.to_string();
+                // Find the culprit: each request again, on its own.
+                tracing::warn!(
+                    requests = jobs.len(),
+                    "model batch failed, running its requests one by one: {e}"
+                );
                 for job in jobs {
-                    let _ = job.reply.send(Err(msg.clone()));
+                    let alone = forward(&embedder, &job.inputs, want).map_err(|e| {
+                        tracing::error!(texts = job.inputs.len(), "model request failed: {e}");
+                        e.to_string()
+                    });
+                    let _ = job.reply.send(alone);
                 }
             }
             Ok(Output::Pooled(mut rows)) => {
@@ -142,5 +181,17 @@ fn worker(
                 }
             }
         }
+    }
+}
+
+/// One model call over `inputs`.
+fn forward(embedder: &Embedder, inputs: &[Encoded], want: Want) -> bertha::Result<Output> {
+    match want {
+        Want::Pooled => embedder
+            .embed_encoded(inputs, inputs.len().max(1), &mut |_| {})
+            .map(Output::Pooled),
+        Want::Tokens => embedder
+            .embed_tokens_encoded(inputs, inputs.len().max(1), &mut |_| {})
+            .map(Output::Tokens),
     }
 }

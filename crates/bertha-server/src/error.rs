@@ -74,8 +74,24 @@ impl From<bertha::Error> for ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// Logs the error in full, and sends the client its first line only:
+    /// what follows (a backtrace, with the server's source paths) is for
+    /// the operator.
     fn into_response(self) -> Response {
-        let body = Json(json!({ "error": self.message, "error_type": self.error_type }));
+        let status = self.status.as_u16();
+        if self.status.is_server_error() {
+            tracing::error!(status, error_type = self.error_type, "{}", self.message);
+        } else {
+            tracing::info!(status, error_type = self.error_type, "{}", self.message);
+        }
+        let message = public_message(&self.message);
+        let body = Json(json!({ "error": message, "error_type": self.error_type }));
         (self.status, body).into_response()
     }
+}
+
+/// The first line of `message`: a backtrace (candle appends one on its
+/// own lines when `RUST_BACKTRACE` is set) stays in the log.
+fn public_message(message: &str) -> &str {
+    message.lines().next().unwrap_or_default()
 }

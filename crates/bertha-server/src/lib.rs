@@ -9,6 +9,7 @@ pub mod api;
 pub mod batcher;
 pub mod error;
 pub mod metrics;
+pub mod openai;
 pub mod state;
 
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-pub use state::{AppState, ServerConfig};
+pub use state::{AppState, ModelKind, ServerConfig};
 
 use crate::error::ApiError;
 use crate::metrics::{RouteLabels, RouteOnly};
@@ -31,7 +32,16 @@ const OPENAPI: &str = include_str!("../static/openapi.json");
 
 /// All routes, with the API-key check, body limit and metrics.
 pub fn router(state: Arc<AppState>) -> Router {
+    // TEI's default route, and SageMaker's: the model type's own task.
+    let root = match state.kind {
+        ModelKind::Embedding if state.config.similarity_root => post(api::similarity),
+        ModelKind::Embedding => post(api::embed),
+        ModelKind::Classifier => post(api::predict),
+        ModelKind::Reranker => post(api::rerank),
+    };
     let api = Router::new()
+        .route("/", root.clone())
+        .route("/invocations", root)
         .route("/embed", post(api::embed))
         .route("/embed_all", post(api::embed_all))
         .route("/similarity", post(api::similarity))
@@ -43,7 +53,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ner", post(api::ner))
         .route("/qa", post(api::qa))
         .route("/attention", post(api::attention))
-        .route("/v1/embeddings", post(api::openai_embeddings))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/models", get(openai::models))
         .route("/info", get(api::info))
         .route("/metrics", get(api::metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
@@ -60,6 +71,13 @@ pub fn router(state: Arc<AppState>) -> Router {
                 status: StatusCode::NOT_FOUND,
                 error_type: "NotFound",
                 message: "no such route".into(),
+            }
+        })
+        .method_not_allowed_fallback(|req: Request| async move {
+            ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                error_type: "MethodNotAllowed",
+                message: format!("{} is not allowed on {}", req.method(), req.uri().path()),
             }
         })
         .layer(middleware::from_fn_with_state(state.clone(), record))

@@ -28,6 +28,9 @@ pub struct ServerConfig {
     /// Largest request body in bytes.
     pub payload_limit: usize,
     pub api_key: Option<String>,
+    /// TEI's `TASK=sentence-similarity`: `POST /` and `/invocations` of an
+    /// embedding model answer `/similarity` instead of `/embed`.
+    pub similarity_root: bool,
 }
 
 impl ServerConfig {
@@ -47,6 +50,33 @@ impl ServerConfig {
             max_input_length: None,
             payload_limit: 2_000_000,
             api_key: None,
+            similarity_root: false,
+        }
+    }
+}
+
+/// What the loaded checkpoint is, as TEI tells it from `config.json`: it
+/// picks what `POST /` and `/invocations` do and `/info`'s `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Any encoder: `/embed`.
+    Embedding,
+    /// A sequence classifier with several labels: `/predict`.
+    Classifier,
+    /// A sequence classifier with one output (a cross-encoder): `/rerank`.
+    Reranker,
+}
+
+impl ModelKind {
+    pub fn of(config: &bertha::BertConfig) -> Self {
+        let classifies = config
+            .architectures
+            .iter()
+            .any(|a| a.ends_with("ForSequenceClassification"));
+        match (classifies, config.num_labels()) {
+            (false, _) => Self::Embedding,
+            (true, 1) => Self::Reranker,
+            (true, _) => Self::Classifier,
         }
     }
 }
@@ -60,6 +90,10 @@ pub struct AppState {
     /// The same tokenizer, truncating from the left.
     pub left_tokenizer: Tokenizer,
     pub normalize_default: bool,
+    /// Picks the task of `POST /` (TEI's default route).
+    pub kind: ModelKind,
+    /// When the model was loaded (OpenAI's `created`, Unix seconds).
+    pub created: u64,
     pub batcher: Batcher,
     pub limit: Arc<Semaphore>,
     pub metrics: Arc<Metrics>,
@@ -73,7 +107,22 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Loads the model and starts the batcher. An empty API key is refused:
+    /// it is most often an unset shell variable (`--api-key "$KEY"`), and
+    /// serving with it would answer 401 to every client, while treating it
+    /// as no key would open a server its operator meant to protect.
     pub fn load(config: ServerConfig) -> bertha::Result<Arc<Self>> {
+        if config
+            .api_key
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty())
+        {
+            return Err(bertha::Error::option(
+                "api_key",
+                "is empty (set by the flag or by BERTHA_API_KEY): give a key, or leave both \
+                 unset to serve without one",
+            ));
+        }
         let dir = &config.model_dir;
         // Requests choose normalisation themselves, so the embedder never
         // normalises; the folder's own choice becomes the default.
@@ -94,6 +143,10 @@ impl AppState {
         Ok(Arc::new(Self {
             limit: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
             normalize_default: spec.map(|s| s.normalize).unwrap_or(true),
+            kind: ModelKind::of(embedder.model().config()),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             config,
             embedder,
             left_tokenizer,

@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use bertha::{Device, EmbedOptions, Embedder};
+use bertha_server::batcher::Want;
 use bertha_server::ServerConfig;
 use serde_json::{json, Value};
 
@@ -69,4 +70,41 @@ async fn shutdown_finishes_in_flight_requests() {
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body.as_array().unwrap().len(), 32);
+}
+
+/// A request the model cannot take (a token id past `vocab_size`) fails
+/// alone with a 422, before it can join a batch: requests queued beside it
+/// still get their answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_outside_the_vocabulary_fails_only_its_own_request() {
+    let server = Arc::new(Server::start(ServerConfig::new(minilm())).await);
+    let tokenizer = server.state.embedder.tokenizer();
+    let vocab = server.state.embedder.model().config().vocab_size as u32;
+    let mut bad = tokenizer.encode("the cat sat").unwrap();
+    bad.input_ids[2] = vocab + 5;
+    // Keep the worker busy so that what follows queues together.
+    let busy = {
+        let server = server.clone();
+        let texts: Vec<String> = (0..32)
+            .map(|i| format!("{} {i}", "a rather long sentence ".repeat(10)))
+            .collect();
+        tokio::spawn(async move { server.post("/embed", json!({ "inputs": texts })).await })
+    };
+    while server.state.limit.available_permits() == 512 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let (bad, good) = tokio::join!(
+        server.state.batcher.run(vec![bad], Want::Pooled),
+        server.post("/embed", json!({ "inputs": "the cat sat" })),
+    );
+    let err = bad.err().expect("an id past the vocabulary is refused");
+    assert_eq!(err.status, 422);
+    assert!(
+        err.message.contains(&format!("{}", vocab + 5)),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains(&vocab.to_string()), "{}", err.message);
+    assert_eq!(good.0, 200, "{}", good.1);
+    assert_eq!(busy.await.unwrap().0, 200);
 }

@@ -117,3 +117,78 @@ async fn errors_have_tei_status_codes_and_shapes() {
     assert_eq!(r.status(), 413);
     server.stop().await;
 }
+
+/// A misspelt field is a 422 naming it on every route, never silently
+/// ignored (a typo such as `topk` would otherwise change the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_are_rejected_on_every_route() {
+    let server = Server::start(ServerConfig::new(minilm())).await;
+    // Each case: the route, the misspelt field, the body.
+    let cases = [
+        r#"/embed normalise {"inputs": "hi", "normalise": true}"#,
+        r#"/embed_all normalise {"inputs": "hi", "normalise": true}"#,
+        r#"/similarity truncat {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "truncat": true}"#,
+        r#"/similarity sentence {"inputs": {"source_sentence": "a", "sentences": ["b"], "sentence": "c"}}"#,
+        r#"/tokenize add_special {"inputs": "hi", "add_special": false}"#,
+        r#"/decode skip_special {"ids": [101], "skip_special": false}"#,
+        r#"/predict rawscores {"inputs": "hi", "rawscores": true}"#,
+        r#"/rerank returntext {"query": "a", "texts": ["b"], "returntext": true}"#,
+        r#"/fill-mask topk {"inputs": "a [MASK]", "topk": 3}"#,
+        r#"/ner aggregation {"inputs": "hi", "aggregation": "none"}"#,
+        r#"/qa topk {"question": "q", "context": "c", "topk": 3}"#,
+        r#"/attention layers {"inputs": "hi", "layers": 0}"#,
+        r#"/v1/embeddings inputs {"input": "hi", "inputs": "hi"}"#,
+    ];
+    for case in cases {
+        let mut parts = case.splitn(3, ' ');
+        let (path, field) = (parts.next().unwrap(), parts.next().unwrap());
+        let body: Value = serde_json::from_str(parts.next().unwrap()).unwrap();
+        let (status, reply) = server.post(path, body.clone()).await;
+        assert_eq!(status, 422, "{path} {body}: {reply}");
+        assert_eq!(reply["error_type"], "Validation", "{path}: {reply}");
+        let message = reply["error"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("unknown field `{field}`")),
+            "{path}: {message}"
+        );
+    }
+    server.stop().await;
+}
+
+/// A 500 tells the client what failed in one line; the backtrace that
+/// candle appends (with the server's source paths) stays in the log.
+#[tokio::test]
+async fn server_errors_send_no_backtrace() {
+    use axum::response::IntoResponse;
+    let message = "index-select invalid index 30527 with dim size 30522\n\
+                   \x20  0: candle_core::error::Error::bt\n\
+                   \x20            at /home/u/.cargo/registry/src/candle-core-0.9.1/src/error.rs:264:25";
+    let response = bertha_server::error::ApiError::backend(message).into_response();
+    assert_eq!(response.status(), 500);
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "error": "index-select invalid index 30527 with dim size 30522",
+            "error_type": "Backend"
+        })
+    );
+}
+
+/// An empty (or blank) API key is refused when the server starts, rather
+/// than answering 401 to every call.
+#[test]
+fn an_empty_api_key_is_refused_at_start() {
+    for key in ["", "  "] {
+        let mut config = ServerConfig::new(minilm());
+        config.api_key = Some(key.into());
+        let err = bertha_server::AppState::load(config)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("api_key is empty"), "{err}");
+    }
+}

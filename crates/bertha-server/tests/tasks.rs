@@ -118,3 +118,19 @@ async fn qa_matches_the_pipeline() {
     .await;
     assert_eq!(got, as_sent(&want[0]));
 }
+
+/// A mask past the truncation point is a 422 naming it, even when other
+/// masks survive (never a 200 with fewer answers than masks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_mask_answers_every_mask_or_errors() {
+    let words = "the year ".repeat(28);
+    let text = format!("[MASK] {words} [MASK] [MASK] [MASK] [MASK] [MASK] [MASK] [MASK] [MASK]");
+    let (status, body) = post_once("bert-mlm", "/fill-mask", json!({ "inputs": text })).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error_type"], "Validation");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.contains("masks 7 to 9 of 9 were cut off by truncation at 64 tokens"),
+        "{message}"
+    );
+}

@@ -169,3 +169,38 @@ fn over_long_input_to_the_model_is_an_error_not_a_panic() {
         other => panic!("expected an input error, got {other:?}"),
     }
 }
+
+/// A tokenizer that gives ids past `vocab_size` is refused when a model
+/// loads, naming both sizes and the folder (else every text holding such
+/// an id would fail, or a whole server batch with it).
+#[test]
+fn tokenizer_larger_than_vocab_size_is_refused_at_load() {
+    let tmp = copy_tiny("bert-mlm");
+    std::fs::copy(
+        fixtures().join("minilm-tokenizer/tokenizer.json"),
+        tmp.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let dir = tmp.path().display().to_string();
+    let parts = ["30522", "vocab_size is 1024", dir.as_str()];
+    let check = |err: Error| {
+        let err = err.to_string();
+        assert!(parts.iter().all(|p| err.contains(p)), "{err}");
+    };
+    let opts = bertha::EmbedOptions::default();
+    check(
+        bertha::Embedder::from_dir(tmp.path(), &Device::Cpu, &opts)
+            .err()
+            .unwrap(),
+    );
+    check(
+        bertha::tasks::FillMask::from_dir(tmp.path(), &Device::Cpu)
+            .err()
+            .unwrap(),
+    );
+    check(
+        bertha::tasks::AttentionModel::from_dir(tmp.path(), &Device::Cpu)
+            .err()
+            .unwrap(),
+    );
+}

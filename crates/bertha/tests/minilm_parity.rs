@@ -188,6 +188,34 @@ fn max_length_above_the_model_window_is_an_error() {
     assert!(err.contains("max_position_embeddings"), "{err}");
 }
 
+/// Pooling `none` gives the raw last hidden state even though the folder
+/// has a Normalize module (it acts on sentence vectors only, as in
+/// sentence-transformers' `token_embeddings`); asking still normalises.
+#[test]
+fn pooling_none_is_the_raw_last_hidden_state() {
+    let f = fixture();
+    let opts = |normalize| EmbedOptions {
+        pooling: Some(bertha::Pooling::None),
+        normalize,
+        ..Default::default()
+    };
+    let raw = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts(None)).unwrap();
+    assert!(!raw.normalizes());
+    let got = raw.embed_tokens(&f.sentences[..1], 1, &mut |_| {}).unwrap();
+    let got = Tensor::new(got[0].embeddings.clone(), &Device::Cpu).unwrap();
+    assert_expected(f, "last_hidden_state", 0, &got);
+    let asked = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts(Some(true))).unwrap();
+    let unit = asked
+        .embed_tokens(&f.sentences[..1], 1, &mut |_| {})
+        .unwrap();
+    let norm: f32 = unit[0].embeddings[0]
+        .iter()
+        .map(|x| x * x)
+        .sum::<f32>()
+        .sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+}
+
 #[test]
 fn packed_fast_path_matches_candle_modules_and_is_batch_invariant() {
     let f = fixture();

@@ -127,6 +127,21 @@ fn fill_mask_bad_input() {
     let long = format!("{} [MASK]", "the year ".repeat(80));
     let err = fm.fill(&long, 5).unwrap_err().to_string();
     assert!(err.contains("truncation"), "{err}");
+    // Masks past the truncation point are an error naming them, even when
+    // others survive (never an answer with fewer masks than the text has).
+    let words = "the year ".repeat(28);
+    let some = format!("[MASK] {words} [MASK] [MASK] [MASK] [MASK] [MASK] [MASK] [MASK] [MASK]");
+    let err = fm.fill(&some, 5).unwrap_err().to_string();
+    assert!(
+        err.contains("masks 7 to 9 of 9 were cut off by truncation at 64 tokens"),
+        "{err}"
+    );
+    let last = format!("[MASK] {words} [MASK] [MASK] [MASK] the year the [MASK]");
+    let err = fm.fill(&last, 5).unwrap_err().to_string();
+    assert!(
+        err.contains("mask 5 of 5 was cut off by truncation"),
+        "{err}"
+    );
     // A checkpoint without an MLM head.
     let err = common::err_text(FillMask::from_dir(&tiny("bert-seqcls"), &Device::Cpu));
     assert!(

@@ -45,15 +45,22 @@ pub struct Args {
     #[arg(long)]
     pooling: Option<String>,
 
-    /// Name reported by /info and OpenAI's `model` (default: the folder name).
-    #[arg(long)]
-    model_id: Option<String>,
+    /// TEI's TASK: `sentence-similarity` makes `POST /` answer /similarity
+    /// for an embedding model; other values keep TEI's default (the model
+    /// type's route).
+    #[arg(long, env = "TASK")]
+    task: Option<String>,
+
+    /// Name reported by /info, /v1/models and OpenAI's `model` (default:
+    /// the folder name). TEI's flag; `--model-id` is bertha's older name.
+    #[arg(long, alias = "model-id")]
+    served_model_name: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let dir = a.model.resolve()?;
     let mut config = ServerConfig::new(&dir);
-    if let Some(id) = a.model_id {
+    if let Some(id) = a.served_model_name {
         config.model_id = id;
     }
     config.pooling = a
@@ -67,6 +74,7 @@ pub fn run(a: Args) -> Result<()> {
     config.max_input_length = a.max_input_length;
     config.payload_limit = a.payload_limit;
     config.api_key = a.api_key;
+    config.similarity_root = a.task.as_deref() == Some("sentence-similarity");
     let state = AppState::load(config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

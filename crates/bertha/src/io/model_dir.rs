@@ -89,6 +89,25 @@ impl ModelDir {
         Tokenizer::from_dir(&self.path, max_length)
     }
 
+    /// The tokenizer of the model `config` describes, refused when it can
+    /// give ids past the model's `vocab_size` (those ids have no embedding
+    /// row: every text holding one would fail in the model instead).
+    pub fn model_tokenizer(&self, config: &BertConfig, max_length: usize) -> Result<Tokenizer> {
+        let tokenizer = self.tokenizer(max_length)?;
+        let ids = tokenizer.id_limit();
+        if ids > config.vocab_size {
+            return Err(Error::ModelDir {
+                path: self.path.clone(),
+                reason: format!(
+                    "the tokenizer's vocabulary has {ids} ids but config.json's vocab_size is {}: \
+                     ids {}..{ids} would have no embedding (is the tokenizer from another model?)",
+                    config.vocab_size, config.vocab_size
+                ),
+            });
+        }
+        Ok(tokenizer)
+    }
+
     /// The `max_length` a text gets by default for this folder: see
     /// [`default_max_length`].
     pub fn default_max_length(&self, config: &BertConfig) -> Result<usize> {

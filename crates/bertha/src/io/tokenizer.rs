@@ -296,6 +296,16 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// One past the largest id this tokenizer can give (added tokens
+    /// included): the embedding rows a model needs for it.
+    pub fn id_limit(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1)
+    }
+
     /// The underlying `tokenizers` pipeline.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner

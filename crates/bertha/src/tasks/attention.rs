@@ -8,6 +8,7 @@ use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
 use crate::io::tokenizer::{default_max_length, Tokenizer};
+use crate::io::ModelDir;
 use crate::model::{BertInput, BertModel, ForwardOptions};
 
 /// The attention probabilities of one text.
@@ -73,7 +74,7 @@ impl AttentionModel {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
         let model = BertModel::from_dir(dir, device)?;
         let max_length = default_max_length(dir, model.config())?;
-        let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+        let tokenizer = ModelDir::open(dir)?.model_tokenizer(model.config(), max_length)?;
         Ok(Self { model, tokenizer })
     }
 

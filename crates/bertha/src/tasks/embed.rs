@@ -54,7 +54,8 @@ impl Embedder {
     /// Loads model, tokenizer and pooling from a model folder. Without
     /// overrides, a sentence-transformers folder uses its own pooling,
     /// normalisation and `max_seq_length`; a plain checkpoint uses mean
-    /// pooling without normalisation and `max_position_embeddings`.
+    /// pooling without normalisation and `max_position_embeddings`. Pooling
+    /// `none` is not normalised unless `opts.normalize` says so.
     pub fn from_dir(dir: &Path, device: &Device, opts: &EmbedOptions) -> Result<Self> {
         let folder = ModelDir::open(dir)?;
         let (config, weights) = folder.config_and_weights()?;
@@ -64,16 +65,20 @@ impl Embedder {
             None => folder.default_max_length(model.config())?,
         };
         check_max_length(max_length, model.config())?;
-        let tokenizer = folder.tokenizer(max_length)?;
+        let tokenizer = folder.model_tokenizer(model.config(), max_length)?;
         let spec = SentenceTransformerSpec::from_dir(dir)?;
         let pooling = opts
             .pooling
             .or(spec.as_ref().map(|s| s.pooling))
             .unwrap_or(Pooling::Mean);
-        let normalize = opts
-            .normalize
-            .or(spec.as_ref().map(|s| s.normalize))
-            .unwrap_or(false);
+        // A Normalize module acts on sentence vectors: token vectors
+        // (pooling `none`) stay the raw last hidden state unless asked, as
+        // sentence-transformers' `token_embeddings` and TEI's `/embed_all`.
+        let normalize = match (opts.normalize, pooling) {
+            (Some(asked), _) => asked,
+            (None, Pooling::None) => false,
+            (None, _) => spec.as_ref().is_some_and(|s| s.normalize),
+        };
         let mut embedder = Self::new(model, tokenizer, pooling, normalize)?;
         if opts.precision != Precision::F32 {
             embedder.set_precision(opts.precision)?;

@@ -85,11 +85,29 @@ impl FillMask {
             .filter(|(_, &id)| id == self.mask_id)
             .map(|(i, _)| i)
             .collect();
+        // Every mask of the text is answered, or none: a mask past the
+        // truncation point is an error, even when others survive.
+        let written = text.matches(self.mask_token.as_str()).count();
+        if enc.truncated && masks.len() < written {
+            let cut = masks.len() + 1;
+            let which = if cut == written {
+                format!("mask {cut} of {written} was")
+            } else {
+                format!("masks {cut} to {written} of {written} were")
+            };
+            return Err(Error::Input(format!(
+                "{which} cut off by truncation at {} tokens ({} in {}): \
+                 shorten the text so that every mask fits",
+                self.tokenizer.max_length(),
+                self.mask_token,
+                preview(text)
+            )));
+        }
         if masks.is_empty() {
             return Err(Error::Input(format!(
-                "the mask token {} of {text:?} was cut off by truncation at {} tokens",
+                "the mask token {} of {} gave no mask id once tokenized",
                 self.mask_token,
-                self.tokenizer.max_length()
+                preview(text)
             )));
         }
         let pad = self.tokenizer.pad_id();
@@ -116,5 +134,13 @@ impl FillMask {
             out.push(row);
         }
         Ok(out)
+    }
+}
+
+/// The text for an error message: quoted, cut to its first 60 characters.
+fn preview(text: &str) -> String {
+    match text.char_indices().nth(60) {
+        Some((at, _)) => format!("{:?}…", &text[..at]),
+        None => format!("{text:?}"),
     }
 }

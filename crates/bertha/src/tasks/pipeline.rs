@@ -8,6 +8,7 @@ use tokenizers::Decoder;
 
 use crate::error::{Error, Result};
 use crate::io::tokenizer::{default_max_length, Encoded, Tokenizer};
+use crate::io::ModelDir;
 use crate::model::{BertHead, BertInput, HeadInit, HeadLabels, HeadOptions, HeadOutput};
 
 /// Loads a head that must be in the checkpoint, and the folder's tokenizer
@@ -30,7 +31,7 @@ pub(crate) fn load<H: BertHead>(
         Some(n) => n,
         None => default_max_length(dir, config)?,
     };
-    let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+    let tokenizer = ModelDir::open(dir)?.model_tokenizer(config, max_length)?;
     Ok((head, tokenizer))
 }
 

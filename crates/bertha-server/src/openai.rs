@@ -1,0 +1,120 @@
+//! OpenAI's routes: `POST /v1/embeddings` and `GET /v1/models`, with the
+//! bodies the OpenAI clients send and read.
+
+use axum::extract::State;
+use axum::Json;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::api::{
+    admit, check_batch, pooled, AppResult, Body, Inputs, Shared, TruncationDirection,
+};
+use crate::error::ApiError;
+
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    #[default]
+    Float,
+    Base64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiRequest {
+    input: Inputs,
+    model: Option<String>,
+    #[serde(default)]
+    encoding_format: EncodingFormat,
+    #[allow(dead_code)]
+    user: Option<String>,
+    dimensions: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OpenAiVector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize)]
+pub struct OpenAiEmbedding {
+    object: &'static str,
+    embedding: OpenAiVector,
+    index: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OpenAiUsage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OpenAiResponse {
+    object: &'static str,
+    data: Vec<OpenAiEmbedding>,
+    model: String,
+    usage: OpenAiUsage,
+}
+
+/// `POST /v1/embeddings` (OpenAI): normalised vectors, `usage` in tokens.
+pub async fn embeddings(
+    State(state): Shared,
+    Body(req): Body<OpenAiRequest>,
+) -> AppResult<Json<OpenAiResponse>> {
+    let _permit = admit(&state)?;
+    if let Some(d) = req.dimensions {
+        if d != state.embedder.model().config().hidden_size {
+            return Err(ApiError::validation(format!(
+                "`dimensions` {d} is not supported: this model gives {} dimensions",
+                state.embedder.model().config().hidden_size
+            )));
+        }
+    }
+    let texts = req.input.into_vec();
+    check_batch(&state, texts.len())?;
+    let (rows, tokens) = pooled(&state, texts, false, TruncationDirection::Right, true).await?;
+    let data = rows
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let embedding = match req.encoding_format {
+                EncodingFormat::Float => OpenAiVector::Float(v),
+                EncodingFormat::Base64 => {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    OpenAiVector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            };
+            OpenAiEmbedding {
+                object: "embedding",
+                embedding,
+                index,
+            }
+        })
+        .collect();
+    Ok(Json(OpenAiResponse {
+        object: "list",
+        data,
+        model: req.model.unwrap_or_else(|| state.config.model_id.clone()),
+        usage: OpenAiUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    }))
+}
+
+/// `GET /v1/models` (OpenAI): the one model served.
+pub async fn models(State(state): Shared) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "bertha",
+        }],
+    }))
+}
