@@ -11,8 +11,8 @@ use bertha::model::IGNORE_INDEX as IGNORE;
 use bertha::rng::rng_for;
 use bertha::training::optim::GradAccumulator;
 use bertha::training::{
-    AdamW, AdamWConfig, Event, LoopOptions, LrSchedule, ParamStore, PretrainOptions, Pretrainer,
-    RunLength, ScheduleKind, StepMetrics, Warmup,
+    AdamW, AdamWConfig, Event, LoopOptions, LrSchedule, ModelSetup, ParamStore, PretrainData,
+    PretrainOptions, Pretrainer, RunLength, ScheduleKind, StepMetrics, Warmup,
 };
 use bertha::{BertConfig, Device, Tensor, Tokenizer};
 use common::{fixtures, load_safetensors};
@@ -302,14 +302,18 @@ fn trainer(corpus_text: &Path, opts: PretrainOptions, seq_len: usize) -> Pretrai
     let eval = train.split_off_last(8);
     let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
     Pretrainer::new(
-        micro_config(tok.vocab_size()),
-        None,
-        masker,
-        train,
-        eval,
+        ModelSetup {
+            config: micro_config(tok.vocab_size()),
+            init: None,
+            tokenizer_source: dir,
+        },
+        PretrainData {
+            train: train,
+            eval: eval,
+            masker: masker,
+            pad_id: tok.pad_id(),
+        },
         opts,
-        tok.pad_id(),
-        &dir,
     )
     .unwrap()
 }
@@ -409,14 +413,18 @@ fn tiny_model_overfits_a_few_sentences() {
     config.hidden_dropout_prob = 0.0;
     config.attention_probs_dropout_prob = 0.0;
     let mut t = Pretrainer::new(
-        config,
-        None,
-        masker,
-        train.clone(),
-        train,
+        ModelSetup {
+            config: config,
+            init: None,
+            tokenizer_source: dir,
+        },
+        PretrainData {
+            train: train.clone(),
+            eval: train,
+            masker: masker,
+            pad_id: tok.pad_id(),
+        },
         opts,
-        tok.pad_id(),
-        &dir,
     )
     .unwrap();
     let m = losses(&mut t);
@@ -457,14 +465,18 @@ fn checkpoints_have_transformers_names_and_shapes() {
         let mut opts = options(tmp.path(), 1, nsp);
         opts.train.grad_accum = 1;
         let mut t = Pretrainer::new(
-            config,
-            None,
-            masker,
-            train,
-            Corpus::default(),
+            ModelSetup {
+                config: config,
+                init: None,
+                tokenizer_source: dir.clone(),
+            },
+            PretrainData {
+                train: train,
+                eval: Corpus::default(),
+                masker: masker,
+                pad_id: tok.pad_id(),
+            },
             opts,
-            tok.pad_id(),
-            &dir,
         )
         .unwrap();
         losses(&mut t);

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
 use bertha::training::{
-    presets::resolve_config, LoopOptions, PretrainOptions, Pretrainer, RunLength, ScheduleKind,
-    Warmup,
+    presets::resolve_config, LoopOptions, ModelSetup, PretrainData, PretrainOptions, Pretrainer,
+    RunLength, ScheduleKind, Warmup,
 };
 use bertha::{Tokenizer, Weights};
 
@@ -247,14 +247,18 @@ pub fn run(a: Args) -> Result<()> {
         },
     };
     let mut trainer = Pretrainer::new(
-        config,
-        init,
-        masker,
-        train,
-        eval,
+        ModelSetup {
+            config: config,
+            init: init,
+            tokenizer_source: tokenizer_source.clone(),
+        },
+        PretrainData {
+            train: train,
+            eval: eval,
+            masker: masker,
+            pad_id: tokenizer.pad_id(),
+        },
         opts,
-        tokenizer.pad_id(),
-        &tokenizer_source,
     )?;
     training::resume(&mut trainer, a.run.resume.as_deref())?;
     eprintln!(

@@ -27,7 +27,7 @@ pub use optim::{AdamW, AdamWConfig};
 pub use params::ParamStore;
 pub use plan::{RunLength, TrainPlan, Warmup};
 pub use presets::Preset;
-pub use pretrain::{PretrainOptions, Pretrainer, Pretraining};
+pub use pretrain::{PretrainData, PretrainOptions, Pretrainer, Pretraining};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use trainer::{
     GradientHook, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores,

@@ -4,7 +4,6 @@
 //! perplexity and accuracy with the same masks at every evaluation.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use candle_core::{Device, Tensor, D};
 
@@ -13,10 +12,8 @@ use super::trainer::{
     Chart, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams,
     Trainer,
 };
-use crate::config::BertConfig;
 use crate::data::{Corpus, Example, Masker};
 use crate::error::{Error, Result};
-use crate::io::weights::Weights;
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
     IGNORE_INDEX,
@@ -61,21 +58,31 @@ pub struct Pretraining {
     device: Device,
 }
 
+/// What pre-training reads: the packed corpus, its held-out part, how
+/// tokens are masked and the padding id.
+pub struct PretrainData {
+    pub train: Corpus,
+    pub eval: Corpus,
+    pub masker: Masker,
+    pub pad_id: u32,
+}
+
 impl Pretrainer {
-    /// A model for `config` with the MLM head (and NSP with `opts.nsp`),
-    /// initialised from `init` when given (continued pre-training), else
-    /// freshly from the seed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        mut config: BertConfig,
-        init: Option<Weights>,
-        masker: Masker,
-        train: Corpus,
-        eval: Corpus,
-        opts: PretrainOptions,
-        pad_id: u32,
-        tokenizer_source: &Path,
-    ) -> Result<Self> {
+    /// `model.config` with the MLM head (and NSP with `opts.nsp`),
+    /// initialised from `model.init` when given (continued pre-training),
+    /// else freshly from the seed.
+    pub fn new(model: ModelSetup, data: PretrainData, opts: PretrainOptions) -> Result<Self> {
+        let ModelSetup {
+            mut config,
+            init,
+            tokenizer_source,
+        } = model;
+        let PretrainData {
+            train,
+            eval,
+            masker,
+            pad_id,
+        } = data;
         if train.is_empty() {
             return Err(Error::Input("the training corpus gave no sequences".into()));
         }
@@ -103,7 +110,7 @@ impl Pretrainer {
         let setup = ModelSetup {
             config: config.clone(),
             init,
-            tokenizer_source: tokenizer_source.to_path_buf(),
+            tokenizer_source,
         };
         Trainer::build(setup, opts.train.clone(), |vb| {
             let kind = if opts.nsp {

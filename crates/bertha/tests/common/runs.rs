@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use bertha::data::{Corpus, CorpusOptions, DataOptions, MaskSplit, Masker, Task};
 use bertha::training::{
-    FinetuneOptions, Finetuner, LoopOptions, PretrainOptions, Pretrainer, RunLength, Warmup,
+    FinetuneOptions, Finetuner, LoopOptions, ModelSetup, PretrainData, PretrainOptions, Pretrainer,
+    RunLength, Warmup,
 };
 use bertha::{BertConfig, Tensor, Tokenizer, Weights};
 use serde_json::{json, Value};
@@ -112,14 +113,18 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
     };
     let init = (!nsp || t.poison.is_some()).then(|| Weights::from_model_dir(&model).unwrap());
     Pretrainer::new(
-        config,
-        init,
-        masker,
-        train,
-        eval,
+        ModelSetup {
+            config: config,
+            init: init,
+            tokenizer_source: model,
+        },
+        PretrainData {
+            train: train,
+            eval: eval,
+            masker: masker,
+            pad_id: tok.pad_id(),
+        },
         opts,
-        tok.pad_id(),
-        &model,
     )
     .unwrap()
 }
