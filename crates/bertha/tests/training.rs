@@ -308,9 +308,9 @@ fn trainer(corpus_text: &Path, opts: PretrainOptions, seq_len: usize) -> Pretrai
             tokenizer_source: dir,
         },
         PretrainData {
-            train: train,
-            eval: eval,
-            masker: masker,
+            train,
+            eval,
+            masker,
             pad_id: tok.pad_id(),
         },
         opts,
@@ -414,14 +414,14 @@ fn tiny_model_overfits_a_few_sentences() {
     config.attention_probs_dropout_prob = 0.0;
     let mut t = Pretrainer::new(
         ModelSetup {
-            config: config,
+            config,
             init: None,
             tokenizer_source: dir,
         },
         PretrainData {
             train: train.clone(),
             eval: train,
-            masker: masker,
+            masker,
             pad_id: tok.pad_id(),
         },
         opts,
@@ -466,14 +466,14 @@ fn checkpoints_have_transformers_names_and_shapes() {
         opts.train.grad_accum = 1;
         let mut t = Pretrainer::new(
             ModelSetup {
-                config: config,
+                config,
                 init: None,
                 tokenizer_source: dir.clone(),
             },
             PretrainData {
-                train: train,
+                train,
                 eval: Corpus::default(),
-                masker: masker,
+                masker,
                 pad_id: tok.pad_id(),
             },
             opts,

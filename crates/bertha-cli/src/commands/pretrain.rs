@@ -248,14 +248,14 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut trainer = Pretrainer::new(
         ModelSetup {
-            config: config,
-            init: init,
+            config,
+            init,
             tokenizer_source: tokenizer_source.clone(),
         },
         PretrainData {
-            train: train,
-            eval: eval,
-            masker: masker,
+            train,
+            eval,
+            masker,
             pad_id: tokenizer.pad_id(),
         },
         opts,

@@ -114,14 +114,14 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
     let init = (!nsp || t.poison.is_some()).then(|| Weights::from_model_dir(&model).unwrap());
     Pretrainer::new(
         ModelSetup {
-            config: config,
-            init: init,
+            config,
+            init,
             tokenizer_source: model,
         },
         PretrainData {
-            train: train,
-            eval: eval,
-            masker: masker,
+            train,
+            eval,
+            masker,
             pad_id: tok.pad_id(),
         },
         opts,
