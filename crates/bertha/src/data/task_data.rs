@@ -350,9 +350,10 @@ impl TaskInputBuilder {
                     .aligned
                     .iter()
                     .map(|a| {
-                        let tags = match targets {
-                            true => a.labels.clone(),
-                            false => vec![IGNORE_INDEX; a.labels.len()],
+                        let tags = if targets {
+                            a.labels.clone()
+                        } else {
+                            vec![IGNORE_INDEX; a.labels.len()]
                         };
                         TaskInput::of(&a.input_ids, &a.token_type_ids, Target::Tokens(tags))
                     })

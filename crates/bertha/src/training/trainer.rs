@@ -510,7 +510,7 @@ impl<O: Objective> Trainer<O> {
                     what: "loss",
                     value: out.loss,
                     step: self.step + 1,
-                    last_good: newest_checkpoint(&self.opts.out),
+                    last_good: newest_checkpoint(&self.opts.out, self.step),
                 });
             }
             match out.gradients {
@@ -538,7 +538,7 @@ impl<O: Objective> Trainer<O> {
                         what,
                         value,
                         step,
-                        last_good: newest_checkpoint(&self.opts.out),
+                        last_good: newest_checkpoint(&self.opts.out, self.step),
                     },
                     other => other,
                 })?
@@ -618,7 +618,7 @@ impl<O: Objective> Trainer<O> {
                 what: "a weight",
                 value,
                 step: self.step,
-                last_good: newest_checkpoint(&self.opts.out),
+                last_good: newest_checkpoint(&self.opts.out, self.step.saturating_sub(1)),
             });
         }
         let state = TrainerState {
@@ -686,9 +686,11 @@ impl<O: Objective> Trainer<O> {
     }
 }
 
-/// The newest `checkpoint-N` in `out`.
-fn newest_checkpoint(out: &Path) -> Option<PathBuf> {
-    checkpoint::list(out).ok()?.pop().map(|(_, p)| p)
+/// The newest `checkpoint-N` in `out` of a step up to `step` (a later one
+/// is an abandoned run's, which a resume repeats).
+fn newest_checkpoint(out: &Path, step: u64) -> Option<PathBuf> {
+    let found = checkpoint::list(out).ok()?;
+    found.into_iter().rfind(|(s, _)| *s <= step).map(|(_, p)| p)
 }
 
 fn every(n: Option<u64>, step: u64) -> bool {
