@@ -11,7 +11,8 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// How token states become one vector per text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Pooling {
     /// The `[CLS]` (first) token's state.
     Cls,

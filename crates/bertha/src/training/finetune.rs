@@ -124,7 +124,7 @@ fn one_checkpoint() -> Option<usize> {
 }
 
 impl FinetuneOptions {
-    fn loop_options(&self) -> LoopOptions {
+    pub(crate) fn loop_options(&self) -> LoopOptions {
         LoopOptions {
             batch_size: self.batch_size,
             grad_accum: self.grad_accum,

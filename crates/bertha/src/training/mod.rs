@@ -1,5 +1,6 @@
 //! Training: one loop ([`Trainer`]) for every [`Objective`] — MLM (+NSP)
-//! pre-training and classification / NER / QA fine-tuning — with its
+//! pre-training, classification / NER / QA fine-tuning and sentence-
+//! embedding training — with its
 //! plan (steps, warmup, data order), parameters, AdamW, schedule, metrics
 //! and checkpoints.
 //!
@@ -9,6 +10,8 @@
 //! exactly.
 
 pub mod checkpoint;
+pub mod embedding;
+pub mod embedding_loss;
 pub mod finetune;
 pub mod log;
 pub mod optim;
@@ -21,6 +24,8 @@ pub mod schedule;
 pub mod trainer;
 
 pub use checkpoint::{Checkpoint, TrainerState};
+pub use embedding::{EmbeddingOptions, EmbeddingTrainer, EmbeddingTraining};
+pub use embedding_loss::{EmbeddingLoss, LossKind};
 pub use finetune::{FinetuneOptions, Finetuner, Finetuning};
 pub use log::{EvalMetrics, Event, StepMetrics};
 pub use optim::{AdamW, AdamWConfig};

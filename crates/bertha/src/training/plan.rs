@@ -135,20 +135,25 @@ impl TrainPlan {
 }
 
 /// Each epoch's reading order: the inputs shuffled by `(seed, purpose,
-/// epoch)`, grouped by length when their lengths are given; drawn once per
+/// epoch)`, grouped by length when their lengths are given, cut into
+/// batches (without duplicate texts when keys are given); drawn once per
 /// epoch.
 pub(crate) struct EpochOrder {
     lengths: Option<Vec<usize>>,
+    /// Per input, keys (hashes of its texts) no two inputs of a batch may
+    /// share.
+    keys: Option<Vec<Vec<u64>>>,
     epoch: u64,
-    order: Vec<usize>,
+    batches: Vec<Vec<usize>>,
 }
 
 impl EpochOrder {
-    pub(crate) fn new(lengths: Option<Vec<usize>>) -> Self {
+    pub(crate) fn new(lengths: Option<Vec<usize>>, keys: Option<Vec<Vec<u64>>>) -> Self {
         Self {
             lengths,
+            keys,
             epoch: u64::MAX,
-            order: Vec::new(),
+            batches: Vec::new(),
         }
     }
 
@@ -166,12 +171,51 @@ impl EpochOrder {
             if let Some(lengths) = &self.lengths {
                 group_by_length(&mut order, plan.batch_size, |i| lengths[i]);
             }
+            self.batches = match &self.keys {
+                Some(keys) => no_duplicates(&order, plan.batch_size, |i| &keys[i]),
+                None => order.chunks(plan.batch_size).map(<[usize]>::to_vec).collect(),
+            };
             self.epoch = epoch;
-            self.order = order;
         }
-        let bs = plan.batch_size;
-        self.order[within * bs..((within + 1) * bs).min(plan.inputs)].to_vec()
+        self.batches.get(within).cloned().unwrap_or_default()
     }
+}
+
+/// Cuts `order` into batches in which no two inputs share a key, as
+/// sentence-transformers' `NoDuplicatesBatchSampler`: each batch takes the
+/// first remaining inputs that clash with none already in it; an input
+/// that clashes waits for a later batch. A pass that cannot fill a batch
+/// yields it short. (The plan counts `ceil(inputs / batch_size)` batches an
+/// epoch: inputs pushed past that by clashes sit the epoch out.)
+pub fn no_duplicates<'k>(
+    order: &[usize],
+    batch_size: usize,
+    keys: impl Fn(usize) -> &'k [u64],
+) -> Vec<Vec<usize>> {
+    let batch_size = batch_size.max(1);
+    let mut remaining: Vec<usize> = order.to_vec();
+    let mut batches = Vec::new();
+    while !remaining.is_empty() {
+        let mut seen = std::collections::HashSet::new();
+        let mut batch = Vec::with_capacity(batch_size);
+        let mut rest = Vec::with_capacity(remaining.len());
+        for (pos, &i) in remaining.iter().enumerate() {
+            if batch.len() == batch_size {
+                rest.extend_from_slice(&remaining[pos..]);
+                break;
+            }
+            let k = keys(i);
+            if k.iter().all(|key| !seen.contains(key)) {
+                seen.extend(k.iter().copied());
+                batch.push(i);
+            } else {
+                rest.push(i);
+            }
+        }
+        batches.push(batch);
+        remaining = rest;
+    }
+    batches
 }
 
 /// Reorders a shuffled `order` as transformers' `LengthGroupedSampler`:
@@ -186,5 +230,32 @@ pub fn group_by_length(order: &mut [usize], batch_size: usize, len: impl Fn(usiz
     for mega in order.chunks_mut(mult * batch_size) {
         // Stable: ties keep their shuffled order.
         mega.sort_by_key(|&i| std::cmp::Reverse(len(i)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows sharing a key never meet; the order is kept otherwise, and a
+    /// row that clashes waits for the next batch.
+    #[test]
+    fn no_duplicates_keeps_shared_texts_apart() {
+        // Rows 0, 2 and 3 share key 7; row 4 shares key 9 with row 1.
+        let keys: Vec<Vec<u64>> = vec![vec![7, 1], vec![9, 2], vec![7, 3], vec![7, 4], vec![9, 5], vec![6, 8]];
+        let batches = no_duplicates(&[0, 1, 2, 3, 4, 5], 3, |i| &keys[i]);
+        assert_eq!(batches, vec![vec![0, 1, 5], vec![2, 4], vec![3]]);
+        for b in &batches {
+            let mut seen = std::collections::HashSet::new();
+            for &i in b {
+                assert!(keys[i].iter().all(|k| seen.insert(*k)), "{b:?}");
+            }
+        }
+        // Without clashes: plain consecutive batches.
+        let free: Vec<Vec<u64>> = (0..7).map(|i| vec![i]).collect();
+        assert_eq!(
+            no_duplicates(&[6, 5, 4, 3, 2, 1, 0], 3, |i| &free[i]),
+            vec![vec![6, 5, 4], vec![3, 2, 1], vec![0]]
+        );
     }
 }

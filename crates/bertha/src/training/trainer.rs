@@ -129,6 +129,12 @@ pub trait Objective {
     /// same data).
     fn data_fingerprint(&self) -> Fingerprint;
 
+    /// Per training input, keys (e.g. hashes of its texts) that no two
+    /// inputs of one batch may share (`None`: any inputs may meet).
+    fn batch_keys(&self) -> Option<Vec<Vec<u64>>> {
+        None
+    }
+
     /// Files written beside every saved model (e.g. `training_args.json`).
     fn write_extras(&self, _dir: &Path) -> Result<()> {
         Ok(())
@@ -252,6 +258,7 @@ impl<O: Objective> Trainer<O> {
         let objective = build(vb)?;
         params.freeze()?;
         let lengths = objective.input_lengths();
+        let objective_keys = objective.batch_keys();
         let group_by_length = opts.group_by_length;
         let plan = TrainPlan::new(
             lengths.len(),
@@ -282,13 +289,17 @@ impl<O: Objective> Trainer<O> {
             best: None,
             patience_used: 0,
             metrics_owned: false,
-            order: EpochOrder::new(group_by_length.then_some(lengths)),
+            order: EpochOrder::new(group_by_length.then_some(lengths), objective_keys),
             hook: None,
         })
     }
 
     pub fn objective(&self) -> &O {
         &self.objective
+    }
+
+    pub(crate) fn objective_mut(&mut self) -> &mut O {
+        &mut self.objective
     }
 
     /// The config the checkpoints are written with.
