@@ -72,6 +72,31 @@ pub fn run<O: Objective>(trainer: &mut Trainer<O>, wording: &Wording) -> Result<
     Ok(())
 }
 
+/// The line for a dev evaluation: its loss and every score.
+pub fn eval_line(e: &EvalMetrics) -> String {
+    format!(
+        "step {} (epoch {:.2}): dev loss {:.4}, {}",
+        e.step,
+        e.epoch,
+        e.eval_loss,
+        e.scores
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.4}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The line for a new best model.
+pub fn best_line(e: &EvalMetrics) -> String {
+    format!(
+        "step {}: best {} so far ({:.4}), saved to best/",
+        e.step,
+        e.metric,
+        e.main()
+    )
+}
+
 /// The closing line: where the model and its metrics are.
 pub fn report_done(out: &Path) {
     eprintln!(

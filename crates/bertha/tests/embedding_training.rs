@@ -271,3 +271,67 @@ fn a_short_run_writes_a_sentence_transformers_folder() {
         .fold(0.0, f32::max);
     assert!(moved > 1e-3, "training changed the model");
 }
+
+/// A run stopped after a step and resumed from its checkpoint repeats the
+/// uninterrupted run's losses and weights exactly, dropout and GradCache
+/// included.
+#[test]
+fn resume_repeats_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixture_dir(), &model);
+    let config = model.join("config.json");
+    let mut c = read_json(&config);
+    c["hidden_dropout_prob"] = 0.1.into();
+    c["attention_probs_dropout_prob"] = 0.1.into();
+    std::fs::write(&config, c.to_string()).unwrap();
+
+    let start = |out: &Path| {
+        let mut train = FinetuneOptions {
+            max_length: 32,
+            batch_size: 2,
+            lr: 1e-3,
+            out: out.to_path_buf(),
+            save_total_limit: None,
+            save_every: Some(1),
+            ..FinetuneOptions::default()
+        };
+        train.epochs = 2.0;
+        let mut opts = EmbeddingOptions::new(loss(LossKind::CachedMnrl), train);
+        opts.mini_batch_size = 1;
+        EmbeddingTrainer::new(&model, data(&["anchor", "positive", "negative"], false), None, opts)
+            .unwrap()
+    };
+    let whole = tmp.path().join("whole");
+    let mut a = start(&whole);
+    a.run(|_| {}).unwrap();
+    let parts = tmp.path().join("parts");
+    let mut b = start(&parts);
+    b.run_until(1, |_| {}).unwrap();
+    let mut c = start(&parts);
+    c.resume(&parts.join("checkpoint-1")).unwrap();
+    c.run(|_| {}).unwrap();
+    let losses = |t: &EmbeddingTrainer| t.history().iter().map(|m| m.loss).collect::<Vec<_>>();
+    assert_eq!(losses(&a).len(), 4);
+    assert_eq!(losses(&a), losses(&c));
+    let (wa, wc) = (
+        load_safetensors(&whole.join("model.safetensors")),
+        load_safetensors(&parts.join("model.safetensors")),
+    );
+    for (name, t) in &wa {
+        assert_eq!(max_abs_diff(t, &wc[name]), 0.0, "{name}");
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}

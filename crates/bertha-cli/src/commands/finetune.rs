@@ -1,9 +1,11 @@
 //! `bertha finetune`: trains a task head (classification, NER, QA) and the
-//! encoder under it on a training file, scoring a dev file every epoch,
-//! with a progress bar, metrics JSON Lines, loss / metric curves, resumable
-//! checkpoints and early stopping.
+//! encoder under it on a training file, or a sentence-embedding model
+//! (`--task embedding`, see [`super::finetune_embedding`]), scoring a dev
+//! file every epoch, with a progress bar, metrics JSON Lines, loss / metric
+//! curves, resumable checkpoints and early stopping.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use anyhow::{Context, Result};
 use bertha::data::{DataOptions, Task};
@@ -44,143 +46,183 @@ impl DataArgs {
     }
 }
 
+/// What `finetune` trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinetuneTask {
+    /// A task head on the encoder.
+    Head(Task),
+    /// A sentence-embedding model (a bi-encoder).
+    Embedding,
+}
+
+impl FromStr for FinetuneTask {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "embedding" => Ok(Self::Embedding),
+            other => Task::from_str(other).map(Self::Head).map_err(|_| {
+                format!("unknown task `{other}` (expected classification, ner, qa or embedding)")
+            }),
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// classification (TSV/CSV/JSONL, texts or pairs), ner (CoNLL) or qa (SQuAD JSON).
+    /// classification (TSV/CSV/JSONL, texts or pairs), ner (CoNLL), qa (SQuAD
+    /// JSON) or embedding (pairs, triplets or scored pairs: TSV/CSV/JSONL).
     #[arg(long)]
-    task: Task,
+    pub(crate) task: FinetuneTask,
 
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
 
     /// The training file.
     #[arg(long)]
-    train: PathBuf,
+    pub(crate) train: PathBuf,
 
     /// The dev file, scored at every epoch's end (and every --eval-every steps).
     #[arg(long)]
-    dev: Option<PathBuf>,
+    pub(crate) dev: Option<PathBuf>,
 
     /// The output folder: metrics.jsonl, loss.png, metric.png, checkpoint-N/,
     /// best/ (with --early-stop) and the final model.
     #[arg(long)]
-    out: PathBuf,
+    pub(crate) out: PathBuf,
 
     /// Passes over the training set (a fraction stops part-way).
     #[arg(long, default_value_t = 3.0)]
-    epochs: f64,
+    pub(crate) epochs: f64,
 
     #[arg(long, default_value_t = 5e-5)]
-    lr: f64,
+    pub(crate) lr: f64,
 
     #[arg(long, default_value_t = 32)]
-    batch_size: usize,
+    pub(crate) batch_size: usize,
 
     /// Micro-batches of --batch-size per optimiser step (gradient accumulation).
     #[arg(long, default_value_t = 1)]
-    grad_accum: usize,
+    pub(crate) grad_accum: usize,
 
     /// Examples per forward pass when evaluating.
     #[arg(long, default_value_t = 64)]
-    eval_batch_size: usize,
+    pub(crate) eval_batch_size: usize,
 
     /// Tokens per input (default: 128; 384 for qa; at most the model's limit).
     #[arg(long)]
-    max_length: Option<usize>,
+    pub(crate) max_length: Option<usize>,
 
     /// QA: context tokens shared by consecutive windows (default:
     /// min(128, max length / 2)).
     #[arg(long)]
-    doc_stride: Option<usize>,
+    pub(crate) doc_stride: Option<usize>,
 
     /// QA: the longest answer, in tokens.
     #[arg(long, default_value_t = 30)]
-    max_answer_length: usize,
+    pub(crate) max_answer_length: usize,
 
     /// Fraction of the steps spent warming the rate up from 0 (then linear decay to 0).
     #[arg(long, default_value_t = 0.1)]
-    warmup_ratio: f64,
+    pub(crate) warmup_ratio: f64,
 
     /// AdamW's decoupled weight decay (none on biases and LayerNorm weights).
     #[arg(long, default_value_t = 0.01)]
-    weight_decay: f64,
+    pub(crate) weight_decay: f64,
 
     /// Clip the global gradient norm (0 turns clipping off; a negative
     /// norm is refused, not taken as off).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    max_grad_norm: f64,
+    pub(crate) max_grad_norm: f64,
 
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
 
     /// Also evaluate every N steps.
     #[arg(long)]
-    eval_every: Option<u64>,
+    pub(crate) eval_every: Option<u64>,
 
     /// Also write a resumable checkpoint every N steps.
     #[arg(long)]
-    save_every: Option<u64>,
+    pub(crate) save_every: Option<u64>,
 
     /// Keep only the newest N checkpoint-N folders.
     #[arg(long, value_name = "N", default_value_t = 1)]
-    save_total_limit: usize,
+    pub(crate) save_total_limit: usize,
 
     /// Stop after PATIENCE evaluations without a better dev score; the best
     /// model becomes the final one.
     #[arg(long, value_name = "PATIENCE")]
-    early_stop: Option<usize>,
+    pub(crate) early_stop: Option<usize>,
 
     /// Train on N examples drawn with the seed (quick runs on a slice).
     #[arg(long, value_name = "N")]
-    max_train: Option<usize>,
+    pub(crate) max_train: Option<usize>,
 
     /// Batch training inputs of similar length (transformers'
     /// `group_by_length`: shuffled, then sorted within groups of 50 batches),
     /// so that less of each batch is padding.
     #[arg(long)]
-    group_by_length: bool,
+    pub(crate) group_by_length: bool,
 
     #[command(flatten)]
-    run: training::RunArgs,
+    pub(crate) run: training::RunArgs,
 
     #[command(flatten)]
-    data: DataArgs,
+    pub(crate) data: DataArgs,
+
+    #[command(flatten)]
+    pub(crate) embedding: super::finetune_embedding::EmbeddingArgs,
+}
+
+impl Args {
+    /// The loop's options (`max_length` resolved by the task).
+    pub(crate) fn options(&self, max_length: usize) -> FinetuneOptions {
+        let a = self;
+        FinetuneOptions {
+            epochs: a.epochs,
+            lr: a.lr,
+            batch_size: a.batch_size,
+            grad_accum: a.grad_accum,
+            eval_batch_size: a.eval_batch_size,
+            max_length,
+            doc_stride: a.doc_stride.unwrap_or((max_length / 2).min(128)),
+            max_answer_length: a.max_answer_length,
+            warmup_ratio: a.warmup_ratio,
+            weight_decay: a.weight_decay,
+            max_grad_norm: (a.max_grad_norm != 0.0).then_some(a.max_grad_norm),
+            seed: a.seed,
+            eval_every: a.eval_every,
+            save_every: a.save_every,
+            save_total_limit: Some(a.save_total_limit),
+            early_stop: a.early_stop,
+            max_train: a.max_train,
+            group_by_length: a.group_by_length,
+            out: a.out.clone(),
+            overwrite: a.run.overwrite,
+            allow_changes: a.run.allow_changes.clone(),
+        }
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let task = match a.task {
+        FinetuneTask::Head(t) => t,
+        FinetuneTask::Embedding => return super::finetune_embedding::run(a),
+    };
+    if let Some(flag) = a.embedding.given().first() {
+        anyhow::bail!("{flag} applies to --task embedding only");
+    }
     let model_dir = a.model.resolve()?;
     let config = bertha::BertConfig::from_file(&model_dir.join("config.json"))?;
     let max_length = a.max_length.unwrap_or_else(|| {
-        a.task
-            .default_max_length()
+        task.default_max_length()
             .min(config.max_sequence_length())
     });
-    let opts = FinetuneOptions {
-        epochs: a.epochs,
-        lr: a.lr,
-        batch_size: a.batch_size,
-        grad_accum: a.grad_accum,
-        eval_batch_size: a.eval_batch_size,
-        max_length,
-        doc_stride: a.doc_stride.unwrap_or((max_length / 2).min(128)),
-        max_answer_length: a.max_answer_length,
-        warmup_ratio: a.warmup_ratio,
-        weight_decay: a.weight_decay,
-        max_grad_norm: (a.max_grad_norm != 0.0).then_some(a.max_grad_norm),
-        seed: a.seed,
-        eval_every: a.eval_every,
-        save_every: a.save_every,
-        save_total_limit: Some(a.save_total_limit),
-        early_stop: a.early_stop,
-        max_train: a.max_train,
-        group_by_length: a.group_by_length,
-        out: a.out.clone(),
-        overwrite: a.run.overwrite,
-        allow_changes: a.run.allow_changes.clone(),
-    };
+    let opts = a.options(max_length);
     let t0 = std::time::Instant::now();
     let mut trainer = Finetuner::new(
-        a.task,
+        task,
         &model_dir,
         &a.train,
         a.dev.as_deref(),
@@ -223,27 +265,8 @@ pub fn run(a: Args) -> Result<()> {
                     m.epoch, m.loss, m.lr, m.tokens_per_s
                 )
             },
-            eval: |e| {
-                format!(
-                    "step {} (epoch {:.2}): dev loss {:.4}, {}",
-                    e.step,
-                    e.epoch,
-                    e.eval_loss,
-                    e.scores
-                        .iter()
-                        .map(|(k, v)| format!("{k} {v:.4}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            },
-            best: |e| {
-                format!(
-                    "step {}: best {} so far ({:.4}), saved to best/",
-                    e.step,
-                    e.metric,
-                    e.main()
-                )
-            },
+            eval: training::eval_line,
+            best: training::best_line,
             no_better: "better dev score",
         },
     )?;

@@ -35,8 +35,9 @@ pub struct EvalMetrics {
     pub step: u64,
     #[serde(default)]
     pub epoch: f64,
-    /// Mean loss over the held-out targets (NaN without labels).
-    #[serde(default = "nan")]
+    /// Mean loss over the held-out targets (NaN without labels; JSON
+    /// writes NaN as `null`, read back as NaN).
+    #[serde(default = "nan", deserialize_with = "nan_if_null")]
     pub eval_loss: f64,
     /// The key of `scores` that picks the best model.
     #[serde(default)]
@@ -46,9 +47,23 @@ pub struct EvalMetrics {
     pub greater_is_better: bool,
     /// The objective's scores: accuracy, macro_f1 / precision, recall, f1,
     /// token_accuracy / exact_match, f1 (SQuAD's, in percent) /
-    /// eval_mlm_loss, eval_perplexity, eval_mlm_accuracy.
-    #[serde(flatten)]
+    /// eval_mlm_loss, eval_perplexity, eval_mlm_accuracy / spearman,
+    /// pearson / recall@k, mrr@10, ndcg@10.
+    #[serde(flatten, deserialize_with = "scores_nan_if_null")]
     pub scores: BTreeMap<String, f64>,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+fn scores_nan_if_null<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, f64>, D::Error> {
+    let m = <BTreeMap<String, Option<f64>> as serde::Deserialize>::deserialize(d)?;
+    Ok(m.into_iter()
+        .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
+        .collect())
 }
 
 fn nan() -> f64 {
@@ -157,4 +172,31 @@ pub(crate) fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(
     let text =
         serde_json::to_string_pretty(value).map_err(|e| Error::serialise(path.display(), e))?;
     write_atomic(path, text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A NaN dev loss or score is written as `null` and read back as NaN,
+    /// so a resumed run keeps that evaluation.
+    #[test]
+    fn nan_evaluations_survive_a_round_trip() {
+        let e = EvalMetrics {
+            step: 4,
+            epoch: 1.0,
+            eval_loss: f64::NAN,
+            metric: "spearman".into(),
+            greater_is_better: true,
+            scores: BTreeMap::from([("spearman".into(), 81.5), ("pearson".into(), f64::NAN)]),
+        };
+        let line = serde_json::to_string(&e).unwrap();
+        assert!(line.contains("\"eval_loss\":null"), "{line}");
+        let back: EvalMetrics = serde_json::from_str(&line).unwrap();
+        assert!(back.eval_loss.is_nan() && back.scores["pearson"].is_nan());
+        assert_eq!(back.scores["spearman"], 81.5);
+        assert_eq!((back.step, back.metric.as_str()), (4, "spearman"));
+        // A step line is not taken for an evaluation.
+        assert!(serde_json::from_str::<StepMetrics>(&line).is_err());
+    }
 }
