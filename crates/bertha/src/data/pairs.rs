@@ -92,7 +92,7 @@ struct Plan {
     /// Output name and table index of each text column.
     texts: Vec<(String, usize)>,
     /// Name and index of the score column, and what divides its values.
-    score: Option<(String, usize, f32)>,
+    score: Option<(String, usize, f64)>,
 }
 
 impl EmbeddingData {
@@ -410,14 +410,14 @@ fn score(
     record: &Record,
     index: usize,
     name: &str,
-    scale: f32,
+    scale: f64,
     stsb: bool,
 ) -> std::result::Result<f32, String> {
     let raw = match record.cell(index, name)? {
         Cell::Missing => return Err(format!("no field `{name}`")),
-        Cell::Text(t) => t.trim().parse::<f32>().ok(),
-        Cell::Json(Value::Number(n)) => n.as_f64().map(|v| v as f32),
-        Cell::Json(Value::String(t)) => t.trim().parse::<f32>().ok(),
+        Cell::Text(t) => t.trim().parse::<f64>().ok(),
+        Cell::Json(Value::Number(n)) => n.as_f64(),
+        Cell::Json(Value::String(t)) => t.trim().parse::<f64>().ok(),
         Cell::Json(_) => None,
     };
     let value = raw
@@ -434,7 +434,8 @@ fn score(
             "score {value} in column `{name}` is outside 0..{scale}{hint}"
         ));
     }
-    Ok(value / scale)
+    // Divided in f64, as Python divides STS-B's scores.
+    Ok((value / scale) as f32)
 }
 
 #[cfg(test)]
