@@ -10,6 +10,7 @@
 mod commands;
 mod model_dir;
 mod output;
+mod pairs;
 mod texts;
 mod training;
 
@@ -67,7 +68,8 @@ enum Command {
     Pretrain(commands::pretrain::Args),
     /// Fine-tune a classification, NER or QA head (and the encoder) on a training file.
     Finetune(commands::finetune::Args),
-    /// The task's dev metrics of a fine-tuned checkpoint on a labelled file, as one JSON line.
+    /// The task's metrics of a fine-tuned checkpoint on a labelled file, or of sentence embeddings
+    /// on pairs (sts, retrieval), as one JSON line.
     Evaluate(commands::evaluate::Args),
     /// A fine-tuned checkpoint's predictions for a data file.
     Predict(commands::predict::Args),

@@ -5,11 +5,15 @@
 //! F1) and the official SQuAD v1.1 evaluation script (exact match, F1).
 //!
 //! Inputs of different lengths are errors, not panics; so are empty ones,
-//! which have no score.
+//! which have no score. Sentence-embedding scores (STS, retrieval) are in
+//! [`embedding`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::error::{Error, Result};
+
+pub mod embedding;
+pub use embedding::{retrieval_scores, sts_scores, RETRIEVAL_MAIN_METRIC, STS_MAIN_METRIC};
 
 fn check_lengths(what: &str, a: usize, b: usize) -> Result<()> {
     if a != b {

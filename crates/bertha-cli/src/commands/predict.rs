@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use bertha::data::TaskData;
+use bertha::data::{Task, TaskData};
 use bertha::tasks::Predictions;
 
 use super::evaluate::CheckpointArgs;
@@ -14,6 +14,10 @@ use crate::output::JsonLines;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// classification, ner or qa.
+    #[arg(long)]
+    task: Task,
+
     #[command(flatten)]
     checkpoint: CheckpointArgs,
 
@@ -31,7 +35,7 @@ struct Tagged<'a> {
 
 pub fn run(a: Args) -> Result<()> {
     let c = &a.checkpoint;
-    let model = c.load()?;
+    let model = c.load(a.task)?;
     let data = model.read_unlabelled(&c.data, &c.data_args.options())?;
     let predictions = model.predict(&data)?;
     let mut out = JsonLines::open(a.output.as_deref())?;

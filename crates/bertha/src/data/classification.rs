@@ -340,15 +340,6 @@ fn pick_columns(names: &[String], origin: &str, opts: &ReadOptions, what: &str) 
     Ok(Columns { text, pair, label })
 }
 
-/// A text field: any string, as long as it is not blank.
-fn text_field(value: &str, name: &str) -> std::result::Result<String, String> {
-    if value.trim().is_empty() {
-        Err(format!("empty text in column `{name}`"))
-    } else {
-        Ok(value.to_string())
-    }
-}
-
 fn label_field(value: &str, name: &str) -> std::result::Result<String, String> {
     let v = value.trim();
     if v.is_empty() {
@@ -373,27 +364,8 @@ fn read_rows(
     let pair_idx = columns.pair.as_deref().map(index);
     let label_idx = columns.label.as_deref().map(index);
     let row = |record: &Record| -> std::result::Result<RawRow, String> {
-        if let Record::Fields(r) = record {
-            if r.len() != header.len() {
-                return Err(format!(
-                    "{} fields, but the header has {}{}",
-                    r.len(),
-                    header.len(),
-                    if format == FileFormat::Tsv && r.len() > header.len() {
-                        " (a tab inside a text?)"
-                    } else {
-                        ""
-                    }
-                ));
-            }
-        }
-        let text = |idx: usize, name: &str| match record.cell(idx, name)? {
-            Cell::Missing => Err(format!("no field `{name}`")),
-            c => match c.as_str() {
-                Some(s) => text_field(s, name),
-                None => Err(format!("field `{name}` is not a string")),
-            },
-        };
+        table.check_width(record)?;
+        let text = |idx: usize, name: &str| record.text(idx, name).map(str::to_string);
         let text_a = text(text_idx, &columns.text)?;
         let text_b = match (pair_idx, &columns.pair) {
             (Some(i), Some(name)) => Some(text(i, name)?),

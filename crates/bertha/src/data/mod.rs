@@ -2,13 +2,16 @@
 //! WordPiece vocabularies) and the fine-tuning readers for classification
 //! files (GLUE TSV / CSV / JSONL), CoNLL NER files and SQuAD JSON, with
 //! the word-piece label alignment and SQuAD windows of transformers'
-//! example scripts, and the task inputs built from them.
+//! example scripts, and the task inputs built from them; and
+//! sentence-embedding pairs (texts with hard negatives, scored pairs, STS
+//! Benchmark originals) with their STS / retrieval evaluation.
 
 pub mod classification;
 pub mod conll;
 pub mod corpus;
 pub mod labels;
 pub mod masking;
+pub mod pairs;
 pub mod squad;
 pub mod task_data;
 pub mod vocab;
@@ -23,6 +26,7 @@ pub use conll::{
 pub use corpus::{Corpus, CorpusOptions, Example};
 pub use labels::LabelSet;
 pub use masking::{MaskSplit, Masker};
+pub use pairs::{EmbeddingData, EmbeddingEval, PairColumns, PairLayout, PairOptions};
 pub use squad::{
     postprocess, FeatureOptions, PostprocessOptions, SquadAnswer, SquadData, SquadExample,
     SquadFeature, SquadFeaturizer, SquadPrediction,

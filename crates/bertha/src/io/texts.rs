@@ -214,6 +214,19 @@ impl Record {
         }
     }
 
+    /// The text of column `index` (`name`), which must be a non-blank
+    /// string: the reason otherwise ("empty text in column `name`", ...).
+    pub fn text(&self, index: usize, name: &str) -> std::result::Result<&str, String> {
+        match self.cell(index, name)? {
+            Cell::Missing => Err(format!("no field `{name}`")),
+            c => match c.as_str() {
+                Some(s) if s.trim().is_empty() => Err(format!("empty text in column `{name}`")),
+                Some(s) => Ok(s),
+                None => Err(format!("field `{name}` is not a string")),
+            },
+        }
+    }
+
     /// Whether every field is blank (Unicode whitespace only).
     pub fn is_blank(&self) -> bool {
         match self {
@@ -244,10 +257,46 @@ impl Table {
     pub fn parse(bytes: &[u8], origin: &str, format: TableFormat) -> Result<Self> {
         let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
         match format {
-            TableFormat::Tsv => Self::delimited(bytes, origin, b'\t', false, format),
-            TableFormat::Csv => Self::delimited(bytes, origin, b',', true, format),
+            TableFormat::Tsv => Self::delimited(bytes, origin, b'\t', false, format, true),
+            TableFormat::Csv => Self::delimited(bytes, origin, b',', true, format, true),
             TableFormat::Jsonl => Self::jsonl(bytes, origin),
         }
+    }
+
+    /// Parses a delimited file without a header row (TSV or CSV; JSON
+    /// Lines always names its fields): the columns are named by their
+    /// 1-based position, "1" to the widest row's count.
+    pub fn parse_without_header(bytes: &[u8], origin: &str, format: TableFormat) -> Result<Self> {
+        let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+        match format {
+            TableFormat::Tsv => Self::delimited(bytes, origin, b'\t', false, format, false),
+            TableFormat::Csv => Self::delimited(bytes, origin, b',', true, format, false),
+            TableFormat::Jsonl => Err(Error::Input(format!(
+                "{origin}: JSON Lines name their fields: read them with a header"
+            ))),
+        }
+    }
+
+    /// The reason a delimited row does not have as many fields as the
+    /// header (JSON objects are not counted: missing keys are found by
+    /// name).
+    pub fn check_width(&self, record: &Record) -> std::result::Result<(), String> {
+        let Record::Fields(r) = record else {
+            return Ok(());
+        };
+        let want = self.columns.len();
+        if r.len() == want {
+            return Ok(());
+        }
+        let hint = if self.format == TableFormat::Tsv && r.len() > want {
+            " (a tab inside a text?)"
+        } else {
+            ""
+        };
+        Err(format!(
+            "{} fields, but the header has {want}{hint}",
+            r.len()
+        ))
     }
 
     /// The index of column `name`.
@@ -261,12 +310,13 @@ impl Table {
         delimiter: u8,
         quoting: bool,
         format: TableFormat,
+        header: bool,
     ) -> Result<Self> {
         let mut reader = csv::ReaderBuilder::new()
             .delimiter(delimiter)
             .quoting(quoting)
             .flexible(true)
-            .has_headers(true)
+            .has_headers(header)
             .from_reader(bytes);
         let csv_error = |e: csv::Error| {
             let line = e
@@ -274,16 +324,18 @@ impl Table {
                 .map_or(String::new(), |p| format!(" line {}:", p.line()));
             Error::Input(format!("{origin}:{line} {e}"))
         };
-        let header = reader.byte_headers().map_err(csv_error)?.clone();
-        let mut columns = Vec::with_capacity(header.len());
-        for (i, h) in header.iter().enumerate() {
-            let h = std::str::from_utf8(h).map_err(|_| {
-                Error::Input(format!(
-                    "{origin}: line 1: header field {} is not valid UTF-8",
-                    i + 1
-                ))
-            })?;
-            columns.push(h.trim().to_string());
+        let mut columns = Vec::new();
+        if header {
+            let names = reader.byte_headers().map_err(csv_error)?.clone();
+            for (i, h) in names.iter().enumerate() {
+                let h = std::str::from_utf8(h).map_err(|_| {
+                    Error::Input(format!(
+                        "{origin}: line 1: header field {} is not valid UTF-8",
+                        i + 1
+                    ))
+                })?;
+                columns.push(h.trim().to_string());
+            }
         }
         let mut rows = Vec::new();
         // Lines counted incrementally from byte offsets (csv's own count
@@ -305,6 +357,15 @@ impl Table {
                 continue;
             }
             rows.push((line, Ok(Record::Fields(record))));
+        }
+        if !header {
+            let widest = rows
+                .iter()
+                .filter_map(|(_, r)| r.as_ref().ok())
+                .map(Record::len);
+            columns = (1..=widest.max().unwrap_or(0))
+                .map(|i| i.to_string())
+                .collect();
         }
         Ok(Self {
             format,
