@@ -126,7 +126,7 @@ impl AppState {
         let dir = &config.model_dir;
         // Requests choose normalisation themselves, so the embedder never
         // normalises; the folder's own choice becomes the default.
-        let spec = bertha::pooling::SentenceTransformerSpec::from_dir(dir)?;
+        let spec = bertha::SentenceTransformerSpec::from_dir(dir)?;
         let opts = EmbedOptions {
             pooling: config.pooling,
             normalize: Some(false),

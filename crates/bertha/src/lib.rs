@@ -38,13 +38,13 @@ pub use error::{Error, Result};
 pub use fast::{PackedBert, Precision};
 pub use io::tokenizer::{Encoded, Tokenizer};
 pub use io::weights::Weights;
-pub use io::ModelDir;
+pub use io::{ModelDir, SentenceTransformerSpec};
 pub use model::{
     BertForTask, BertHead, BertInput, BertModel, BertOutput, ForwardOptions, HeadInit, HeadKind,
     HeadLabels, HeadOptions, HeadOutput, TaskOutput,
 };
 pub use pooling::Pooling;
-pub use tasks::{EmbedOptions, Embedder};
+pub use tasks::{EmbedOptions, Embedder, EncodeOptions};
 
 /// The tensor types of our API, re-exported so users need not pin candle.
 pub use candle_core::{DType, Device, Tensor};

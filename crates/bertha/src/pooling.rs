@@ -1,12 +1,10 @@
-//! Sentence vectors from token states, and the sentence-transformers
-//! folder layout that says which pooling (and normalisation) a model was
-//! trained with.
+//! Sentence vectors from token states. Which pooling a model was trained
+//! with is read from its sentence-transformers folder
+//! ([`crate::io::st_folder`]).
 
-use std::path::Path;
 use std::str::FromStr;
 
 use candle_core::{DType, Result as CResult, Tensor, D};
-use serde_json::Value;
 
 use crate::error::{Error, Result};
 
@@ -109,113 +107,6 @@ pub fn normalize(x: &Tensor) -> CResult<Tensor> {
         .sqrt()?
         .clamp(1e-12, f64::MAX)?;
     x.broadcast_div(&norm)
-}
-
-/// What a sentence-transformers folder (`modules.json`) prescribes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SentenceTransformerSpec {
-    pub pooling: Pooling,
-    pub normalize: bool,
-}
-
-impl SentenceTransformerSpec {
-    /// Reads `modules.json` and the Pooling module's `config.json`.
-    /// `Ok(None)` when the folder is a plain transformers checkpoint.
-    pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
-        let modules_path = dir.join("modules.json");
-        if !modules_path.is_file() {
-            return Ok(None);
-        }
-        let modules = read_json(&modules_path)?;
-        let list = modules
-            .as_array()
-            .ok_or_else(|| Error::config(&modules_path, "<root>", "expected a list of modules"))?;
-        let mut spec = Self {
-            pooling: Pooling::Cls,
-            normalize: false,
-        };
-        let mut saw_pooling = false;
-        for (i, m) in list.iter().enumerate() {
-            let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
-            let kind = ty.rsplit('.').next().unwrap_or_default();
-            match kind {
-                "Transformer" => {}
-                "Normalize" => spec.normalize = true,
-                "Pooling" => {
-                    let sub = m.get("path").and_then(Value::as_str).unwrap_or_default();
-                    spec.pooling = read_pooling_config(&dir.join(sub).join("config.json"))?;
-                    saw_pooling = true;
-                }
-                _ => {
-                    return Err(Error::config(
-                        &modules_path,
-                        format!("[{i}].type"),
-                        format!("module `{ty}` is not supported (supported: Transformer, Pooling, Normalize)"),
-                    ))
-                }
-            }
-        }
-        if !saw_pooling {
-            // sentence-transformers falls back to mean pooling.
-            spec.pooling = Pooling::Mean;
-        }
-        Ok(Some(spec))
-    }
-}
-
-fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|source| Error::Json {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn read_pooling_config(path: &Path) -> Result<Pooling> {
-    let v = read_json(path)?;
-    if let Some(mode) = v.get("pooling_mode").and_then(Value::as_str) {
-        return match mode {
-            "cls" => Ok(Pooling::Cls),
-            "mean" => Ok(Pooling::Mean),
-            "max" => Ok(Pooling::Max),
-            "mean_sqrt_len_tokens" => Ok(Pooling::MeanSqrtLen),
-            other => Err(Error::config(
-                path,
-                "pooling_mode",
-                format!("`{other}` is not supported"),
-            )),
-        };
-    }
-    let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
-    let modes = [
-        ("pooling_mode_cls_token", Pooling::Cls),
-        ("pooling_mode_mean_tokens", Pooling::Mean),
-        ("pooling_mode_max_tokens", Pooling::Max),
-        ("pooling_mode_mean_sqrt_len_tokens", Pooling::MeanSqrtLen),
-    ];
-    for unsupported in ["pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"] {
-        if flag(unsupported) {
-            return Err(Error::config(
-                path,
-                unsupported,
-                "this pooling mode is not supported",
-            ));
-        }
-    }
-    let on: Vec<_> = modes.iter().filter(|(k, _)| flag(k)).collect();
-    match on.as_slice() {
-        [] => Err(Error::config(
-            path,
-            "pooling_mode_*",
-            "no pooling mode is enabled",
-        )),
-        [(_, p)] => Ok(*p),
-        _ => Err(Error::config(
-            path,
-            "pooling_mode_*",
-            "several pooling modes at once (concatenated) are not supported",
-        )),
-    }
 }
 
 /// Pools one text's token states (`rows`, [tokens, d], no padding) to one

@@ -2,8 +2,10 @@
 //! and tokenizer, and the user's texts and tables.
 
 pub mod model_dir;
+pub mod st_folder;
 pub mod texts;
 pub mod tokenizer;
 pub mod weights;
 
 pub use model_dir::ModelDir;
+pub use st_folder::SentenceTransformerSpec;

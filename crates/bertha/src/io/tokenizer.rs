@@ -21,6 +21,7 @@ use tokenizers::{
 
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
+use crate::io::st_folder;
 
 /// One tokenized text (or text pair), unpadded.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -371,30 +372,10 @@ fn convert(e: tokenizers::Encoding) -> Encoded {
 }
 
 /// The truncation length a user of transformers / sentence-transformers
-/// gets by default for this folder: sentence-transformers' `max_seq_length`
-/// (from `sentence_bert_config.json`) when the folder is one, else the
-/// model's `max_position_embeddings`.
+/// gets by default for this folder: sentence-transformers' own (see
+/// [`st_folder::max_seq_length`]) when the folder states one, capped at
+/// the model's positions, else the model's `max_position_embeddings`.
 pub fn default_max_length(dir: &Path, config: &BertConfig) -> Result<usize> {
-    let st = dir.join("sentence_bert_config.json");
-    if st.is_file() {
-        let text = std::fs::read_to_string(&st).map_err(|e| Error::io(&st, e))?;
-        let v: Value = serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: st.clone(),
-            source,
-        })?;
-        match v.get("max_seq_length") {
-            None | Some(Value::Null) => {}
-            Some(n) => {
-                let n = n.as_u64().ok_or_else(|| {
-                    Error::config(
-                        &st,
-                        "max_seq_length",
-                        format!("expected a positive integer, got {n}"),
-                    )
-                })?;
-                return Ok((n as usize).min(config.max_sequence_length()));
-            }
-        }
-    }
-    Ok(config.max_sequence_length())
+    let limit = config.max_sequence_length();
+    Ok(st_folder::max_seq_length(dir)?.map_or(limit, |n| n.min(limit)))
 }

@@ -1,6 +1,8 @@
 //! Sentence and token embeddings, like sentence-transformers' `encode`
-//! and TEI's `/embed` and `/embed_all`.
+//! and TEI's `/embed` and `/embed_all`, with their prompts and Matryoshka
+//! `dimensions`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
@@ -8,10 +10,11 @@ use candle_core::{Device, Tensor};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
 use crate::fast::{PackedBert, PackedStates, Precision};
+use crate::io::st_folder::{known_names, SentenceTransformerSpec};
 use crate::io::tokenizer::{Encoded, Tokenizer};
 use crate::io::ModelDir;
 use crate::model::{BertInput, BertModel, ForwardOptions};
-use crate::pooling::{self, Pooling, SentenceTransformerSpec};
+use crate::pooling::{self, Pooling};
 
 /// Overrides of what the model folder prescribes.
 #[derive(Debug, Clone, Default)]
@@ -21,6 +24,30 @@ pub struct EmbedOptions {
     pub max_length: Option<usize>,
     /// Number format of the CPU fast path (`Int8`: faster, approximate).
     pub precision: Precision,
+}
+
+/// What one embedding call asks beyond its texts: sentence-transformers'
+/// `encode(prompt_name=, prompt=, truncate_dim=)`, TEI's `prompt_name` and
+/// `dimensions`. With neither prompt given, the folder's
+/// `default_prompt_name` applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// One of the folder's `prompts`, prepended to every text.
+    pub prompt_name: Option<String>,
+    /// A prompt given as text (excludes `prompt_name`).
+    pub prompt: Option<String>,
+    /// Matryoshka truncation: keep the first `dimensions` values, then
+    /// L2-normalise again when the embedder normalises.
+    pub dimensions: Option<usize>,
+}
+
+/// The prompt of one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    pub text: String,
+    /// Leading tokens pooling leaves out: `[CLS]` and the prompt's own
+    /// when the folder's Pooling has `include_prompt: false`, else 0.
+    pub pool_start: usize,
 }
 
 /// One vector per token of one text (pooling `none`).
@@ -38,6 +65,11 @@ pub struct Embedder {
     tokenizer: Tokenizer,
     pooling: Pooling,
     normalize: bool,
+    /// The folder's prompts, name → text.
+    prompts: BTreeMap<String, String>,
+    default_prompt_name: Option<String>,
+    /// Whether a prompt's tokens are pooled with the text's.
+    include_prompt: bool,
     max_batch_tokens: usize,
 }
 
@@ -53,9 +85,9 @@ pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16384;
 impl Embedder {
     /// Loads model, tokenizer and pooling from a model folder. Without
     /// overrides, a sentence-transformers folder uses its own pooling,
-    /// normalisation and `max_seq_length`; a plain checkpoint uses mean
-    /// pooling without normalisation and `max_position_embeddings`. Pooling
-    /// `none` is not normalised unless `opts.normalize` says so.
+    /// normalisation, `max_seq_length` and prompts; a plain checkpoint uses
+    /// mean pooling without normalisation and `max_position_embeddings`.
+    /// Pooling `none` is not normalised unless `opts.normalize` says so.
     pub fn from_dir(dir: &Path, device: &Device, opts: &EmbedOptions) -> Result<Self> {
         let folder = ModelDir::open(dir)?;
         let (config, weights) = folder.config_and_weights()?;
@@ -80,6 +112,10 @@ impl Embedder {
             (None, _) => spec.as_ref().is_some_and(|s| s.normalize),
         };
         let mut embedder = Self::new(model, tokenizer, pooling, normalize)?;
+        if let Some(spec) = spec {
+            embedder.set_prompts(spec.prompts, spec.default_prompt_name)?;
+            embedder.include_prompt = spec.include_prompt;
+        }
         if opts.precision != Precision::F32 {
             embedder.set_precision(opts.precision)?;
         }
@@ -105,8 +141,153 @@ impl Embedder {
             tokenizer,
             pooling,
             normalize,
+            prompts: BTreeMap::new(),
+            default_prompt_name: None,
+            include_prompt: true,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
         })
+    }
+
+    /// Sets the prompts a call can name, and the one used when a call
+    /// names none (it must be one of them).
+    pub fn set_prompts(
+        &mut self,
+        prompts: BTreeMap<String, String>,
+        default_prompt_name: Option<String>,
+    ) -> Result<()> {
+        if let Some(name) = &default_prompt_name {
+            if !prompts.contains_key(name) {
+                return Err(Error::option(
+                    "default_prompt_name",
+                    format!(
+                        "`{name}` is not one of the prompts ({})",
+                        known_names(&prompts)
+                    ),
+                ));
+            }
+        }
+        self.prompts = prompts;
+        self.default_prompt_name = default_prompt_name;
+        Ok(())
+    }
+
+    /// Whether a prompt's tokens are pooled with the text's
+    /// (sentence-transformers' `include_prompt`, true by default).
+    pub fn set_include_prompt(&mut self, include: bool) {
+        self.include_prompt = include;
+    }
+
+    pub fn prompts(&self) -> &BTreeMap<String, String> {
+        &self.prompts
+    }
+
+    pub fn default_prompt_name(&self) -> Option<&str> {
+        self.default_prompt_name.as_deref()
+    }
+
+    pub fn include_prompt(&self) -> bool {
+        self.include_prompt
+    }
+
+    /// The prompt of a call, resolved as sentence-transformers does:
+    /// `prompt`, else the prompt `prompt_name` names, else the default
+    /// prompt; `None` when there is none (an empty prompt is none). The
+    /// prompt must leave the text at least one token of the max length.
+    pub fn prompt(&self, opts: &EncodeOptions) -> Result<Option<Prompt>> {
+        let text = match (&opts.prompt, &opts.prompt_name) {
+            (Some(_), Some(_)) => {
+                return Err(Error::option(
+                    "prompt",
+                    "and prompt_name cannot both be given: choose one",
+                ))
+            }
+            (Some(text), None) => text.clone(),
+            (None, Some(name)) => self.prompts.get(name).cloned().ok_or_else(|| {
+                Error::option(
+                    "prompt_name",
+                    format!(
+                        "`{name}` is not one of this model's prompts ({})",
+                        known_names(&self.prompts)
+                    ),
+                )
+            })?,
+            (None, None) => match &self.default_prompt_name {
+                Some(name) => self.prompts.get(name).cloned().unwrap_or_default(),
+                None => return Ok(None),
+            },
+        };
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let enc = self
+            .tokenizer
+            .inner()
+            .encode(text.as_str(), true)
+            .map_err(|e| Error::Tokenizer(format!("encoding the prompt: {e}")))?;
+        let (tokens, max) = (enc.len(), self.tokenizer.max_length());
+        if tokens >= max {
+            return Err(Error::option(
+                "prompt",
+                format!(
+                    "`{text}` takes {}{tokens} tokens with [CLS] and [SEP]: the max length {max} \
+                     leaves none for the text",
+                    if enc.get_overflowing().is_empty() {
+                        ""
+                    } else {
+                        "over "
+                    }
+                ),
+            ));
+        }
+        // sentence-transformers counts the prompt's tokens without the
+        // trailing [SEP], so [CLS] is among those left out.
+        let pool_start = if self.include_prompt {
+            0
+        } else {
+            tokens - usize::from(enc.get_special_tokens_mask().last() == Some(&1))
+        };
+        Ok(Some(Prompt { text, pool_start }))
+    }
+
+    /// Checks a Matryoshka size: 1 to the hidden size, pooled vectors only.
+    pub fn check_dimensions(&self, dimensions: Option<usize>) -> Result<()> {
+        let Some(d) = dimensions else {
+            return Ok(());
+        };
+        if self.pooling == Pooling::None {
+            return Err(Error::option(
+                "dimensions",
+                "applies to pooled vectors, and pooling `none` gives token vectors",
+            ));
+        }
+        let size = self.model.config().hidden_size;
+        if d == 0 || d > size {
+            return Err(Error::option(
+                "dimensions",
+                format!("{d} is out of range: this model's embeddings have {size} dimensions (choose 1 to {size})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tokenizes `texts` for a call: checks `opts`, then prepends the
+    /// call's prompt to each text.
+    pub fn encode_texts<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        opts: &EncodeOptions,
+    ) -> Result<Vec<Encoded>> {
+        self.check_dimensions(opts.dimensions)?;
+        match self.prompt(opts)? {
+            None => self.tokenizer.encode_batch(texts),
+            Some(p) => {
+                let prompted: Vec<String> = texts
+                    .iter()
+                    .map(|t| format!("{}{}", p.text, t.as_ref()))
+                    .collect();
+                self.tokenizer.encode_batch(&prompted)
+            }
+        }
     }
 
     /// Turns the packed CPU fast path off (the candle modules then run
@@ -194,24 +375,87 @@ impl Embedder {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f32>>> {
+        self.embed_with(texts, &EncodeOptions::default(), batch_size, progress)
+    }
+
+    /// As [`Embedder::embed`], with a call's prompt and dimensions.
+    pub fn embed_with<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        opts: &EncodeOptions,
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f32>>> {
         if self.pooling == Pooling::None {
             return Err(Error::Input(
                 "pooling `none` gives token vectors: use embed_tokens".into(),
             ));
         }
-        let encodings = self.tokenizer.encode_batch(texts)?;
-        self.embed_encoded(&encodings, batch_size, progress)
+        let encodings = self.encode_texts(texts, opts)?;
+        self.embed_encoded_with(&encodings, opts, batch_size, progress)
     }
 
-    /// As [`Embedder::embed`], on texts already tokenized.
+    /// As [`Embedder::embed`], on texts already tokenized (no prompt is
+    /// added: see [`Embedder::embed_encoded_with`]).
     pub fn embed_encoded(
         &self,
         encodings: &[Encoded],
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f32>>> {
-        self.in_batches(encodings, batch_size, progress, |encs| {
-            self.run_pooled(encs)
+        self.embed_encoded_from(encodings, &vec![0; encodings.len()], batch_size, progress)
+    }
+
+    /// Embeds what [`Embedder::encode_texts`] made of the texts for the
+    /// same `opts`: pools past the prompt when the folder says so, then
+    /// truncates to `opts.dimensions`.
+    pub fn embed_encoded_with(
+        &self,
+        encodings: &[Encoded],
+        opts: &EncodeOptions,
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f32>>> {
+        self.check_dimensions(opts.dimensions)?;
+        let start = self.prompt(opts)?.map_or(0, |p| p.pool_start);
+        let mut rows = self.embed_encoded_from(
+            encodings,
+            &vec![start; encodings.len()],
+            batch_size,
+            progress,
+        )?;
+        if let Some(d) = opts.dimensions {
+            for r in &mut rows {
+                r.truncate(d);
+                if self.normalize {
+                    pooling::normalize_in_place(r);
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// As [`Embedder::embed_encoded`], pooling text `i` from its token
+    /// `pool_start[i]` on (a prompt's tokens left out; [`Prompt::pool_start`]).
+    /// At least the last token is pooled.
+    pub fn embed_encoded_from(
+        &self,
+        encodings: &[Encoded],
+        pool_start: &[usize],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Vec<f32>>> {
+        if pool_start.len() != encodings.len() {
+            return Err(Error::Input(format!(
+                "{} pool starts for {} texts",
+                pool_start.len(),
+                encodings.len()
+            )));
+        }
+        self.in_batches(encodings, batch_size, progress, |batch| {
+            let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
+            let starts: Vec<usize> = batch.iter().map(|&i| pool_start[i]).collect();
+            self.run_pooled(&encs, &starts)
         })
     }
 
@@ -222,14 +466,14 @@ impl Embedder {
         encodings: &[Encoded],
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
-        mut run: impl FnMut(&[&Encoded]) -> Result<Vec<T>>,
+        mut run: impl FnMut(&[usize]) -> Result<Vec<T>>,
     ) -> Result<Vec<T>> {
         let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None)
             .take(encodings.len())
             .collect();
         let mut done = 0;
         for batch in length_sorted_batches(encodings, batch_size, self.max_batch_tokens) {
-            let rows = run(&batch.iter().map(|&i| &encodings[i]).collect::<Vec<_>>())?;
+            let rows = run(&batch)?;
             for (row, i) in rows.into_iter().zip(batch.iter()) {
                 out[*i] = Some(row);
             }
@@ -254,14 +498,20 @@ impl Embedder {
         Ok(Some(packed.forward(&seqs)?))
     }
 
-    fn run_pooled(&self, encs: &[&Encoded]) -> Result<Vec<Vec<f32>>> {
+    /// Pooled vectors of `encs`, text `i` pooled from token `starts[i]`.
+    fn run_pooled(&self, encs: &[&Encoded], starts: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let from = |i: usize, tokens: usize| starts[i].min(tokens.saturating_sub(1));
         if let Some(states) = self.packed_states(encs)? {
+            let d = states.hidden;
             let mut rows = match (&self.packed, self.pooling) {
                 (Some(packed), Pooling::Pooler) => packed
                     .pool(&states)?
                     .ok_or_else(|| Error::Input("this model has no pooler".into()))?,
                 _ => (0..states.len())
-                    .map(|s| pooling::pool_rows(states.sequence(s), states.hidden, self.pooling))
+                    .map(|s| {
+                        let seq = states.sequence(s);
+                        pooling::pool_rows(&seq[from(s, seq.len() / d) * d..], d, self.pooling)
+                    })
                     .collect(),
             };
             if self.normalize {
@@ -274,12 +524,31 @@ impl Embedder {
             .attention_mask
             .as_ref()
             .expect("from_ids always sets a mask");
-        let mut pooled = pooling::pool(
-            &out.last_hidden_state,
-            mask,
-            self.pooling,
-            out.pooler_output.as_ref(),
-        )?;
+        let mut pooled = if self.pooling == Pooling::Pooler || starts.iter().all(|&s| s == 0) {
+            pooling::pool(
+                &out.last_hidden_state,
+                mask,
+                self.pooling,
+                out.pooler_output.as_ref(),
+            )?
+        } else {
+            // Each text's states past its start, pooled alone.
+            let rows = encs
+                .iter()
+                .enumerate()
+                .map(|(r, e)| {
+                    let s = from(r, e.len());
+                    let states = out
+                        .last_hidden_state
+                        .get(r)?
+                        .narrow(0, s, e.len() - s)?
+                        .unsqueeze(0)?;
+                    let all = Tensor::ones((1, e.len() - s), states.dtype(), states.device())?;
+                    pooling::pool(&states, &all, self.pooling, None)
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::cat(&rows, 0)?
+        };
         if self.normalize {
             pooled = pooling::normalize(&pooled)?;
         }
@@ -303,7 +572,7 @@ impl Embedder {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<TokenEmbeddings>> {
-        let encodings = self.tokenizer.encode_batch(texts)?;
+        let encodings = self.encode_texts(texts, &EncodeOptions::default())?;
         self.embed_tokens_encoded(&encodings, batch_size, progress)
     }
 
@@ -314,8 +583,8 @@ impl Embedder {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<TokenEmbeddings>> {
-        self.in_batches(encodings, batch_size, progress, |encs| {
-            self.run_tokens(encs)
+        self.in_batches(encodings, batch_size, progress, |batch| {
+            self.run_tokens(&batch.iter().map(|&i| &encodings[i]).collect::<Vec<_>>())
         })
     }
 

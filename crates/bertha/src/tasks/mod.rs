@@ -12,7 +12,9 @@ pub mod qa;
 
 pub use attention::{AttentionMaps, AttentionModel};
 pub use classify::{Classifier, LabelScore, ScoreFunction};
-pub use embed::{cosine_similarity_matrix, EmbedOptions, Embedder, TokenEmbeddings};
+pub use embed::{
+    cosine_similarity_matrix, EmbedOptions, Embedder, EncodeOptions, Prompt, TokenEmbeddings,
+};
 pub use fill_mask::{FillMask, MaskPrediction};
 pub use finetuned::{
     ClassPrediction, Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
