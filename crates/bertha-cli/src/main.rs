@@ -10,7 +10,6 @@
 mod commands;
 mod model_dir;
 mod output;
-mod pairs;
 mod texts;
 mod training;
 

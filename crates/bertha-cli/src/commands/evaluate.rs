@@ -15,7 +15,7 @@ use bertha::{EmbedOptions, Embedder};
 use super::device;
 use super::finetune::DataArgs;
 use crate::model_dir::ModelArgs;
-use crate::pairs::PairArgs;
+use super::pairs::PairArgs;
 use crate::texts::progress_bar;
 
 /// Options shared by evaluate and predict.

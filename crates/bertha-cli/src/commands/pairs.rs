@@ -6,9 +6,11 @@ use bertha::data::{PairColumns, PairOptions};
 
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PairArgs {
-    /// The file is an original STS Benchmark file (sts-train.csv, ...): no
-    /// header, tab-split, score 0–5 in field 5 (divided by 5), sentences in
-    /// fields 6 and 7.
+    /// The files are original STS Benchmark files (sts-train.csv,
+    /// sts-dev.csv, sts-test.csv: no header, tab-split, score 0..5 in field 5,
+    /// divided by 5; sentences in fields 6 and 7). It applies to every data
+    /// file of the command: scripts/stsb-to-pairs.py converts one file to
+    /// scored pairs instead (e.g. an STS-B dev file beside training pairs).
     #[arg(long)]
     pub stsb: bool,
 

@@ -23,13 +23,12 @@ use super::trainer::{
     Chart, Gradients, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams, Trainer,
 };
 use crate::config::BertConfig;
-use crate::data::{EmbeddingData, PairLayout};
+use crate::data::{EmbeddingData, EmbeddingEval, PairLayout};
 use crate::error::{Error, Result};
 use crate::io::st_folder::SentenceTransformerSpec;
 use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
 use crate::io::ModelDir;
-use crate::metrics;
 use crate::model::{seed_dropout, BertInput, BertModel, ForwardOptions};
 use crate::pooling::{self, Pooling};
 use crate::rng::seed_for;
@@ -97,28 +96,35 @@ impl EmbeddingOptions {
 /// Pairs or scored pairs, tokenized once, prompts included.
 struct EncodedRows {
     data: EmbeddingData,
+    /// The same rows with each column's prompt prepended (what is encoded).
+    prompted: EmbeddingData,
     /// [column][row] token ids.
     ids: Vec<Vec<Vec<u32>>>,
-    /// [column][row] the texts as encoded (prompt + text).
-    texts: Vec<Vec<String>>,
 }
 
 impl EncodedRows {
     fn new(data: EmbeddingData, tokenizer: &Tokenizer, opts: &EmbeddingOptions) -> Result<Self> {
-        let mut ids = Vec::with_capacity(data.columns.len());
-        let mut texts = Vec::with_capacity(data.columns.len());
+        let mut prompted = data.clone();
         for (j, name) in data.columns.iter().enumerate() {
             let prompt = opts.prompt(j, name);
-            let column: Vec<String> = data
-                .rows
-                .iter()
-                .map(|r| format!("{prompt}{}", r[j]))
-                .collect();
-            let enc = tokenizer.encode_batch(&column)?;
-            ids.push(enc.into_iter().map(|e| e.input_ids).collect());
-            texts.push(column);
+            if !prompt.is_empty() {
+                for row in &mut prompted.rows {
+                    row[j] = format!("{prompt}{}", row[j]);
+                }
+            }
         }
-        Ok(Self { data, ids, texts })
+        let ids = (0..data.columns.len())
+            .map(|j| {
+                let column: Vec<&str> = prompted.column(j).collect();
+                let enc = tokenizer.encode_batch(&column)?;
+                Ok(enc.into_iter().map(|e| e.input_ids).collect())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            data,
+            prompted,
+            ids,
+        })
     }
 
     fn len(&self) -> usize {
@@ -410,29 +416,10 @@ impl EmbeddingTraining {
             true,
         )?;
         let bs = self.opts.train.eval_batch_size;
-        let embed = |j: usize| embedder.embed(&rows.texts[j], bs, &mut |_| {});
-        let scores = match rows.data.layout {
-            PairLayout::Scored => {
-                let (a, b) = (embed(0)?, embed(1)?);
-                let cos: Vec<f64> = a
-                    .iter()
-                    .zip(&b)
-                    .map(|(x, y)| x.iter().zip(y).map(|(p, q)| f64::from(p * q)).sum())
-                    .collect();
-                let gold: Vec<f64> = rows
-                    .data
-                    .scores
-                    .as_ref()
-                    .map(|s| s.iter().map(|&v| f64::from(v)).collect())
-                    .unwrap_or_default();
-                metrics::sts_scores(&cos, &gold)
-            }
-            PairLayout::Texts => {
-                let (a, p) = (embed(0)?, embed(1)?);
-                let texts: Vec<&str> = rows.data.rows.iter().map(|r| r[1].as_str()).collect();
-                metrics::retrieval_scores(&a, &p, &texts)
-            }
-        };
+        let scores = rows.prompted.evaluate(
+            EmbeddingEval::for_layout(rows.data.layout),
+            |texts| embedder.embed(texts, bs, &mut |_| {}),
+        )?;
         let loss = if check_layout(&rows.data, &self.opts.loss).is_ok() {
             let mut sum = 0.0;
             let mut n = 0usize;
@@ -446,10 +433,7 @@ impl EmbeddingTraining {
         } else {
             f64::NAN
         };
-        Ok(Scores {
-            loss,
-            scores: scores?,
-        })
+        Ok(Scores { loss, scores })
     }
 
     /// The sentence-transformers modules of the saved model.
@@ -476,12 +460,9 @@ impl Objective for EmbeddingTraining {
     }
 
     fn main_metric(&self) -> MainMetric {
-        let name = match self.dev.as_ref().map(|d| d.rows.data.layout) {
-            Some(PairLayout::Texts) => "ndcg@10",
-            _ => "spearman",
-        };
+        let layout = self.dev.as_ref().map_or(PairLayout::Scored, |d| d.rows.data.layout);
         MainMetric {
-            name,
+            name: EmbeddingEval::for_layout(layout).main_metric(),
             greater_is_better: true,
         }
     }
