@@ -65,6 +65,17 @@ fn sts_on_the_stsb_original_and_its_conversion() {
 }
 
 #[test]
+fn truncation_is_reported_by_line_and_column() {
+    // "A girl is styling her hair." is 9 tokens with [CLS] and [SEP].
+    let out = evaluate("sts", "sts-test-slice.tsv", &["--max-length", "8"]);
+    ok_lines(&out);
+    assert_mentions(
+        &common::stderr(&out),
+        &["texts were truncated to 8 tokens (first: line 2, column `sentence1`)"],
+    );
+}
+
+#[test]
 fn retrieval_on_caption_pairs() {
     let want = reference("retrieval");
     let lines = ok_lines(&evaluate("retrieval", "flickr8k-train-head.tsv", &[]));

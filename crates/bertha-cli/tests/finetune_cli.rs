@@ -217,5 +217,10 @@ fn bad_input_is_a_one_line_error() {
     let err = finetune(&["--early-stop", "2"]);
     assert!(err.contains("--early-stop needs a dev set"), "{err}");
     let err = failure(&on_checkpoint("evaluate", "sentiment", &tiny, &data, &[]));
-    assert!(err.contains("expected classification, ner or qa"));
+    assert!(
+        err.contains("expected classification, ner, qa, sts or retrieval"),
+        "{err}"
+    );
+    let err = failure(&on_checkpoint("predict", "sts", &tiny, &data, &[]));
+    assert!(err.contains("expected classification, ner or qa"), "{err}");
 }
