@@ -155,7 +155,7 @@ fn worker(
         let all: Vec<Encoded> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
         let starts: Vec<usize> = jobs
             .iter()
-            .flat_map(|j| std::iter::repeat(j.pool_start).take(j.inputs.len()))
+            .flat_map(|j| std::iter::repeat_n(j.pool_start, j.inputs.len()))
             .collect();
         metrics.batch_texts.observe(all.len() as f64);
         metrics.batch_tokens.observe(tokens as f64);
