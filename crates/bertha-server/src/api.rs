@@ -151,6 +151,16 @@ pub struct EmbedRequest {
     dimensions: Option<usize>,
 }
 
+/// A request's prompt name and dimensions (TEI's fields: it has no prompt
+/// given as text).
+pub(crate) fn tei_call(prompt_name: Option<String>, dimensions: Option<usize>) -> EncodeOptions {
+    EncodeOptions {
+        prompt_name,
+        prompt: None,
+        dimensions,
+    }
+}
+
 /// Prepends the request's prompt (named, else the folder's default) to
 /// `texts` and tokenizes them; also gives the first token pooling takes.
 async fn prompted(
@@ -219,11 +229,7 @@ pub async fn embed(
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
     let norm = req.normalize.unwrap_or(state.normalize_default);
-    let call = EncodeOptions {
-        prompt_name: req.prompt_name,
-        dimensions: req.dimensions,
-        ..Default::default()
-    };
+    let call = tei_call(req.prompt_name, req.dimensions);
     let (rows, _) = pooled(
         &state,
         texts,
@@ -249,10 +255,7 @@ pub async fn embed_all(
             "`dimensions` applies to pooled vectors (/embed), not to /embed_all",
         ));
     }
-    let call = EncodeOptions {
-        prompt_name: req.prompt_name,
-        ..Default::default()
-    };
+    let call = tei_call(req.prompt_name, None);
     let (encodings, _) =
         prompted(&state, texts, &call, req.truncate, req.truncation_direction).await?;
     let out = state.batcher.run(encodings, Want::Tokens).await?;
@@ -309,11 +312,7 @@ pub async fn similarity(
     check_batch(&state, sentences.len() + 1)?;
     let mut texts = vec![source_sentence];
     texts.extend(sentences);
-    let call = EncodeOptions {
-        prompt_name: req.prompt_name,
-        dimensions: req.dimensions,
-        ..Default::default()
-    };
+    let call = tei_call(req.prompt_name, req.dimensions);
     let (rows, _) = pooled(
         &state,
         texts,

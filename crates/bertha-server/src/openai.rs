@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::api::{
-    admit, check_batch, pooled, AppResult, Body, Inputs, Shared, TruncationDirection,
+    admit, check_batch, pooled, tei_call, AppResult, Body, Inputs, Shared, TruncationDirection,
 };
 
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +68,7 @@ pub async fn embeddings(
     let _permit = admit(&state)?;
     let texts = req.input.into_vec();
     check_batch(&state, texts.len())?;
-    let call = bertha::EncodeOptions {
-        dimensions: req.dimensions,
-        ..Default::default()
-    };
+    let call = tei_call(None, req.dimensions);
     let (rows, tokens) = pooled(
         &state,
         texts,
