@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bertha::tasks::{Aggregation, Answer, Entity, LabelScore, MaskPrediction, QaOptions};
-use bertha::Encoded;
+use bertha::{EncodeOptions, Encoded};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
@@ -145,26 +145,77 @@ pub struct EmbedRequest {
     truncate: bool,
     #[serde(default)]
     truncation_direction: TruncationDirection,
-    #[serde(default)]
-    #[allow(dead_code)]
+    /// One of the folder's prompts (TEI's field).
     prompt_name: Option<String>,
+    /// Matryoshka: keep the first `dimensions` values (`/embed` only).
+    dimensions: Option<usize>,
 }
 
+/// A request's prompt name and dimensions (TEI's fields: it has no prompt
+/// given as text).
+pub(crate) fn tei_call(prompt_name: Option<String>, dimensions: Option<usize>) -> EncodeOptions {
+    EncodeOptions {
+        prompt_name,
+        prompt: None,
+        dimensions,
+    }
+}
+
+/// Prepends the request's prompt (named, else the folder's default) to
+/// `texts` and tokenizes them; also gives the first token pooling takes.
+async fn prompted(
+    state: &Arc<AppState>,
+    texts: Vec<String>,
+    call: &EncodeOptions,
+    truncate: bool,
+    dir: TruncationDirection,
+) -> AppResult<(Vec<Encoded>, usize)> {
+    state.embedder.check_dimensions(call.dimensions)?;
+    let (texts, start) = match state.embedder.prompt(call)? {
+        Some(p) => {
+            let texts = texts.iter().map(|t| format!("{}{t}", p.text)).collect();
+            (texts, p.pool_start)
+        }
+        None => (texts, 0),
+    };
+    let encodings = tokenize(state, texts, truncate, dir).await?;
+    // Cutting from the left eats the prompt first: its tokens are no
+    // longer the first `start`.
+    if start > 0 && dir == TruncationDirection::Left && encodings.iter().any(|e| e.truncated) {
+        return Err(ApiError::validation(
+            "this model leaves the prompt out of its pooling (include_prompt false), which \
+             truncation_direction Left would cut: use Right",
+        ));
+    }
+    Ok((encodings, start))
+}
+
+/// One pooled vector per text, with the request's prompt and dimensions,
+/// normalised when `norm`; also the tokens used.
 pub(crate) async fn pooled(
     state: &Arc<AppState>,
     texts: Vec<String>,
+    call: &EncodeOptions,
     truncate: bool,
     dir: TruncationDirection,
     norm: bool,
 ) -> AppResult<(Vec<Vec<f32>>, usize)> {
-    let encodings = tokenize(state, texts, truncate, dir).await?;
+    let (encodings, start) = prompted(state, texts, call, truncate, dir).await?;
     let tokens = encodings.iter().map(Encoded::len).sum();
-    let out = state.batcher.run(encodings, Want::Pooled).await?;
+    let out = state
+        .batcher
+        .run_from(encodings, start, Want::Pooled)
+        .await?;
     let Output::Pooled(mut rows) = out else {
         return Err(ApiError::backend("the batcher answered with token vectors"));
     };
-    if norm {
-        rows.iter_mut().for_each(|r| normalize(r));
+    for r in &mut rows {
+        if let Some(d) = call.dimensions {
+            r.truncate(d);
+        }
+        if norm {
+            normalize(r);
+        }
     }
     Ok((rows, tokens))
 }
@@ -178,7 +229,16 @@ pub async fn embed(
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
     let norm = req.normalize.unwrap_or(state.normalize_default);
-    let (rows, _) = pooled(&state, texts, req.truncate, req.truncation_direction, norm).await?;
+    let call = tei_call(req.prompt_name, req.dimensions);
+    let (rows, _) = pooled(
+        &state,
+        texts,
+        &call,
+        req.truncate,
+        req.truncation_direction,
+        norm,
+    )
+    .await?;
     Ok(Json(rows))
 }
 
@@ -190,7 +250,14 @@ pub async fn embed_all(
     let _permit = admit(&state)?;
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
-    let encodings = tokenize(&state, texts, req.truncate, req.truncation_direction).await?;
+    if req.dimensions.is_some() {
+        return Err(ApiError::validation(
+            "`dimensions` applies to pooled vectors (/embed), not to /embed_all",
+        ));
+    }
+    let call = tei_call(req.prompt_name, None);
+    let (encodings, _) =
+        prompted(&state, texts, &call, req.truncate, req.truncation_direction).await?;
     let out = state.batcher.run(encodings, Want::Tokens).await?;
     let Output::Tokens(rows) = out else {
         return Err(ApiError::backend(
@@ -225,6 +292,10 @@ pub struct SimilarityRequest {
     truncate: bool,
     #[serde(default)]
     truncation_direction: TruncationDirection,
+    /// One of the folder's prompts (TEI has it in `parameters`).
+    prompt_name: Option<String>,
+    /// Matryoshka: compare the first `dimensions` values.
+    dimensions: Option<usize>,
 }
 
 /// `POST /similarity` → cosine similarity of `source_sentence` to each of
@@ -241,7 +312,16 @@ pub async fn similarity(
     check_batch(&state, sentences.len() + 1)?;
     let mut texts = vec![source_sentence];
     texts.extend(sentences);
-    let (rows, _) = pooled(&state, texts, req.truncate, req.truncation_direction, true).await?;
+    let call = tei_call(req.prompt_name, req.dimensions);
+    let (rows, _) = pooled(
+        &state,
+        texts,
+        &call,
+        req.truncate,
+        req.truncation_direction,
+        true,
+    )
+    .await?;
     let (source, others) = rows.split_first().expect("at least one row");
     Ok(Json(
         others
@@ -407,6 +487,8 @@ pub async fn info(State(state): Shared) -> Json<Value> {
         "max_batch_tokens": c.max_batch_tokens,
         "max_batch_requests": null,
         "max_client_batch_size": c.max_client_batch_size,
+        "prompts": state.embedder.prompts(),
+        "default_prompt_name": state.embedder.default_prompt_name(),
         "tokenization_workers": rayon_threads(),
         "version": env!("CARGO_PKG_VERSION"),
     }))

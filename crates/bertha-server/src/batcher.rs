@@ -34,6 +34,8 @@ pub enum Output {
 
 struct Job {
     inputs: Vec<Encoded>,
+    /// The first token each input's pooled vector takes (past a prompt).
+    pool_start: usize,
     want: Want,
     reply: oneshot::Sender<Result<Output, String>>,
 }
@@ -67,6 +69,17 @@ impl Batcher {
     /// Runs `inputs` in the next batch. Inputs the model cannot take are a
     /// 422 for this request alone; a model failure is a 500.
     pub async fn run(&self, inputs: Vec<Encoded>, want: Want) -> Result<Output, ApiError> {
+        self.run_from(inputs, 0, want).await
+    }
+
+    /// As [`Batcher::run`], pooling each input from its token `pool_start`
+    /// on (a prompt left out of the pooled vector).
+    pub async fn run_from(
+        &self,
+        inputs: Vec<Encoded>,
+        pool_start: usize,
+        want: Want,
+    ) -> Result<Output, ApiError> {
         self.check_ids(&inputs)?;
         let (reply, rx) = oneshot::channel();
         self.metrics.queue_depth.inc();
@@ -74,6 +87,7 @@ impl Batcher {
             .tx
             .send(Job {
                 inputs,
+                pool_start,
                 want,
                 reply,
             })
@@ -139,10 +153,14 @@ fn worker(
         }
         let started = Instant::now();
         let all: Vec<Encoded> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
+        let starts: Vec<usize> = jobs
+            .iter()
+            .flat_map(|j| std::iter::repeat_n(j.pool_start, j.inputs.len()))
+            .collect();
         metrics.batch_texts.observe(all.len() as f64);
         metrics.batch_tokens.observe(tokens as f64);
         metrics.input_tokens.inc_by(tokens as u64);
-        let result = forward(&embedder, &all, want);
+        let result = forward(&embedder, &all, &starts, want);
         tracing::debug!(
             texts = all.len(),
             tokens,
@@ -161,7 +179,8 @@ fn worker(
                     "model batch failed, running its requests one by one: {e}"
                 );
                 for job in jobs {
-                    let alone = forward(&embedder, &job.inputs, want).map_err(|e| {
+                    let starts = vec![job.pool_start; job.inputs.len()];
+                    let alone = forward(&embedder, &job.inputs, &starts, want).map_err(|e| {
                         tracing::error!(texts = job.inputs.len(), "model request failed: {e}");
                         e.to_string()
                     });
@@ -184,11 +203,16 @@ fn worker(
     }
 }
 
-/// One model call over `inputs`.
-fn forward(embedder: &Embedder, inputs: &[Encoded], want: Want) -> bertha::Result<Output> {
+/// One model call over `inputs`, pooled from `starts`.
+fn forward(
+    embedder: &Embedder,
+    inputs: &[Encoded],
+    starts: &[usize],
+    want: Want,
+) -> bertha::Result<Output> {
     match want {
         Want::Pooled => embedder
-            .embed_encoded(inputs, inputs.len().max(1), &mut |_| {})
+            .embed_encoded_from(inputs, starts, inputs.len().max(1), &mut |_| {})
             .map(Output::Pooled),
         Want::Tokens => embedder
             .embed_tokens_encoded(inputs, inputs.len().max(1), &mut |_| {})

@@ -8,9 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::api::{
-    admit, check_batch, pooled, AppResult, Body, Inputs, Shared, TruncationDirection,
+    admit, check_batch, pooled, tei_call, AppResult, Body, Inputs, Shared, TruncationDirection,
 };
-use crate::error::ApiError;
 
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -60,23 +59,25 @@ pub struct OpenAiResponse {
     usage: OpenAiUsage,
 }
 
-/// `POST /v1/embeddings` (OpenAI): normalised vectors, `usage` in tokens.
+/// `POST /v1/embeddings` (OpenAI): normalised vectors (of the first
+/// `dimensions` values when asked), `usage` in tokens.
 pub async fn embeddings(
     State(state): Shared,
     Body(req): Body<OpenAiRequest>,
 ) -> AppResult<Json<OpenAiResponse>> {
     let _permit = admit(&state)?;
-    if let Some(d) = req.dimensions {
-        if d != state.embedder.model().config().hidden_size {
-            return Err(ApiError::validation(format!(
-                "`dimensions` {d} is not supported: this model gives {} dimensions",
-                state.embedder.model().config().hidden_size
-            )));
-        }
-    }
     let texts = req.input.into_vec();
     check_batch(&state, texts.len())?;
-    let (rows, tokens) = pooled(&state, texts, false, TruncationDirection::Right, true).await?;
+    let call = tei_call(None, req.dimensions);
+    let (rows, tokens) = pooled(
+        &state,
+        texts,
+        &call,
+        false,
+        TruncationDirection::Right,
+        true,
+    )
+    .await?;
     let data = rows
         .into_iter()
         .enumerate()

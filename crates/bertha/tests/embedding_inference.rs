@@ -156,8 +156,8 @@ fn include_prompt_false_pools_past_the_prompt() {
     for a in anchors() {
         let enc = e.tokenizer().encode(&format!("{text}{a}")).unwrap();
         let input = BertInput::from_ids(
-            &[enc.input_ids.clone()],
-            &[enc.token_type_ids.clone()],
+            std::slice::from_ref(&enc.input_ids),
+            std::slice::from_ref(&enc.token_type_ids),
             0,
             &Device::Cpu,
         )

@@ -20,7 +20,7 @@ pub mod tokenize;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use bertha::{EmbedOptions, Embedder, Pooling};
+use bertha::{EmbedOptions, Embedder, EncodeOptions, Pooling};
 
 use crate::model_dir::ModelArgs;
 use crate::output::JsonLines;
@@ -103,9 +103,34 @@ pub struct EmbedTextArgs {
     #[command(flatten)]
     pub texts: TextArgs,
 
+    /// Prepend this prompt of the folder's `prompts` to every text
+    /// (default: the folder's `default_prompt_name`, if it has one).
+    #[arg(long, conflicts_with = "prompt")]
+    pub prompt_name: Option<String>,
+
+    /// Prepend this text to every text (a prompt not in the folder).
+    #[arg(long)]
+    pub prompt: Option<String>,
+
+    /// Keep the first N dimensions of each embedding (Matryoshka), then
+    /// L2-normalise again when normalising.
+    #[arg(long, value_name = "N")]
+    pub dimensions: Option<usize>,
+
     /// Write the output here instead of stdout.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+}
+
+impl EmbedTextArgs {
+    /// The prompt and dimensions asked for.
+    pub fn encode_options(&self) -> EncodeOptions {
+        EncodeOptions {
+            prompt_name: self.prompt_name.clone(),
+            prompt: self.prompt.clone(),
+            dimensions: self.dimensions,
+        }
+    }
 }
 
 impl EmbedArgs {

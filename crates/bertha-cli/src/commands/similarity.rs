@@ -18,9 +18,11 @@ pub fn run(a: Args) -> Result<()> {
     if texts.len() < 2 {
         bail!("similarity needs at least two texts, got {}", texts.len());
     }
-    let encodings = embedder.tokenizer().encode_batch(&texts)?;
+    let opts = a.encode_options();
+    let encodings = embedder.encode_texts(&texts, &opts)?;
     report_truncation(&encodings, embedder.tokenizer().max_length());
-    let vectors = embedder.embed_encoded(&encodings, a.embed.batch_size, &mut |_| {})?;
+    let vectors =
+        embedder.embed_encoded_with(&encodings, &opts, a.embed.batch_size, &mut |_| {})?;
     let matrix = cosine_similarity_matrix(&vectors);
     let mut out = JsonLines::open(a.output.as_deref())?;
     out.write(&json!({ "texts": texts, "similarity": matrix }))?;

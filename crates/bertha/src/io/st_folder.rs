@@ -182,13 +182,15 @@ impl SentenceTransformerSpec {
             Pooling::Mean => "pooling_mode_mean_tokens",
             Pooling::Max => "pooling_mode_max_tokens",
             Pooling::MeanSqrtLen => "pooling_mode_mean_sqrt_len_tokens",
-            Pooling::Pooler | Pooling::None => return Err(Error::option(
-                "pooling",
-                format!(
+            Pooling::Pooler | Pooling::None => {
+                return Err(Error::option(
+                    "pooling",
+                    format!(
                     "`{}` is not a sentence-transformers pooling (cls, mean, max or mean_sqrt_len)",
                     self.pooling.name()
                 ),
-            )),
+                ))
+            }
         };
         if let Some(name) = &self.default_prompt_name {
             if !self.prompts.contains_key(name) {
@@ -388,20 +390,21 @@ fn read_pooling_config(path: &Path) -> Result<(Pooling, bool)> {
         }
         None => legacy_pooling_mode(path, &v)?,
     };
-    let pooling =
-        match mode.as_str() {
-            "cls" => Pooling::Cls,
-            "mean" => Pooling::Mean,
-            "max" => Pooling::Max,
-            "mean_sqrt_len_tokens" => Pooling::MeanSqrtLen,
-            other => return Err(Error::config(
+    let pooling = match mode.as_str() {
+        "cls" => Pooling::Cls,
+        "mean" => Pooling::Mean,
+        "max" => Pooling::Max,
+        "mean_sqrt_len_tokens" => Pooling::MeanSqrtLen,
+        other => {
+            return Err(Error::config(
                 path,
                 "pooling_mode",
                 format!(
                     "`{other}` is not supported (supported: cls, mean, max, mean_sqrt_len_tokens)"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     Ok((pooling, include_prompt))
 }
 
