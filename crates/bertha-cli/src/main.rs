@@ -66,7 +66,7 @@ enum Command {
     /// Masked-LM (+NSP) pre-training on plain-text corpora; checkpoints transformers loads.
     Pretrain(commands::pretrain::Args),
     /// Fine-tune a classification, NER or QA head (and the encoder) on a training file.
-    Finetune(commands::finetune::Args),
+    Finetune(Box<commands::finetune::Args>),
     /// The task's metrics of a fine-tuned checkpoint on a labelled file, or of sentence embeddings
     /// on pairs (sts, retrieval), as one JSON line.
     Evaluate(commands::evaluate::Args),
@@ -134,7 +134,7 @@ fn main() {
         Command::Qa(a) => commands::qa::run(a),
         Command::Nsp(a) => commands::nsp::run(a),
         Command::Pretrain(a) => commands::pretrain::run(a),
-        Command::Finetune(a) => commands::finetune::run(a),
+        Command::Finetune(a) => commands::finetune::run(*a),
         Command::Evaluate(a) => commands::evaluate::run(a),
         Command::Predict(a) => commands::predict::run(a),
     };

@@ -85,12 +85,7 @@ fn trains_a_sentence_transformers_folder() {
     assert_eq!(args["loss"]["kind"], "mnrl");
 
     // The trained folder embeds with the query prompt through `embed`.
-    let line = ok(&run(&[
-        "embed",
-        "--model",
-        s(&out),
-        "club members story",
-    ]));
+    let line = ok(&run(&["embed", "--model", s(&out), "club members story"]));
     let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
     let emb = v["embedding"].as_array().unwrap();
     assert_eq!(emb.len(), 64);
@@ -102,9 +97,15 @@ fn refuses_what_does_not_fit() {
     let (pairs, sts) = write_data(tmp.path());
     let out = tmp.path().join("out");
     let err = failure(&train(&pairs, &sts, &out, &["--loss", "cosent"]));
-    assert!(err.contains("cosent") && err.contains("scored pairs"), "{err}");
+    assert!(
+        err.contains("cosent") && err.contains("scored pairs"),
+        "{err}"
+    );
     let err = failure(&train(&pairs, &sts, &out, &["--loss", "bogus"]));
-    assert!(err.contains("mnrl-symmetric") && err.contains("cached-mnrl"), "{err}");
+    assert!(
+        err.contains("mnrl-symmetric") && err.contains("cached-mnrl"),
+        "{err}"
+    );
     let err = failure(&train(&pairs, &sts, &out, &["--matryoshka", "32,100"]));
     assert!(err.contains("matryoshka") && err.contains("100"), "{err}");
     let err = failure(&train(&pairs, &sts, &out, &["--prompt", "query"]));
@@ -123,5 +124,8 @@ fn refuses_what_does_not_fit() {
         "--loss",
         "mnrl",
     ]));
-    assert!(err.contains("--loss applies to --task embedding only"), "{err}");
+    assert!(
+        err.contains("--loss applies to --task embedding only"),
+        "{err}"
+    );
 }

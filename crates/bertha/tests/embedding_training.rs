@@ -26,7 +26,10 @@ fn texts(v: &serde_json::Value, key: &str) -> Vec<String> {
 /// or as scored pairs.
 fn data(cols: &[&str], scored: bool) -> EmbeddingData {
     let inputs = read_json(&fixture_dir().join("inputs.json"));
-    let columns: Vec<Vec<String>> = cols.iter().map(|c| texts(&inputs, &format!("{c}s"))).collect();
+    let columns: Vec<Vec<String>> = cols
+        .iter()
+        .map(|c| texts(&inputs, &format!("{c}s")))
+        .collect();
     let n = columns[0].len();
     let rows = (0..n)
         .map(|i| columns.iter().map(|c| c[i].clone()).collect())
@@ -77,7 +80,10 @@ fn check(name: &str, loss: EmbeddingLoss, data: EmbeddingData, mini: usize) {
         .to_vec1::<f32>()
         .unwrap()[0] as f64;
     let rel = (value - want).abs() / want.abs().max(1e-12);
-    assert!(rel <= 1e-5, "{name} (mini-batch {mini}): loss {value} vs {want} (rel {rel:e})");
+    assert!(
+        rel <= 1e-5,
+        "{name} (mini-batch {mini}): loss {value} vs {want} (rel {rel:e})"
+    );
     let inputs = read_json(&fixture_dir().join("inputs.json"));
     let params: Vec<String> = serde_json::from_value(inputs["grad_params"].clone()).unwrap();
     for p in params {
@@ -86,7 +92,10 @@ fn check(name: &str, loss: EmbeddingLoss, data: EmbeddingData, mini: usize) {
             .get(&p)
             .unwrap_or_else(|| panic!("{name}: no gradient for {p}"));
         let err = max_abs_diff(got, want) / max_abs(want).max(1e-30);
-        assert!(err <= 1e-4, "{name} (mini-batch {mini}): d/d{p} off by {err:e} of its max");
+        assert!(
+            err <= 1e-4,
+            "{name} (mini-batch {mini}): d/d{p} off by {err:e} of its max"
+        );
     }
 }
 
@@ -96,7 +105,12 @@ fn loss(kind: LossKind) -> EmbeddingLoss {
 
 #[test]
 fn mnrl_matches_sentence_transformers() {
-    check("mnrl", loss(LossKind::Mnrl), data(&["anchor", "positive"], false), 32);
+    check(
+        "mnrl",
+        loss(LossKind::Mnrl),
+        data(&["anchor", "positive"], false),
+        32,
+    );
 }
 
 #[test]
@@ -121,7 +135,12 @@ fn symmetric_mnrl_matches() {
 
 #[test]
 fn cosent_matches() {
-    check("cosent", loss(LossKind::Cosent), data(&["anchor", "positive"], true), 32);
+    check(
+        "cosent",
+        loss(LossKind::Cosent),
+        data(&["anchor", "positive"], true),
+        32,
+    );
 }
 
 #[test]
@@ -138,14 +157,24 @@ fn cosine_mse_matches() {
 fn matryoshka_mnrl_matches() {
     let mut l = loss(LossKind::Mnrl);
     l.matryoshka = Some(vec![64, 32, 16]);
-    check("matryoshka_mnrl", l, data(&["anchor", "positive"], false), 32);
+    check(
+        "matryoshka_mnrl",
+        l,
+        data(&["anchor", "positive"], false),
+        32,
+    );
 }
 
 /// GradCache gives MNRL's loss and gradients, whatever the mini-batch.
 #[test]
 fn cached_mnrl_equals_mnrl() {
     for mini in [1, 3, 32] {
-        check("mnrl", loss(LossKind::CachedMnrl), data(&["anchor", "positive"], false), mini);
+        check(
+            "mnrl",
+            loss(LossKind::CachedMnrl),
+            data(&["anchor", "positive"], false),
+            mini,
+        );
         check(
             "mnrl_hard",
             loss(LossKind::CachedMnrl),
@@ -155,7 +184,12 @@ fn cached_mnrl_equals_mnrl() {
     }
     let mut l = loss(LossKind::CachedMnrl);
     l.matryoshka = Some(vec![64, 32, 16]);
-    check("matryoshka_mnrl", l, data(&["anchor", "positive"], false), 2);
+    check(
+        "matryoshka_mnrl",
+        l,
+        data(&["anchor", "positive"], false),
+        2,
+    );
 }
 
 #[test]
@@ -180,7 +214,10 @@ fn losses_refuse_data_they_cannot_learn_from() {
     .err()
     .unwrap()
     .to_string();
-    assert!(err.contains("cosent") && err.contains("scored pairs"), "{err}");
+    assert!(
+        err.contains("cosent") && err.contains("scored pairs"),
+        "{err}"
+    );
     let err = EmbeddingTrainer::new(
         &fixture_dir(),
         data(&["anchor", "positive"], true),
@@ -193,10 +230,15 @@ fn losses_refuse_data_they_cannot_learn_from() {
     assert!(err.contains("mnrl"), "{err}");
     let mut o = opts(LossKind::Mnrl);
     o.loss.matryoshka = Some(vec![64, 128]);
-    let err = EmbeddingTrainer::new(&fixture_dir(), data(&["anchor", "positive"], false), None, o)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = EmbeddingTrainer::new(
+        &fixture_dir(),
+        data(&["anchor", "positive"], false),
+        None,
+        o,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(err.contains("matryoshka") && err.contains("128"), "{err}");
 }
 
@@ -247,13 +289,12 @@ fn a_short_run_writes_a_sentence_transformers_folder() {
     assert_eq!(st["prompts"]["query"], "query: ");
     // The saved model's embedding of a text, through the inference path,
     // equals the trained encoder's.
-    let embedder = bertha::tasks::embed::Embedder::from_dir(
-        &out,
-        &bertha::Device::Cpu,
-        &Default::default(),
-    )
-    .unwrap();
-    let saved = embedder.embed(&["club members story"], 8, &mut |_| {}).unwrap();
+    let embedder =
+        bertha::tasks::embed::Embedder::from_dir(&out, &bertha::Device::Cpu, &Default::default())
+            .unwrap();
+    let saved = embedder
+        .embed(&["club members story"], 8, &mut |_| {})
+        .unwrap();
     let norm: f32 = saved[0].iter().map(|x| x * x).sum::<f32>().sqrt();
     assert!((norm - 1.0).abs() < 1e-5, "normalised: {norm}");
     let original = bertha::tasks::embed::Embedder::from_dir(
@@ -299,8 +340,13 @@ fn resume_repeats_an_uninterrupted_run() {
         train.epochs = 2.0;
         let mut opts = EmbeddingOptions::new(loss(LossKind::CachedMnrl), train);
         opts.mini_batch_size = 1;
-        EmbeddingTrainer::new(&model, data(&["anchor", "positive", "negative"], false), None, opts)
-            .unwrap()
+        EmbeddingTrainer::new(
+            &model,
+            data(&["anchor", "positive", "negative"], false),
+            None,
+            opts,
+        )
+        .unwrap()
     };
     let whole = tmp.path().join("whole");
     let mut a = start(&whole);

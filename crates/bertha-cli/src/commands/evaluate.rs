@@ -14,8 +14,8 @@ use bertha::{EmbedOptions, Embedder};
 
 use super::device;
 use super::finetune::DataArgs;
-use crate::model_dir::ModelArgs;
 use super::pairs::PairArgs;
+use crate::model_dir::ModelArgs;
 use crate::texts::progress_bar;
 
 /// Options shared by evaluate and predict.

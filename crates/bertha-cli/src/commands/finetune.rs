@@ -215,10 +215,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     let model_dir = a.model.resolve()?;
     let config = bertha::BertConfig::from_file(&model_dir.join("config.json"))?;
-    let max_length = a.max_length.unwrap_or_else(|| {
-        task.default_max_length()
-            .min(config.max_sequence_length())
-    });
+    let max_length = a
+        .max_length
+        .unwrap_or_else(|| task.default_max_length().min(config.max_sequence_length()));
     let opts = a.options(max_length);
     let t0 = std::time::Instant::now();
     let mut trainer = Finetuner::new(

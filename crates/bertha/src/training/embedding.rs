@@ -79,13 +79,16 @@ impl EmbeddingOptions {
     }
 
     fn no_duplicates(&self) -> bool {
-        self.no_duplicates
-            .unwrap_or(!self.loss.kind.needs_scores())
+        self.no_duplicates.unwrap_or(!self.loss.kind.needs_scores())
     }
 
     /// The prompt of column `j` named `name`.
     fn prompt(&self, j: usize, name: &str) -> &str {
-        let role = if j == 0 { QUERY_PROMPT } else { DOCUMENT_PROMPT };
+        let role = if j == 0 {
+            QUERY_PROMPT
+        } else {
+            DOCUMENT_PROMPT
+        };
         self.prompts
             .get(name)
             .or_else(|| self.prompts.get(role))
@@ -232,7 +235,8 @@ impl EmbeddingTrainer {
                 ),
             ));
         }
-        opts.loss.validate(config.hidden_size, train.columns.len())?;
+        opts.loss
+            .validate(config.hidden_size, train.columns.len())?;
         check_layout(&train, &opts.loss)?;
         if opts.train.early_stop.is_some() && dev.is_none() {
             return Err(Error::option("early_stop", "needs a dev set to watch"));
@@ -289,7 +293,11 @@ impl EmbeddingTrainer {
     /// The loss and its gradients on training rows `rows`, dropout as the
     /// config says, by parameter name: what one micro-batch contributes.
     pub fn loss_and_gradients(&self, rows: &[usize]) -> Result<(f64, HashMap<String, Tensor>)> {
-        seed_dropout(seed_for(self.loop_options().seed, EmbeddingTraining::STREAMS.dropout, 0));
+        seed_dropout(seed_for(
+            self.loop_options().seed,
+            EmbeddingTraining::STREAMS.dropout,
+            0,
+        ));
         let out = self.objective().train_batch(rows, 0)?;
         let grads = match out.gradients {
             Gradients::Loss(l) => l.backward()?,
@@ -383,10 +391,7 @@ impl EmbeddingTraining {
         // 3. Each mini-batch again, its embedding gradient pushed through.
         let mut total = GradStore::default();
         for (j, rep) in tensors.iter().enumerate() {
-            let grad = rep_grads
-                .get(rep)
-                .cloned()
-                .unwrap_or(rep.zeros_like()?);
+            let grad = rep_grads.get(rep).cloned().unwrap_or(rep.zeros_like()?);
             let mut start = 0;
             for (k, chunk) in chunks.iter().enumerate() {
                 seed_dropout(seed(j, k));
@@ -416,10 +421,11 @@ impl EmbeddingTraining {
             true,
         )?;
         let bs = self.opts.train.eval_batch_size;
-        let scores = rows.prompted.evaluate(
-            EmbeddingEval::for_layout(rows.data.layout),
-            |texts| embedder.embed(texts, bs, &mut |_| {}),
-        )?;
+        let scores = rows
+            .prompted
+            .evaluate(EmbeddingEval::for_layout(rows.data.layout), |texts| {
+                embedder.embed(texts, bs, &mut |_| {})
+            })?;
         let loss = if check_layout(&rows.data, &self.opts.loss).is_ok() {
             let mut sum = 0.0;
             let mut n = 0usize;
@@ -460,7 +466,10 @@ impl Objective for EmbeddingTraining {
     }
 
     fn main_metric(&self) -> MainMetric {
-        let layout = self.dev.as_ref().map_or(PairLayout::Scored, |d| d.rows.data.layout);
+        let layout = self
+            .dev
+            .as_ref()
+            .map_or(PairLayout::Scored, |d| d.rows.data.layout);
         MainMetric {
             name: EmbeddingEval::for_layout(layout).main_metric(),
             greater_is_better: true,
@@ -563,7 +572,10 @@ fn subsample(data: &mut EmbeddingData, n: usize, seed: u64) {
     if data.lines.len() == data.rows.len() {
         data.lines = take(&data.lines);
     }
-    data.rows = picked.iter().map(|&i| std::mem::take(&mut data.rows[i])).collect();
+    data.rows = picked
+        .iter()
+        .map(|&i| std::mem::take(&mut data.rows[i]))
+        .collect();
     if let Some(s) = &data.scores {
         data.scores = Some(picked.iter().map(|&i| s[i]).collect());
     }

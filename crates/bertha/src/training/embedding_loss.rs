@@ -137,7 +137,10 @@ impl EmbeddingLoss {
         if !fits {
             return Err(Error::option(
                 "loss",
-                format!("{} needs {wanted}; the data has {columns} text column(s)", self.kind),
+                format!(
+                    "{} needs {wanted}; the data has {columns} text column(s)",
+                    self.kind
+                ),
             ));
         }
         Ok(())
@@ -170,13 +173,16 @@ impl EmbeddingLoss {
     fn base(&self, reps: &[Tensor], scores: Option<&Tensor>) -> CResult<Tensor> {
         let need = |n: usize| {
             if reps.len() < n {
-                candle_core::bail!("{} needs {n} embedding columns, got {}", self.kind, reps.len())
+                candle_core::bail!(
+                    "{} needs {n} embedding columns, got {}",
+                    self.kind,
+                    reps.len()
+                )
             }
             Ok(())
         };
-        let gold = || {
-            scores.ok_or_else(|| candle_core::Error::Msg(format!("{} needs scores", self.kind)))
-        };
+        let gold =
+            || scores.ok_or_else(|| candle_core::Error::Msg(format!("{} needs scores", self.kind)));
         match self.kind {
             LossKind::Mnrl | LossKind::CachedMnrl => {
                 need(2)?;

@@ -173,7 +173,10 @@ impl EpochOrder {
             }
             self.batches = match &self.keys {
                 Some(keys) => no_duplicates(&order, plan.batch_size, |i| &keys[i]),
-                None => order.chunks(plan.batch_size).map(<[usize]>::to_vec).collect(),
+                None => order
+                    .chunks(plan.batch_size)
+                    .map(<[usize]>::to_vec)
+                    .collect(),
             };
             self.epoch = epoch;
         }
@@ -242,7 +245,14 @@ mod tests {
     #[test]
     fn no_duplicates_keeps_shared_texts_apart() {
         // Rows 0, 2 and 3 share key 7; row 4 shares key 9 with row 1.
-        let keys: Vec<Vec<u64>> = vec![vec![7, 1], vec![9, 2], vec![7, 3], vec![7, 4], vec![9, 5], vec![6, 8]];
+        let keys: Vec<Vec<u64>> = vec![
+            vec![7, 1],
+            vec![9, 2],
+            vec![7, 3],
+            vec![7, 4],
+            vec![9, 5],
+            vec![6, 8],
+        ];
         let batches = no_duplicates(&[0, 1, 2, 3, 4, 5], 3, |i| &keys[i]);
         assert_eq!(batches, vec![vec![0, 1, 5], vec![2, 4], vec![3]]);
         for b in &batches {
