@@ -18,6 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::batcher::{Output, Want};
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::state::{AppState, ModelKind};
 
 pub(crate) type AppResult<T> = Result<T, ApiError>;
@@ -32,15 +33,16 @@ pub enum OneOrMany<T> {
 }
 pub(crate) type Shared = State<Arc<AppState>>;
 
-/// `Json` whose rejections are 422s naming the field, in TEI's error shape.
+/// `Json` of a JSON object (never an array or a scalar: [`Object`]) whose
+/// rejections are 422s naming the field, in TEI's error shape.
 pub struct Body<T>(pub T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(Body(v)),
+        match Json::<Object<T>>::from_request(req, state).await {
+            Ok(Json(Object(v))) => Ok(Body(v)),
             Err(JsonRejection::MissingJsonContentType(e)) => Err(ApiError {
                 status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 error_type: "Validation",
@@ -220,6 +222,7 @@ pub struct SimilarityInputs {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimilarityRequest {
+    #[serde(deserialize_with = "crate::object::object")]
     inputs: SimilarityInputs,
     #[serde(default)]
     truncate: bool,
@@ -273,16 +276,32 @@ pub struct SimpleToken {
     stop: Option<usize>,
 }
 
-/// `POST /tokenize` → `[[{id, text, special, start, stop}]]`
+/// TEI's bound on a text /tokenize takes: this many characters per token
+/// of `max_input_length`.
+const CHARS_PER_TOKEN: usize = 250;
+
+/// `POST /tokenize` → `[[{id, text, special, start, stop}]]`: every token,
+/// never truncated (as TEI: the route shows what the tokenizer does, and a
+/// text over `max_input_length` tokens is for /embed to refuse); a text
+/// over TEI's character bound is a 413.
 pub async fn tokenize_route(
     State(state): Shared,
     Body(req): Body<TokenizeRequest>,
 ) -> AppResult<Json<Vec<Vec<SimpleToken>>>> {
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
+    let limit = state.max_input_length() * CHARS_PER_TOKEN;
+    for (i, t) in texts.iter().enumerate() {
+        let chars = t.chars().count();
+        if chars > limit {
+            return Err(ApiError::too_long(format!(
+                "`inputs[{i}]` must have less than {limit} characters. Given: {chars}"
+            )));
+        }
+    }
     let st = state.clone();
     let out = tokio::task::spawn_blocking(move || -> AppResult<Vec<Vec<SimpleToken>>> {
-        let inner = st.embedder.tokenizer().inner();
+        let inner = &st.untruncated;
         texts
             .iter()
             .map(|t| {
@@ -669,6 +688,9 @@ pub struct AttentionRequest {
     inputs: String,
     layer: Option<usize>,
     head: Option<usize>,
+    /// As /embed: an over-long input is a 413 unless this is set.
+    #[serde(default)]
+    truncate: bool,
 }
 
 /// `POST /attention` → `{tokens, layers, heads, attentions}`: attention
@@ -680,6 +702,8 @@ pub struct AttentionResponse {
     heads: usize,
     /// `[layer][head][query][key]`, only the requested layer / head if any.
     attentions: Vec<Vec<Vec<Vec<f32>>>>,
+    /// Whether the input lost tokens to `truncate`.
+    truncated: bool,
 }
 
 pub async fn attention(
@@ -687,9 +711,13 @@ pub async fn attention(
     Body(req): Body<AttentionRequest>,
 ) -> AppResult<Json<AttentionResponse>> {
     let _permit = admit(&state)?;
+    let e = tokenize(&state, vec![req.inputs], req.truncate, TruncationDirection::Right)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::backend("the tokenizer answered with no encoding"))?;
+    let truncated = e.truncated;
     let st = state.clone();
     let out = blocking(move || {
-        let e = st.embedder.tokenizer().encode(&req.inputs)?;
         let maps = st
             .attention()
             .attend_ids(&e.input_ids, Some(&e.token_type_ids), e.tokens)?;
@@ -727,6 +755,7 @@ pub async fn attention(
             layers: n_layers,
             heads: n_heads,
             attentions,
+            truncated,
         })
     })
     .await?;

@@ -9,6 +9,7 @@ pub mod api;
 pub mod batcher;
 pub mod error;
 pub mod metrics;
+pub mod object;
 pub mod openai;
 pub mod state;
 

@@ -89,6 +89,8 @@ pub struct AppState {
     pub embedder: Arc<Embedder>,
     /// The same tokenizer, truncating from the left.
     pub left_tokenizer: Tokenizer,
+    /// The same tokenizer, never truncating (`/tokenize`).
+    pub untruncated: tokenizers::Tokenizer,
     pub normalize_default: bool,
     /// Picks the task of `POST /` (TEI's default route).
     pub kind: ModelKind,
@@ -138,6 +140,10 @@ impl AppState {
         let embedder = Arc::new(embedder);
         let mut left_tokenizer = embedder.tokenizer().clone();
         left_tokenizer.set_truncate_left(true)?;
+        let mut untruncated = embedder.tokenizer().inner().clone();
+        untruncated
+            .with_truncation(None)
+            .map_err(|e| bertha::Error::Tokenizer(e.to_string()))?;
         let metrics = Arc::new(Metrics::new());
         let batcher = Batcher::start(embedder.clone(), config.max_batch_tokens, metrics.clone());
         Ok(Arc::new(Self {
@@ -150,6 +156,7 @@ impl AppState {
             config,
             embedder,
             left_tokenizer,
+            untruncated,
             batcher,
             metrics,
             classifier: OnceLock::new(),
