@@ -34,14 +34,28 @@ pub enum OneOrMany<T> {
 pub(crate) type Shared = State<Arc<AppState>>;
 
 /// `Json` of a JSON object (never an array or a scalar: [`Object`]) whose
-/// rejections are 422s naming the field, in TEI's error shape.
+/// rejections are 422s naming the field, in TEI's error shape. The body
+/// must arrive within the header-read timeout (a 408 otherwise), so a
+/// client trickling it cannot hold its connection forever.
 pub struct Body<T>(pub T);
 
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+impl<T: serde::de::DeserializeOwned> FromRequest<Arc<AppState>> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<Object<T>>::from_request(req, state).await {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let limit = state.config.connections.header_read_timeout;
+        let read = Json::<Object<T>>::from_request(req, state);
+        let Ok(read) = tokio::time::timeout(limit, read).await else {
+            return Err(ApiError {
+                status: StatusCode::REQUEST_TIMEOUT,
+                error_type: "Validation",
+                message: format!(
+                    "the request body did not arrive within {} s (--header-read-timeout)",
+                    limit.as_secs_f64()
+                ),
+            });
+        };
+        match read {
             Ok(Json(Object(v))) => Ok(Body(v)),
             Err(JsonRejection::MissingJsonContentType(e)) => Err(ApiError {
                 status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -478,13 +492,13 @@ fn head_missing(what: &str, reason: String) -> ApiError {
     ApiError::not_supported(format!("this model cannot {what}: {reason}"))
 }
 
-/// Runs blocking model work (the task pipelines) off the async runtime.
+/// Runs the task pipelines' model work off the async runtime, a few at a
+/// time ([`crate::work`]).
 async fn blocking<T: Send + 'static>(
+    state: &AppState,
     f: impl FnOnce() -> AppResult<T> + Send + 'static,
 ) -> AppResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::backend(e.to_string()))?
+    state.task_slots.run(f).await
 }
 
 /// `POST /predict` → `[{score, label}]`, or a list of those for a batch.
@@ -501,7 +515,7 @@ pub async fn predict(
         PredictInput::Batch(v) => (v, true),
     };
     check_batch(&state, seqs.len())?;
-    let results = blocking(move || {
+    let results = blocking(&state, move || {
         seqs.iter()
             .map(|s| match s {
                 Sequence::Single(t) => classifier.classify(t, None, None),
@@ -559,7 +573,7 @@ pub async fn rerank(
         return_text,
         ..
     } = req;
-    let ranked = blocking(move || {
+    let ranked = blocking(&state, move || {
         let labels = classifier.labels();
         let relevant = labels.last().cloned().unwrap_or_default();
         let mut ranked = Vec::with_capacity(texts.len());
@@ -605,7 +619,7 @@ pub async fn fill_mask(
     let fm = state
         .fill_mask()
         .map_err(|e| head_missing("fill masks", e))?;
-    let out = blocking(move || fm.fill(&req.inputs, req.top_k).map_err(ApiError::from)).await?;
+    let out = blocking(&state, move || fm.fill(&req.inputs, req.top_k).map_err(ApiError::from)).await?;
     Ok(Json(out))
 }
 
@@ -630,7 +644,7 @@ pub async fn ner(
         .unwrap_or("simple")
         .parse()
         .map_err(|e: bertha::Error| ApiError::validation(e.to_string()))?;
-    let out = blocking(move || tc.entities(&req.inputs, agg).map_err(ApiError::from)).await?;
+    let out = blocking(&state, move || tc.entities(&req.inputs, agg).map_err(ApiError::from)).await?;
     Ok(Json(out))
 }
 
@@ -654,12 +668,22 @@ fn fifteen() -> usize {
     15
 }
 
+/// Most answers one /qa request may ask for: the answers kept while a long
+/// context is read grow with it, and so does the response.
+const MAX_QA_TOP_K: usize = 1000;
+
 /// `POST /qa` → `{answer, score, start, end}` (a list when `top_k` > 1).
 pub async fn qa(
     State(state): Shared,
     Body(req): Body<QaRequest>,
 ) -> AppResult<Json<OneOrMany<Answer>>> {
     let _permit = admit(&state)?;
+    if req.top_k > MAX_QA_TOP_K {
+        return Err(ApiError::validation(format!(
+            "`top_k` must be at most {MAX_QA_TOP_K}; given {}",
+            req.top_k
+        )));
+    }
     let model = state
         .qa()
         .map_err(|e| head_missing("answer questions", e))?;
@@ -669,7 +693,7 @@ pub async fn qa(
         doc_stride: req.doc_stride,
         max_seq_len: None,
     };
-    let answers = blocking(move || {
+    let answers = blocking(&state, move || {
         model
             .answer(&req.question, &req.context, &opts)
             .map_err(ApiError::from)
@@ -717,7 +741,7 @@ pub async fn attention(
         .ok_or_else(|| ApiError::backend("the tokenizer answered with no encoding"))?;
     let truncated = e.truncated;
     let st = state.clone();
-    let out = blocking(move || {
+    let out = blocking(&state, move || {
         let maps = st
             .attention()
             .attend_ids(&e.input_ids, Some(&e.token_type_ids), e.tokens)?;
