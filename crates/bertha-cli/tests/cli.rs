@@ -280,29 +280,51 @@ fn serve_refuses_an_empty_api_key() {
     ];
     let by_env = ["serve", "--model", s(&model), "--port", "0"];
     for (args, env) in [(&by_flag[..], None), (&by_env[..], Some(""))] {
-        let mut cmd = bertha(args);
-        if let Some(value) = env {
-            cmd.env("BERTHA_API_KEY", value);
-        }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let start = std::time::Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > std::time::Duration::from_secs(60) {
-                child.kill().unwrap();
-                panic!("`bertha {args:?}` is serving with an empty key");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        let out = child.wait_with_output().unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = serve_error(args, env.map(|v| ("BERTHA_API_KEY", v)));
         assert!(err.contains("--api-key is empty"), "{err}");
         assert!(err.contains("BERTHA_API_KEY"), "{err}");
+    }
+}
+
+/// Runs `bertha ARGS` (a `serve` that must not start) and returns its
+/// stderr once it has failed.
+fn serve_error(args: &[&str], env: Option<(&str, &str)>) -> String {
+    let mut cmd = bertha(args);
+    if let Some((name, value)) = env {
+        cmd.env(name, value);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("`bertha {args:?}` is serving");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A connection limit or timeout of 0 would leave the server unable to
+/// serve anyone: refused at start, naming the flag.
+#[test]
+fn serve_refuses_zero_connection_limits() {
+    let model = minilm();
+    for (flag, want) in [
+        ("--max-connections", "--max-connections must be at least 1"),
+        ("--header-read-timeout", "--header-read-timeout must be longer than 0 s"),
+        ("--keep-alive-timeout", "--keep-alive-timeout must be longer than 0 s"),
+    ] {
+        let args = ["serve", "--model", s(&model), "--port", "0", flag, "0"];
+        let err = serve_error(&args, None);
+        assert!(err.contains(want), "{flag}: {err}");
     }
 }
 

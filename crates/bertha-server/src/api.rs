@@ -18,6 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::batcher::{Output, Want};
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::state::{AppState, ModelKind};
 
 pub(crate) type AppResult<T> = Result<T, ApiError>;
@@ -32,15 +33,30 @@ pub enum OneOrMany<T> {
 }
 pub(crate) type Shared = State<Arc<AppState>>;
 
-/// `Json` whose rejections are 422s naming the field, in TEI's error shape.
+/// `Json` of a JSON object (never an array or a scalar: [`Object`]) whose
+/// rejections are 422s naming the field, in TEI's error shape. The body
+/// must arrive within the header-read timeout (a 408 otherwise), so a
+/// client trickling it cannot hold its connection forever.
 pub struct Body<T>(pub T);
 
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+impl<T: serde::de::DeserializeOwned> FromRequest<Arc<AppState>> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(Body(v)),
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let limit = state.config.connections.header_read_timeout;
+        let read = Json::<Object<T>>::from_request(req, state);
+        let Ok(read) = tokio::time::timeout(limit, read).await else {
+            return Err(ApiError {
+                status: StatusCode::REQUEST_TIMEOUT,
+                error_type: "Validation",
+                message: format!(
+                    "the request body did not arrive within {} s (--header-read-timeout)",
+                    limit.as_secs_f64()
+                ),
+            });
+        };
+        match read {
+            Ok(Json(Object(v))) => Ok(Body(v)),
             Err(JsonRejection::MissingJsonContentType(e)) => Err(ApiError {
                 status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 error_type: "Validation",
@@ -287,6 +303,7 @@ pub struct SimilarityInputs {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimilarityRequest {
+    #[serde(deserialize_with = "crate::object::object")]
     inputs: SimilarityInputs,
     #[serde(default)]
     truncate: bool,
@@ -353,16 +370,32 @@ pub struct SimpleToken {
     stop: Option<usize>,
 }
 
-/// `POST /tokenize` → `[[{id, text, special, start, stop}]]`
+/// TEI's bound on a text /tokenize takes: this many characters per token
+/// of `max_input_length`.
+const CHARS_PER_TOKEN: usize = 250;
+
+/// `POST /tokenize` → `[[{id, text, special, start, stop}]]`: every token,
+/// never truncated (as TEI: the route shows what the tokenizer does, and a
+/// text over `max_input_length` tokens is for /embed to refuse); a text
+/// over TEI's character bound is a 413.
 pub async fn tokenize_route(
     State(state): Shared,
     Body(req): Body<TokenizeRequest>,
 ) -> AppResult<Json<Vec<Vec<SimpleToken>>>> {
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
+    let limit = state.max_input_length() * CHARS_PER_TOKEN;
+    for (i, t) in texts.iter().enumerate() {
+        let chars = t.chars().count();
+        if chars > limit {
+            return Err(ApiError::too_long(format!(
+                "`inputs[{i}]` must have less than {limit} characters. Given: {chars}"
+            )));
+        }
+    }
     let st = state.clone();
     let out = tokio::task::spawn_blocking(move || -> AppResult<Vec<Vec<SimpleToken>>> {
-        let inner = st.embedder.tokenizer().inner();
+        let inner = &st.untruncated;
         texts
             .iter()
             .map(|t| {
@@ -541,13 +574,13 @@ fn head_missing(what: &str, reason: String) -> ApiError {
     ApiError::not_supported(format!("this model cannot {what}: {reason}"))
 }
 
-/// Runs blocking model work (the task pipelines) off the async runtime.
+/// Runs the task pipelines' model work off the async runtime, a few at a
+/// time ([`crate::work`]).
 async fn blocking<T: Send + 'static>(
+    state: &AppState,
     f: impl FnOnce() -> AppResult<T> + Send + 'static,
 ) -> AppResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::backend(e.to_string()))?
+    state.task_slots.run(f).await
 }
 
 /// `POST /predict` → `[{score, label}]`, or a list of those for a batch.
@@ -564,7 +597,7 @@ pub async fn predict(
         PredictInput::Batch(v) => (v, true),
     };
     check_batch(&state, seqs.len())?;
-    let results = blocking(move || {
+    let results = blocking(&state, move || {
         seqs.iter()
             .map(|s| match s {
                 Sequence::Single(t) => classifier.classify(t, None, None),
@@ -622,7 +655,7 @@ pub async fn rerank(
         return_text,
         ..
     } = req;
-    let ranked = blocking(move || {
+    let ranked = blocking(&state, move || {
         let labels = classifier.labels();
         let relevant = labels.last().cloned().unwrap_or_default();
         let mut ranked = Vec::with_capacity(texts.len());
@@ -668,7 +701,7 @@ pub async fn fill_mask(
     let fm = state
         .fill_mask()
         .map_err(|e| head_missing("fill masks", e))?;
-    let out = blocking(move || fm.fill(&req.inputs, req.top_k).map_err(ApiError::from)).await?;
+    let out = blocking(&state, move || fm.fill(&req.inputs, req.top_k).map_err(ApiError::from)).await?;
     Ok(Json(out))
 }
 
@@ -693,7 +726,7 @@ pub async fn ner(
         .unwrap_or("simple")
         .parse()
         .map_err(|e: bertha::Error| ApiError::validation(e.to_string()))?;
-    let out = blocking(move || tc.entities(&req.inputs, agg).map_err(ApiError::from)).await?;
+    let out = blocking(&state, move || tc.entities(&req.inputs, agg).map_err(ApiError::from)).await?;
     Ok(Json(out))
 }
 
@@ -717,12 +750,22 @@ fn fifteen() -> usize {
     15
 }
 
+/// Most answers one /qa request may ask for: the answers kept while a long
+/// context is read grow with it, and so does the response.
+const MAX_QA_TOP_K: usize = 1000;
+
 /// `POST /qa` → `{answer, score, start, end}` (a list when `top_k` > 1).
 pub async fn qa(
     State(state): Shared,
     Body(req): Body<QaRequest>,
 ) -> AppResult<Json<OneOrMany<Answer>>> {
     let _permit = admit(&state)?;
+    if req.top_k > MAX_QA_TOP_K {
+        return Err(ApiError::validation(format!(
+            "`top_k` must be at most {MAX_QA_TOP_K}; given {}",
+            req.top_k
+        )));
+    }
     let model = state
         .qa()
         .map_err(|e| head_missing("answer questions", e))?;
@@ -732,7 +775,7 @@ pub async fn qa(
         doc_stride: req.doc_stride,
         max_seq_len: None,
     };
-    let answers = blocking(move || {
+    let answers = blocking(&state, move || {
         model
             .answer(&req.question, &req.context, &opts)
             .map_err(ApiError::from)
@@ -751,6 +794,9 @@ pub struct AttentionRequest {
     inputs: String,
     layer: Option<usize>,
     head: Option<usize>,
+    /// As /embed: an over-long input is a 413 unless this is set.
+    #[serde(default)]
+    truncate: bool,
 }
 
 /// `POST /attention` → `{tokens, layers, heads, attentions}`: attention
@@ -762,6 +808,8 @@ pub struct AttentionResponse {
     heads: usize,
     /// `[layer][head][query][key]`, only the requested layer / head if any.
     attentions: Vec<Vec<Vec<Vec<f32>>>>,
+    /// Whether the input lost tokens to `truncate`.
+    truncated: bool,
 }
 
 pub async fn attention(
@@ -769,9 +817,13 @@ pub async fn attention(
     Body(req): Body<AttentionRequest>,
 ) -> AppResult<Json<AttentionResponse>> {
     let _permit = admit(&state)?;
+    let e = tokenize(&state, vec![req.inputs], req.truncate, TruncationDirection::Right)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::backend("the tokenizer answered with no encoding"))?;
+    let truncated = e.truncated;
     let st = state.clone();
-    let out = blocking(move || {
-        let e = st.embedder.tokenizer().encode(&req.inputs)?;
+    let out = blocking(&state, move || {
         let maps = st
             .attention()
             .attend_ids(&e.input_ids, Some(&e.token_type_ids), e.tokens)?;
@@ -809,6 +861,7 @@ pub async fn attention(
             layers: n_layers,
             heads: n_heads,
             attentions,
+            truncated,
         })
     })
     .await?;

@@ -7,10 +7,13 @@
 
 pub mod api;
 pub mod batcher;
+pub mod connections;
 pub mod error;
 pub mod metrics;
+pub mod object;
 pub mod openai;
 pub mod state;
+pub mod work;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +25,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+pub use connections::ConnectionLimits;
 pub use state::{AppState, ModelKind, ServerConfig};
 
 use crate::error::ApiError;
@@ -122,7 +126,8 @@ async fn record(State(state): State<Arc<AppState>>, req: Request, next: Next) ->
     res
 }
 
-/// Serves until `shutdown` resolves, then finishes in-flight requests.
+/// Serves until `shutdown` resolves, then finishes in-flight requests,
+/// within the state's [`ConnectionLimits`] (see [`connections`]).
 /// Subnormal floats are flushed to zero first
 /// ([`bertha::fast::flush_denormals`]), as the `bertha` command does.
 pub async fn serve(
@@ -131,9 +136,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     bertha::fast::flush_denormals();
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = state.config.connections;
+    connections::serve(listener, router(state), limits, shutdown).await
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -11,7 +11,9 @@ use bertha::{Device, EmbedOptions, Embedder, Pooling, Tokenizer};
 use tokio::sync::Semaphore;
 
 use crate::batcher::Batcher;
+use crate::connections::ConnectionLimits;
 use crate::metrics::Metrics;
+use crate::work::TaskSlots;
 
 /// Server settings (the `bertha serve` flags).
 #[derive(Debug, Clone)]
@@ -31,6 +33,8 @@ pub struct ServerConfig {
     /// TEI's `TASK=sentence-similarity`: `POST /` and `/invocations` of an
     /// embedding model answer `/similarity` instead of `/embed`.
     pub similarity_root: bool,
+    /// Open connections and their timeouts.
+    pub connections: ConnectionLimits,
 }
 
 impl ServerConfig {
@@ -51,7 +55,30 @@ impl ServerConfig {
             payload_limit: 2_000_000,
             api_key: None,
             similarity_root: false,
+            connections: ConnectionLimits::default(),
         }
+    }
+}
+
+impl ServerConfig {
+    /// Refuses limits that would leave the server unable to serve.
+    fn check_limits(&self) -> bertha::Result<()> {
+        let c = &self.connections;
+        if c.max_connections == 0 {
+            return Err(bertha::Error::option(
+                "max_connections",
+                "must be at least 1",
+            ));
+        }
+        for (name, t) in [
+            ("header_read_timeout", c.header_read_timeout),
+            ("keep_alive_timeout", c.keep_alive_timeout),
+        ] {
+            if t.is_zero() {
+                return Err(bertha::Error::option(name, "must be longer than 0 s"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -89,6 +116,8 @@ pub struct AppState {
     pub embedder: Arc<Embedder>,
     /// The same tokenizer, truncating from the left.
     pub left_tokenizer: Tokenizer,
+    /// The same tokenizer, never truncating (`/tokenize`).
+    pub untruncated: tokenizers::Tokenizer,
     pub normalize_default: bool,
     /// Picks the task of `POST /` (TEI's default route).
     pub kind: ModelKind,
@@ -96,6 +125,8 @@ pub struct AppState {
     pub created: u64,
     pub batcher: Batcher,
     pub limit: Arc<Semaphore>,
+    /// The task routes' model work, a few at a time.
+    pub task_slots: TaskSlots,
     pub metrics: Arc<Metrics>,
     classifier: Lazy<Classifier>,
     raw_classifier: Lazy<Classifier>,
@@ -123,6 +154,7 @@ impl AppState {
                  unset to serve without one",
             ));
         }
+        config.check_limits()?;
         let dir = &config.model_dir;
         // Requests choose normalisation themselves, so the embedder never
         // normalises; the folder's own choice becomes the default.
@@ -138,10 +170,15 @@ impl AppState {
         let embedder = Arc::new(embedder);
         let mut left_tokenizer = embedder.tokenizer().clone();
         left_tokenizer.set_truncate_left(true)?;
+        let mut untruncated = embedder.tokenizer().inner().clone();
+        untruncated
+            .with_truncation(None)
+            .map_err(|e| bertha::Error::Tokenizer(e.to_string()))?;
         let metrics = Arc::new(Metrics::new());
         let batcher = Batcher::start(embedder.clone(), config.max_batch_tokens, metrics.clone());
         Ok(Arc::new(Self {
             limit: Arc::new(Semaphore::new(config.max_concurrent_requests.max(1))),
+            task_slots: TaskSlots::new(crate::work::default_slots()),
             normalize_default: spec.map(|s| s.normalize).unwrap_or(true),
             kind: ModelKind::of(embedder.model().config()),
             created: std::time::SystemTime::now()
@@ -150,6 +187,7 @@ impl AppState {
             config,
             embedder,
             left_tokenizer,
+            untruncated,
             batcher,
             metrics,
             classifier: OnceLock::new(),

@@ -159,6 +159,45 @@ async fn unknown_fields_are_rejected_on_every_route() {
     server.stop().await;
 }
 
+/// A request body, or a nested object such as /similarity's `inputs`, that
+/// is a JSON array or a scalar is a 422, never read as the struct's fields
+/// in order (serde's derive accepts `["hi", true]` for `{inputs, normalize}`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_array_is_not_a_request_object() {
+    let server = Server::start(ServerConfig::new(minilm())).await;
+    let cases = [
+        ("/", json!(["hi"])),
+        ("/invocations", json!(["hi"])),
+        ("/embed", json!(["hi", true])),
+        ("/embed_all", json!(["hi"])),
+        ("/similarity", json!([["a", ["b"]]])),
+        ("/similarity", json!({ "inputs": ["a", ["b"]] })),
+        ("/tokenize", json!(["hi"])),
+        ("/decode", json!([[101, 102]])),
+        ("/predict", json!(["hi"])),
+        ("/rerank", json!(["a", ["b"]])),
+        ("/fill-mask", json!(["a [MASK]"])),
+        ("/ner", json!(["hi"])),
+        ("/qa", json!(["q", "c"])),
+        ("/attention", json!(["hi"])),
+        ("/v1/embeddings", json!(["hi"])),
+        ("/embed", json!("hi")),
+        ("/embed", json!(5)),
+        ("/embed", json!(null)),
+    ];
+    for (path, body) in cases {
+        let (status, reply) = server.post(path, body.clone()).await;
+        assert_eq!(status, 422, "{path} {body}: {reply}");
+        assert_eq!(reply["error_type"], "Validation", "{path}: {reply}");
+        let message = reply["error"].as_str().unwrap();
+        assert!(
+            message.contains("expected a JSON object"),
+            "{path} {body}: {message}"
+        );
+    }
+    server.stop().await;
+}
+
 /// A 500 tells the client what failed in one line; the backtrace that
 /// candle appends (with the server's source paths) stays in the log.
 #[tokio::test]

@@ -204,3 +204,75 @@ fn tokenizer_larger_than_vocab_size_is_refused_at_load() {
             .unwrap(),
     );
 }
+
+/// A checkpoint with one NaN or infinite value is refused at load, naming
+/// the file and the tensor, by the encoder and by a task head alike (a
+/// model loaded with it would answer `null` embeddings and scores).
+#[test]
+fn non_finite_weights_are_refused_at_load() {
+    let poison = |name: &str, value: f32, at: usize| {
+        let tmp = copy_tiny("bert-mlm");
+        let path = tmp.path().join("model.safetensors");
+        let mut tensors = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+        let t = &tensors[name];
+        let mut values = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        values[at] = value;
+        let bad = bertha::Tensor::from_vec(values, t.dims(), &Device::Cpu).unwrap();
+        tensors.insert(name.to_string(), bad);
+        candle_core::safetensors::save(&tensors, &path).unwrap();
+        tmp
+    };
+    let encoder = "bert.encoder.layer.1.output.dense.weight";
+    for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let tmp = poison(encoder, value, 7);
+        let want = format!("{value} at index 7");
+        assert_load_err(
+            tmp.path(),
+            &["model.safetensors", encoder, "non-finite", &want],
+        );
+    }
+    // A head tensor, through the task loader.
+    let head = "cls.predictions.bias";
+    let tmp = poison(head, f32::NAN, 0);
+    let err = bertha::tasks::FillMask::from_dir(tmp.path(), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(head) && err.contains("model.safetensors") && err.contains("non-finite"),
+        "{err}"
+    );
+}
+
+/// In a sharded checkpoint the message names the shard holding the bad
+/// tensor, not the index.
+#[test]
+fn non_finite_weights_name_their_shard() {
+    let src = fixtures().join("tiny/bert-mlm");
+    let mut tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let name = "bert.encoder.layer.0.attention.self.query.bias";
+    let dims = tensors[name].dims().to_vec();
+    tensors.insert(
+        name.into(),
+        bertha::Tensor::full(f32::NAN, dims, &Device::Cpu).unwrap(),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+    std::fs::copy(src.join("vocab.txt"), tmp.path().join("vocab.txt")).unwrap();
+    let (a, b): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(k, _)| k.contains("encoder"));
+    let mut weight_map = serde_json::Map::new();
+    for (file, part) in [("model-1-of-2.safetensors", a), ("model-2-of-2.safetensors", b)] {
+        let part: std::collections::HashMap<String, _> = part.into_iter().collect();
+        for k in part.keys() {
+            weight_map.insert(k.clone(), file.into());
+        }
+        candle_core::safetensors::save(&part, tmp.path().join(file)).unwrap();
+    }
+    std::fs::write(
+        tmp.path().join("model.safetensors.index.json"),
+        serde_json::json!({ "weight_map": weight_map }).to_string(),
+    )
+    .unwrap();
+    assert_load_err(tmp.path(), &["model-1-of-2.safetensors", name, "non-finite"]);
+}

@@ -1,5 +1,7 @@
 //! `bertha serve`
 
+use std::time::Duration;
+
 use anyhow::{Context, Result};
 use bertha::Pooling;
 use bertha_server::{AppState, ServerConfig};
@@ -55,6 +57,22 @@ pub struct Args {
     /// the folder name). TEI's flag; `--model-id` is bertha's older name.
     #[arg(long, alias = "model-id")]
     served_model_name: Option<String>,
+
+    /// Open connections at most; more wait in the listen queue, and a
+    /// warning is logged (default: 10000, lowered to fit the open-file
+    /// limit).
+    #[arg(long)]
+    max_connections: Option<usize>,
+
+    /// Seconds a client has to send a request's head, from its first byte
+    /// (slowloris); its body then gets as long again.
+    #[arg(long, default_value_t = 30)]
+    header_read_timeout: u64,
+
+    /// Seconds an idle connection (no request in flight, nothing sent) is
+    /// kept open.
+    #[arg(long, default_value_t = 60)]
+    keep_alive_timeout: u64,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -75,6 +93,11 @@ pub fn run(a: Args) -> Result<()> {
     config.payload_limit = a.payload_limit;
     config.api_key = a.api_key;
     config.similarity_root = a.task.as_deref() == Some("sentence-similarity");
+    if let Some(n) = a.max_connections {
+        config.connections.max_connections = n;
+    }
+    config.connections.header_read_timeout = Duration::from_secs(a.header_read_timeout);
+    config.connections.keep_alive_timeout = Duration::from_secs(a.keep_alive_timeout);
     let state = AppState::load(config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -33,6 +33,9 @@ pub struct Weights {
     shapes: HashMap<String, Vec<usize>>,
     /// Where the tensors came from, for messages.
     origin: PathBuf,
+    /// The shard holding each tensor of a sharded checkpoint, so a message
+    /// names that file rather than the index.
+    shards: HashMap<String, PathBuf>,
 }
 
 impl Weights {
@@ -80,6 +83,7 @@ impl Weights {
             source: Source::Safetensors(st),
             shapes,
             origin,
+            shards: HashMap::new(),
         })
     }
 
@@ -96,7 +100,7 @@ impl Weights {
             .and_then(|m| m.as_object())
             .ok_or_else(|| Error::config(index, "weight_map", "missing or not an object"))?;
         let dir = index.parent().unwrap_or(Path::new("."));
-        let mut files = BTreeSet::new();
+        let mut shards = HashMap::with_capacity(map.len());
         for (tensor, file) in map {
             let file = file.as_str().ok_or_else(|| {
                 Error::config(
@@ -105,11 +109,17 @@ impl Weights {
                     format!("entry `{tensor}` is not a file name"),
                 )
             })?;
-            files.insert(dir.join(file));
+            shards.insert(tensor.clone(), dir.join(file));
         }
-        let files: Vec<PathBuf> = files.into_iter().collect();
+        let files: Vec<PathBuf> = shards
+            .values()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let mut w = Self::from_safetensors(&files)?;
         w.origin = index.to_path_buf();
+        w.shards = shards;
         Ok(w)
     }
 
@@ -129,6 +139,7 @@ impl Weights {
             source: Source::Pth(pth),
             shapes,
             origin: path.to_path_buf(),
+            shards: HashMap::new(),
         })
     }
 
@@ -142,6 +153,7 @@ impl Weights {
             source: Source::Memory(tensors),
             shapes,
             origin: origin.into(),
+            shards: HashMap::new(),
         }
     }
 
@@ -197,7 +209,30 @@ impl Weights {
                 .cloned()
                 .ok_or_else(|| self.missing(name, None))?,
         };
+        self.check_finite(&stored, &t)?;
         t.to_device(dev)
+    }
+
+    /// Refuses a tensor holding NaN or ±Inf: every model path reads its
+    /// tensors here, and a model loaded with one would answer `null`
+    /// embeddings and scores instead of failing.
+    fn check_finite(&self, stored: &str, t: &Tensor) -> candle_core::Result<()> {
+        if !t.dtype().is_float() {
+            return Ok(());
+        }
+        let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let Some(first) = values.iter().position(|v| !v.is_finite()) else {
+            return Ok(());
+        };
+        let bad = values.iter().filter(|v| !v.is_finite()).count();
+        let file = self.shards.get(stored).unwrap_or(&self.origin);
+        Err(candle_core::Error::Msg(format!(
+            "tensor `{stored}` in {} holds non-finite values ({bad} of {}, the first {} at index \
+             {first}): the checkpoint is corrupt or was saved from a diverged run",
+            file.display(),
+            values.len(),
+            values[first],
+        )))
     }
 
     fn missing(&self, name: &str, shape: Option<&Shape>) -> candle_core::Error {

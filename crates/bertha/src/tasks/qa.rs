@@ -196,9 +196,9 @@ impl QuestionAnswerer {
         let c = self.encode(context)?;
         let windows = self.windows_of(&q, &c, opts)?;
         let offsets = c.get_offsets();
-        // (score, first token, last token) over the whole context.
-        let mut spans: Vec<(f32, usize, usize)> = Vec::new();
-        for chunk in windows.chunks(16) {
+        let mut best = TopSpans::new(opts.top_k);
+        let per_pass = (TOKENS_PER_PASS / self.max_seq_len(opts)?).max(1);
+        for chunk in windows.chunks(per_pass) {
             let ids: Vec<Vec<u32>> = chunk.iter().map(|w| w.input_ids.clone()).collect();
             let types: Vec<Vec<u32>> = chunk.iter().map(|w| w.token_type_ids.clone()).collect();
             let input = BertInput::from_ids(&ids, &types, self.pad_id, self.model.bert().device())?;
@@ -213,28 +213,134 @@ impl QuestionAnswerer {
                 let pe = softmax(&ends[b][ctx]);
                 for (i, &s) in ps.iter().enumerate() {
                     for (j, &e) in pe.iter().enumerate().skip(i).take(opts.max_answer_len) {
-                        spans.push((s * e, w.from + i, w.from + j));
+                        let span = (offsets[w.from + i].0, offsets[w.from + j].1);
+                        best.offer(s * e, span);
                     }
                 }
             }
         }
-        spans.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut answers: Vec<Answer> = Vec::new();
-        for (score, i, j) in spans {
-            let (start, end) = (offsets[i].0, offsets[j].1);
-            if answers.iter().any(|a| a.start == start && a.end == end) {
-                continue;
-            }
-            answers.push(Answer {
+        let answers = best
+            .into_sorted()
+            .into_iter()
+            .map(|(score, (start, end))| Answer {
                 score,
                 start,
                 end,
                 answer: pipeline::char_slice(context, start, end),
-            });
-            if answers.len() == opts.top_k {
+            })
+            .collect();
+        Ok(answers)
+    }
+}
+
+/// Window tokens run through the model in one pass (10 windows of 384
+/// tokens): bounds the activations however long the context, while short
+/// windows still go many at a time.
+const TOKENS_PER_PASS: usize = 4096;
+
+/// The `k` best distinct answers (character spans) among every candidate
+/// (score, span) of every window, in bounded memory: a span keeps its best
+/// score, ties go to the earlier candidate, and once more than `2k` spans
+/// are held the worst are dropped. Exact: a span's best score only grows
+/// and so does the k-th best, so a dropped span can only come back with a
+/// higher score, which it then keeps; for the same reason a candidate
+/// scoring below the k-th best at the last drop is passed over at once.
+/// (Collecting every candidate took `windows × context tokens ×
+/// max_answer_len` entries: ~70 MB for a 1 MB context.)
+struct TopSpans {
+    k: usize,
+    /// span → (best score, the number of the candidate that gave it).
+    held: std::collections::HashMap<(usize, usize), (f32, u64)>,
+    /// The k-th best score when the worst were last dropped.
+    floor: f32,
+    seen: u64,
+}
+
+impl TopSpans {
+    fn new(k: usize) -> Self {
+        Self {
+            k,
+            held: std::collections::HashMap::new(),
+            floor: f32::NEG_INFINITY,
+            seen: 0,
+        }
+    }
+
+    fn offer(&mut self, score: f32, span: (usize, usize)) {
+        let seq = self.seen;
+        self.seen += 1;
+        if score.total_cmp(&self.floor).is_lt() {
+            return;
+        }
+        let held = self.held.entry(span).or_insert((score, seq));
+        if score.total_cmp(&held.0).is_gt() {
+            *held = (score, seq);
+        }
+        if self.held.len() > self.k.saturating_mul(2).max(64) {
+            let mut keep = self.sorted();
+            keep.truncate(self.k);
+            if let Some(last) = keep.last() {
+                self.floor = last.0;
+            }
+            self.held = keep.into_iter().map(|(s, q, span)| (span, (s, q))).collect();
+        }
+    }
+
+    /// Best first; equal scores in the order they were seen.
+    fn sorted(&self) -> Vec<(f32, u64, (usize, usize))> {
+        let mut all: Vec<_> = self.held.iter().map(|(&span, &(s, q))| (s, q, span)).collect();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        all
+    }
+
+    fn into_sorted(self) -> Vec<(f32, (usize, usize))> {
+        let mut all = self.sorted();
+        all.truncate(self.k);
+        all.into_iter().map(|(s, _, span)| (s, span)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The rule [`TopSpans`] replaces: every candidate kept, sorted best
+    /// first (stable, so ties keep their order), the first of each span.
+    fn naive(cands: &[(f32, (usize, usize))], k: usize) -> Vec<(f32, (usize, usize))> {
+        let mut all = cands.to_vec();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut out: Vec<(f32, (usize, usize))> = Vec::new();
+        for c in all {
+            if out.iter().all(|o| o.1 != c.1) {
+                out.push(c);
+            }
+            if out.len() == k {
                 break;
             }
         }
-        Ok(answers)
+        out
+    }
+
+    #[test]
+    fn bounded_top_spans_equal_keeping_every_candidate() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for round in 0..200 {
+            let k = [1, 2, 5, 40][round % 4];
+            let spans = rng.random_range(1..300);
+            // Coarse scores make ties; few spans make repeats.
+            let cands: Vec<(f32, (usize, usize))> = (0..rng.random_range(1..3000))
+                .map(|_| {
+                    let s = rng.random_range(0..spans);
+                    (rng.random_range(0..50) as f32 / 50.0, (s, s + 3))
+                })
+                .collect();
+            let mut top = TopSpans::new(k);
+            for &(score, span) in &cands {
+                top.offer(score, span);
+            }
+            assert!(top.held.len() <= (2 * k).max(64) + 1);
+            assert_eq!(top.into_sorted(), naive(&cands, k), "round {round}");
+        }
     }
 }

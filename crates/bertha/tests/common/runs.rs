@@ -53,7 +53,8 @@ pub fn tiny(name: &str) -> PathBuf {
 }
 
 /// A copy of a tiny fixture into `dst` with dropout `p` and, if asked, one
-/// tensor poisoned with NaN.
+/// tensor poisoned with `f32::MAX` (finite, so the checkpoint loads; its
+/// activations overflow, so the first loss is NaN).
 pub fn tiny_copy(src: &Path, dst: &Path, p: f64, poison: Option<&str>) -> PathBuf {
     std::fs::create_dir_all(dst).unwrap();
     for e in std::fs::read_dir(src).unwrap() {
@@ -69,8 +70,8 @@ pub fn tiny_copy(src: &Path, dst: &Path, p: f64, poison: Option<&str>) -> PathBu
         let path = dst.join("model.safetensors");
         let mut tensors = super::load_safetensors(&path);
         let t = &tensors[name];
-        let nan = Tensor::full(f32::NAN, t.dims(), t.device()).unwrap();
-        tensors.insert(name.to_string(), nan);
+        let huge = Tensor::full(f32::MAX, t.dims(), t.device()).unwrap();
+        tensors.insert(name.to_string(), huge);
         candle_core::safetensors::save(&tensors, &path).unwrap();
     }
     dst.to_path_buf()
