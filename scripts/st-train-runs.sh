@@ -38,7 +38,7 @@ RECIPE=(--lr 2e-5 --warmup-ratio 0.1 --weight-decay 0.01 --max-length 128 --epoc
 # Spearman x100 of a model folder on STS-B test, by bertha / by sentence-transformers.
 bertha_sts() {
   "$BERTHA" evaluate --task sts --model "$1" --data "$STS_TEST" --stsb --max-length 128 \
-    | python3 -c 'import json, sys; print(f"{json.load(sys.stdin)[\"spearman\"]:.2f}")'
+    | python3 -c 'import json, sys; print("%.2f" % json.load(sys.stdin)["spearman"])'
 }
 st_sts() {
   "$REFENV/bin/python" "$ANCHOR" eval "$1" "$STS_TEST" | awk '{print $NF}'

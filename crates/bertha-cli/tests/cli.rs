@@ -319,8 +319,14 @@ fn serve_refuses_zero_connection_limits() {
     let model = minilm();
     for (flag, want) in [
         ("--max-connections", "--max-connections must be at least 1"),
-        ("--header-read-timeout", "--header-read-timeout must be longer than 0 s"),
-        ("--keep-alive-timeout", "--keep-alive-timeout must be longer than 0 s"),
+        (
+            "--header-read-timeout",
+            "--header-read-timeout must be longer than 0 s",
+        ),
+        (
+            "--keep-alive-timeout",
+            "--keep-alive-timeout must be longer than 0 s",
+        ),
     ] {
         let args = ["serve", "--model", s(&model), "--port", "0", flag, "0"];
         let err = serve_error(&args, None);

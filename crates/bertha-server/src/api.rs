@@ -701,7 +701,10 @@ pub async fn fill_mask(
     let fm = state
         .fill_mask()
         .map_err(|e| head_missing("fill masks", e))?;
-    let out = blocking(&state, move || fm.fill(&req.inputs, req.top_k).map_err(ApiError::from)).await?;
+    let out = blocking(&state, move || {
+        fm.fill(&req.inputs, req.top_k).map_err(ApiError::from)
+    })
+    .await?;
     Ok(Json(out))
 }
 
@@ -726,7 +729,10 @@ pub async fn ner(
         .unwrap_or("simple")
         .parse()
         .map_err(|e: bertha::Error| ApiError::validation(e.to_string()))?;
-    let out = blocking(&state, move || tc.entities(&req.inputs, agg).map_err(ApiError::from)).await?;
+    let out = blocking(&state, move || {
+        tc.entities(&req.inputs, agg).map_err(ApiError::from)
+    })
+    .await?;
     Ok(Json(out))
 }
 
@@ -817,10 +823,15 @@ pub async fn attention(
     Body(req): Body<AttentionRequest>,
 ) -> AppResult<Json<AttentionResponse>> {
     let _permit = admit(&state)?;
-    let e = tokenize(&state, vec![req.inputs], req.truncate, TruncationDirection::Right)
-        .await?
-        .pop()
-        .ok_or_else(|| ApiError::backend("the tokenizer answered with no encoding"))?;
+    let e = tokenize(
+        &state,
+        vec![req.inputs],
+        req.truncate,
+        TruncationDirection::Right,
+    )
+    .await?
+    .pop()
+    .ok_or_else(|| ApiError::backend("the tokenizer answered with no encoding"))?;
     let truncated = e.truncated;
     let st = state.clone();
     let out = blocking(&state, move || {

@@ -209,7 +209,10 @@ async fn errors_reach_the_server_log() {
     use axum::response::IntoResponse;
     let server = server(30.0, 30.0, 100).await;
     let (status, _) = server
-        .post("/embed", json!({ "inputs": "hi", "normalise-typo-for-the-log": true }))
+        .post(
+            "/embed",
+            json!({ "inputs": "hi", "normalise-typo-for-the-log": true }),
+        )
         .await;
     assert_eq!(status, 422);
     let line = logged()
@@ -222,8 +225,9 @@ async fn errors_reach_the_server_log() {
         "{line}"
     );
 
-    let response = bertha_server::error::ApiError::backend("model exploded for the log test\n  0: backtrace")
-        .into_response();
+    let response =
+        bertha_server::error::ApiError::backend("model exploded for the log test\n  0: backtrace")
+            .into_response();
     assert_eq!(response.status(), 500);
     // The whole message goes to the log, backtrace included, then the
     // fields.

@@ -51,11 +51,17 @@ async fn long_texts_are_not_truncated() {
     assert_eq!(status, 413, "{body}");
     assert_eq!(
         body["error"],
-        format!("`inputs[1]` must have less than {limit} characters. Given: {}", limit + 1)
+        format!(
+            "`inputs[1]` must have less than {limit} characters. Given: {}",
+            limit + 1
+        )
     );
     let at_limit = "x".repeat(limit);
     assert_eq!(
-        server.post("/tokenize", json!({ "inputs": at_limit })).await.0,
+        server
+            .post("/tokenize", json!({ "inputs": at_limit }))
+            .await
+            .0,
         200
     );
     server.stop().await;

@@ -260,9 +260,14 @@ fn non_finite_weights_name_their_shard() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
     std::fs::copy(src.join("vocab.txt"), tmp.path().join("vocab.txt")).unwrap();
-    let (a, b): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(k, _)| k.contains("encoder"));
+    let (a, b): (Vec<_>, Vec<_>) = tensors
+        .into_iter()
+        .partition(|(k, _)| k.contains("encoder"));
     let mut weight_map = serde_json::Map::new();
-    for (file, part) in [("model-1-of-2.safetensors", a), ("model-2-of-2.safetensors", b)] {
+    for (file, part) in [
+        ("model-1-of-2.safetensors", a),
+        ("model-2-of-2.safetensors", b),
+    ] {
         let part: std::collections::HashMap<String, _> = part.into_iter().collect();
         for k in part.keys() {
             weight_map.insert(k.clone(), file.into());
@@ -274,5 +279,8 @@ fn non_finite_weights_name_their_shard() {
         serde_json::json!({ "weight_map": weight_map }).to_string(),
     )
     .unwrap();
-    assert_load_err(tmp.path(), &["model-1-of-2.safetensors", name, "non-finite"]);
+    assert_load_err(
+        tmp.path(),
+        &["model-1-of-2.safetensors", name, "non-finite"],
+    );
 }

@@ -282,13 +282,20 @@ impl TopSpans {
             if let Some(last) = keep.last() {
                 self.floor = last.0;
             }
-            self.held = keep.into_iter().map(|(s, q, span)| (span, (s, q))).collect();
+            self.held = keep
+                .into_iter()
+                .map(|(s, q, span)| (span, (s, q)))
+                .collect();
         }
     }
 
     /// Best first; equal scores in the order they were seen.
     fn sorted(&self) -> Vec<(f32, u64, (usize, usize))> {
-        let mut all: Vec<_> = self.held.iter().map(|(&span, &(s, q))| (s, q, span)).collect();
+        let mut all: Vec<_> = self
+            .held
+            .iter()
+            .map(|(&span, &(s, q))| (s, q, span))
+            .collect();
         all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         all
     }
