@@ -82,7 +82,10 @@ fn open_file_limit() -> Option<u64> {
     };
     // SAFETY: getrlimit writes the struct we pass and nothing else.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-    (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
+    // `rlim_t` is u64 on Linux but not on every target.
+    #[allow(clippy::unnecessary_cast)]
+    let current = limit.rlim_cur as u64;
+    (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(current)
 }
 
 #[cfg(not(unix))]
