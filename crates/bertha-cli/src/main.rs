@@ -97,6 +97,19 @@ fn tune_allocator() {
     }
 }
 
+/// Writing into a closed pipe (`bertha embed … | head`) ends the command
+/// quietly, as it ends other Unix tools: Rust ignores SIGPIPE, which turns
+/// it into an error or a `println!` panic. Not for `serve`, which must
+/// outlive clients that hang up.
+fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: restores the default action of one signal before any
+    // output is written; no handler is installed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     tune_allocator();
     tracing_subscriber::fmt()
@@ -120,6 +133,9 @@ fn main() {
     // process-wide, so the command sets it once here (after the thread
     // count: it also starts rayon's pool).
     bertha::fast::flush_denormals();
+    if !matches!(cli.command, Command::Serve(_)) {
+        default_sigpipe();
+    }
     let result = match cli.command {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Embed(a) => commands::embed::run(a),

@@ -1,36 +1,118 @@
-//! `bertha embed`
+//! `bertha embed`: streams. Texts are read, embedded and written a chunk at
+//! a time (each chunk length-sorted into batches, its lines written in
+//! input order and flushed), so memory stays bounded whatever the input's
+//! size, the output grows from the first chunk (in `OUT.partial`, renamed
+//! to `OUT` when complete), and `--resume-output` continues an interrupted
+//! run after its last complete line.
 
-use anyhow::Result;
-use bertha::Pooling;
+use anyhow::{bail, Result};
+use bertha::{Embedder, EncodeOptions, Pooling};
 use serde_json::json;
 
-pub use super::EmbedTextArgs as Args;
-use crate::output::JsonLines;
-use crate::texts::{progress_bar, report_truncation};
+use super::EmbedTextArgs;
+use crate::output::StreamedLines;
+use crate::texts::{stream_progress_bar, Truncations};
 
-pub fn run(a: Args) -> Result<()> {
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: EmbedTextArgs,
+
+    /// Continue an interrupted run: OUT.partial (or OUT) is kept up to its
+    /// last complete line and the texts it has lines for are skipped.
+    /// Without it, OUT is written from the start.
+    #[arg(long, requires = "output")]
+    pub resume_output: bool,
+}
+
+/// Texts per chunk: enough for length-sorted batches to waste little on
+/// padding (pooled vectors are small), fewer for token vectors, which
+/// weigh `tokens × hidden` floats each.
+fn chunk_texts(pooling: Pooling, batch_size: usize) -> usize {
+    let batch = batch_size.max(1);
+    if pooling == Pooling::None {
+        batch * 2
+    } else {
+        (batch * 64).clamp(1024, 16384)
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let a = &args.common;
     let embedder = a.embed.load()?;
-    let texts = a.texts.read()?;
     let opts = a.encode_options();
-    let encodings = embedder.encode_texts(&texts, &opts)?;
-    let bar = progress_bar(texts.len());
-    let mut progress = |done: usize| bar.set_position(done as u64);
-    let mut out = JsonLines::open(a.output.as_deref())?;
+    // Checks the prompt and dimensions before any output is made.
+    embedder.encode_texts::<&str>(&[], &opts)?;
+    let mut stream = a.texts.stream()?;
+    let (mut out, done) = match &a.output {
+        Some(path) if args.resume_output => StreamedLines::resume(path)?,
+        path => (StreamedLines::create(path.as_deref())?, 0),
+    };
+    if done > 0 {
+        for skipped in 0..done {
+            if stream.texts.next().transpose()?.is_none() {
+                bail!(
+                    "{} already holds {done} lines but the input has only {skipped} texts: \
+                     is it the output of this input?",
+                    a.output.as_deref().unwrap_or("-".as_ref()).display()
+                );
+            }
+        }
+        eprintln!("resuming after the {done} lines already written");
+    }
+    let bar = stream_progress_bar(stream.total.map(|n| n.saturating_sub(done)));
+    let mut tally = Truncations::after(done);
+    let chunk = chunk_texts(embedder.pooling(), a.embed.batch_size);
+    let mut texts = Vec::with_capacity(chunk);
+    let mut finished = 0;
+    loop {
+        texts.clear();
+        for text in stream.texts.by_ref().take(chunk) {
+            texts.push(text?);
+        }
+        if texts.is_empty() {
+            break;
+        }
+        let start = finished;
+        let mut progress = |n: usize| bar.set_position((start + n) as u64);
+        embed_chunk(
+            &embedder,
+            &texts,
+            &opts,
+            a.embed.batch_size,
+            &mut progress,
+            &mut tally,
+            &mut out,
+        )?;
+        out.flush()?;
+        finished += texts.len();
+        bar.set_position(finished as u64);
+    }
+    bar.finish_and_clear();
+    tally.report(embedder.tokenizer().max_length());
+    out.finish()
+}
+
+/// Embeds one chunk and writes its lines in input order.
+fn embed_chunk(
+    embedder: &Embedder,
+    texts: &[String],
+    opts: &EncodeOptions,
+    batch_size: usize,
+    progress: &mut dyn FnMut(usize),
+    tally: &mut Truncations,
+    out: &mut StreamedLines,
+) -> Result<()> {
+    let encodings = embedder.encode_texts(texts, opts)?;
+    tally.add(&encodings);
     if embedder.pooling() == Pooling::None {
-        let rows = embedder.embed_tokens_encoded(&encodings, a.embed.batch_size, &mut progress)?;
-        bar.finish_and_clear();
-        report_truncation(&encodings, embedder.tokenizer().max_length());
-        for r in &rows {
-            out.write(r)?;
+        for row in embedder.embed_tokens_encoded(&encodings, batch_size, progress)? {
+            out.write(&row)?;
         }
     } else {
-        let rows =
-            embedder.embed_encoded_with(&encodings, &opts, a.embed.batch_size, &mut progress)?;
-        bar.finish_and_clear();
-        report_truncation(&encodings, embedder.tokenizer().max_length());
-        for r in &rows {
-            out.write(&json!({ "embedding": r }))?;
+        for row in embedder.embed_encoded_with(&encodings, opts, batch_size, progress)? {
+            out.write(&json!({ "embedding": row }))?;
         }
     }
-    out.finish()
+    Ok(())
 }

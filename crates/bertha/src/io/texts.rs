@@ -4,7 +4,7 @@
 //! with a header) behind `--column`, embed-map and fine-tuning's
 //! classification files, so all three read the same file the same way.
 
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 use serde_json::Value;
@@ -31,6 +31,76 @@ pub fn lines_from_bytes(bytes: &[u8], origin: &str) -> Result<Vec<String>> {
         out.push(line.to_string());
     }
     Ok(out)
+}
+
+/// The lines of a reader one at a time, split and checked as
+/// [`lines_from_bytes`] does (same lines, same errors), so that an input of
+/// any size is read in the memory of one line.
+pub struct Lines<R> {
+    reader: R,
+    origin: String,
+    read: usize,
+    buf: Vec<u8>,
+}
+
+impl<R: BufRead> Lines<R> {
+    /// `origin` names the source in errors (a path, or "stdin").
+    pub fn new(reader: R, origin: impl Into<String>) -> Self {
+        Self {
+            reader,
+            origin: origin.into(),
+            read: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// How many lines have been read so far.
+    pub fn lines_read(&self) -> usize {
+        self.read
+    }
+}
+
+impl<R: BufRead> Iterator for Lines<R> {
+    type Item = Result<String>;
+
+    fn next(&mut self) -> Option<Result<String>> {
+        self.buf.clear();
+        match self.reader.read_until(b'\n', &mut self.buf) {
+            Ok(0) => None,
+            Ok(_) => {
+                self.read += 1;
+                let raw = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
+                let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+                Some(match std::str::from_utf8(raw) {
+                    Ok(line) => Ok(line.to_string()),
+                    Err(e) => Err(Error::Input(format!(
+                        "{}: line {}: invalid UTF-8 at byte {} of the line",
+                        self.origin,
+                        self.read,
+                        e.valid_up_to()
+                    ))),
+                })
+            }
+            Err(e) => Some(Err(Error::io(&self.origin, e))),
+        }
+    }
+}
+
+/// The number of lines [`Lines`] will read from `path` (a `\n` count, plus
+/// one for a last line without one), in one pass of a few MiB at a time.
+pub fn count_lines(path: &Path) -> Result<usize> {
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut block = vec![0u8; 1 << 20];
+    let (mut lines, mut last) = (0, b'\n');
+    loop {
+        let n = file.read(&mut block).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        lines += block[..n].iter().filter(|&&b| b == b'\n').count();
+        last = block[n - 1];
+    }
+    Ok(lines + usize::from(last != b'\n'))
 }
 
 pub fn read_lines_from_file(path: &Path) -> Result<Vec<String>> {
@@ -453,6 +523,41 @@ mod tests {
         );
         let err = column("in.csv", "a,b\n1\n", "b").unwrap_err().to_string();
         assert!(err.ends_with("line 2: no field `b`"), "{err}");
+    }
+
+    #[test]
+    fn streamed_lines_and_counts_match_the_whole_file_reader() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cases: [&[u8]; 7] = [
+            b"",
+            b"a",
+            b"a\n",
+            b"a\r\n\nb",
+            b"a\n\n",
+            b"\n",
+            b"one\ntwo \xff\nthree\n",
+        ];
+        for (i, bytes) in cases.iter().enumerate() {
+            let whole = lines_from_bytes(bytes, "in.txt").map_err(|e| e.to_string());
+            let streamed: std::result::Result<Vec<String>, String> = Lines::new(*bytes, "in.txt")
+                .map(|l| l.map_err(|e| e.to_string()))
+                .collect();
+            assert_eq!(streamed, whole, "case {i}");
+            let path = tmp.path().join(format!("{i}.txt"));
+            std::fs::write(&path, bytes).unwrap();
+            assert_eq!(
+                count_lines(&path).unwrap(),
+                Lines::new(*bytes, "x").count(),
+                "case {i}"
+            );
+        }
+        let mut lines = Lines::new(&b"ok\nbad \xff\n"[..], "stdin");
+        assert_eq!(lines.next().unwrap().unwrap(), "ok");
+        assert_eq!(
+            lines.next().unwrap().unwrap_err().to_string(),
+            "stdin: line 2: invalid UTF-8 at byte 4 of the line"
+        );
+        assert_eq!(lines.lines_read(), 2);
     }
 
     #[test]
