@@ -305,23 +305,67 @@ pub struct SimilarityInputs {
 pub struct SimilarityRequest {
     #[serde(deserialize_with = "crate::object::object")]
     inputs: SimilarityInputs,
-    #[serde(default)]
-    truncate: bool,
-    #[serde(default)]
-    truncation_direction: TruncationDirection,
-    /// One of the folder's prompts (TEI has it in `parameters`).
+    /// Where TEI (and huggingface_hub's `sentence_similarity`) put the
+    /// options; the same options at the top level are also taken.
+    parameters: Option<SimilarityParameters>,
+    truncate: Option<bool>,
+    truncation_direction: Option<TruncationDirection>,
     prompt_name: Option<String>,
-    /// Matryoshka: compare the first `dimensions` values.
     dimensions: Option<usize>,
+}
+
+/// The options of a `/similarity` call; `dimensions` is ours (Matryoshka).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimilarityParameters {
+    truncate: Option<bool>,
+    truncation_direction: Option<TruncationDirection>,
+    prompt_name: Option<String>,
+    dimensions: Option<usize>,
+}
+
+impl SimilarityRequest {
+    /// The top-level options and `parameters` as one; an option set in
+    /// both places is refused rather than one silently winning.
+    fn options(&mut self) -> AppResult<SimilarityParameters> {
+        let top = SimilarityParameters {
+            truncate: self.truncate.take(),
+            truncation_direction: self.truncation_direction.take(),
+            prompt_name: self.prompt_name.take(),
+            dimensions: self.dimensions.take(),
+        };
+        let Some(p) = self.parameters.take() else {
+            return Ok(top);
+        };
+        fn one<T>(name: &str, a: Option<T>, b: Option<T>) -> AppResult<Option<T>> {
+            match (a, b) {
+                (Some(_), Some(_)) => Err(ApiError::validation(format!(
+                    "`{name}` is given both at the top level and in `parameters`: give it once"
+                ))),
+                (a, b) => Ok(a.or(b)),
+            }
+        }
+        Ok(SimilarityParameters {
+            truncate: one("truncate", top.truncate, p.truncate)?,
+            truncation_direction: one(
+                "truncation_direction",
+                top.truncation_direction,
+                p.truncation_direction,
+            )?,
+            prompt_name: one("prompt_name", top.prompt_name, p.prompt_name)?,
+            dimensions: one("dimensions", top.dimensions, p.dimensions)?,
+        })
+    }
 }
 
 /// `POST /similarity` → cosine similarity of `source_sentence` to each of
 /// `sentences`.
 pub async fn similarity(
     State(state): Shared,
-    Body(req): Body<SimilarityRequest>,
+    Body(mut req): Body<SimilarityRequest>,
 ) -> AppResult<Json<Vec<f32>>> {
     let _permit = admit(&state)?;
+    let opts = req.options()?;
     let SimilarityInputs {
         source_sentence,
         sentences,
@@ -329,13 +373,13 @@ pub async fn similarity(
     check_batch(&state, sentences.len() + 1)?;
     let mut texts = vec![source_sentence];
     texts.extend(sentences);
-    let call = tei_call(req.prompt_name, req.dimensions);
+    let call = tei_call(opts.prompt_name, opts.dimensions);
     let (rows, _) = pooled(
         &state,
         texts,
         &call,
-        req.truncate,
-        req.truncation_direction,
+        opts.truncate.unwrap_or(false),
+        opts.truncation_direction.unwrap_or_default(),
         true,
     )
     .await?;

@@ -122,16 +122,35 @@ async fn similarity_and_openai_take_the_prompt_and_dimensions() {
         ),
         (json!({ "dimensions": 16 }), "embeddings.anchor_dim16"),
     ] {
-        let mut req = json!({ "inputs": inputs });
-        req.as_object_mut()
+        let mut top = json!({ "inputs": inputs });
+        top.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
+        // TEI's (and huggingface_hub's) form: the options in `parameters`.
+        let tei = json!({ "inputs": inputs, "parameters": extra });
+        for req in [top, tei] {
+            let (status, body) = server.post("/similarity", req.clone()).await;
+            assert_eq!(status, 200, "{req}: {body}");
+            let want = expected(name);
+            let got = floats(&body);
+            let want: Vec<f32> = want[1..].iter().map(|w| cosine(&want[0], w)).collect();
+            assert!(close(&got, &want, 1e-5), "{req}: {got:?} vs {want:?}");
+        }
+    }
+    // An option in both places, or one `parameters` does not know: refused.
+    for (req, says) in [
+        (
+            json!({ "inputs": inputs, "dimensions": 8, "parameters": { "dimensions": 16 } }),
+            "given both at the top level and in `parameters`",
+        ),
+        (
+            json!({ "inputs": inputs, "parameters": { "truncat": true } }),
+            "unknown field `truncat`",
+        ),
+    ] {
         let (status, body) = server.post("/similarity", req).await;
-        assert_eq!(status, 200, "{body}");
-        let want = expected(name);
-        let got = floats(&body);
-        let want: Vec<f32> = want[1..].iter().map(|w| cosine(&want[0], w)).collect();
-        assert!(close(&got, &want, 1e-5), "{name}: {got:?} vs {want:?}");
+        assert_eq!(status, 422, "{body}");
+        assert!(body["error"].as_str().unwrap().contains(says), "{body}");
     }
 
     let dim16 = expected("embeddings.anchor_dim16");
