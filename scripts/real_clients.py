@@ -51,12 +51,15 @@ def main():
 
     hf = InferenceClient(model=a.classify_url)
     for t in TEXTS:
-        got = hf.text_classification(t)
-        ref = bertha(a.bertha, "classify", "--model", a.classifier, "--all-scores", t)[0]
-        ref = ref if isinstance(ref, list) else [ref]
-        if [g.label for g in got] != [r["label"] for r in ref]:
-            sys.exit(f"FAIL text_classification labels: {got} vs {ref}")
-        check(f"huggingface_hub text_classification {t[:12]!r}", [g.score for g in got], [r["score"] for r in ref])
+        for kw, flags in [({}, ["--all-scores"]), ({"top_k": 1}, ["--top-k", "1"]),
+                          ({"function_to_apply": "none"}, ["--all-scores", "--function", "none"])]:
+            got = hf.text_classification(t, **kw)
+            ref = bertha(a.bertha, "classify", "--model", a.classifier, *flags, t)[0]
+            ref = ref if isinstance(ref, list) else [ref]
+            if [g.label for g in got] != [r["label"] for r in ref]:
+                sys.exit(f"FAIL text_classification {kw} labels: {got} vs {ref}")
+            check(f"huggingface_hub text_classification {kw} {t[:12]!r}", [g.score for g in got],
+                  [r["score"] for r in ref])
 
     hf = InferenceClient(model=a.similarity_url)
     got = hf.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])

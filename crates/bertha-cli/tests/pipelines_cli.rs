@@ -84,6 +84,59 @@ fn classify_top_k_all_scores_and_pairs() {
     for (g, w) in all[0].as_array().unwrap().iter().zip(want) {
         assert_prediction(g, w, &["label"]);
     }
+    // --function: the raw logits, whose softmax is transformers' scores,
+    // and their sigmoid.
+    let raw = ok_lines(&run(&[
+        "classify",
+        "--model",
+        &model,
+        "--all-scores",
+        "--function",
+        "none",
+        text,
+    ]));
+    let logits: Vec<(String, f64)> = raw[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["label"].as_str().unwrap().to_string(),
+                s["score"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let z: f64 = logits.iter().map(|(_, x)| x.exp()).sum();
+    for w in want {
+        let x = logits.iter().find(|(l, _)| *l == w["label"]).unwrap().1;
+        assert!(
+            (x.exp() / z - w["score"].as_f64().unwrap()).abs() < 1e-5,
+            "{logits:?}"
+        );
+    }
+    let sig = ok_lines(&run(&[
+        "classify",
+        "--model",
+        &model,
+        "--all-scores",
+        "--function",
+        "sigmoid",
+        text,
+    ]));
+    for s in sig[0].as_array().unwrap() {
+        let x = logits.iter().find(|(l, _)| *l == s["label"]).unwrap().1;
+        assert!((s["score"].as_f64().unwrap() - 1.0 / (1.0 + (-x).exp())).abs() < 1e-6);
+    }
+    let err = failure(&run(&[
+        "classify",
+        "--model",
+        &model,
+        "--function",
+        "tanh",
+        text,
+    ]));
+    assert_mentions(&err, &["--function", "softmax, sigmoid, none"]);
+
     let pc = &fx["classify_pair"]["cases"][0];
     let pair = ok_lines(&run(&[
         "classify",

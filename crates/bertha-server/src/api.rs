@@ -10,7 +10,9 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bertha::tasks::{Aggregation, Answer, Entity, LabelScore, MaskPrediction, QaOptions};
+use bertha::tasks::{
+    Aggregation, Answer, Entity, LabelScore, MaskPrediction, QaOptions, ScoreFunction,
+};
 use bertha::{EncodeOptions, Encoded};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -612,6 +614,43 @@ pub struct PredictRequest {
     #[serde(default)]
     #[allow(dead_code)]
     truncate: bool,
+    /// What huggingface_hub's `text_classification` sends (always, `{}`
+    /// when empty): the text-classification pipeline's options. Its answer
+    /// to one input is then a list of one list, as the Inference API's.
+    parameters: Option<PredictParameters>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictParameters {
+    top_k: Option<usize>,
+    function_to_apply: Option<ScoreFunction>,
+}
+
+impl PredictRequest {
+    /// The score function (`raw_scores`, else `function_to_apply`, else
+    /// the model's) and how many labels to keep; both ways of asking for
+    /// a function at once is refused.
+    fn scoring(&self, model_default: ScoreFunction) -> AppResult<(ScoreFunction, Option<usize>)> {
+        let p = self.parameters.as_ref();
+        let asked = p.and_then(|p| p.function_to_apply);
+        let function = match (self.raw_scores, asked) {
+            (true, Some(_)) => {
+                return Err(ApiError::validation(
+                    "give either `raw_scores` or `parameters.function_to_apply`, not both",
+                ))
+            }
+            (true, None) => ScoreFunction::None,
+            (false, f) => f.unwrap_or(model_default),
+        };
+        let top_k = p.and_then(|p| p.top_k);
+        if top_k == Some(0) {
+            return Err(ApiError::validation(
+                "`parameters.top_k` must be at least 1",
+            ));
+        }
+        Ok((function, top_k))
+    }
 }
 
 fn head_missing(what: &str, reason: String) -> ApiError {
@@ -634,8 +673,12 @@ pub async fn predict(
 ) -> AppResult<Json<OneOrMany<Vec<LabelScore>>>> {
     let _permit = admit(&state)?;
     let classifier = state
-        .classifier(req.raw_scores)
+        .classifier()
         .map_err(|e| head_missing("classify", e))?;
+    let (function, top_k) = req.scoring(classifier.function())?;
+    // With `parameters` (the Inference API's protocol, as huggingface_hub
+    // speaks it) one input gets the pipeline's shape too: a list of lists.
+    let nested = req.parameters.is_some();
     let (seqs, batch) = match req.inputs {
         PredictInput::Single(s) => (vec![s], false),
         PredictInput::Batch(v) => (v, true),
@@ -644,14 +687,14 @@ pub async fn predict(
     let results = blocking(&state, move || {
         seqs.iter()
             .map(|s| match s {
-                Sequence::Single(t) => classifier.classify(t, None, None),
-                Sequence::Pair(a, b) => classifier.classify(a, Some(b), None),
+                Sequence::Single(t) => classifier.classify_with(t, None, top_k, function),
+                Sequence::Pair(a, b) => classifier.classify_with(a, Some(b), top_k, function),
             })
             .collect::<bertha::Result<Vec<_>>>()
             .map_err(ApiError::from)
     })
     .await?;
-    Ok(Json(if batch {
+    Ok(Json(if batch || nested {
         OneOrMany::Many(results)
     } else {
         OneOrMany::One(results.into_iter().next().expect("one input"))
@@ -690,9 +733,12 @@ pub async fn rerank(
 ) -> AppResult<Json<Vec<Rank>>> {
     let _permit = admit(&state)?;
     check_batch(&state, req.texts.len())?;
-    let classifier = state
-        .classifier(req.raw_scores)
-        .map_err(|e| head_missing("rerank", e))?;
+    let classifier = state.classifier().map_err(|e| head_missing("rerank", e))?;
+    let function = if req.raw_scores {
+        ScoreFunction::None
+    } else {
+        classifier.function()
+    };
     let RerankRequest {
         query,
         texts,
@@ -704,7 +750,7 @@ pub async fn rerank(
         let relevant = labels.last().cloned().unwrap_or_default();
         let mut ranked = Vec::with_capacity(texts.len());
         for (i, t) in texts.iter().enumerate() {
-            let scores = classifier.classify(&query, Some(t), None)?;
+            let scores = classifier.classify_with(&query, Some(t), None, function)?;
             let score = scores
                 .iter()
                 .find(|s| s.label == relevant)

@@ -4,9 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use bertha::tasks::{
-    AttentionModel, Classifier, FillMask, QuestionAnswerer, ScoreFunction, TokenClassifier,
-};
+use bertha::tasks::{AttentionModel, Classifier, FillMask, QuestionAnswerer, TokenClassifier};
 use bertha::{Device, EmbedOptions, Embedder, Pooling, Tokenizer};
 use tokio::sync::Semaphore;
 
@@ -129,7 +127,6 @@ pub struct AppState {
     pub task_slots: TaskSlots,
     pub metrics: Arc<Metrics>,
     classifier: Lazy<Classifier>,
-    raw_classifier: Lazy<Classifier>,
     fill_mask: Lazy<FillMask>,
     ner: Lazy<TokenClassifier>,
     qa: Lazy<QuestionAnswerer>,
@@ -191,7 +188,6 @@ impl AppState {
             batcher,
             metrics,
             classifier: OnceLock::new(),
-            raw_classifier: OnceLock::new(),
             fill_mask: OnceLock::new(),
             ner: OnceLock::new(),
             qa: OnceLock::new(),
@@ -203,22 +199,13 @@ impl AppState {
         self.embedder.tokenizer().max_length()
     }
 
-    pub fn classifier(&self, raw: bool) -> Result<Arc<Classifier>, String> {
-        let cell = if raw {
-            &self.raw_classifier
-        } else {
-            &self.classifier
-        };
-        cell.get_or_init(|| {
-            let c = Classifier::from_dir(&self.config.model_dir, &Device::Cpu)
-                .map_err(|e| e.to_string())?;
-            Ok(Arc::new(if raw {
-                c.with_function(ScoreFunction::None)
-            } else {
-                c
-            }))
-        })
-        .clone()
+    /// The sequence classifier (its score function is chosen per call).
+    pub fn classifier(&self) -> Result<Arc<Classifier>, String> {
+        load(
+            &self.classifier,
+            &self.config.model_dir,
+            Classifier::from_dir,
+        )
     }
 
     pub fn fill_mask(&self) -> Result<Arc<FillMask>, String> {

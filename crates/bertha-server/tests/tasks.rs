@@ -62,6 +62,83 @@ async fn predict_and_rerank_match_the_classifier() {
     server.stop().await;
 }
 
+/// huggingface_hub's `text_classification` posts to `/` with a
+/// `parameters` object (`{}` when empty): top_k and function_to_apply, as
+/// the text-classification pipeline takes them; it reads the answer as the
+/// Inference API's list of one list per input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predict_takes_the_pipeline_parameters() {
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-seqcls"))).await;
+    let lib = Classifier::from_dir(&tiny_dir("bert-seqcls"), &Device::Cpu).unwrap();
+    let scores = |v: &Value| -> Vec<(String, f32)> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["label"].as_str().unwrap().to_string(),
+                    s["score"].as_f64().unwrap() as f32,
+                )
+            })
+            .collect()
+    };
+    let lib_scores = |top_k, f| -> Vec<(String, f32)> {
+        lib.classify_with("the cat sat", None, top_k, f)
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.label, s.score))
+            .collect()
+    };
+    let close = |a: &[(String, f32)], b: &[(String, f32)]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.0 == y.0 && (x.1 - y.1).abs() < 1e-6)
+    };
+    use bertha::tasks::ScoreFunction as F;
+    for (path, params, top_k, f) in [
+        ("/", json!({}), None, lib.function()),
+        ("/predict", json!({ "top_k": 1 }), Some(1), lib.function()),
+        ("/", json!({ "function_to_apply": "none" }), None, F::None),
+        (
+            "/",
+            json!({ "function_to_apply": "sigmoid", "top_k": 2 }),
+            Some(2),
+            F::Sigmoid,
+        ),
+    ] {
+        let body = json!({ "inputs": "the cat sat", "parameters": params });
+        let (status, got) = server.post(path, body.clone()).await;
+        assert_eq!(status, 200, "{body}: {got}");
+        let want = lib_scores(top_k, f);
+        assert_eq!(
+            got.as_array().unwrap().len(),
+            1,
+            "a list of one list: {got}"
+        );
+        assert!(close(&scores(&got[0]), &want), "{body}: {got} vs {want:?}");
+    }
+    // `raw_scores` is `function_to_apply: none`; both at once, a typo, or
+    // top_k 0 are refused.
+    let (_, raw) = server
+        .post(
+            "/predict",
+            json!({ "inputs": "the cat sat", "raw_scores": true }),
+        )
+        .await;
+    assert!(close(&scores(&raw), &lib_scores(None, F::None)));
+    for body in [
+        json!({ "inputs": "x", "raw_scores": true, "parameters": { "function_to_apply": "softmax" } }),
+        json!({ "inputs": "x", "parameters": { "topk": 1 } }),
+        json!({ "inputs": "x", "parameters": { "function_to_apply": "tanh" } }),
+        json!({ "inputs": "x", "parameters": { "top_k": 0 } }),
+    ] {
+        let (status, got) = server.post("/predict", body.clone()).await;
+        assert_eq!(status, 422, "{body}: {got}");
+    }
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fill_mask_matches_the_pipeline() {
     // Masked LM: /fill-mask.

@@ -1,7 +1,7 @@
 //! `bertha classify`
 
 use anyhow::Result;
-use bertha::tasks::Classifier;
+use bertha::tasks::{Classifier, ScoreFunction};
 
 use super::{device, PerTextArgs};
 
@@ -21,6 +21,12 @@ pub struct Args {
     /// Every label's score, best first.
     #[arg(long)]
     all_scores: bool,
+
+    /// How logits become scores: softmax, sigmoid or none (raw logits);
+    /// transformers' `function_to_apply` (default: the model's, as the
+    /// text-classification pipeline chooses it).
+    #[arg(long)]
+    function: Option<ScoreFunction>,
 }
 
 /// One line per text: `[{label, score}, ...]`, best first.
@@ -31,5 +37,6 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         Some(a.top_k.unwrap_or(1))
     };
-    a.io.for_each_text(|text| cl.classify(text, a.pair.as_deref(), top_k))
+    let function = a.function.unwrap_or(cl.function());
+    a.io.for_each_text(|text| cl.classify_with(text, a.pair.as_deref(), top_k, function))
 }

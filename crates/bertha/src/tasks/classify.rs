@@ -12,8 +12,10 @@ use crate::error::{Error, Result};
 use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForSequenceClassification, BertHead};
 
-/// How logits become scores (transformers' `function_to_apply`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How logits become scores (transformers' `function_to_apply`: `softmax`,
+/// `sigmoid`, `none`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ScoreFunction {
     Softmax,
     Sigmoid,
@@ -30,6 +32,22 @@ impl ScoreFunction {
             Some(ProblemType::MultiLabelClassification) => Self::Sigmoid,
             _ if config.num_labels() == 1 => Self::Sigmoid,
             _ => Self::Softmax,
+        }
+    }
+}
+
+impl std::str::FromStr for ScoreFunction {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "softmax" => Ok(Self::Softmax),
+            "sigmoid" => Ok(Self::Sigmoid),
+            "none" => Ok(Self::None),
+            other => Err(Error::option(
+                "function",
+                format!("`{other}` is not one of softmax, sigmoid, none"),
+            )),
         }
     }
 }
@@ -89,6 +107,17 @@ impl Classifier {
         pair: Option<&str>,
         top_k: Option<usize>,
     ) -> Result<Vec<LabelScore>> {
+        self.classify_with(text, pair, top_k, self.function)
+    }
+
+    /// As [`Classifier::classify`], with this call's score function.
+    pub fn classify_with(
+        &self,
+        text: &str,
+        pair: Option<&str>,
+        top_k: Option<usize>,
+        function: ScoreFunction,
+    ) -> Result<Vec<LabelScore>> {
         if top_k == Some(0) {
             return Err(Error::Input("top_k must be at least 1".into()));
         }
@@ -101,7 +130,7 @@ impl Classifier {
         let logits =
             pipeline::single_logits(&self.model, &enc.input_ids, &enc.token_type_ids, pad)?
                 .to_vec1::<f32>()?;
-        let scores = match self.function {
+        let scores = match function {
             ScoreFunction::Softmax => softmax(&logits),
             ScoreFunction::Sigmoid => logits.iter().map(|&x| sigmoid(x)).collect(),
             ScoreFunction::None => logits,
