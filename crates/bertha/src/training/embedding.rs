@@ -457,7 +457,7 @@ const GRAD_CACHE_STREAM: u64 = 23;
 
 impl Objective for EmbeddingTraining {
     type Tally = f64;
-    const STREAMS: Streams = Streams::new(21, 22);
+    const STREAMS: Streams = Streams::new(22);
 
     fn input_lengths(&self) -> Vec<usize> {
         (0..self.train.len())

@@ -449,7 +449,7 @@ impl Finetuning {
 impl Objective for Finetuning {
     /// The micro-batch's mean loss.
     type Tally = f64;
-    const STREAMS: Streams = Streams::new(11, 12);
+    const STREAMS: Streams = Streams::new(12);
 
     fn input_lengths(&self) -> Vec<usize> {
         self.train.items.iter().map(|e| e.input_ids.len()).collect()

@@ -1,10 +1,8 @@
 //! How long a run is and in what order it reads its data: total steps and
 //! warmup by one rule for every objective, and each epoch's batches.
 
-use rand::seq::SliceRandom;
-
 use crate::error::{Error, Result};
-use crate::rng::rng_for;
+use crate::rng::torch_randperm;
 
 /// How long to train.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -134,8 +132,10 @@ impl TrainPlan {
     }
 }
 
-/// Each epoch's reading order: the inputs shuffled by `(seed, purpose,
-/// epoch)`, grouped by length when their lengths are given, cut into
+/// Each epoch's reading order: the inputs permuted as transformers' Trainer
+/// and sentence-transformers permute them (`torch.randperm` seeded with
+/// `seed + epoch`, [`torch_randperm`]: the same seed reads the same
+/// batches), grouped by length when their lengths are given, cut into
 /// batches (without duplicate texts when keys are given); drawn once per
 /// epoch.
 pub(crate) struct EpochOrder {
@@ -158,16 +158,10 @@ impl EpochOrder {
     }
 
     /// The inputs of micro-batch `micro`.
-    pub(crate) fn micro_batch(
-        &mut self,
-        plan: &TrainPlan,
-        micro: u64,
-        shuffle: (u64, u64),
-    ) -> Vec<usize> {
+    pub(crate) fn micro_batch(&mut self, plan: &TrainPlan, micro: u64, seed: u64) -> Vec<usize> {
         let (epoch, within) = plan.locate(micro);
         if self.epoch != epoch {
-            let mut order: Vec<usize> = (0..plan.inputs).collect();
-            order.shuffle(&mut rng_for(shuffle.0, shuffle.1, epoch));
+            let mut order = torch_randperm(plan.inputs, seed.wrapping_add(epoch));
             if let Some(lengths) = &self.lengths {
                 group_by_length(&mut order, plan.batch_size, |i| lengths[i]);
             }

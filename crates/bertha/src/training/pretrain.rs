@@ -226,7 +226,7 @@ impl Pretraining {
 
 impl Objective for Pretraining {
     type Tally = MlmTally;
-    const STREAMS: Streams = Streams::new(1, 3);
+    const STREAMS: Streams = Streams::new(3);
 
     fn input_lengths(&self) -> Vec<usize> {
         self.train

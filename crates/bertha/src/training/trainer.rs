@@ -80,17 +80,17 @@ pub struct Chart {
     pub scores_title: Option<String>,
 }
 
-/// Random streams of an objective: the purposes of its data-order and
-/// dropout generators.
+/// Random streams of an objective: the purpose of its dropout generator.
+/// (The data order is transformers' Trainer's, from the seed alone:
+/// [`crate::rng::torch_randperm`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Streams {
-    pub shuffle: u64,
     pub dropout: u64,
 }
 
 impl Streams {
-    pub const fn new(shuffle: u64, dropout: u64) -> Self {
-        Self { shuffle, dropout }
+    pub const fn new(dropout: u64) -> Self {
+        Self { dropout }
     }
 }
 
@@ -511,9 +511,7 @@ impl<O: Objective> Trainer<O> {
         let mut tokens = 0;
         for k in 0..ga {
             let micro = self.step * ga as u64 + k as u64;
-            let batch =
-                self.order
-                    .micro_batch(&self.plan, micro, (self.opts.seed, streams.shuffle));
+            let batch = self.order.micro_batch(&self.plan, micro, self.opts.seed);
             seed_dropout(seed_for(self.opts.seed, streams.dropout, micro));
             let out = self.objective.train_batch(&batch, micro)?;
             if !out.loss.is_finite() {
