@@ -15,10 +15,22 @@ mod training;
 
 use clap::{Parser, Subcommand};
 
+/// The version line: whether data-parallel training over MPI is built in.
+#[cfg(feature = "mpi")]
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (MPI: built in; `mpirun -np N bertha pretrain|finetune` trains data-parallel)"
+);
+#[cfg(not(feature = "mpi"))]
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (MPI: not built in; build with `--features mpi` for data-parallel training)"
+);
+
 #[derive(Parser)]
 #[command(
     name = "bertha",
-    version,
+    version = VERSION,
     about = "BERT, end to end: run, train, serve and show Hugging Face BERT-family checkpoints",
     long_about = "BERT, end to end: run, train, serve and show Hugging Face BERT-family checkpoints.\n\n\
         Run: tokenize, embed, similarity, bench, fill-mask, classify, ner, qa, nsp.\n\
@@ -163,7 +175,7 @@ fn main() {
 /// The error and its causes on one line, as anyhow's `{:#}` writes them,
 /// with the library's option names (`max_length`) shown as the flags that
 /// set them (`--max-length`).
-fn render_error(e: &anyhow::Error) -> String {
+pub(crate) fn render_error(e: &anyhow::Error) -> String {
     e.chain()
         .map(|cause| match cause.downcast_ref::<bertha::Error>() {
             Some(bertha::Error::Option { name, reason }) => {

@@ -26,6 +26,89 @@ pub struct RunArgs {
     /// change is refused.
     #[arg(long, value_delimiter = ',', value_name = "NAMES", requires = "resume")]
     pub allow_changes: Vec<String>,
+
+    /// Data-parallel runs (MPI): seconds a process waits for the others in a
+    /// collective (steps, evaluation and checkpoints included) before the
+    /// whole job is stopped as stalled.
+    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+    pub dist_timeout: u64,
+}
+
+/// The processes of this run: those of the MPI job it was started in
+/// (`mpirun -np N`, `srun`; an MPI build), or this one alone.
+pub struct Processes {
+    #[cfg(feature = "mpi")]
+    mpi: Option<std::rc::Rc<bertha::training::mpi::MpiGroup>>,
+}
+
+impl Processes {
+    /// Joins the MPI job this program runs in (an MPI build started by a
+    /// launcher with more than one process); else this process alone.
+    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+    pub fn start(args: &RunArgs) -> Result<Self> {
+        #[cfg(feature = "mpi")]
+        {
+            use bertha::training::ProcessGroup;
+            let timeout = std::time::Duration::from_secs(args.dist_timeout.max(1));
+            let group = bertha::training::mpi::MpiGroup::init(timeout)?;
+            if group.size() > 1 {
+                if group.rank() == 0 {
+                    eprintln!(
+                        "data-parallel: {}; each takes its share of every batch",
+                        group.describe()
+                    );
+                }
+                return Ok(Self {
+                    mpi: Some(std::rc::Rc::new(group)),
+                });
+            }
+            Ok(Self { mpi: None })
+        }
+        #[cfg(not(feature = "mpi"))]
+        Ok(Self {})
+    }
+
+    /// This process's number (0 prints and writes).
+    pub fn rank(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(g) = &self.mpi {
+            use bertha::training::ProcessGroup;
+            return g.rank();
+        }
+        0
+    }
+
+    /// How many processes train together.
+    pub fn size(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(g) = &self.mpi {
+            use bertha::training::ProcessGroup;
+            return g.size();
+        }
+        1
+    }
+
+    /// Makes `trainer` train over these processes (nothing for one).
+    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+    pub fn attach<O: Objective>(&self, trainer: &mut Trainer<O>) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(g) = &self.mpi {
+            trainer.set_process_group(g.clone())?;
+        }
+        Ok(())
+    }
+
+    /// `result`; in a data-parallel run an error is printed, naming this
+    /// process, and ends every process of the job (none waits for this one).
+    pub fn settle<T>(&self, result: Result<T>) -> Result<T> {
+        #[cfg(feature = "mpi")]
+        if let (Err(e), Some(g)) = (&result, &self.mpi) {
+            use bertha::training::ProcessGroup;
+            eprintln!("error: process {}: {}", g.rank(), crate::render_error(e));
+            g.abort(1);
+        }
+        result
+    }
 }
 
 /// How one training command words its events.
@@ -46,7 +129,9 @@ pub fn resume<O: Objective>(trainer: &mut Trainer<O>, from: Option<&Path>) -> Re
     if let Some(dir) = from {
         let ck = Checkpoint::find(dir)?;
         trainer.resume(&ck)?;
-        eprintln!("resumed from {} at step {}", ck.display(), trainer.step());
+        if trainer.rank() == 0 {
+            eprintln!("resumed from {} at step {}", ck.display(), trainer.step());
+        }
     }
     Ok(())
 }
@@ -54,7 +139,11 @@ pub fn resume<O: Objective>(trainer: &mut Trainer<O>, from: Option<&Path>) -> Re
 /// Runs `trainer` to its last step behind a progress bar, printing its
 /// events as `wording` says.
 pub fn run<O: Objective>(trainer: &mut Trainer<O>, wording: &Wording) -> Result<()> {
-    let bar = training_bar(trainer.total_steps(), trainer.step());
+    let bar = if trainer.rank() == 0 {
+        training_bar(trainer.total_steps(), trainer.step())
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     trainer.run(|event| match event {
         Event::Step(m) => {
             bar.set_position(m.step);

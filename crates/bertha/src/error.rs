@@ -65,6 +65,11 @@ pub enum Error {
     #[error("{name} {reason}")]
     Option { name: String, reason: String },
 
+    /// The processes of a data-parallel run disagree or cannot go on;
+    /// names the process (rank) and what differs.
+    #[error("data-parallel run: {0}")]
+    Distributed(String),
+
     /// A value could not be written as JSON (metrics, training state, a
     /// config); `what` names it.
     #[error("serialising {what}: {source}")]

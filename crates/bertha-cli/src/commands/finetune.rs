@@ -206,6 +206,14 @@ impl Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let processes = training::Processes::start(&a.run)?;
+    processes.settle(train(a, &processes))
+}
+
+/// The run, on this process's share of every batch.
+fn train(a: Args, processes: &training::Processes) -> Result<()> {
+    // Process 0 alone reports.
+    let say = processes.rank() == 0;
     let task = match a.task {
         FinetuneTask::Head(t) => t,
         FinetuneTask::Embedding => return super::finetune_embedding::run(a),
@@ -235,25 +243,30 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         format!(", labels {}", trainer.labels().names().join(" "))
     };
-    eprintln!(
-        "data: {examples} training examples → {inputs} inputs of ≤{max_length} tokens{}{labels} ({:.1} s)",
-        trainer
-            .dev_size()
-            .map(|n| format!(", {n} dev examples"))
-            .unwrap_or_default(),
-        t0.elapsed().as_secs_f64()
-    );
+    if say {
+        eprintln!(
+            "data: {examples} training examples → {inputs} inputs of ≤{max_length} tokens{}{labels} ({:.1} s)",
+            trainer
+                .dev_size()
+                .map(|n| format!(", {n} dev examples"))
+                .unwrap_or_default(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    processes.attach(&mut trainer)?;
     training::resume(&mut trainer, a.run.resume.as_deref())?;
-    eprintln!(
-        "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch)",
-        trainer.config().architectures.join(", "),
-        trainer.config().num_hidden_layers,
-        trainer.config().hidden_size,
-        trainer.params().num_values(),
-        trainer.total_steps(),
-        a.batch_size,
-        trainer.steps_per_epoch()
-    );
+    if say {
+        eprintln!(
+            "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch)",
+            trainer.config().architectures.join(", "),
+            trainer.config().num_hidden_layers,
+            trainer.config().hidden_size,
+            trainer.params().num_values(),
+            trainer.total_steps(),
+            a.batch_size,
+            trainer.steps_per_epoch()
+        );
+    }
 
     training::run(
         &mut trainer,
@@ -274,13 +287,17 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .max_by(|x, y| x.main().total_cmp(&y.main()))
     {
-        eprintln!(
-            "best dev {}: {:.4} at step {}",
-            best.metric,
-            best.main(),
-            best.step
-        );
+        if say {
+            eprintln!(
+                "best dev {}: {:.4} at step {}",
+                best.metric,
+                best.main(),
+                best.step
+            );
+        }
     }
-    training::report_done(&a.out);
+    if say {
+        training::report_done(&a.out);
+    }
     Ok(())
 }

@@ -144,19 +144,34 @@ fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let processes = training::Processes::start(&a.run)?;
+    processes.settle(train(a, &processes))
+}
+
+/// The run, on this process's share of every batch.
+fn train(a: Args, processes: &training::Processes) -> Result<()> {
+    // Process 0 alone reports.
+    let say = processes.rank() == 0;
     let tokenizer_source = match (&a.tokenizer, &a.init, a.train_tokenizer) {
         (_, _, Some(size)) => {
             let dir = a.out.join("tokenizer");
             if a.run.resume.is_some() && dir.join("vocab.txt").is_file() {
                 dir
+            } else if processes.size() > 1 {
+                bail!(
+                    "--train-tokenizer runs in one process: learn the vocabulary in a one-process \
+                     run first and pass its folder as --tokenizer"
+                );
             } else {
                 let t0 = std::time::Instant::now();
                 let dir = bertha::data::vocab::train_wordpiece(&a.corpus, size, &dir)?;
-                eprintln!(
-                    "tokenizer: learnt a WordPiece vocabulary into {} ({:.1} s)",
-                    dir.display(),
-                    t0.elapsed().as_secs_f64()
-                );
+                if say {
+                    eprintln!(
+                        "tokenizer: learnt a WordPiece vocabulary into {} ({:.1} s)",
+                        dir.display(),
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
                 dir
             }
         }
@@ -192,15 +207,17 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         Corpus::read(&a.eval_corpus, &tokenizer, &corpus_opts)?
     };
-    eprintln!(
-        "corpus: {} documents, {} tokens → {} training and {} held-out sequences of ≤{} tokens ({:.1} s)",
-        train.documents,
-        train.tokens,
-        train.len(),
-        eval.len(),
-        a.seq_len,
-        t0.elapsed().as_secs_f64()
-    );
+    if say {
+        eprintln!(
+            "corpus: {} documents, {} tokens → {} training and {} held-out sequences of ≤{} tokens ({:.1} s)",
+            train.documents,
+            train.tokens,
+            train.len(),
+            eval.len(),
+            a.seq_len,
+            t0.elapsed().as_secs_f64()
+        );
+    }
 
     let per_step = a.batch_size * a.grad_accum;
     let length = match a.steps {
@@ -260,14 +277,17 @@ pub fn run(a: Args) -> Result<()> {
         },
         opts,
     )?;
+    processes.attach(&mut trainer)?;
     training::resume(&mut trainer, a.run.resume.as_deref())?;
-    eprintln!(
-        "model: {} layers, hidden {}, {} parameters; {} steps of {per_step} sequences",
-        trainer.config().num_hidden_layers,
-        trainer.config().hidden_size,
-        trainer.params().num_values(),
-        trainer.total_steps()
-    );
+    if say {
+        eprintln!(
+            "model: {} layers, hidden {}, {} parameters; {} steps of {per_step} sequences",
+            trainer.config().num_hidden_layers,
+            trainer.config().hidden_size,
+            trainer.params().num_values(),
+            trainer.total_steps()
+        );
+    }
 
     training::run(
         &mut trainer,
@@ -303,6 +323,8 @@ pub fn run(a: Args) -> Result<()> {
             no_better: "lower held-out loss",
         },
     )?;
-    training::report_done(&a.out);
+    if say {
+        training::report_done(&a.out);
+    }
     Ok(())
 }

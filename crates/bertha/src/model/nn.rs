@@ -4,8 +4,7 @@ use std::cell::RefCell;
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::ops;
 use crate::config::Activation;
@@ -125,6 +124,13 @@ impl Module for LayerNorm {
 }
 
 /// Inverted dropout; the identity unless `train` is set.
+///
+/// Every mask element is a hash of (the stream's seed, the dropout call's
+/// number in the forward pass, the element's coordinates, the row counted
+/// in the whole micro-batch) rather than the next draw of a sequential
+/// generator: a data-parallel process that runs rows 16..32 of a batch
+/// drops exactly what one process running all 32 rows drops, whatever
+/// the padded length of either batch.
 #[derive(Debug, Clone, Copy)]
 pub struct Dropout {
     p: f64,
@@ -135,7 +141,18 @@ impl Dropout {
         Self { p }
     }
 
+    /// Dropout on a batch-major tensor `[B, ...]`.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.apply(x, train, true)
+    }
+
+    /// Dropout on a tensor every row of the batch shares (e.g. DeBERTa's
+    /// relative-position table): the same mask on every process.
+    pub fn forward_shared(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.apply(x, train, false)
+    }
+
+    fn apply(&self, x: &Tensor, train: bool, batched: bool) -> Result<Tensor> {
         if !train || self.p == 0.0 {
             return Ok(x.clone());
         }
@@ -144,34 +161,100 @@ impl Dropout {
         }
         let keep = 1.0 - self.p;
         let scale = (1.0 / keep) as f32;
-        let n = x.elem_count();
-        let mask: Vec<f32> = DROPOUT_RNG.with(|cell| {
+        let key = DROPOUT_STREAM.with(|cell| {
             let mut slot = cell.borrow_mut();
-            let rng = slot.get_or_insert_with(StdRng::from_os_rng);
-            (0..n)
-                .map(|_| {
-                    if rng.random::<f64>() < keep {
-                        scale
-                    } else {
-                        0.0
-                    }
-                })
-                .collect()
+            let stream = slot.get_or_insert_with(|| DropoutStream {
+                seed: rand::rng().random(),
+                first_row: 0,
+                calls: 0,
+            });
+            stream.calls += 1;
+            (
+                mix(stream.seed ^ mix(stream.calls)),
+                if batched { stream.first_row } else { 0 },
+            )
         });
+        let mask = dropout_mask(x.dims(), key, batched, keep, scale);
         let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
         x * mask
     }
 }
 
-thread_local! {
-    /// Dropout draws from this generator (candle's own is unseeded), so a
-    /// training step is reproducible: the trainer reseeds it every step.
-    static DROPOUT_RNG: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+/// The splitmix64 finaliser: a bijection whose outputs look independent
+/// for nearby inputs.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
-/// Seeds the dropout masks of this thread's next forward passes.
-pub fn seed_dropout(seed: u64) {
-    DROPOUT_RNG.with(|cell| *cell.borrow_mut() = Some(StdRng::seed_from_u64(seed)));
+/// The keep / drop mask of a tensor of shape `dims`: element
+/// `(c0, .., ck)` keeps when `hash(key, c0 + first_row, .., ck)`, as a
+/// uniform number in [0, 1), is below `keep`.
+fn dropout_mask(
+    dims: &[usize],
+    (key, first_row): (u64, u64),
+    batched: bool,
+    keep: f64,
+    scale: f32,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let n: usize = dims.iter().product();
+    let last = dims.last().copied().unwrap_or(1).max(1);
+    let outer = &dims[..dims.len().saturating_sub(1)];
+    let mut mask = vec![0f32; n];
+    mask.par_chunks_mut(last)
+        .enumerate()
+        .for_each(|(row, chunk)| {
+            // The row's coordinates, outermost first, folded into its key.
+            let mut coords = [0u64; 8];
+            let mut rest = row;
+            for (d, &size) in outer.iter().enumerate().rev() {
+                coords[d.min(7)] = (rest % size.max(1)) as u64;
+                rest /= size.max(1);
+            }
+            let mut row_key = key;
+            for (d, c) in coords.iter().take(outer.len()).enumerate() {
+                let c = if d == 0 && batched { c + first_row } else { *c };
+                row_key = mix(row_key ^ c);
+            }
+            for (j, m) in chunk.iter_mut().enumerate() {
+                let u = (mix(row_key ^ (j as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)) >> 11)
+                    as f64
+                    * (1.0 / (1u64 << 53) as f64);
+                *m = if u < keep { scale } else { 0.0 };
+            }
+        });
+    mask
+}
+
+/// A forward pass's dropout stream: its seed, the micro-batch row its
+/// batch starts at, and the dropout calls made so far.
+struct DropoutStream {
+    seed: u64,
+    first_row: u64,
+    calls: u64,
+}
+
+thread_local! {
+    /// Dropout's stream (candle's own generator is unseeded), so a
+    /// training step is reproducible: the trainer reseeds it every
+    /// micro-batch.
+    static DROPOUT_STREAM: RefCell<Option<DropoutStream>> = const { RefCell::new(None) };
+}
+
+/// Seeds the dropout masks of this thread's next forward passes, whose
+/// batches start at row `first_row` of the micro-batch (a data-parallel
+/// process's slice; 0 for a whole batch).
+pub fn seed_dropout(seed: u64, first_row: u64) {
+    DROPOUT_STREAM.with(|cell| {
+        *cell.borrow_mut() = Some(DropoutStream {
+            seed,
+            first_row,
+            calls: 0,
+        })
+    });
 }
 
 /// The composite non-linearity (see [`Dense::forward_act`] for the fused

@@ -20,7 +20,8 @@ use super::finetune::FinetuneOptions;
 use super::log::write_json;
 use super::run_dir::Fingerprint;
 use super::trainer::{
-    Chart, Gradients, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams, Trainer,
+    Chart, Gradients, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup, Objective, Scores,
+    Streams, Trainer,
 };
 use crate::config::BertConfig;
 use crate::data::{EmbeddingData, EmbeddingEval, PairLayout};
@@ -293,14 +294,21 @@ impl EmbeddingTrainer {
     /// The loss and its gradients on training rows `rows`, dropout as the
     /// config says, by parameter name: what one micro-batch contributes.
     pub fn loss_and_gradients(&self, rows: &[usize]) -> Result<(f64, HashMap<String, Tensor>)> {
-        seed_dropout(seed_for(
-            self.loop_options().seed,
-            EmbeddingTraining::STREAMS.dropout,
+        seed_dropout(
+            seed_for(
+                self.loop_options().seed,
+                EmbeddingTraining::STREAMS.dropout,
+                0,
+            ),
             0,
-        ));
-        let out = self.objective().train_batch(rows, 0)?;
+        );
+        let out = self.objective().train_batch(rows, 0, 0)?;
         let grads = match out.gradients {
-            Gradients::Loss(l) => l.backward()?,
+            // One term, the whole batch's.
+            Gradients::Loss(parts) => match parts.into_iter().next() {
+                Some(p) => p.mean.backward()?,
+                None => GradStore::default(),
+            },
             Gradients::Computed(g) => g,
             Gradients::None => GradStore::default(),
         };
@@ -377,7 +385,7 @@ impl EmbeddingTraining {
         for j in 0..columns {
             let mut parts = Vec::with_capacity(chunks.len());
             for (k, chunk) in chunks.iter().enumerate() {
-                seed_dropout(seed(j, k));
+                seed_dropout(seed(j, k), 0);
                 parts.push(self.encode(&self.train, j, chunk, true)?.detach());
             }
             reps.push(Var::from_tensor(&Tensor::cat(&parts, 0)?)?);
@@ -394,7 +402,7 @@ impl EmbeddingTraining {
             let grad = rep_grads.get(rep).cloned().unwrap_or(rep.zeros_like()?);
             let mut start = 0;
             for (k, chunk) in chunks.iter().enumerate() {
-                seed_dropout(seed(j, k));
+                seed_dropout(seed(j, k), 0);
                 let emb = self.encode(&self.train, j, chunk, true)?;
                 let g = grad.narrow(0, start, chunk.len())?;
                 start += chunk.len();
@@ -456,7 +464,8 @@ impl EmbeddingTraining {
 const GRAD_CACHE_STREAM: u64 = 23;
 
 impl Objective for EmbeddingTraining {
-    type Tally = f64;
+    /// The micro-batch's loss (over its rows).
+    type Tally = MeanLoss;
     const STREAMS: Streams = Streams::new(22);
 
     fn input_lengths(&self) -> Vec<usize> {
@@ -490,7 +499,12 @@ impl Objective for EmbeddingTraining {
         }
     }
 
-    fn train_batch(&self, batch: &[usize], micro: u64) -> Result<MicroStep<f64>> {
+    fn train_batch(
+        &self,
+        batch: &[usize],
+        micro: u64,
+        _first: usize,
+    ) -> Result<MicroStep<MeanLoss>> {
         let tokens = Self::tokens(&self.train, batch);
         if self.opts.loss.kind == LossKind::CachedMnrl {
             let (loss, grads) = self.cached_loss(batch, micro)?;
@@ -498,22 +512,27 @@ impl Objective for EmbeddingTraining {
                 loss,
                 gradients: Gradients::Computed(grads),
                 tokens,
-                tally: loss,
+                tally: MeanLoss::of(loss, batch.len()),
             });
         }
         let loss = self.batch_loss(&self.train, batch, true)?;
         let value = f64::from(loss.to_scalar::<f32>()?);
         Ok(MicroStep {
             loss: value,
-            gradients: Gradients::Loss(loss),
+            gradients: Gradients::Loss(vec![LossPart::new(loss, batch.len())]),
             tokens,
-            tally: value,
+            tally: MeanLoss::of(value, batch.len()),
         })
     }
 
-    fn step_figures(&self, tallies: &[f64]) -> (f64, BTreeMap<String, f64>) {
-        let loss = tallies.iter().sum::<f64>() / tallies.len().max(1) as f64;
-        (loss, BTreeMap::new())
+    fn step_figures(&self, tallies: &[MeanLoss]) -> (f64, BTreeMap<String, f64>) {
+        (MeanLoss::step_mean(tallies), BTreeMap::new())
+    }
+
+    /// In-batch losses need every row of the batch (sentence-transformers
+    /// gathers them across devices): not built yet, so one process only.
+    fn data_parallel(&self) -> bool {
+        false
     }
 
     fn evaluate(&self) -> Result<Option<Scores>> {

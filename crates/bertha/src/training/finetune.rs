@@ -16,8 +16,8 @@ use super::optim::AdamWConfig;
 use super::plan::{RunLength, Warmup};
 use super::run_dir::Fingerprint;
 use super::trainer::{
-    Chart, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams,
-    Trainer,
+    Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
+    Objective, Scores, Streams, Trainer,
 };
 use super::ScheduleKind;
 use crate::config::{BertConfig, ProblemType};
@@ -447,8 +447,8 @@ impl Finetuning {
 }
 
 impl Objective for Finetuning {
-    /// The micro-batch's mean loss.
-    type Tally = f64;
+    /// The micro-batch's mean loss over its targets.
+    type Tally = MeanLoss;
     const STREAMS: Streams = Streams::new(12);
 
     fn input_lengths(&self) -> Vec<usize> {
@@ -472,7 +472,12 @@ impl Objective for Finetuning {
         }
     }
 
-    fn train_batch(&self, batch: &[usize], _micro: u64) -> Result<MicroStep<f64>> {
+    fn train_batch(
+        &self,
+        batch: &[usize],
+        _micro: u64,
+        _first: usize,
+    ) -> Result<MicroStep<MeanLoss>> {
         let batch: Vec<&TaskInput> = batch.iter().map(|&i| &self.train.items[i]).collect();
         let out = self.head.forward(
             &batch,
@@ -481,18 +486,25 @@ impl Objective for Finetuning {
             true,
             false,
         )?;
-        let loss = out.loss.to_scalar::<f32>()? as f64;
+        if out.targets == 0 {
+            return Ok(MicroStep {
+                loss: 0.0,
+                gradients: Gradients::None,
+                tokens: out.tokens,
+                tally: MeanLoss::default(),
+            });
+        }
+        let loss = f64::from(out.loss.to_scalar::<f32>()?);
         Ok(MicroStep {
             loss,
-            gradients: Gradients::Loss(out.loss),
+            gradients: Gradients::Loss(vec![LossPart::new(out.loss, out.targets)]),
             tokens: out.tokens,
-            tally: loss,
+            tally: MeanLoss::of(loss, out.targets),
         })
     }
 
-    fn step_figures(&self, tallies: &[f64]) -> (f64, BTreeMap<String, f64>) {
-        let loss = tallies.iter().sum::<f64>() / tallies.len().max(1) as f64;
-        (loss, BTreeMap::new())
+    fn step_figures(&self, tallies: &[MeanLoss]) -> (f64, BTreeMap<String, f64>) {
+        (MeanLoss::step_mean(tallies), BTreeMap::new())
     }
 
     fn evaluate(&self) -> Result<Option<Scores>> {

@@ -137,8 +137,13 @@ impl MetricsFile {
 
 /// On resume: cuts `metrics.jsonl` back to the lines of steps up to `step`
 /// (later ones belong to the abandoned run) and returns them parsed. A
-/// missing file is no history.
-pub fn rewind_metrics(path: &Path, step: u64) -> Result<(Vec<StepMetrics>, Vec<EvalMetrics>)> {
+/// missing file is no history. Only with `rewrite` is the file cut (a
+/// data-parallel run's other processes only read it).
+pub fn rewind_metrics(
+    path: &Path,
+    step: u64,
+    rewrite: bool,
+) -> Result<(Vec<StepMetrics>, Vec<EvalMetrics>)> {
     let (mut steps, mut evals) = (Vec::new(), Vec::new());
     let Ok(text) = std::fs::read_to_string(path) else {
         return Ok((steps, evals));
@@ -159,11 +164,13 @@ pub fn rewind_metrics(path: &Path, step: u64) -> Result<(Vec<StepMetrics>, Vec<E
             evals.push(e);
         }
     }
-    let mut body = kept.join("\n");
-    if !body.is_empty() {
-        body.push('\n');
+    if rewrite {
+        let mut body = kept.join("\n");
+        if !body.is_empty() {
+            body.push('\n');
+        }
+        write_atomic(path, body.as_bytes())?;
     }
-    write_atomic(path, body.as_bytes())?;
     Ok((steps, evals))
 }
 

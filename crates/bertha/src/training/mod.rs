@@ -10,10 +10,13 @@
 //! exactly.
 
 pub mod checkpoint;
+pub mod distributed;
 pub mod embedding;
 pub mod embedding_loss;
 pub mod finetune;
 pub mod log;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod optim;
 pub mod params;
 pub mod plan;
@@ -24,6 +27,7 @@ pub mod schedule;
 pub mod trainer;
 
 pub use checkpoint::{Checkpoint, TrainerState};
+pub use distributed::{ProcessGroup, SingleProcess};
 pub use embedding::{EmbeddingOptions, EmbeddingTrainer, EmbeddingTraining};
 pub use embedding_loss::{EmbeddingLoss, LossKind};
 pub use finetune::{FinetuneOptions, Finetuner, Finetuning};
@@ -35,6 +39,6 @@ pub use presets::Preset;
 pub use pretrain::{PretrainData, PretrainOptions, Pretrainer, Pretraining};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use trainer::{
-    GradientHook, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores,
-    Trainer, EVAL_RESULTS_FILE,
+    GradientHook, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
+    Objective, Scores, Tally, Trainer, EVAL_RESULTS_FILE,
 };

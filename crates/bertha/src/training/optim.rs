@@ -96,6 +96,24 @@ impl GradAccumulator {
         self.micro_batches
     }
 
+    /// The summed gradient of parameter `name`, if it has one.
+    pub fn get(&self, name: &str) -> Option<&[f32]> {
+        self.grads.get(name).map(Vec::as_slice)
+    }
+
+    /// Replaces (or gives) parameter `name`'s summed gradient, e.g. by the
+    /// sum over data-parallel processes.
+    pub fn set(&mut self, name: &str, grad: Vec<f32>) {
+        self.grads.insert(name.to_string(), grad);
+    }
+
+    /// Sets how many micro-batches the update averages over (in a
+    /// data-parallel run: those with targets on any process, not only on
+    /// this one).
+    pub fn set_micro_batches(&mut self, n: usize) {
+        self.micro_batches = n;
+    }
+
     /// The summed gradients by parameter name, in name order (the same on
     /// every process: what an all-reduce walks).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut [f32])> {

@@ -9,8 +9,8 @@ use candle_core::{Device, Tensor, D};
 
 use super::run_dir::Fingerprint;
 use super::trainer::{
-    Chart, Gradients, LoopOptions, MainMetric, MicroStep, ModelSetup, Objective, Scores, Streams,
-    Trainer,
+    Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
+    Objective, Scores, Streams, Tally, Trainer,
 };
 use crate::data::{Corpus, Example, Masker};
 use crate::error::{Error, Result};
@@ -40,10 +40,31 @@ pub struct PretrainOptions {
 /// Sums over one batch, before averaging.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MlmTally {
-    mlm_loss: f64,
-    nsp_loss: Option<f64>,
-    masked: usize,
-    correct: usize,
+    /// The MLM loss over the masked tokens.
+    mlm: MeanLoss,
+    correct: f64,
+    /// The NSP loss over the labelled pairs.
+    nsp: MeanLoss,
+}
+
+impl Tally for MlmTally {
+    fn sums(&self) -> Vec<f64> {
+        vec![
+            self.mlm.sum,
+            self.mlm.count,
+            self.correct,
+            self.nsp.sum,
+            self.nsp.count,
+        ]
+    }
+
+    fn from_sums(s: &[f64]) -> Self {
+        Self {
+            mlm: MeanLoss::from_sums(&s[..2]),
+            correct: s[2],
+            nsp: MeanLoss::from_sums(&s[3..5]),
+        }
+    }
 }
 
 /// Masked-LM (+NSP) pre-training.
@@ -138,14 +159,15 @@ impl Pretrainer {
 }
 
 impl Pretraining {
-    /// Masks, runs and scores one batch; the loss tensor is the batch's
-    /// mean MLM loss (+ NSP loss).
+    /// Masks, runs and scores one batch; the loss terms are the batch's
+    /// mean MLM loss over its masked tokens (and mean NSP loss over its
+    /// pairs).
     fn run_batch(
         &self,
         batch: &[&Example],
         mask_rng_of: impl Fn(usize) -> rand::rngs::StdRng,
         train: bool,
-    ) -> Result<(Option<Tensor>, MlmTally)> {
+    ) -> Result<(Vec<LossPart>, MlmTally)> {
         let mut ids = Vec::with_capacity(batch.len());
         let mut types = Vec::with_capacity(batch.len());
         let mut labels: Vec<Vec<i64>> = Vec::with_capacity(batch.len());
@@ -194,33 +216,39 @@ impl Pretraining {
             },
             labelled_rows_only: true,
         };
-        let (loss, mlm_loss, nsp_loss, logits) =
-            match self.model.forward(&input, &head_labels, opts)? {
-                TaskOutput::PreTraining(o) => (o.loss, o.mlm_loss, o.nsp_loss, o.prediction_logits),
-                TaskOutput::Logits(o) => (o.loss.clone(), o.loss, None, o.logits),
-                TaskOutput::QuestionAnswering(_) => {
-                    return Err(Error::Input(
-                        "internal: pre-training runs an MLM head".into(),
-                    ))
-                }
-            };
-        let mut tally = MlmTally {
-            masked: targets.len(),
-            ..MlmTally::default()
+        let (mlm_loss, nsp_loss, logits) = match self.model.forward(&input, &head_labels, opts)? {
+            TaskOutput::PreTraining(o) => (o.mlm_loss, o.nsp_loss, o.prediction_logits),
+            TaskOutput::Logits(o) => (o.loss, None, o.logits),
+            TaskOutput::QuestionAnswering(_) => {
+                return Err(Error::Input(
+                    "internal: pre-training runs an MLM head".into(),
+                ))
+            }
         };
-        if let Some(mlm) = &mlm_loss {
-            tally.mlm_loss = mlm.to_scalar::<f32>()? as f64;
+        let masked = targets.len();
+        let pairs = nsp_labels.as_ref().map_or(0, |_| {
+            batch
+                .iter()
+                .filter(|e| e.next_sentence_label.is_some())
+                .count()
+        });
+        let mut tally = MlmTally::default();
+        let mut parts = Vec::with_capacity(2);
+        if let Some(mlm) = mlm_loss.filter(|_| masked > 0) {
+            tally.mlm = MeanLoss::of(f64::from(mlm.to_scalar::<f32>()?), masked);
             let pred = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
             tally.correct = pred
                 .iter()
                 .zip(&targets)
                 .filter(|(p, y)| i64::from(**p) == **y)
-                .count();
+                .count() as f64;
+            parts.push(LossPart::new(mlm, masked));
         }
-        if let Some(nsp) = &nsp_loss {
-            tally.nsp_loss = Some(nsp.to_scalar::<f32>()? as f64);
+        if let Some(nsp) = nsp_loss.filter(|_| pairs > 0) {
+            tally.nsp = MeanLoss::of(f64::from(nsp.to_scalar::<f32>()?), pairs);
+            parts.push(LossPart::new(nsp, pairs));
         }
-        Ok((loss, tally))
+        Ok((parts, tally))
     }
 }
 
@@ -253,37 +281,44 @@ impl Objective for Pretraining {
         }
     }
 
-    fn train_batch(&self, batch: &[usize], micro: u64) -> Result<MicroStep<MlmTally>> {
+    fn train_batch(
+        &self,
+        batch: &[usize],
+        micro: u64,
+        first: usize,
+    ) -> Result<MicroStep<MlmTally>> {
         let examples: Vec<&Example> = batch.iter().map(|&i| &self.train.examples[i]).collect();
         let seed = self.opts.train.seed;
-        let (loss, tally) = self.run_batch(
+        // Each row's masks from its place in the whole micro-batch.
+        let (parts, tally) = self.run_batch(
             &examples,
-            |i| rng_for(seed, MASK, micro * 1_000_003 + i as u64),
+            |i| rng_for(seed, MASK, micro * 1_000_003 + (first + i) as u64),
             true,
         )?;
         Ok(MicroStep {
-            loss: tally.mlm_loss + tally.nsp_loss.unwrap_or(0.0),
-            gradients: loss.map_or(Gradients::None, Gradients::Loss),
+            loss: tally.mlm.mean() + tally.nsp.mean(),
+            gradients: if parts.is_empty() {
+                Gradients::None
+            } else {
+                Gradients::Loss(parts)
+            },
             tokens: examples.iter().map(|e| e.input_ids.len()).sum(),
             tally,
         })
     }
 
     fn step_figures(&self, tallies: &[MlmTally]) -> (f64, BTreeMap<String, f64>) {
-        let n = tallies.len() as f64;
-        let mlm_loss = tallies.iter().map(|f| f.mlm_loss).sum::<f64>() / n;
+        let n = tallies.len().max(1) as f64;
+        let mlm_loss = tallies.iter().map(|f| f.mlm.mean()).sum::<f64>() / n;
         let nsp_loss = self
             .opts
             .nsp
-            .then(|| tallies.iter().filter_map(|f| f.nsp_loss).sum::<f64>() / n);
-        let masked: usize = tallies.iter().map(|f| f.masked).sum();
-        let correct: usize = tallies.iter().map(|f| f.correct).sum();
+            .then(|| tallies.iter().map(|f| f.nsp.mean()).sum::<f64>() / n);
+        let masked: f64 = tallies.iter().map(|f| f.mlm.count).sum();
+        let correct: f64 = tallies.iter().map(|f| f.correct).sum();
         let mut figures = BTreeMap::from([
             ("mlm_loss".to_string(), mlm_loss),
-            (
-                "mlm_accuracy".to_string(),
-                correct as f64 / masked.max(1) as f64,
-            ),
+            ("mlm_accuracy".to_string(), correct / masked.max(1.0)),
         ]);
         if let Some(nsp) = nsp_loss {
             figures.insert("nsp_loss".into(), nsp);
@@ -306,9 +341,9 @@ impl Objective for Pretraining {
                 |i| rng_for(self.opts.train.seed, EVAL_MASK, (base + i) as u64),
                 false,
             )?;
-            loss_sum += fig.mlm_loss * fig.masked as f64;
-            masked += fig.masked;
-            correct += fig.correct;
+            loss_sum += fig.mlm.sum;
+            masked += fig.mlm.count as usize;
+            correct += fig.correct as usize;
         }
         let loss = loss_sum / masked.max(1) as f64;
         Ok(Some(Scores {

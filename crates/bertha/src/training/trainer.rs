@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
@@ -16,6 +17,10 @@ use candle_nn::VarBuilder;
 
 use super::checkpoint::{
     self, write_atomic, Checkpoint, CheckpointParts, TrainerState, MODEL_FILE,
+};
+use super::distributed::{
+    self, all_reduce_gradients, shard, Hash64, ProcessGroup, RunIdentity, SingleProcess,
+    DEFAULT_BUCKET_BYTES,
 };
 use super::log::{rewind_metrics, write_json, EvalMetrics, Event, MetricsFile, StepMetrics};
 use super::optim::{AdamW, AdamWConfig, GradAccumulator};
@@ -34,7 +39,8 @@ pub const EVAL_RESULTS_FILE: &str = "eval_results.json";
 
 /// What one micro-batch's forward (and backward) pass gives the loop.
 pub struct MicroStep<T> {
-    /// The micro-batch's loss, checked for divergence before the update.
+    /// The micro-batch's loss, checked for divergence before the update
+    /// (with [`Gradients::Loss`], the loop takes it from the parts).
     pub loss: f64,
     pub gradients: Gradients,
     /// Real (unpadded) tokens, for the throughput figure.
@@ -43,12 +49,31 @@ pub struct MicroStep<T> {
     pub tally: T,
 }
 
+/// One term of a micro-batch's loss: a mean over `count` targets (masked
+/// tokens, labelled examples). The loop weights it by `count` over the
+/// targets of the whole micro-batch, on every data-parallel process, so the
+/// summed gradients are the whole batch's mean's.
+pub struct LossPart {
+    pub mean: Tensor,
+    pub count: usize,
+}
+
+impl LossPart {
+    pub fn new(mean: Tensor, count: usize) -> Self {
+        Self { mean, count }
+    }
+}
+
+/// The most loss terms an objective may have (MLM + NSP: two).
+pub const MAX_LOSS_PARTS: usize = 4;
+
 /// The gradients of a micro-batch.
 pub enum Gradients {
-    /// A scalar loss the loop runs `backward()` on.
-    Loss(Tensor),
+    /// The loss's terms (summed), which the loop runs `backward()` on.
+    Loss(Vec<LossPart>),
     /// Gradients the objective computed itself, e.g. over several forward
-    /// passes (a contrastive objective encodes each column separately).
+    /// passes (a contrastive objective encodes each column separately);
+    /// one process only.
     Computed(GradStore),
     /// Nothing to learn from (no labelled target in the batch).
     None,
@@ -94,11 +119,69 @@ impl Streams {
     }
 }
 
+/// What a micro-batch adds to its step's figures, as sums: the tallies of
+/// data-parallel processes add up to the tally of one process running the
+/// whole micro-batch.
+pub trait Tally: Default {
+    /// The sums, in a fixed order and number.
+    fn sums(&self) -> Vec<f64>;
+
+    fn from_sums(sums: &[f64]) -> Self;
+}
+
+/// A mean loss kept as its sum and count: the tally of objectives whose
+/// one figure is their loss.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct MeanLoss {
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl MeanLoss {
+    /// The tally of a loss `mean` over `count` targets (nothing without any).
+    pub fn of(mean: f64, count: usize) -> Self {
+        if count == 0 {
+            return Self::default();
+        }
+        Self {
+            sum: mean * count as f64,
+            count: count as f64,
+        }
+    }
+
+    /// The mean (0 without targets).
+    pub fn mean(&self) -> f64 {
+        if self.count > 0.0 {
+            self.sum / self.count
+        } else {
+            0.0
+        }
+    }
+
+    /// The step's loss: the mean of its micro-batches' means.
+    pub fn step_mean(tallies: &[MeanLoss]) -> f64 {
+        tallies.iter().map(MeanLoss::mean).sum::<f64>() / tallies.len().max(1) as f64
+    }
+}
+
+impl Tally for MeanLoss {
+    fn sums(&self) -> Vec<f64> {
+        vec![self.sum, self.count]
+    }
+
+    fn from_sums(s: &[f64]) -> Self {
+        Self {
+            sum: s[0],
+            count: s[1],
+        }
+    }
+}
+
 /// One training objective: its model (built from the trainer's
 /// parameters), its inputs, its loss and its evaluation.
 pub trait Objective {
     /// What a micro-batch adds to its step's figures.
-    type Tally;
+    type Tally: Tally;
 
     /// The purposes of the objective's data-order and dropout generators.
     const STREAMS: Streams;
@@ -112,8 +195,16 @@ pub trait Objective {
     fn chart(&self) -> Chart;
 
     /// Forward (and with [`Gradients::Computed`] backward) on the inputs
-    /// `batch` of micro-batch `micro` (counted over the run), dropout on.
-    fn train_batch(&self, batch: &[usize], micro: u64) -> Result<MicroStep<Self::Tally>>;
+    /// `batch` of micro-batch `micro` (counted over the run), dropout on;
+    /// `batch` starts at row `first` of the micro-batch (a data-parallel
+    /// process's slice; a draw per row counts rows from the micro-batch's
+    /// start, so it does not depend on the number of processes).
+    fn train_batch(
+        &self,
+        batch: &[usize],
+        micro: u64,
+        first: usize,
+    ) -> Result<MicroStep<Self::Tally>>;
 
     /// The step's loss and named figures from its micro-batches.
     fn step_figures(&self, tallies: &[Self::Tally]) -> (f64, BTreeMap<String, f64>);
@@ -138,6 +229,12 @@ pub trait Objective {
     /// Files written beside every saved model (e.g. `training_args.json`).
     fn write_extras(&self, _dir: &Path) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether the objective can run data-parallel (its loss a sum of
+    /// per-target means; [`Gradients::Computed`] cannot).
+    fn data_parallel(&self) -> bool {
+        true
     }
 }
 
@@ -241,6 +338,11 @@ pub struct Trainer<O> {
     metrics_owned: bool,
     order: EpochOrder,
     hook: Option<Box<dyn GradientHook>>,
+    /// The run's processes (one unless data-parallel).
+    group: Rc<dyn ProcessGroup>,
+    /// Whether the processes have checked they run the same job and
+    /// taken process 0's weights.
+    synced: bool,
 }
 
 impl<O: Objective> Trainer<O> {
@@ -291,6 +393,8 @@ impl<O: Objective> Trainer<O> {
             metrics_owned: false,
             order: EpochOrder::new(group_by_length.then_some(lengths), objective_keys),
             hook: None,
+            group: Rc::new(SingleProcess),
+            synced: false,
         })
     }
 
@@ -343,6 +447,96 @@ impl<O: Objective> Trainer<O> {
         self.hook = Some(hook);
     }
 
+    /// Trains data-parallel over `group`'s processes: each runs its slice
+    /// of every micro-batch, the gradients are summed over all of them
+    /// (weighted so they equal one process's on the whole batch), and
+    /// process 0 alone writes metrics, checkpoints and pictures. Every
+    /// process must make this call with the same command and files.
+    pub fn set_process_group(&mut self, group: Rc<dyn ProcessGroup>) -> Result<()> {
+        if group.size() > 1 && !self.objective.data_parallel() {
+            return Err(Error::Distributed(
+                "this objective trains in one process only (its loss needs every row of a \
+                 batch; gathering them across processes is not built yet)"
+                    .into(),
+            ));
+        }
+        self.group = group;
+        self.synced = false;
+        Ok(())
+    }
+
+    /// This process's rank (0 writes the run's files).
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// The processes training together.
+    pub fn processes(&self) -> usize {
+        self.group.size()
+    }
+
+    fn is_writer(&self) -> bool {
+        self.group.rank() == 0
+    }
+
+    /// What every process must agree on: model config, tokenizer, data,
+    /// options, the step it starts from, and the program.
+    fn identity(&self) -> Result<RunIdentity> {
+        let hash_str = |s: &str| {
+            let mut h = Hash64::default();
+            h.bytes(s.as_bytes());
+            h.finish()
+        };
+        let options = serde_json::json!({
+            "objective": self.objective.options_json(),
+            "loop": &self.opts,
+        });
+        let mut tokenizer = Hash64::default();
+        let src = &self.tokenizer_source;
+        let files: Vec<PathBuf> = if src.is_dir() {
+            [
+                "tokenizer.json",
+                "vocab.txt",
+                "tokenizer_config.json",
+                "special_tokens_map.json",
+            ]
+            .iter()
+            .map(|f| src.join(f))
+            .filter(|p| p.is_file())
+            .collect()
+        } else {
+            vec![src.clone()]
+        };
+        for f in files {
+            tokenizer.bytes(&std::fs::read(&f).map_err(|e| Error::io(&f, e))?);
+        }
+        let mut data = Hash64::default();
+        data.bytes(self.objective.data_fingerprint().hex().as_bytes());
+        Ok(RunIdentity {
+            parts: vec![
+                ("program", hash_str(env!("CARGO_PKG_VERSION"))),
+                ("model config", hash_str(&self.config.to_json().to_string())),
+                ("tokenizer", tokenizer.finish()),
+                ("training data", data.finish()),
+                ("options", hash_str(&options.to_string())),
+                ("resumed step", self.step),
+            ],
+        })
+    }
+
+    /// Before the first step of a data-parallel run: refuse processes
+    /// that differ, then start every process from process 0's weights.
+    fn sync_processes(&mut self) -> Result<()> {
+        if self.synced || self.group.size() == 1 {
+            self.synced = true;
+            return Ok(());
+        }
+        distributed::check_same_run(self.group.as_ref(), &self.identity()?)?;
+        distributed::broadcast_params(self.group.as_ref(), &self.params)?;
+        self.synced = true;
+        Ok(())
+    }
+
     /// The current model on the held-out data, as a metrics line.
     pub fn evaluate_metrics(&self) -> Result<Option<EvalMetrics>> {
         let main = self.objective.main_metric();
@@ -362,12 +556,16 @@ impl<O: Objective> Trainer<O> {
     pub fn resume(&mut self, dir: &Path) -> Result<()> {
         let ck = Checkpoint::load(dir)?;
         self.check_same_run(&ck)?;
-        run_dir::remove_stale_temporaries(&self.opts.out)?;
+        let writer = self.is_writer();
+        if writer {
+            run_dir::remove_stale_temporaries(&self.opts.out)?;
+        }
         self.params.load(&ck.model, &ck.dir.join(MODEL_FILE))?;
         self.optim.load_state(ck.state.step, &ck.optimizer)?;
         self.step = ck.state.step;
+        self.synced = false;
         (self.history, self.evals) =
-            rewind_metrics(&self.opts.out.join("metrics.jsonl"), self.step)?;
+            rewind_metrics(&self.opts.out.join("metrics.jsonl"), self.step, writer)?;
         self.metrics_owned = true;
         self.best = None;
         self.patience_used = 0;
@@ -380,7 +578,7 @@ impl<O: Objective> Trainer<O> {
             let step = serde_json::from_str::<serde_json::Value>(&text)
                 .ok()
                 .and_then(|v| v.get("step")?.as_u64());
-            if step.is_some_and(|s| s > self.step) {
+            if writer && step.is_some_and(|s| s > self.step) {
                 tracing::warn!(
                     "{}: written after step {}, by the steps this resume repeats; removing it",
                     best_dir.display(),
@@ -447,17 +645,28 @@ impl<O: Objective> Trainer<O> {
     pub fn run_until(&mut self, stop: u64, mut on_event: impl FnMut(&Event)) -> Result<()> {
         let stop = stop.min(self.plan.total_steps);
         let out = self.opts.out.clone();
-        if !self.metrics_owned {
+        let writer = self.is_writer();
+        if writer && !self.metrics_owned {
             run_dir::claim(&out, self.opts.overwrite)?;
         }
-        std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
-        let mut metrics = MetricsFile::open(&out.join("metrics.jsonl"), self.metrics_owned)?;
+        let mut metrics = if writer {
+            std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
+            Some(MetricsFile::open(
+                &out.join("metrics.jsonl"),
+                self.metrics_owned,
+            )?)
+        } else {
+            None
+        };
         self.metrics_owned = true;
+        self.sync_processes()?;
         let started = Instant::now();
         let mut stopped_early = self.patience_out();
         while self.step < stop && !stopped_early {
             let m = self.train_step(&started)?;
-            metrics.append(&m)?;
+            if let Some(f) = metrics.as_mut() {
+                f.append(&m)?;
+            }
             on_event(&Event::Step(m.clone()));
             self.history.push(m);
 
@@ -465,14 +674,18 @@ impl<O: Objective> Trainer<O> {
             let epoch_end = self.opts.at_epoch_end && self.plan.ends_epoch(self.step);
             if last || epoch_end || every(self.opts.eval_every, self.step) {
                 if let Some(e) = self.evaluate_metrics()? {
-                    metrics.append(&e)?;
+                    if let Some(f) = metrics.as_mut() {
+                        f.append(&e)?;
+                    }
                     on_event(&Event::Eval(e.clone()));
                     let improved = self.track_best(&e);
                     self.evals.push(e.clone());
                     if improved && self.opts.early_stop.is_some() {
                         let dir = out.join("best");
-                        self.save_model(&dir, true)?;
-                        write_json(&dir.join(EVAL_RESULTS_FILE), &e)?;
+                        if writer {
+                            self.save_model(&dir, true)?;
+                            write_json(&dir.join(EVAL_RESULTS_FILE), &e)?;
+                        }
                         on_event(&Event::Best(e));
                     }
                     if self.patience_out() {
@@ -485,50 +698,95 @@ impl<O: Objective> Trainer<O> {
                 }
             }
             if last || epoch_end || stopped_early || every(self.opts.save_every, self.step) {
+                distributed::check_same_weights(self.group.as_ref(), &self.params, self.step)?;
                 let dir = out.join(format!("checkpoint-{}", self.step));
-                self.save_checkpoint(&dir)?;
-                if let Some(keep) = self.opts.save_total_limit {
-                    run_dir::prune_checkpoints(&out, self.step, keep)?;
+                if writer {
+                    self.save_checkpoint(&dir)?;
+                    if let Some(keep) = self.opts.save_total_limit {
+                        run_dir::prune_checkpoints(&out, self.step, keep)?;
+                    }
+                    self.plot(&out)?;
                 }
-                self.plot(&out)?;
                 on_event(&Event::Saved(dir));
             }
         }
-        if self.step == self.plan.total_steps || stopped_early {
+        if writer && (self.step == self.plan.total_steps || stopped_early) {
             self.finish(&out)?;
         }
         Ok(())
     }
 
-    /// One optimiser step: its micro-batches forward and backward, the
-    /// gradient hook, the update; returns the step's metrics.
+    /// One optimiser step: its micro-batches forward and backward (this
+    /// process's slice of each), the gradients summed over the processes,
+    /// the gradient hook, the update; returns the step's metrics.
     fn train_step(&mut self, started: &Instant) -> Result<StepMetrics> {
         let t0 = Instant::now();
-        let streams = O::STREAMS;
         let ga = self.opts.grad_accum;
+        let (rank, size) = (self.group.rank(), self.group.size());
         let mut acc = GradAccumulator::default();
         let mut tallies = Vec::with_capacity(ga);
         let mut tokens = 0;
+        // Micro-batches with targets on some process: the update's average.
+        let mut learned = 0;
         for k in 0..ga {
             let micro = self.step * ga as u64 + k as u64;
             let batch = self.order.micro_batch(&self.plan, micro, self.opts.seed);
-            seed_dropout(seed_for(self.opts.seed, streams.dropout, micro));
-            let out = self.objective.train_batch(&batch, micro)?;
-            if !out.loss.is_finite() {
-                return Err(Error::Diverged {
-                    what: "loss",
-                    value: out.loss,
-                    step: self.step + 1,
-                    last_good: newest_checkpoint(&self.opts.out, self.step),
-                });
-            }
-            match out.gradients {
-                Gradients::Loss(loss) => acc.add(&self.params, &loss.backward()?)?,
-                Gradients::Computed(grads) => acc.add(&self.params, &grads)?,
+            let rows = shard(batch.len(), rank, size);
+            let first = rows.start;
+            let out = if rows.is_empty() {
+                None
+            } else {
+                seed_dropout(
+                    seed_for(self.opts.seed, O::STREAMS.dropout, micro),
+                    first as u64,
+                );
+                Some(self.objective.train_batch(&batch[rows], micro, first)?)
+            };
+            let (gradients, tally) = match out {
+                Some(out) => {
+                    tokens += out.tokens;
+                    if let Gradients::Computed(_) = out.gradients {
+                        self.check_finite(out.loss)?;
+                    }
+                    (out.gradients, out.tally)
+                }
+                None => (Gradients::None, O::Tally::default()),
+            };
+            tallies.push(tally);
+            match gradients {
+                Gradients::Loss(parts) => {
+                    let (loss, targets) = self.weighted_loss(parts)?;
+                    if let Some(loss) = loss {
+                        acc.add(&self.params, &loss.backward()?)?;
+                    }
+                    learned += usize::from(targets);
+                }
+                Gradients::Computed(grads) => {
+                    acc.add(&self.params, &grads)?;
+                    learned += 1;
+                }
+                // A process without targets still takes part in the sums.
+                Gradients::None if size > 1 => {
+                    learned += usize::from(self.weighted_loss(Vec::new())?.1);
+                }
                 Gradients::None => {}
             }
-            tokens += out.tokens;
-            tallies.push(out.tally);
+        }
+        acc.set_micro_batches(learned);
+        if size > 1 {
+            // The step's figures over every process's rows.
+            let mut sums: Vec<f64> = tallies.iter().flat_map(Tally::sums).collect();
+            sums.push(tokens as f64);
+            self.group.sum_f64(&mut sums)?;
+            tokens = sums.pop().unwrap_or(0.0) as usize;
+            let width = sums.len() / ga.max(1);
+            tallies = sums.chunks(width.max(1)).map(O::Tally::from_sums).collect();
+            all_reduce_gradients(
+                self.group.as_ref(),
+                &self.params,
+                &mut acc,
+                DEFAULT_BUCKET_BYTES,
+            )?;
         }
         if let Some(hook) = self.hook.as_mut() {
             hook.on_gradients(self.step, &mut acc)?;
@@ -563,6 +821,67 @@ impl<O: Objective> Trainer<O> {
             grad_norm,
             tokens_per_s: tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9),
             elapsed_s: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The micro-batch's loss terms, each weighted by this process's share
+    /// of the whole micro-batch's targets (summed over the processes; 1 in
+    /// a one-process run): `None` when this process has no targets; with
+    /// whether any process has. Stops on a non-finite loss.
+    fn weighted_loss(&self, parts: Vec<LossPart>) -> Result<(Option<Tensor>, bool)> {
+        if parts.len() > MAX_LOSS_PARTS {
+            return Err(Error::Input(format!(
+                "internal: {} loss terms, at most {MAX_LOSS_PARTS}",
+                parts.len()
+            )));
+        }
+        // Targets per term, then the terms' sums (mean × targets).
+        let mut shared = [0f64; 2 * MAX_LOSS_PARTS];
+        for (i, p) in parts.iter().enumerate() {
+            if p.count > 0 {
+                let mean = f64::from(p.mean.to_scalar::<f32>()?);
+                shared[i] = p.count as f64;
+                shared[MAX_LOSS_PARTS + i] = mean * p.count as f64;
+            }
+        }
+        self.group.sum_f64(&mut shared)?;
+        let (counts, sums) = shared.split_at(MAX_LOSS_PARTS);
+        let loss: f64 = counts
+            .iter()
+            .zip(sums)
+            .filter(|(c, _)| **c > 0.0)
+            .map(|(c, s)| s / c)
+            .sum();
+        self.check_finite(loss)?;
+        let mut total: Option<Tensor> = None;
+        for (p, &all) in parts.into_iter().zip(counts) {
+            if p.count == 0 {
+                continue;
+            }
+            let w = p.count as f64 / all;
+            let term = if w == 1.0 {
+                p.mean
+            } else {
+                p.mean.affine(w, 0.0)?
+            };
+            total = Some(match total {
+                Some(t) => (t + term)?,
+                None => term,
+            });
+        }
+        Ok((total, counts.iter().any(|&c| c > 0.0)))
+    }
+
+    /// Stops the run on a non-finite loss, naming the last checkpoint.
+    fn check_finite(&self, loss: f64) -> Result<()> {
+        if loss.is_finite() {
+            return Ok(());
+        }
+        Err(Error::Diverged {
+            what: "loss",
+            value: loss,
+            step: self.step + 1,
+            last_good: newest_checkpoint(&self.opts.out, self.step),
         })
     }
 

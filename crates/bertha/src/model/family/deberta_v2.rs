@@ -269,7 +269,7 @@ impl ScoreBias for Disentangled {
             candle_core::bail!("DeBERTa's attention needs its relative-position context");
         };
         let (b, h, t, hd) = q.dims4()?;
-        let rel_emb = self.dropout.forward(&rel.rel_embeddings, train)?;
+        let rel_emb = self.dropout.forward_shared(&rel.rel_embeddings, train)?;
         let rows = rel_emb.dim(0)?;
         // [2S, D] → [1, H, 2S, hd]
         let heads = |y: Tensor| -> Result<Tensor> {

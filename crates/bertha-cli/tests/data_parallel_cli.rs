@@ -1,0 +1,356 @@
+//! Data-parallel training under `mpiexec -np N` on loopback (an MPI build;
+//! `scripts/test.sh` enables the feature where an MPI is installed): N
+//! processes with global batch B give one process's per-step losses and
+//! final weights, resume works with another process count, a process with
+//! other options is refused at start, and a killed process ends the job.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{failure, ok, read_jsonl, repo, run, s, tiny_dir};
+use serde_json::Value;
+
+/// `bertha ARGS` under `mpiexec -np n` (`n` = 1: the plain binary).
+fn launch(n: usize, args: &[String]) -> Command {
+    let bin = env!("CARGO_BIN_EXE_bertha");
+    let mut c = if n == 1 {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("mpiexec");
+        c.args(["-np", &n.to_string(), bin]);
+        c
+    };
+    c.args(args)
+        .env_remove("BERTHA_MODEL")
+        .env("RAYON_NUM_THREADS", "1")
+        .stdin(Stdio::null());
+    c
+}
+
+fn train(n: usize, args: &[String]) -> Output {
+    launch(n, args).output().unwrap()
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+/// Pre-training arguments on the committed corpus slice, 20 steps of 8,
+/// dropout and masking on (the tiny checkpoints' configs).
+fn pretrain_args(tiny: &str, nsp: bool, out: &Path) -> Vec<String> {
+    let dir = tiny_dir(tiny);
+    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
+    let mut a = strings(&[
+        "pretrain",
+        "--corpus",
+        s(&corpus),
+        "--config",
+        s(&dir.join("config.json")),
+        "--tokenizer",
+        s(&dir),
+        "--steps",
+        "20",
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "32",
+        "--eval-every",
+        "10",
+        "--save-every",
+        "10",
+        "--lr",
+        "1e-3",
+        "--out",
+        s(out),
+    ]);
+    if nsp {
+        a.push("--nsp".into());
+    }
+    a
+}
+
+/// Classification fine-tuning of the tiny classifier on 40 SST-2 rows:
+/// 20 steps of 7 (the last batch of an epoch short).
+fn finetune_args(out: &Path) -> Vec<String> {
+    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    strings(&[
+        "finetune",
+        "--task",
+        "classification",
+        "--model",
+        s(&tiny_dir("bert-seqcls")),
+        "--train",
+        s(&data),
+        "--epochs",
+        "4",
+        "--batch-size",
+        "7",
+        "--max-length",
+        "32",
+        "--lr",
+        "1e-3",
+        "--out",
+        s(out),
+    ])
+}
+
+fn metrics(dir: &Path) -> Vec<Value> {
+    read_jsonl(&dir.join("metrics.jsonl"))
+}
+
+/// The largest relative difference of the figures of two metrics files,
+/// line by line (steps and evaluations alike).
+fn max_rel_diff(a: &[Value], b: &[Value]) -> f64 {
+    assert_eq!(a.len(), b.len(), "metrics lines");
+    let mut worst = 0f64;
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x["step"], y["step"]);
+        for key in ["loss", "mlm_loss", "nsp_loss", "eval_loss", "grad_norm"] {
+            if let (Some(p), Some(q)) = (x[key].as_f64(), y[key].as_f64()) {
+                worst = worst.max((p - q).abs() / p.abs().max(1e-12));
+            }
+        }
+        if let (Some(p), Some(q)) = (x["mlm_accuracy"].as_f64(), y["mlm_accuracy"].as_f64()) {
+            assert_eq!(p, q, "MLM accuracy at step {}", x["step"]);
+        }
+    }
+    worst
+}
+
+fn weights(dir: &Path) -> HashMap<String, Vec<f32>> {
+    let t =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    t.into_iter()
+        .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect()
+}
+
+/// The largest difference of two models' weights, relative to each
+/// tensor's largest magnitude. Attention key biases aside: their gradient
+/// is zero in exact arithmetic (a softmax row does not change when one
+/// number is added to all its scores), so they move only by what AdamW
+/// makes of rounding noise (m / √v scales noise up to lr-sized steps),
+/// which any other summation order changes, one process or many.
+fn max_weight_diff(a: &Path, b: &Path) -> f64 {
+    let (wa, wb) = (weights(a), weights(b));
+    assert_eq!(wa.len(), wb.len());
+    let mut worst = 0f64;
+    for (name, x) in wa
+        .iter()
+        .filter(|(n, _)| !n.ends_with("attention.self.key.bias"))
+    {
+        let y = &wb[name];
+        let scale = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12) as f64;
+        for (p, q) in x.iter().zip(y) {
+            worst = worst.max((p - q).abs() as f64 / scale);
+        }
+    }
+    worst
+}
+
+/// Runs `args_for(out)` on 1, 2 and 3 processes; every run equals the
+/// one-process run's losses and final weights within 1e-5.
+fn same_on_1_2_3(args_for: impl Fn(&Path) -> Vec<String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("np1");
+    ok(&train(1, &args_for(&one)));
+    for n in [2, 3] {
+        let dir = tmp.path().join(format!("np{n}"));
+        let out = train(n, &args_for(&dir));
+        ok(&out);
+        let m = metrics(&dir);
+        assert!(m.len() >= 20, "{} metrics lines", m.len());
+        let d = max_rel_diff(&metrics(&one), &m);
+        assert!(d <= 1e-5, "{n} processes: losses differ by {d:e}");
+        let w = max_weight_diff(&one, &dir);
+        assert!(w <= 1e-5, "{n} processes: weights differ by {w:e}");
+        // Process 0 alone wrote: one set of checkpoints, one final model.
+        assert!(dir.join("checkpoint-10").is_dir() && dir.join("checkpoint-20").is_dir());
+    }
+}
+
+#[test]
+fn mlm_pretraining_on_2_and_3_processes_equals_one() {
+    same_on_1_2_3(|out| pretrain_args("bert-mlm", false, out));
+}
+
+#[test]
+fn mlm_nsp_pretraining_on_2_and_3_processes_equals_one() {
+    same_on_1_2_3(|out| pretrain_args("bert-pretraining", true, out));
+}
+
+#[test]
+fn classification_finetuning_on_2_and_3_processes_equals_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("np1");
+    ok(&train(1, &finetune_args(&one)));
+    let steps = metrics(&one)
+        .iter()
+        .filter(|m| m.get("loss").is_some())
+        .count();
+    assert_eq!(steps, 24, "6 batches (the last of 5 rows) × 4 epochs");
+    for n in [2, 3] {
+        let dir = tmp.path().join(format!("np{n}"));
+        ok(&train(n, &finetune_args(&dir)));
+        let d = max_rel_diff(&metrics(&one), &metrics(&dir));
+        assert!(d <= 1e-5, "{n} processes: losses differ by {d:e}");
+        let w = max_weight_diff(&one, &dir);
+        assert!(w <= 1e-5, "{n} processes: weights differ by {w:e}");
+    }
+}
+
+/// A run stopped at step 10 and resumed on another number of processes
+/// ends as the uninterrupted one-process run.
+#[test]
+fn resume_on_another_process_count_continues_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = tmp.path().join("whole");
+    ok(&train(1, &pretrain_args("bert-mlm", false, &whole)));
+
+    let cut = tmp.path().join("cut");
+    ok(&train(2, &pretrain_args("bert-mlm", false, &cut)));
+    // Keep checkpoint-10 only, as if the job had died after it.
+    std::fs::remove_dir_all(cut.join("checkpoint-20")).unwrap();
+    let mut resumed = pretrain_args("bert-mlm", false, &cut);
+    resumed.extend(strings(&["--resume", s(&cut.join("checkpoint-10"))]));
+    let out = train(3, &resumed);
+    ok(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("resumed from"),
+        "process 0 says where it resumed"
+    );
+    let d = max_rel_diff(&metrics(&whole), &metrics(&cut));
+    assert!(d <= 1e-5, "resumed run's losses differ by {d:e}");
+    let w = max_weight_diff(&whole, &cut);
+    assert!(w <= 1e-5, "resumed run's weights differ by {w:e}");
+}
+
+/// `mpiexec` with two programs (MPMD): the second has another learning
+/// rate, and every process refuses to start, naming it.
+#[test]
+fn a_process_with_other_options_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("run");
+    let a = pretrain_args("bert-mlm", false, &out_dir);
+    let mut b = a.clone();
+    let lr = b.iter().position(|x| x == "--lr").unwrap();
+    b[lr + 1] = "2e-3".into();
+    let bin = env!("CARGO_BIN_EXE_bertha");
+    let mut c = Command::new("mpiexec");
+    c.args(["-np", "1", bin]).args(&a);
+    c.args([":", "-np", "1", bin]).args(&b);
+    let out = c
+        .env("RAYON_NUM_THREADS", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = failure(&out);
+    assert!(
+        err.contains("process 1 has another options than process 0"),
+        "stderr: {err}"
+    );
+    assert!(!out_dir.join("checkpoint-10").exists(), "no step was taken");
+}
+
+/// The pid of process `rank` of the job writing into `out` (its command
+/// line names the folder; MPICH gives each process `PMI_RANK`).
+fn rank_pid(out: &Path, rank: usize) -> Option<u32> {
+    let want = format!("PMI_RANK={rank}");
+    for entry in std::fs::read_dir("/proc").ok()? {
+        let path: PathBuf = entry.ok()?.path();
+        let Some(pid) = path.file_name()?.to_str()?.parse::<u32>().ok() else {
+            continue;
+        };
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        let env = std::fs::read(path.join("environ")).unwrap_or_default();
+        let has = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+        if has(&cmdline, s(out).as_bytes())
+            && has(&cmdline, b"pretrain")
+            && env.split(|&b| b == 0).any(|kv| kv == want.as_bytes())
+        {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Process 1 killed mid-run: the job ends with an error within a bounded
+/// time, and the launcher names the process that died.
+#[test]
+fn a_killed_process_ends_the_job_with_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let mut args = pretrain_args("bert-mlm", false, &dir);
+    let steps = args.iter().position(|x| x == "--steps").unwrap();
+    args[steps + 1] = "100000".into();
+    let mut child = launch(2, &args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it trains, then kill process 1.
+    let t0 = Instant::now();
+    let victim = loop {
+        let trained = std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .map(|m| m.lines().count() >= 2)
+            .unwrap_or(false);
+        if trained {
+            if let Some(pid) = rank_pid(&dir, 1) {
+                break pid;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let killed = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let t1 = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if t1.elapsed() > Duration::from_secs(60) {
+            child.kill().ok();
+            panic!("the job still runs 60 s after a process was killed");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        err.contains("KILLED BY SIGNAL: 9") || err.contains("EXIT CODE: 9"),
+        "the launcher names the killed process: {err}"
+    );
+    // Every checkpoint under its final name is whole (temporaries aside,
+    // which a resume removes).
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("checkpoint-") {
+            assert!(
+                p.join("model.safetensors").is_file(),
+                "{name} is incomplete"
+            );
+        }
+    }
+}
+
+#[test]
+fn version_says_mpi_is_built_in() {
+    let out = run(&["--version"]);
+    assert!(ok(&out).contains("MPI: built in"));
+}

@@ -1,0 +1,254 @@
+//! Data-parallel training: the processes of one run ([`ProcessGroup`]) and
+//! what they exchange. Each process runs its slice ([`shard`]) of every
+//! micro-batch; the loss of each slice is weighted by its share of the
+//! whole micro-batch's targets, so the summed gradients ([`all_reduce_gradients`])
+//! are those of one process running the whole batch, and every process
+//! then takes the same optimiser step.
+//!
+//! The MPI implementation is [`super::mpi::MpiGroup`] (feature `mpi`);
+//! [`SingleProcess`] is the one-process group every run has otherwise.
+
+use std::ops::Range;
+
+use super::optim::GradAccumulator;
+use super::params::ParamStore;
+use crate::error::{Error, Result};
+
+/// The processes of one training run, and the collectives the trainer
+/// needs from them. Every call is collective: every process makes it, in
+/// the same order, with buffers of the same length.
+pub trait ProcessGroup {
+    /// This process's number, 0 to `size() - 1`; 0 writes the run's files.
+    fn rank(&self) -> usize;
+
+    fn size(&self) -> usize;
+
+    /// Replaces `values` by their element-wise sum over every process.
+    fn sum_f64(&self, values: &mut [f64]) -> Result<()>;
+
+    /// Replaces `values` by their element-wise sum over every process.
+    fn sum_f32(&self, values: &mut [f32]) -> Result<()>;
+
+    /// Replaces `values` by process 0's.
+    fn broadcast_f32(&self, values: &mut [f32]) -> Result<()>;
+
+    /// Every process's `values`, rank after rank.
+    fn gather_u64(&self, values: &[u64]) -> Result<Vec<u64>>;
+
+    /// The transport, e.g. `MPICH 4.0.2`, for logs.
+    fn describe(&self) -> String;
+}
+
+/// A run of one process: every collective is the identity.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SingleProcess;
+
+impl ProcessGroup for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn sum_f64(&self, _: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
+
+    fn sum_f32(&self, _: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+
+    fn broadcast_f32(&self, _: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+
+    fn gather_u64(&self, values: &[u64]) -> Result<Vec<u64>> {
+        Ok(values.to_vec())
+    }
+
+    fn describe(&self) -> String {
+        "one process".into()
+    }
+}
+
+/// The rows `rank` of `size` processes runs of a micro-batch of `n`:
+/// contiguous, the first `n % size` processes one row more.
+pub fn shard(n: usize, rank: usize, size: usize) -> Range<usize> {
+    let size = size.max(1);
+    let (base, extra) = (n / size, n % size);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
+}
+
+/// Default all-reduce bucket: 4 MiB of fp32 gradients (large enough for
+/// the link's bandwidth, small enough to bound the copy buffer).
+pub const DEFAULT_BUCKET_BYTES: usize = 4 << 20;
+
+/// Sums the gradients of every process, in buckets of `bucket_bytes`,
+/// walking the parameters in name order (the same on every process). A
+/// parameter with a gradient on any process gets the sum (zeros where a
+/// process had none); one with a gradient nowhere stays without.
+pub fn all_reduce_gradients(
+    group: &dyn ProcessGroup,
+    params: &ParamStore,
+    acc: &mut GradAccumulator,
+    bucket_bytes: usize,
+) -> Result<()> {
+    if group.size() == 1 {
+        return Ok(());
+    }
+    let names: Vec<(&str, usize)> = params.vars().map(|(n, v)| (n, v.elem_count())).collect();
+    let mut present: Vec<f64> = names
+        .iter()
+        .map(|(n, _)| f64::from(u8::from(acc.get(n).is_some())))
+        .collect();
+    group.sum_f64(&mut present)?;
+    let total: usize = names
+        .iter()
+        .zip(&present)
+        .filter(|(_, &p)| p > 0.0)
+        .map(|((_, len), _)| len)
+        .sum();
+    let mut flat = Vec::with_capacity(total);
+    for ((name, len), &p) in names.iter().zip(&present) {
+        if p > 0.0 {
+            match acc.get(name) {
+                Some(g) => flat.extend_from_slice(g),
+                None => flat.resize(flat.len() + len, 0.0),
+            }
+        }
+    }
+    let bucket = (bucket_bytes / std::mem::size_of::<f32>()).max(1);
+    for chunk in flat.chunks_mut(bucket) {
+        group.sum_f32(chunk)?;
+    }
+    let mut at = 0;
+    for ((name, len), &p) in names.iter().zip(&present) {
+        if p > 0.0 {
+            acc.set(name, flat[at..at + len].to_vec());
+            at += len;
+        }
+    }
+    Ok(())
+}
+
+/// What a run's processes must agree on, each part hashed.
+pub struct RunIdentity {
+    pub parts: Vec<(&'static str, u64)>,
+}
+
+/// Refuses to start unless every process has the same config, tokenizer,
+/// data and options as process 0; names the first process and part that
+/// differ.
+pub fn check_same_run(group: &dyn ProcessGroup, identity: &RunIdentity) -> Result<()> {
+    let mine: Vec<u64> = identity.parts.iter().map(|(_, h)| *h).collect();
+    let all = group.gather_u64(&mine)?;
+    let k = mine.len();
+    for rank in 1..group.size() {
+        let theirs = &all[rank * k..(rank + 1) * k];
+        for ((what, _), (a, b)) in identity.parts.iter().zip(all[..k].iter().zip(theirs)) {
+            if a != b {
+                return Err(Error::Distributed(format!(
+                    "process {rank} has another {what} than process 0 ({b:016x} vs {a:016x}); \
+                     every process must run the same command on the same files"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Replaces every parameter by process 0's (the initial or resumed
+/// weights every process starts from).
+pub fn broadcast_params(group: &dyn ProcessGroup, params: &ParamStore) -> Result<()> {
+    if group.size() == 1 {
+        return Ok(());
+    }
+    for (_, var) in params.vars() {
+        let mut values = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+        group.broadcast_f32(&mut values)?;
+        let t = candle_core::Tensor::from_vec(values, var.shape(), var.device())?;
+        var.set(&t)?;
+    }
+    Ok(())
+}
+
+/// Refuses to go on when the processes' weights differ (they take the
+/// same steps from the same start, so they never should).
+pub fn check_same_weights(group: &dyn ProcessGroup, params: &ParamStore, step: u64) -> Result<()> {
+    if group.size() == 1 {
+        return Ok(());
+    }
+    let mut h = Hash64::default();
+    for (name, var) in params.vars() {
+        h.bytes(name.as_bytes());
+        for v in var.as_tensor().flatten_all()?.to_vec1::<f32>()? {
+            h.word(u64::from(v.to_bits()));
+        }
+    }
+    let all = group.gather_u64(&[h.finish()])?;
+    if let Some(rank) = (1..all.len()).find(|&r| all[r] != all[0]) {
+        return Err(Error::Distributed(format!(
+            "after step {step}, process {rank}'s weights differ from process 0's"
+        )));
+    }
+    Ok(())
+}
+
+/// A 64-bit running hash (splitmix64 mixing; not cryptographic).
+#[derive(Debug, Clone, Copy)]
+pub struct Hash64(u64);
+
+impl Default for Hash64 {
+    fn default() -> Self {
+        Self(0x243f_6a88_85a3_08d3)
+    }
+}
+
+impl Hash64 {
+    pub fn word(&mut self, w: u64) {
+        let mut x = (self.0 ^ w).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        self.0 = x ^ (x >> 31);
+    }
+
+    pub fn bytes(&mut self, b: &[u8]) {
+        for chunk in b.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.word(u64::from_le_bytes(w));
+        }
+        self.word(b.len() as u64);
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_the_batch_in_order() {
+        for n in 0..20 {
+            for size in 1..6 {
+                let parts: Vec<Range<usize>> = (0..size).map(|r| shard(n, r, size)).collect();
+                assert_eq!(parts[0].start, 0);
+                assert_eq!(parts[size - 1].end, n);
+                for w in parts.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                }
+                let lens: Vec<usize> = parts.iter().map(|r| r.len()).collect();
+                assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1);
+            }
+        }
+        assert_eq!(shard(10, 0, 3), 0..4);
+        assert_eq!(shard(10, 1, 3), 4..7);
+        assert_eq!(shard(10, 2, 3), 7..10);
+    }
+}

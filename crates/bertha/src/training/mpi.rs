@@ -1,0 +1,162 @@
+//! The MPI process group (feature `mpi`): rsmpi over the system's MPI
+//! (MPICH on Debian; any MPI rsmpi builds against works), so a run
+//! started by `mpirun -np N`, `mpiexec` or Slurm's `srun` trains
+//! data-parallel over its processes.
+//!
+//! A collective that waits longer than the group's timeout means another
+//! process stalled or died: a watchdog thread then aborts the whole job
+//! (`MPI_Abort`) with a message naming this process, the step and the
+//! collective, so no run hangs silently; a process that dies is named by
+//! the launcher, which ends the others.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mpi::collective::SystemOperation;
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use mpi::Threading;
+
+use super::distributed::ProcessGroup;
+use crate::error::{Error, Result};
+
+/// The processes of the MPI job this program runs in (one when started
+/// without a launcher).
+pub struct MpiGroup {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    watch: Arc<Watch>,
+    // Last: finalises MPI when the group is dropped.
+    _universe: Universe,
+}
+
+/// What the watchdog sees: when the pending collective started (ms since
+/// `origin`, 0: none) and what it is.
+struct Watch {
+    origin: Instant,
+    since_ms: AtomicU64,
+    what: Mutex<String>,
+}
+
+impl MpiGroup {
+    /// Initialises MPI (once per program); a collective waiting longer
+    /// than `timeout` aborts the job.
+    pub fn init(timeout: Duration) -> Result<Self> {
+        let (universe, _) =
+            mpi::initialize_with_threading(Threading::Multiple).ok_or_else(|| {
+                Error::Distributed("MPI was initialised already in this program".into())
+            })?;
+        let world = universe.world();
+        let rank = usize::try_from(world.rank()).unwrap_or(0);
+        let size = usize::try_from(world.size()).unwrap_or(1);
+        let watch = Arc::new(Watch {
+            origin: Instant::now(),
+            since_ms: AtomicU64::new(0),
+            what: Mutex::new(String::new()),
+        });
+        if size > 1 {
+            let watch = watch.clone();
+            std::thread::Builder::new()
+                .name("bertha-mpi-watchdog".into())
+                .spawn(move || watchdog(&watch, rank, timeout))
+                .map_err(|e| Error::Distributed(format!("cannot start the watchdog: {e}")))?;
+        }
+        Ok(Self {
+            world,
+            rank,
+            size,
+            watch,
+            _universe: universe,
+        })
+    }
+
+    /// Ends every process of the job with `code` (after an error on one).
+    pub fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
+
+    /// Runs collective `f`, watched.
+    fn watched<T>(&self, what: &str, f: impl FnOnce() -> T) -> T {
+        if let Ok(mut w) = self.watch.what.lock() {
+            w.clear();
+            w.push_str(what);
+        }
+        let now = self.watch.origin.elapsed().as_millis() as u64;
+        self.watch.since_ms.store(now.max(1), Ordering::SeqCst);
+        let out = f();
+        self.watch.since_ms.store(0, Ordering::SeqCst);
+        out
+    }
+}
+
+fn watchdog(watch: &Watch, rank: usize, timeout: Duration) {
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let since = watch.since_ms.load(Ordering::SeqCst);
+        if since == 0 {
+            continue;
+        }
+        let waited = watch.origin.elapsed().as_millis() as u64 - since.min(u64::MAX);
+        if waited >= timeout.as_millis() as u64 {
+            let what = watch.what.lock().map(|w| w.clone()).unwrap_or_default();
+            eprintln!(
+                "error: data-parallel run: process {rank} waited {:.0} s for the other processes \
+                 in {what}: one of them stalled or died; stopping every process",
+                waited as f64 / 1000.0
+            );
+            SimpleCommunicator::world().abort(3);
+        }
+    }
+}
+
+impl ProcessGroup for MpiGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn sum_f64(&self, values: &mut [f64]) -> Result<()> {
+        let send = values.to_vec();
+        self.watched("a sum of losses or figures", || {
+            self.world
+                .all_reduce_into(&send[..], values, SystemOperation::sum())
+        });
+        Ok(())
+    }
+
+    fn sum_f32(&self, values: &mut [f32]) -> Result<()> {
+        let send = values.to_vec();
+        self.watched("the gradient all-reduce", || {
+            self.world
+                .all_reduce_into(&send[..], values, SystemOperation::sum())
+        });
+        Ok(())
+    }
+
+    fn broadcast_f32(&self, values: &mut [f32]) -> Result<()> {
+        self.watched("the broadcast of process 0's weights", || {
+            self.world.process_at_rank(0).broadcast_into(values)
+        });
+        Ok(())
+    }
+
+    fn gather_u64(&self, values: &[u64]) -> Result<Vec<u64>> {
+        let mut all = vec![0u64; values.len() * self.size];
+        self.watched("the check that every process runs the same job", || {
+            self.world.all_gather_into(values, &mut all[..])
+        });
+        Ok(all)
+    }
+
+    fn describe(&self) -> String {
+        let version = mpi::environment::library_version().unwrap_or_default();
+        let first = version.lines().next().unwrap_or("MPI").trim().to_string();
+        format!("{first}, {} processes", self.size)
+    }
+}
