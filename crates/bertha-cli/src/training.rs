@@ -104,7 +104,13 @@ impl Processes {
         #[cfg(feature = "mpi")]
         if let (Err(e), Some(g)) = (&result, &self.mpi) {
             use bertha::training::ProcessGroup;
-            eprintln!("error: process {}: {}", g.rank(), crate::render_error(e));
+            // One write, then a moment for the launcher to forward it
+            // before the abort ends every process (when all fail together,
+            // process 0's message is the one to read: the others wait longer).
+            let line = format!("error: process {}: {}\n", g.rank(), crate::render_error(e));
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+            let pause = if g.rank() == 0 { 300 } else { 1500 };
+            std::thread::sleep(std::time::Duration::from_millis(pause));
             g.abort(1);
         }
         result

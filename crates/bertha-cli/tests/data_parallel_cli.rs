@@ -252,7 +252,7 @@ fn a_process_with_other_options_is_refused_at_start() {
         .unwrap();
     let err = failure(&out);
     assert!(
-        err.contains("process 1 has another options than process 0"),
+        err.contains("process 1 differs from process 0 in its options"),
         "stderr: {err}"
     );
     assert!(!out_dir.join("checkpoint-10").exists(), "no step was taken");
@@ -280,15 +280,16 @@ fn rank_pid(out: &Path, rank: usize) -> Option<u32> {
     None
 }
 
-/// Process 1 killed mid-run: the job ends with an error within a bounded
-/// time, and the launcher names the process that died.
-#[test]
-fn a_killed_process_ends_the_job_with_an_error() {
+/// A long run on two processes; once it trains, `signal` is sent to
+/// process 1. Returns the job's exit status and its output, which must
+/// come within `limit` of the signal.
+fn signal_process_1(signal: &str, extra: &[&str], limit: Duration) -> (Output, tempfile::TempDir) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");
     let mut args = pretrain_args("bert-mlm", false, &dir);
     let steps = args.iter().position(|x| x == "--steps").unwrap();
     args[steps + 1] = "100000".into();
+    args.extend(strings(extra));
     let mut child = launch(2, &args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -311,23 +312,35 @@ fn a_killed_process_ends_the_job_with_an_error() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let killed = Command::new("kill")
-        .args(["-9", &victim.to_string()])
+    let sent = Command::new("kill")
+        .args([signal, &victim.to_string()])
         .status()
         .unwrap();
-    assert!(killed.success());
+    assert!(sent.success());
     let t1 = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
             break;
         }
-        if t1.elapsed() > Duration::from_secs(60) {
+        if t1.elapsed() > limit {
             child.kill().ok();
-            panic!("the job still runs 60 s after a process was killed");
+            Command::new("kill")
+                .args(["-9", &victim.to_string()])
+                .status()
+                .ok();
+            panic!("the job still runs {limit:?} after kill {signal}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let out = child.wait_with_output().unwrap();
+    (child.wait_with_output().unwrap(), tmp)
+}
+
+/// Process 1 killed mid-run: the job ends with an error within a bounded
+/// time, and the launcher names the process that died.
+#[test]
+fn a_killed_process_ends_the_job_with_an_error() {
+    let (out, tmp) = signal_process_1("-9", &[], Duration::from_secs(60));
+    let dir = tmp.path().join("run");
     assert!(!out.status.success());
     let err =
         String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
@@ -347,6 +360,19 @@ fn a_killed_process_ends_the_job_with_an_error() {
             );
         }
     }
+}
+
+/// Process 1 stopped (alive, never answering): process 0's watchdog ends
+/// the job after --dist-timeout, saying what it waited for.
+#[test]
+fn a_stalled_process_ends_the_job_after_the_timeout() {
+    let (out, _) = signal_process_1("-STOP", &["--dist-timeout", "3"], Duration::from_secs(30));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("process 0 waited") && err.contains("stalled or died"),
+        "stderr: {err}"
+    );
 }
 
 #[test]

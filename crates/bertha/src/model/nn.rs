@@ -266,3 +266,63 @@ pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
         Activation::Relu => x.relu(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The masks of one dropout call on `[b, heads, t, t]` ones.
+    fn masks(b: usize, t: usize, seed: u64, first_row: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
+        seed_dropout(seed, first_row);
+        let x = Tensor::ones((b, 2, t, t), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let y = Dropout::new(0.25).forward(&x, true).unwrap();
+        (0..b)
+            .map(|i| {
+                (0..2)
+                    .map(|h| y.get(i).unwrap().get(h).unwrap().to_vec2::<f32>().unwrap())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_slice_of_the_batch_drops_what_the_whole_batch_drops() {
+        // The whole micro-batch: 5 rows padded to 7 tokens.
+        let whole = masks(5, 7, 42, 0);
+        // Rows 2..5 on another process, padded to 6 tokens only.
+        let part = masks(3, 6, 42, 2);
+        for (r, rows) in part.iter().enumerate() {
+            for (h, m) in rows.iter().enumerate() {
+                for i in 0..6 {
+                    assert_eq!(
+                        m[i][..6],
+                        whole[r + 2][h][i][..6],
+                        "row {r} head {h} query {i}"
+                    );
+                }
+            }
+        }
+        // Another seed, other masks; the rate is the configured one.
+        assert_ne!(masks(5, 7, 43, 0), whole);
+        let flat: Vec<f32> = whole.into_iter().flatten().flatten().flatten().collect();
+        let kept = flat.iter().filter(|&&v| v > 0.0).count() as f64 / flat.len() as f64;
+        assert!((kept - 0.75).abs() < 0.06, "kept {kept}");
+        assert!(flat
+            .iter()
+            .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+    }
+
+    #[test]
+    fn each_dropout_call_draws_a_new_mask() {
+        seed_dropout(7, 0);
+        let x = Tensor::ones((4, 64), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let d = Dropout::new(0.5);
+        let a = d.forward(&x, true).unwrap().to_vec2::<f32>().unwrap();
+        let b = d.forward(&x, true).unwrap().to_vec2::<f32>().unwrap();
+        assert_ne!(a, b);
+        // Reseeding repeats the sequence of masks.
+        seed_dropout(7, 0);
+        assert_eq!(d.forward(&x, true).unwrap().to_vec2::<f32>().unwrap(), a);
+    }
+}

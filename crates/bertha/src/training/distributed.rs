@@ -151,7 +151,7 @@ pub fn check_same_run(group: &dyn ProcessGroup, identity: &RunIdentity) -> Resul
         for ((what, _), (a, b)) in identity.parts.iter().zip(all[..k].iter().zip(theirs)) {
             if a != b {
                 return Err(Error::Distributed(format!(
-                    "process {rank} has another {what} than process 0 ({b:016x} vs {a:016x}); \
+                    "process {rank} differs from process 0 in its {what} ({b:016x} vs {a:016x}); \
                      every process must run the same command on the same files"
                 )));
             }

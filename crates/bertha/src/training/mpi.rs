@@ -99,14 +99,17 @@ fn watchdog(watch: &Watch, rank: usize, timeout: Duration) {
         if since == 0 {
             continue;
         }
-        let waited = watch.origin.elapsed().as_millis() as u64 - since.min(u64::MAX);
+        let waited = (watch.origin.elapsed().as_millis() as u64).saturating_sub(since);
         if waited >= timeout.as_millis() as u64 {
             let what = watch.what.lock().map(|w| w.clone()).unwrap_or_default();
-            eprintln!(
+            let line = format!(
                 "error: data-parallel run: process {rank} waited {:.0} s for the other processes \
-                 in {what}: one of them stalled or died; stopping every process",
+                 in {what}: one of them stalled or died; stopping every process\n",
                 waited as f64 / 1000.0
             );
+            // One write, and a moment for the launcher to forward it.
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+            std::thread::sleep(Duration::from_millis(300));
             SimpleCommunicator::world().abort(3);
         }
     }
