@@ -77,6 +77,8 @@ enum Command {
     Nsp(commands::nsp::Args),
     /// Masked-LM (+NSP) pre-training on plain-text corpora; checkpoints transformers loads.
     Pretrain(commands::pretrain::Args),
+    /// Tokenize a pre-training corpus once into memory-mapped shards for `pretrain --corpus DIR`.
+    PrepareCorpus(commands::prepare_corpus::Args),
     /// Fine-tune a classification, NER or QA head (and the encoder) on a training file.
     Finetune(Box<commands::finetune::Args>),
     /// The task's metrics of a fine-tuned checkpoint on a labelled file, or of sentence embeddings
@@ -162,6 +164,7 @@ fn main() {
         Command::Qa(a) => commands::qa::run(a),
         Command::Nsp(a) => commands::nsp::run(a),
         Command::Pretrain(a) => commands::pretrain::run(a),
+        Command::PrepareCorpus(a) => commands::prepare_corpus::run(a),
         Command::Finetune(a) => commands::finetune::run(*a),
         Command::Evaluate(a) => commands::evaluate::run(a),
         Command::Predict(a) => commands::predict::run(a),

@@ -205,6 +205,38 @@ fn classification_finetuning_on_2_and_3_processes_equals_one() {
     }
 }
 
+/// Two processes reading a prepared corpus's shards train as one process
+/// reading the text.
+#[test]
+fn prepared_corpus_on_2_processes_equals_text_on_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("text");
+    ok(&train(1, &pretrain_args("bert-mlm", false, &one)));
+    let prepared = tmp.path().join("prepared");
+    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
+    let tiny = tiny_dir("bert-mlm");
+    ok(&run(&[
+        "prepare-corpus",
+        "--corpus",
+        s(&corpus),
+        "--tokenizer",
+        s(&tiny),
+        "--out",
+        s(&prepared),
+        "--shard-tokens",
+        "3000",
+    ]));
+    let two = tmp.path().join("shards");
+    let mut args = pretrain_args("bert-mlm", false, &two);
+    let at = args.iter().position(|x| x == "--corpus").unwrap();
+    args[at + 1] = s(&prepared).to_string();
+    ok(&train(2, &args));
+    let d = max_rel_diff(&metrics(&one), &metrics(&two));
+    assert!(d <= 1e-5, "losses differ by {d:e}");
+    let w = max_weight_diff(&one, &two);
+    assert!(w <= 1e-5, "weights differ by {w:e}");
+}
+
 /// A run stopped at step 10 and resumed on another number of processes
 /// ends as the uninterrupted one-process run.
 #[test]

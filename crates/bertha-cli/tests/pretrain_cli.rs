@@ -213,3 +213,71 @@ fn pretrain_can_learn_its_own_vocabulary() {
         vocab
     );
 }
+
+/// `prepare-corpus` then `pretrain --corpus DIR` trains on the very
+/// sequences the text corpus gives: the same metrics, line for line; a
+/// prepared corpus refuses another tokenizer.
+#[test]
+fn pretraining_from_a_prepared_corpus_equals_pretraining_from_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
+    let tiny = tiny_dir("bert-mlm");
+    let prepared = tmp.path().join("prepared");
+    let out = run(&[
+        "prepare-corpus",
+        "--corpus",
+        s(&corpus),
+        "--tokenizer",
+        s(&tiny),
+        "--out",
+        s(&prepared),
+        "--shard-tokens",
+        "2000",
+    ]);
+    let header: Value = serde_json::from_str(ok(&out).trim()).unwrap();
+    assert!(header["shards"].as_array().unwrap().len() > 2, "{header}");
+    assert_eq!(header["token_bytes"], 2);
+
+    let from_text = tmp.path().join("text");
+    ok(&pretrain(&from_text, &[]));
+    let from_prepared = tmp.path().join("shards");
+    let config = tiny.join("config.json");
+    let out = pretrain_with(
+        s(&prepared),
+        s(&config),
+        &from_prepared,
+        &[
+            "--tokenizer",
+            s(&tiny),
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+            "--save-every",
+            "2",
+            "--eval-every",
+            "2",
+            "--lr",
+            "1e-3",
+        ],
+    );
+    ok(&out);
+    let (a, b) = (metrics(&from_text), metrics(&from_prepared));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        for key in ["loss", "mlm_loss", "mlm_accuracy", "grad_norm", "eval_loss"] {
+            assert_eq!(x.get(key), y.get(key), "{key}: {x} vs {y}");
+        }
+    }
+    // Another tokenizer than the one it was prepared with.
+    let other = repo().join("tests/fixtures/minilm-tokenizer");
+    let err = failure(&pretrain_with(
+        s(&prepared),
+        "tiny",
+        &tmp.path().join("other"),
+        &["--tokenizer", s(&other), "--steps", "1"],
+    ));
+    assert!(err.contains("another tokenizer"), "{err}");
+}

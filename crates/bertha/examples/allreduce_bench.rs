@@ -1,14 +1,15 @@
-//! bertha's gradient all-reduce (`training::distributed::all_reduce_gradients`:
-//! flatten, sum in buckets, scatter back) timed on gradients of the sizes
-//! `scripts/mpi/allreduce_bench.c` times MPI_Allreduce at, as one parameter
-//! each, so the two tables line up (`scripts/bench-allreduce.sh` runs both).
+//! bertha's gradient all-reduce (`training::distributed::GradientReducer`:
+//! flatten, sum in buckets, copy back, as a training step runs it), timed
+//! on one parameter of each size `scripts/mpi/allreduce_bench.c` times
+//! MPI_Allreduce at, so the two tables line up (`scripts/bench-dp.sh` runs
+//! both).
 //!
 //!   cargo build --release --features mpi --example allreduce_bench
 //!   mpiexec -np 2 target/release/examples/allreduce_bench [BUCKET_MB]
 
 use std::time::Instant;
 
-use bertha::training::distributed::{all_reduce_gradients, ProcessGroup};
+use bertha::training::distributed::{GradientReducer, ProcessGroup};
 use bertha::training::mpi::MpiGroup;
 use bertha::training::optim::GradAccumulator;
 use bertha::training::ParamStore;
@@ -40,7 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         acc.set("w", vec![0f32; n]);
         acc.set_micro_batches(1);
         let iters = if bytes >= 4 << 20 { 20 } else { 200 };
-        let mut run = || all_reduce_gradients(&group, &params, &mut acc, bucket);
+        let mut reducer = GradientReducer::new(bucket);
+        let mut run = || reducer.all_reduce(&group, &params, &mut acc);
         for _ in 0..iters / 10 {
             run()?;
         }
@@ -53,7 +55,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         group.sum_f64(&mut local)?;
         let mean = local[0] / group.size() as f64;
         if group.rank() == 0 {
-            println!("{bytes}\t{:.1}\t{:.3}", mean * 1e6, bytes as f64 / mean / 1e9);
+            println!(
+                "{bytes}\t{:.1}\t{:.3}",
+                mean * 1e6,
+                bytes as f64 / mean / 1e9
+            );
         }
         bytes *= 4;
     }

@@ -308,8 +308,8 @@ fn trainer(corpus_text: &Path, opts: PretrainOptions, seq_len: usize) -> Pretrai
             tokenizer_source: dir,
         },
         PretrainData {
-            train,
-            eval,
+            train: train.into(),
+            eval: eval.into(),
             masker,
             pad_id: tok.pad_id(),
         },
@@ -419,8 +419,8 @@ fn tiny_model_overfits_a_few_sentences() {
             tokenizer_source: dir,
         },
         PretrainData {
-            train: train.clone(),
-            eval: train,
+            train: train.clone().into(),
+            eval: train.into(),
             masker,
             pad_id: tok.pad_id(),
         },
@@ -471,8 +471,8 @@ fn checkpoints_have_transformers_names_and_shapes() {
                 tokenizer_source: dir.clone(),
             },
             PretrainData {
-                train,
-                eval: Corpus::default(),
+                train: train.into(),
+                eval: Corpus::default().into(),
                 masker,
                 pad_id: tok.pad_id(),
             },

@@ -11,6 +11,7 @@ pub mod ner;
 pub mod nsp;
 pub mod pairs;
 pub mod predict;
+pub mod prepare_corpus;
 pub mod pretrain;
 pub mod qa;
 pub mod serve;

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
+use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker, PreparedCorpus, Sequences};
 use bertha::training::{
     presets::resolve_config, LoopOptions, ModelSetup, PretrainData, PretrainOptions, Pretrainer,
     RunLength, ScheduleKind, Warmup,
@@ -18,7 +18,9 @@ use crate::training::{self, Wording};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Plain-text files or folders (documents are blank-line-separated
-    /// blocks; a file without blank lines is one document).
+    /// blocks; a file without blank lines is one document), or one folder
+    /// made by `bertha prepare-corpus` (read from its shards, not tokenized
+    /// again).
     #[arg(long, required = true, num_args = 1..)]
     corpus: Vec<PathBuf>,
 
@@ -133,7 +135,7 @@ pub struct Args {
     seed: u64,
 }
 
-fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     let t = if path.is_file() {
         let config = path.with_file_name("tokenizer_config.json");
         Tokenizer::from_vocab(path, &config, usize::MAX)?
@@ -141,6 +143,29 @@ fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         Tokenizer::from_dir(path, usize::MAX)?
     };
     Ok(t)
+}
+
+/// The sequences of `paths`: one prepared corpus folder (read from its
+/// shards; made with this tokenizer) or text files (tokenized now); with
+/// the corpus's documents and tokens.
+fn read_sequences(
+    paths: &[PathBuf],
+    tokenizer: &Tokenizer,
+    tokenizer_source: &Path,
+    opts: &CorpusOptions,
+) -> Result<(Sequences, usize, usize)> {
+    if let [dir] = paths {
+        if dir.join(bertha::data::prepared::CORPUS_FILE).is_file() {
+            let hash = bertha::data::prepared::tokenizer_hash(tokenizer_source)?;
+            let corpus = std::sync::Arc::new(PreparedCorpus::open(dir, Some(hash))?);
+            let (documents, tokens) = (corpus.header.documents, corpus.header.tokens);
+            let seqs = corpus.sequences(tokenizer, opts)?;
+            return Ok((Sequences::Prepared(seqs), documents, tokens));
+        }
+    }
+    let c = Corpus::read(paths, tokenizer, opts)?;
+    let (documents, tokens) = (c.documents, c.tokens);
+    Ok((Sequences::Memory(c), documents, tokens))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -200,18 +225,19 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
         seed: a.seed,
     };
     let t0 = std::time::Instant::now();
-    let mut train = Corpus::read(&a.corpus, &tokenizer, &corpus_opts)?;
+    let (mut train, documents, tokens) =
+        read_sequences(&a.corpus, &tokenizer, &tokenizer_source, &corpus_opts)?;
     let eval = if a.eval_corpus.is_empty() {
         let n = a.eval_size.min(train.len() / 10);
         train.split_off_last(n)
     } else {
-        Corpus::read(&a.eval_corpus, &tokenizer, &corpus_opts)?
+        read_sequences(&a.eval_corpus, &tokenizer, &tokenizer_source, &corpus_opts)?.0
     };
     if say {
         eprintln!(
             "corpus: {} documents, {} tokens → {} training and {} held-out sequences of ≤{} tokens ({:.1} s)",
-            train.documents,
-            train.tokens,
+            documents,
+            tokens,
             train.len(),
             eval.len(),
             a.seq_len,

@@ -11,7 +11,9 @@ pub mod conll;
 pub mod corpus;
 pub mod labels;
 pub mod masking;
+pub mod packing;
 pub mod pairs;
+pub mod prepared;
 pub mod squad;
 pub mod task_data;
 pub mod vocab;
@@ -23,10 +25,11 @@ pub use classification::{
 pub use conll::{
     iob1_to_iob2, ner_label_set, AlignedSentence, ConllOptions, NerAligner, NerData, NerSentence,
 };
-pub use corpus::{Corpus, CorpusOptions, Example};
+pub use corpus::{Corpus, CorpusOptions, Example, Sequences};
 pub use labels::LabelSet;
 pub use masking::{MaskSplit, Masker};
 pub use pairs::{EmbeddingData, EmbeddingEval, PairColumns, PairLayout, PairOptions};
+pub use prepared::{prepare_corpus, PrepareOptions, PreparedCorpus};
 pub use squad::{
     postprocess, FeatureOptions, PostprocessOptions, SquadAnswer, SquadData, SquadExample,
     SquadFeature, SquadFeaturizer, SquadPrediction,

@@ -26,8 +26,8 @@ pub trait ProcessGroup {
     /// Replaces `values` by their element-wise sum over every process.
     fn sum_f64(&self, values: &mut [f64]) -> Result<()>;
 
-    /// Replaces `values` by their element-wise sum over every process.
-    fn sum_f32(&self, values: &mut [f32]) -> Result<()>;
+    /// `recv` = the element-wise sum of every process's `send`.
+    fn sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()>;
 
     /// Replaces `values` by process 0's.
     fn broadcast_f32(&self, values: &mut [f32]) -> Result<()>;
@@ -56,7 +56,8 @@ impl ProcessGroup for SingleProcess {
         Ok(())
     }
 
-    fn sum_f32(&self, _: &mut [f32]) -> Result<()> {
+    fn sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        recv.copy_from_slice(send);
         Ok(())
     }
 
@@ -86,52 +87,78 @@ pub fn shard(n: usize, rank: usize, size: usize) -> Range<usize> {
 /// the link's bandwidth, small enough to bound the copy buffer).
 pub const DEFAULT_BUCKET_BYTES: usize = 4 << 20;
 
-/// Sums the gradients of every process, in buckets of `bucket_bytes`,
-/// walking the parameters in name order (the same on every process). A
-/// parameter with a gradient on any process gets the sum (zeros where a
-/// process had none); one with a gradient nowhere stays without.
+/// Sums the gradients of every process in buckets, walking the parameters
+/// in name order (the same on every process). A parameter with a gradient
+/// on any process gets the sum (zeros where a process had none); one with a
+/// gradient nowhere stays without. Keeps its two flat buffers from step to
+/// step.
+#[derive(Debug)]
+pub struct GradientReducer {
+    bucket_values: usize,
+    send: Vec<f32>,
+    recv: Vec<f32>,
+}
+
+impl GradientReducer {
+    pub fn new(bucket_bytes: usize) -> Self {
+        Self {
+            bucket_values: (bucket_bytes / std::mem::size_of::<f32>()).max(1),
+            send: Vec::new(),
+            recv: Vec::new(),
+        }
+    }
+
+    pub fn all_reduce(
+        &mut self,
+        group: &dyn ProcessGroup,
+        params: &ParamStore,
+        acc: &mut GradAccumulator,
+    ) -> Result<()> {
+        if group.size() == 1 {
+            return Ok(());
+        }
+        let names: Vec<(&str, usize)> = params.vars().map(|(n, v)| (n, v.elem_count())).collect();
+        let mut present: Vec<f64> = names
+            .iter()
+            .map(|(n, _)| f64::from(u8::from(acc.get(n).is_some())))
+            .collect();
+        group.sum_f64(&mut present)?;
+        self.send.clear();
+        for ((name, len), &p) in names.iter().zip(&present) {
+            if p > 0.0 {
+                match acc.get(name) {
+                    Some(g) => self.send.extend_from_slice(g),
+                    None => self.send.resize(self.send.len() + len, 0.0),
+                }
+            }
+        }
+        self.recv.resize(self.send.len(), 0.0);
+        for (send, recv) in self
+            .send
+            .chunks(self.bucket_values)
+            .zip(self.recv.chunks_mut(self.bucket_values))
+        {
+            group.sum_f32(send, recv)?;
+        }
+        let mut at = 0;
+        for ((name, len), &p) in names.iter().zip(&present) {
+            if p > 0.0 {
+                acc.set_from(name, &self.recv[at..at + len]);
+                at += len;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`GradientReducer::all_reduce`] once, with fresh buffers.
 pub fn all_reduce_gradients(
     group: &dyn ProcessGroup,
     params: &ParamStore,
     acc: &mut GradAccumulator,
     bucket_bytes: usize,
 ) -> Result<()> {
-    if group.size() == 1 {
-        return Ok(());
-    }
-    let names: Vec<(&str, usize)> = params.vars().map(|(n, v)| (n, v.elem_count())).collect();
-    let mut present: Vec<f64> = names
-        .iter()
-        .map(|(n, _)| f64::from(u8::from(acc.get(n).is_some())))
-        .collect();
-    group.sum_f64(&mut present)?;
-    let total: usize = names
-        .iter()
-        .zip(&present)
-        .filter(|(_, &p)| p > 0.0)
-        .map(|((_, len), _)| len)
-        .sum();
-    let mut flat = Vec::with_capacity(total);
-    for ((name, len), &p) in names.iter().zip(&present) {
-        if p > 0.0 {
-            match acc.get(name) {
-                Some(g) => flat.extend_from_slice(g),
-                None => flat.resize(flat.len() + len, 0.0),
-            }
-        }
-    }
-    let bucket = (bucket_bytes / std::mem::size_of::<f32>()).max(1);
-    for chunk in flat.chunks_mut(bucket) {
-        group.sum_f32(chunk)?;
-    }
-    let mut at = 0;
-    for ((name, len), &p) in names.iter().zip(&present) {
-        if p > 0.0 {
-            acc.set(name, flat[at..at + len].to_vec());
-            at += len;
-        }
-    }
-    Ok(())
+    GradientReducer::new(bucket_bytes).all_reduce(group, params, acc)
 }
 
 /// What a run's processes must agree on, each part hashed.

@@ -133,11 +133,10 @@ impl ProcessGroup for MpiGroup {
         Ok(())
     }
 
-    fn sum_f32(&self, values: &mut [f32]) -> Result<()> {
-        let send = values.to_vec();
+    fn sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
         self.watched("the gradient all-reduce", || {
             self.world
-                .all_reduce_into(&send[..], values, SystemOperation::sum())
+                .all_reduce_into(send, recv, SystemOperation::sum())
         });
         Ok(())
     }

@@ -107,6 +107,17 @@ impl GradAccumulator {
         self.grads.insert(name.to_string(), grad);
     }
 
+    /// Replaces (or gives) parameter `name`'s summed gradient by `grad`,
+    /// reusing its buffer.
+    pub fn set_from(&mut self, name: &str, grad: &[f32]) {
+        match self.grads.get_mut(name) {
+            Some(g) if g.len() == grad.len() => g.copy_from_slice(grad),
+            _ => {
+                self.grads.insert(name.to_string(), grad.to_vec());
+            }
+        }
+    }
+
     /// Sets how many micro-batches the update averages over (in a
     /// data-parallel run: those with targets on any process, not only on
     /// this one).

@@ -12,7 +12,7 @@ use super::trainer::{
     Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
     Objective, Scores, Streams, Tally, Trainer,
 };
-use crate::data::{Corpus, Example, Masker};
+use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
@@ -72,8 +72,8 @@ pub struct Pretraining {
     /// `BertForMaskedLM`, or `BertForPreTraining` with NSP.
     model: BertForTask,
     masker: Masker,
-    train: Corpus,
-    eval: Corpus,
+    train: Sequences,
+    eval: Sequences,
     opts: PretrainOptions,
     pad_id: u32,
     device: Device,
@@ -82,8 +82,8 @@ pub struct Pretraining {
 /// What pre-training reads: the packed corpus, its held-out part, how
 /// tokens are masked and the padding id.
 pub struct PretrainData {
-    pub train: Corpus,
-    pub eval: Corpus,
+    pub train: Sequences,
+    pub eval: Sequences,
     pub masker: Masker,
     pub pad_id: u32,
 }
@@ -108,7 +108,7 @@ impl Pretrainer {
             return Err(Error::Input("the training corpus gave no sequences".into()));
         }
         let positions = config.max_sequence_length();
-        let longest = train.examples.iter().map(|e| e.input_ids.len()).max();
+        let longest = (0..train.len()).map(|i| train.length(i)).max();
         if let Some(n) = longest.filter(|&n| n > positions) {
             return Err(Error::option(
                 "seq_len",
@@ -257,10 +257,8 @@ impl Objective for Pretraining {
     const STREAMS: Streams = Streams::new(3);
 
     fn input_lengths(&self) -> Vec<usize> {
-        self.train
-            .examples
-            .iter()
-            .map(|e| e.input_ids.len())
+        (0..self.train.len())
+            .map(|i| self.train.length(i))
             .collect()
     }
 
@@ -287,7 +285,8 @@ impl Objective for Pretraining {
         micro: u64,
         first: usize,
     ) -> Result<MicroStep<MlmTally>> {
-        let examples: Vec<&Example> = batch.iter().map(|&i| &self.train.examples[i]).collect();
+        let owned: Vec<_> = batch.iter().map(|&i| self.train.example(i)).collect();
+        let examples: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
         let seed = self.opts.train.seed;
         // Each row's masks from its place in the whole micro-batch.
         let (parts, tally) = self.run_batch(
@@ -333,11 +332,13 @@ impl Objective for Pretraining {
             return Ok(None);
         }
         let (mut loss_sum, mut masked, mut correct) = (0.0, 0usize, 0usize);
-        let refs: Vec<&Example> = self.eval.examples.iter().collect();
-        for (c, chunk) in refs.chunks(self.opts.train.batch_size).enumerate() {
+        let indices: Vec<usize> = (0..self.eval.len()).collect();
+        for (c, rows) in indices.chunks(self.opts.train.batch_size).enumerate() {
             let base = c * self.opts.train.batch_size;
+            let owned: Vec<_> = rows.iter().map(|&i| self.eval.example(i)).collect();
+            let chunk: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
             let (_, fig) = self.run_batch(
-                chunk,
+                &chunk,
                 |i| rng_for(self.opts.train.seed, EVAL_MASK, (base + i) as u64),
                 false,
             )?;
@@ -361,11 +362,8 @@ impl Objective for Pretraining {
 
     fn data_fingerprint(&self) -> Fingerprint {
         let mut f = Fingerprint::default();
-        for e in &self.train.examples {
-            f.add(e.input_ids.iter().map(|&t| i64::from(t)));
-            f.add(e.token_type_ids.iter().map(|&t| i64::from(t)));
-            f.add([e.next_sentence_label.map_or(-1, i64::from)]);
-        }
+        self.train
+            .identify(&mut |values| f.add(values.iter().copied()));
         f
     }
 

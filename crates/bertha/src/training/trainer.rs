@@ -19,7 +19,7 @@ use super::checkpoint::{
     self, write_atomic, Checkpoint, CheckpointParts, TrainerState, MODEL_FILE,
 };
 use super::distributed::{
-    self, all_reduce_gradients, shard, Hash64, ProcessGroup, RunIdentity, SingleProcess,
+    self, shard, GradientReducer, Hash64, ProcessGroup, RunIdentity, SingleProcess,
     DEFAULT_BUCKET_BYTES,
 };
 use super::log::{rewind_metrics, write_json, EvalMetrics, Event, MetricsFile, StepMetrics};
@@ -343,6 +343,7 @@ pub struct Trainer<O> {
     /// Whether the processes have checked they run the same job and
     /// taken process 0's weights.
     synced: bool,
+    reducer: GradientReducer,
 }
 
 impl<O: Objective> Trainer<O> {
@@ -395,6 +396,7 @@ impl<O: Objective> Trainer<O> {
             hook: None,
             group: Rc::new(SingleProcess),
             synced: false,
+            reducer: GradientReducer::new(DEFAULT_BUCKET_BYTES),
         })
     }
 
@@ -491,32 +493,14 @@ impl<O: Objective> Trainer<O> {
             "objective": self.objective.options_json(),
             "loop": &self.opts,
         });
-        let mut tokenizer = Hash64::default();
-        let src = &self.tokenizer_source;
-        let files: Vec<PathBuf> = if src.is_dir() {
-            [
-                "tokenizer.json",
-                "vocab.txt",
-                "tokenizer_config.json",
-                "special_tokens_map.json",
-            ]
-            .iter()
-            .map(|f| src.join(f))
-            .filter(|p| p.is_file())
-            .collect()
-        } else {
-            vec![src.clone()]
-        };
-        for f in files {
-            tokenizer.bytes(&std::fs::read(&f).map_err(|e| Error::io(&f, e))?);
-        }
+        let tokenizer = crate::data::prepared::tokenizer_hash(&self.tokenizer_source)?;
         let mut data = Hash64::default();
         data.bytes(self.objective.data_fingerprint().hex().as_bytes());
         Ok(RunIdentity {
             parts: vec![
                 ("program", hash_str(env!("CARGO_PKG_VERSION"))),
                 ("model config", hash_str(&self.config.to_json().to_string())),
-                ("tokenizer", tokenizer.finish()),
+                ("tokenizer", tokenizer),
                 ("training data", data.finish()),
                 ("options", hash_str(&options.to_string())),
                 ("resumed step", self.step),
@@ -781,12 +765,8 @@ impl<O: Objective> Trainer<O> {
             tokens = sums.pop().unwrap_or(0.0) as usize;
             let width = sums.len() / ga.max(1);
             tallies = sums.chunks(width.max(1)).map(O::Tally::from_sums).collect();
-            all_reduce_gradients(
-                self.group.as_ref(),
-                &self.params,
-                &mut acc,
-                DEFAULT_BUCKET_BYTES,
-            )?;
+            self.reducer
+                .all_reduce(self.group.as_ref(), &self.params, &mut acc)?;
         }
         if let Some(hook) = self.hook.as_mut() {
             hook.on_gradients(self.step, &mut acc)?;

@@ -120,8 +120,8 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
             tokenizer_source: model,
         },
         PretrainData {
-            train,
-            eval,
+            train: train.into(),
+            eval: eval.into(),
             masker,
             pad_id: tok.pad_id(),
         },

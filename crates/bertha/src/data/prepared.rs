@@ -1,0 +1,515 @@
+//! A prepared pre-training corpus: tokenized once (`bertha prepare-corpus`)
+//! into memory-mapped shards, so `pretrain` starts (and resumes) without
+//! tokenizing again and holds only the sequences' plans in memory: a
+//! batch's tokens are read from the shards when it is trained on, and each
+//! data-parallel process reads only its own rows.
+//!
+//! A folder holds `corpus.json` (the format, the tokenizer's hash, counts,
+//! a hash of the content and the shard list) and `shard-NNNNN.bin` files:
+//! a 48-byte header (magic, token width, token / piece / document counts),
+//! the token ids in the narrowest little-endian integer the vocabulary
+//! allows (2 bytes up to 65,536 tokens, else 4), padded to 8 bytes, then
+//! each piece's end (u64, in tokens) and each document's end (u64, in
+//! pieces). Pieces are sentences (`--nsp`) or lines.
+
+use std::borrow::Cow;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use super::corpus::{check_seq_len, plan, read_documents, specials, CorpusOptions, Example};
+use super::packing::{materialize, Documents, ExamplePlan, Specials, Stream};
+use crate::error::{Error, Result};
+use crate::io::tokenizer::Tokenizer;
+use crate::training::distributed::Hash64;
+
+/// The folder's description file.
+pub const CORPUS_FILE: &str = "corpus.json";
+const MAGIC: &[u8; 16] = b"BERTHA-CORPUS\0\0\x01";
+const HEADER: usize = 48;
+const FORMAT: &str = "bertha-corpus/1";
+
+/// A hash of the tokenizer's files in `source` (a folder or a vocab file):
+/// a prepared corpus is read with the tokenizer it was made with only.
+pub fn tokenizer_hash(source: &Path) -> Result<u64> {
+    let files: Vec<PathBuf> = if source.is_dir() {
+        [
+            "tokenizer.json",
+            "vocab.txt",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+        ]
+        .iter()
+        .map(|f| source.join(f))
+        .filter(|p| p.is_file())
+        .collect()
+    } else {
+        vec![source.to_path_buf()]
+    };
+    let mut h = Hash64::default();
+    for f in files {
+        h.bytes(&std::fs::read(&f).map_err(|e| Error::io(&f, e))?);
+    }
+    Ok(h.finish())
+}
+
+/// `corpus.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CorpusHeader {
+    pub format: String,
+    /// Where the tokenizer was read from, and its files' hash.
+    pub tokenizer: String,
+    pub tokenizer_hash: String,
+    pub vocab_size: usize,
+    /// `sentences` (for NSP pairs) or `lines`.
+    pub pieces: String,
+    pub token_bytes: usize,
+    pub documents: usize,
+    pub tokens: usize,
+    pub content_hash: String,
+    pub shards: Vec<ShardEntry>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ShardEntry {
+    pub file: String,
+    pub documents: usize,
+    pub tokens: usize,
+}
+
+/// How to prepare a corpus.
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// Pieces are sentences (what NSP pairs need) rather than lines.
+    pub sentences: bool,
+    /// Tokens per shard, at most (a shard ends at a document's end).
+    pub shard_tokens: usize,
+    /// Replace an existing prepared corpus in the output folder.
+    pub overwrite: bool,
+}
+
+/// Tokenizes `paths` (in parallel) into a prepared corpus in `out`, written
+/// into a temporary folder renamed into place when complete.
+pub fn prepare_corpus(
+    paths: &[PathBuf],
+    tokenizer: &Tokenizer,
+    tokenizer_source: &Path,
+    opts: &PrepareOptions,
+    out: &Path,
+) -> Result<CorpusHeader> {
+    if out.exists() && !opts.overwrite {
+        return Err(Error::Input(format!(
+            "{} exists; pass --overwrite to replace it",
+            out.display()
+        )));
+    }
+    let name = out
+        .file_name()
+        .ok_or_else(|| Error::Input(format!("{}: not a folder name", out.display())))?
+        .to_string_lossy();
+    let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let vocab_size = tokenizer.vocab_size();
+    let token_bytes = if vocab_size <= 1 << 16 { 2 } else { 4 };
+    let mut writer = ShardWriter {
+        dir: tmp.clone(),
+        token_bytes,
+        limit: opts.shard_tokens.max(1),
+        tokens: Vec::new(),
+        piece_ends: Vec::new(),
+        doc_ends: Vec::new(),
+        shards: Vec::new(),
+        hash: Hash64::default(),
+    };
+    let read = read_documents(paths, tokenizer, opts.sentences, |batch| {
+        for doc in batch {
+            writer.push(&doc)?;
+        }
+        Ok(())
+    });
+    let result = read.and_then(|stats| {
+        writer.finish_shard()?;
+        let header = CorpusHeader {
+            format: FORMAT.into(),
+            tokenizer: tokenizer_source.display().to_string(),
+            tokenizer_hash: format!("{:016x}", tokenizer_hash(tokenizer_source)?),
+            vocab_size,
+            pieces: if opts.sentences { "sentences" } else { "lines" }.into(),
+            token_bytes,
+            documents: stats.documents,
+            tokens: stats.tokens,
+            content_hash: format!("{:016x}", writer.hash.finish()),
+            shards: std::mem::take(&mut writer.shards),
+        };
+        let text = serde_json::to_string_pretty(&header).map_err(|e| Error::Serialise {
+            what: CORPUS_FILE.into(),
+            source: e,
+        })?;
+        let path = tmp.join(CORPUS_FILE);
+        std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
+        Ok(header)
+    });
+    match result {
+        Ok(header) => {
+            if out.exists() {
+                std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
+            }
+            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+            Ok(header)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Collects documents into the current shard and writes it when full.
+struct ShardWriter {
+    dir: PathBuf,
+    token_bytes: usize,
+    limit: usize,
+    tokens: Vec<u32>,
+    piece_ends: Vec<u64>,
+    doc_ends: Vec<u64>,
+    shards: Vec<ShardEntry>,
+    hash: Hash64,
+}
+
+impl ShardWriter {
+    fn push(&mut self, doc: &[Vec<u32>]) -> Result<()> {
+        for piece in doc {
+            self.tokens.extend_from_slice(piece);
+            self.piece_ends.push(self.tokens.len() as u64);
+            for &t in piece {
+                self.hash.word(u64::from(t));
+            }
+            self.hash.word(u64::MAX);
+        }
+        self.doc_ends.push(self.piece_ends.len() as u64);
+        self.hash.word(u64::MAX - 1);
+        if self.tokens.len() >= self.limit {
+            self.finish_shard()?;
+        }
+        Ok(())
+    }
+
+    fn finish_shard(&mut self) -> Result<()> {
+        if self.doc_ends.is_empty() {
+            return Ok(());
+        }
+        let file = format!("shard-{:05}.bin", self.shards.len());
+        let path = self.dir.join(&file);
+        let n = self.tokens.len();
+        let padded = (n * self.token_bytes).div_ceil(8) * 8;
+        let mut bytes =
+            Vec::with_capacity(HEADER + padded + 8 * (self.piece_ends.len() + self.doc_ends.len()));
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&(self.token_bytes as u32).to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        for count in [n, self.piece_ends.len(), self.doc_ends.len()] {
+            bytes.extend_from_slice(&(count as u64).to_le_bytes());
+        }
+        for &t in &self.tokens {
+            if self.token_bytes == 2 {
+                bytes.extend_from_slice(&(t as u16).to_le_bytes());
+            } else {
+                bytes.extend_from_slice(&t.to_le_bytes());
+            }
+        }
+        bytes.resize(HEADER + padded, 0);
+        for v in self.piece_ends.iter().chain(&self.doc_ends) {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(&path, &bytes).map_err(|e| Error::io(&path, e))?;
+        self.shards.push(ShardEntry {
+            file,
+            documents: self.doc_ends.len(),
+            tokens: n,
+        });
+        self.tokens.clear();
+        self.piece_ends.clear();
+        self.doc_ends.clear();
+        Ok(())
+    }
+}
+
+/// One memory-mapped shard.
+struct Shard {
+    map: Mmap,
+    path: PathBuf,
+    token_bytes: usize,
+    tokens: usize,
+    pieces: usize,
+    docs: usize,
+}
+
+impl Shard {
+    fn open(path: &Path, token_bytes: usize) -> Result<Self> {
+        let bad = |reason: String| Error::Input(format!("{}: {reason}", path.display()));
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the shard is read only; a file changed underneath a
+        // running job is outside what any reader can guard against.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        if map.len() < HEADER || &map[..16] != MAGIC {
+            return Err(bad("not a bertha corpus shard".into()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([map[o], map[o + 1], map[o + 2], map[o + 3]]);
+        let width = u32_at(16) as usize;
+        if width != token_bytes {
+            return Err(bad(format!(
+                "tokens of {width} bytes, corpus.json says {token_bytes}"
+            )));
+        }
+        let count = |o: usize| u64_at(&map, o) as usize;
+        let (tokens, pieces, docs) = (count(24), count(32), count(40));
+        let padded = (tokens * token_bytes).div_ceil(8) * 8;
+        if map.len() != HEADER + padded + 8 * (pieces + docs) {
+            return Err(bad(format!(
+                "{} bytes, its header describes {}",
+                map.len(),
+                HEADER + padded + 8 * (pieces + docs)
+            )));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            token_bytes,
+            tokens,
+            pieces,
+            docs,
+            map,
+        })
+    }
+
+    fn piece_end(&self, p: usize) -> usize {
+        let padded = (self.tokens * self.token_bytes).div_ceil(8) * 8;
+        u64_at(&self.map, HEADER + padded + 8 * p) as usize
+    }
+
+    fn doc_end(&self, d: usize) -> usize {
+        let padded = (self.tokens * self.token_bytes).div_ceil(8) * 8;
+        u64_at(&self.map, HEADER + padded + 8 * (self.pieces + d)) as usize
+    }
+
+    /// Pieces of local document `d`.
+    fn doc_pieces(&self, d: usize) -> Range<usize> {
+        let start = if d == 0 { 0 } else { self.doc_end(d - 1) };
+        start..self.doc_end(d)
+    }
+
+    fn piece_start(&self, p: usize) -> usize {
+        if p == 0 {
+            0
+        } else {
+            self.piece_end(p - 1)
+        }
+    }
+
+    fn extend(&self, tokens: Range<usize>, out: &mut Vec<u32>) {
+        let at = HEADER + tokens.start * self.token_bytes;
+        let bytes = &self.map[at..HEADER + tokens.end * self.token_bytes];
+        if self.token_bytes == 2 {
+            out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]]))),
+            );
+        } else {
+            out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
+        }
+    }
+}
+
+fn u64_at(map: &[u8], o: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&map[o..o + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// A prepared corpus, its shards mapped.
+pub struct PreparedCorpus {
+    pub header: CorpusHeader,
+    shards: Vec<Shard>,
+    /// The first global document of each shard.
+    first_doc: Vec<usize>,
+}
+
+impl PreparedCorpus {
+    /// Opens the folder `dir`; with `tokenizer` (its source's hash), refuses
+    /// a corpus made with another tokenizer.
+    pub fn open(dir: &Path, tokenizer: Option<u64>) -> Result<Self> {
+        let path = dir.join(CORPUS_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let header: CorpusHeader = serde_json::from_str(&text).map_err(|e| Error::Json {
+            path: path.clone(),
+            source: e,
+        })?;
+        if header.format != FORMAT {
+            return Err(Error::Input(format!(
+                "{}: format `{}`, this bertha reads `{FORMAT}`",
+                path.display(),
+                header.format
+            )));
+        }
+        if let Some(h) = tokenizer {
+            if format!("{h:016x}") != header.tokenizer_hash {
+                return Err(Error::Input(format!(
+                    "{} was prepared with another tokenizer ({}); prepare it again with this one",
+                    dir.display(),
+                    header.tokenizer
+                )));
+            }
+        }
+        let mut shards = Vec::with_capacity(header.shards.len());
+        let mut first_doc = Vec::with_capacity(header.shards.len());
+        let mut docs = 0;
+        for entry in &header.shards {
+            let shard = Shard::open(&dir.join(&entry.file), header.token_bytes)?;
+            if shard.docs != entry.documents || shard.tokens != entry.tokens {
+                return Err(Error::Input(format!(
+                    "{}: {} documents and {} tokens, corpus.json says {} and {}",
+                    shard.path.display(),
+                    shard.docs,
+                    shard.tokens,
+                    entry.documents,
+                    entry.tokens
+                )));
+            }
+            first_doc.push(docs);
+            docs += shard.docs;
+            shards.push(shard);
+        }
+        Ok(Self {
+            header,
+            shards,
+            first_doc,
+        })
+    }
+
+    fn locate(&self, doc: usize) -> (&Shard, usize) {
+        let s = self.first_doc.partition_point(|&f| f <= doc) - 1;
+        (&self.shards[s], doc - self.first_doc[s])
+    }
+
+    /// The sequences of a run's options over this corpus, read on demand
+    /// (`tokenizer`: its `[CLS]` / `[SEP]`).
+    pub fn sequences(
+        self: &Arc<Self>,
+        tokenizer: &Tokenizer,
+        opts: &CorpusOptions,
+    ) -> Result<PreparedSequences> {
+        check_seq_len(opts.seq_len)?;
+        if opts.nsp && self.header.pieces != "sentences" {
+            return Err(Error::option(
+                "nsp",
+                "needs a corpus prepared with sentences (prepare-corpus --nsp)",
+            ));
+        }
+        let stream = Stream::new(self.as_ref());
+        let plans = plan(self.as_ref(), &stream, opts)?;
+        Ok(PreparedSequences {
+            corpus: self.clone(),
+            stream: Arc::new(stream),
+            specials: specials(tokenizer)?,
+            plans,
+            identity: format!(
+                "{} seq_len {} nsp {} seed {}",
+                self.header.content_hash, opts.seq_len, opts.nsp, opts.seed
+            ),
+        })
+    }
+}
+
+impl Documents for PreparedCorpus {
+    fn count(&self) -> usize {
+        self.header.documents
+    }
+
+    fn pieces(&self, doc: usize) -> usize {
+        let (s, d) = self.locate(doc);
+        s.doc_pieces(d).len()
+    }
+
+    fn piece_len(&self, doc: usize, piece: usize) -> usize {
+        let (s, d) = self.locate(doc);
+        let p = s.doc_pieces(d).start + piece;
+        s.piece_end(p) - s.piece_start(p)
+    }
+
+    fn doc_len(&self, doc: usize) -> usize {
+        let (s, d) = self.locate(doc);
+        let pieces = s.doc_pieces(d);
+        if pieces.is_empty() {
+            return 0;
+        }
+        s.piece_end(pieces.end - 1) - s.piece_start(pieces.start)
+    }
+
+    fn extend_tokens(&self, doc: usize, range: Range<usize>, out: &mut Vec<u32>) {
+        let (s, d) = self.locate(doc);
+        let start = s.piece_start(s.doc_pieces(d).start);
+        s.extend(start + range.start..start + range.end, out);
+    }
+}
+
+/// The sequences of a run over a prepared corpus: plans in memory, tokens
+/// read from the shards when asked for.
+pub struct PreparedSequences {
+    corpus: Arc<PreparedCorpus>,
+    stream: Arc<Stream>,
+    specials: Specials,
+    plans: Vec<ExamplePlan>,
+    identity: String,
+}
+
+impl PreparedSequences {
+    pub fn len(&self) -> usize {
+        self.plans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plans.is_empty()
+    }
+
+    /// Sequence `i`, read from the shards.
+    pub fn example(&self, i: usize) -> Cow<'_, Example> {
+        Cow::Owned(materialize(
+            self.corpus.as_ref(),
+            &self.stream,
+            self.specials,
+            &self.plans[i],
+        ))
+    }
+
+    pub fn length(&self, i: usize) -> usize {
+        self.plans[i].len()
+    }
+
+    /// The content hash and the options the sequences were planned with.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Moves the last `n` sequences into a set of their own (held out).
+    pub fn split_off_last(&mut self, n: usize) -> PreparedSequences {
+        let at = self.plans.len().saturating_sub(n);
+        let held_out = PreparedSequences {
+            corpus: self.corpus.clone(),
+            stream: self.stream.clone(),
+            specials: self.specials,
+            plans: self.plans.split_off(at),
+            identity: format!("{} the last {n}", self.identity),
+        };
+        self.identity = format!("{} but the last {n}", self.identity);
+        held_out
+    }
+}
