@@ -182,6 +182,15 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
             let dir = a.out.join("tokenizer");
             if a.run.resume.is_some() && dir.join("vocab.txt").is_file() {
                 dir
+            } else if a
+                .corpus
+                .iter()
+                .any(|c| c.join(bertha::data::prepared::CORPUS_FILE).is_file())
+            {
+                bail!(
+                    "--train-tokenizer learns from text, and --corpus is a prepared corpus: \
+                     learn the vocabulary from the text files, then prepare the corpus with it"
+                );
             } else if processes.size() > 1 {
                 bail!(
                     "--train-tokenizer runs in one process: learn the vocabulary in a one-process \
