@@ -239,7 +239,8 @@ pub trait Objective {
 }
 
 /// The one place between backward and the optimiser step where gradients
-/// may be transformed (e.g. averaged across data-parallel processes).
+/// may be transformed; it sees them after the data-parallel sum (which the
+/// loop does at this same point: [`Trainer::set_process_group`]).
 pub trait GradientHook {
     fn on_gradients(&mut self, step: u64, grads: &mut GradAccumulator) -> Result<()>;
 }
