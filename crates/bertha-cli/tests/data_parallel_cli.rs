@@ -154,6 +154,16 @@ fn max_weight_diff(a: &Path, b: &Path) -> f64 {
     worst
 }
 
+/// Asserts the run in `b` equals the run in `a` within 1e-5: every
+/// per-step loss and the final weights.
+#[track_caller]
+fn assert_same_run(a: &Path, b: &Path, what: &str) {
+    let d = max_rel_diff(&metrics(a), &metrics(b));
+    assert!(d <= 1e-5, "{what}: losses differ by {d:e}");
+    let w = max_weight_diff(a, b);
+    assert!(w <= 1e-5, "{what}: weights differ by {w:e}");
+}
+
 /// Runs `args_for(out)` on 1, 2 and 3 processes; every run equals the
 /// one-process run's losses and final weights within 1e-5.
 fn same_on_1_2_3(args_for: impl Fn(&Path) -> Vec<String>) {
@@ -166,10 +176,7 @@ fn same_on_1_2_3(args_for: impl Fn(&Path) -> Vec<String>) {
         ok(&out);
         let m = metrics(&dir);
         assert!(m.len() >= 20, "{} metrics lines", m.len());
-        let d = max_rel_diff(&metrics(&one), &m);
-        assert!(d <= 1e-5, "{n} processes: losses differ by {d:e}");
-        let w = max_weight_diff(&one, &dir);
-        assert!(w <= 1e-5, "{n} processes: weights differ by {w:e}");
+        assert_same_run(&one, &dir, &format!("{n} processes"));
         // Process 0 alone wrote: one set of checkpoints, one final model.
         assert!(dir.join("checkpoint-10").is_dir() && dir.join("checkpoint-20").is_dir());
     }
@@ -198,10 +205,7 @@ fn classification_finetuning_on_2_and_3_processes_equals_one() {
     for n in [2, 3] {
         let dir = tmp.path().join(format!("np{n}"));
         ok(&train(n, &finetune_args(&dir)));
-        let d = max_rel_diff(&metrics(&one), &metrics(&dir));
-        assert!(d <= 1e-5, "{n} processes: losses differ by {d:e}");
-        let w = max_weight_diff(&one, &dir);
-        assert!(w <= 1e-5, "{n} processes: weights differ by {w:e}");
+        assert_same_run(&one, &dir, &format!("{n} processes"));
     }
 }
 
@@ -231,10 +235,7 @@ fn prepared_corpus_on_2_processes_equals_text_on_one() {
     let at = args.iter().position(|x| x == "--corpus").unwrap();
     args[at + 1] = s(&prepared).to_string();
     ok(&train(2, &args));
-    let d = max_rel_diff(&metrics(&one), &metrics(&two));
-    assert!(d <= 1e-5, "losses differ by {d:e}");
-    let w = max_weight_diff(&one, &two);
-    assert!(w <= 1e-5, "weights differ by {w:e}");
+    assert_same_run(&one, &two, "prepared corpus on 2 processes");
 }
 
 /// A run stopped at step 10 and resumed on another number of processes
@@ -257,10 +258,7 @@ fn resume_on_another_process_count_continues_exactly() {
         String::from_utf8_lossy(&out.stderr).contains("resumed from"),
         "process 0 says where it resumed"
     );
-    let d = max_rel_diff(&metrics(&whole), &metrics(&cut));
-    assert!(d <= 1e-5, "resumed run's losses differ by {d:e}");
-    let w = max_weight_diff(&whole, &cut);
-    assert!(w <= 1e-5, "resumed run's weights differ by {w:e}");
+    assert_same_run(&whole, &cut, "resumed run");
 }
 
 /// `mpiexec` with two programs (MPMD): the second has another learning

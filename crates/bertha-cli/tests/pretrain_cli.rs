@@ -31,6 +31,11 @@ fn pretrain_with(corpus: &str, config: &str, out: &Path, extra: &[&str]) -> Outp
 /// and tokenizer, evaluated and saved every two, then `extra` flags.
 fn pretrain(out: &Path, extra: &[&str]) -> Output {
     let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
+    pretrain_corpus(s(&corpus), out, extra)
+}
+
+/// [`pretrain`] on `corpus` (text or a prepared folder).
+fn pretrain_corpus(corpus: &str, out: &Path, extra: &[&str]) -> Output {
     let tiny = tiny_dir("bert-mlm");
     let config = tiny.join("config.json");
     let mut args = vec![
@@ -50,7 +55,7 @@ fn pretrain(out: &Path, extra: &[&str]) -> Output {
         "1e-3",
     ];
     args.extend_from_slice(extra);
-    pretrain_with(s(&corpus), s(&config), out, &args)
+    pretrain_with(corpus, s(&config), out, &args)
 }
 
 fn metrics(dir: &Path) -> Vec<Value> {
@@ -241,28 +246,7 @@ fn pretraining_from_a_prepared_corpus_equals_pretraining_from_text() {
     let from_text = tmp.path().join("text");
     ok(&pretrain(&from_text, &[]));
     let from_prepared = tmp.path().join("shards");
-    let config = tiny.join("config.json");
-    let out = pretrain_with(
-        s(&prepared),
-        s(&config),
-        &from_prepared,
-        &[
-            "--tokenizer",
-            s(&tiny),
-            "--steps",
-            "4",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "32",
-            "--save-every",
-            "2",
-            "--eval-every",
-            "2",
-            "--lr",
-            "1e-3",
-        ],
-    );
+    let out = pretrain_corpus(s(&prepared), &from_prepared, &[]);
     ok(&out);
     let (a, b) = (metrics(&from_text), metrics(&from_prepared));
     assert_eq!(a.len(), b.len());

@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let group = MpiGroup::init(std::time::Duration::from_secs(600))?;
     if group.rank() == 0 {
         println!(
-            "# bertha all_reduce_gradients, {} processes, {bucket_mb} MiB buckets\n# bytes\tmean_us\tGB/s",
+            "# bertha GradientReducer, {} processes, {bucket_mb} MiB buckets\n# bytes\tmean_us\tGB/s",
             group.size()
         );
     }

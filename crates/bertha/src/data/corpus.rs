@@ -361,28 +361,19 @@ impl Sequences {
         }
     }
 
-    /// Feeds `add` what identifies the sequences: every token of sequences
-    /// in memory; a prepared corpus's content hash and options.
-    pub fn identify(&self, add: &mut dyn FnMut(&[i64])) {
+    /// Feeds `add`, value by value, what identifies the sequences: every
+    /// token of sequences in memory; a prepared corpus's content hash and
+    /// options.
+    pub fn identify(&self, add: &mut dyn FnMut(i64)) {
         match self {
             Self::Memory(c) => {
                 for e in &c.examples {
-                    add(&e
-                        .input_ids
-                        .iter()
-                        .map(|&t| i64::from(t))
-                        .collect::<Vec<_>>());
-                    add(&e
-                        .token_type_ids
-                        .iter()
-                        .map(|&t| i64::from(t))
-                        .collect::<Vec<_>>());
-                    add(&[e.next_sentence_label.map_or(-1, i64::from)]);
+                    e.input_ids.iter().for_each(|&t| add(i64::from(t)));
+                    e.token_type_ids.iter().for_each(|&t| add(i64::from(t)));
+                    add(e.next_sentence_label.map_or(-1, i64::from));
                 }
             }
-            Self::Prepared(p) => {
-                add(&p.identity().bytes().map(i64::from).collect::<Vec<_>>());
-            }
+            Self::Prepared(p) => p.identity().bytes().for_each(|b| add(i64::from(b))),
         }
     }
 

@@ -206,9 +206,14 @@ impl ShardWriter {
         let file = format!("shard-{:05}.bin", self.shards.len());
         let path = self.dir.join(&file);
         let n = self.tokens.len();
-        let padded = (n * self.token_bytes).div_ceil(8) * 8;
-        let mut bytes =
-            Vec::with_capacity(HEADER + padded + 8 * (self.piece_ends.len() + self.doc_ends.len()));
+        let layout = Layout::new(
+            n,
+            self.token_bytes,
+            self.piece_ends.len(),
+            self.doc_ends.len(),
+        )
+        .ok_or_else(|| Error::Input(format!("{}: shard too large", path.display())))?;
+        let mut bytes = Vec::with_capacity(layout.len);
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&(self.token_bytes as u32).to_le_bytes());
         bytes.extend_from_slice(&0u32.to_le_bytes());
@@ -217,12 +222,17 @@ impl ShardWriter {
         }
         for &t in &self.tokens {
             if self.token_bytes == 2 {
-                bytes.extend_from_slice(&(t as u16).to_le_bytes());
+                let t = u16::try_from(t).map_err(|_| {
+                    Error::Tokenizer(format!(
+                        "token id {t} at or above the vocabulary size the shard was sized for"
+                    ))
+                })?;
+                bytes.extend_from_slice(&t.to_le_bytes());
             } else {
                 bytes.extend_from_slice(&t.to_le_bytes());
             }
         }
-        bytes.resize(HEADER + padded, 0);
+        bytes.resize(layout.ends_at, 0);
         for v in self.piece_ends.iter().chain(&self.doc_ends) {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
@@ -239,6 +249,27 @@ impl ShardWriter {
     }
 }
 
+/// Where a shard's parts lie: tokens from [`HEADER`], then (8-byte
+/// aligned) the piece ends and the document ends.
+struct Layout {
+    /// Byte offset of the piece ends.
+    ends_at: usize,
+    /// The file's length.
+    len: usize,
+}
+
+impl Layout {
+    /// `None` when the sizes overflow (a damaged header).
+    fn new(tokens: usize, token_bytes: usize, pieces: usize, docs: usize) -> Option<Self> {
+        let padded = tokens
+            .checked_mul(token_bytes)?
+            .checked_next_multiple_of(8)?;
+        let ends_at = HEADER.checked_add(padded)?;
+        let len = ends_at.checked_add(pieces.checked_add(docs)?.checked_mul(8)?)?;
+        Some(Self { ends_at, len })
+    }
+}
+
 /// One memory-mapped shard.
 struct Shard {
     map: Mmap,
@@ -247,6 +278,7 @@ struct Shard {
     tokens: usize,
     pieces: usize,
     docs: usize,
+    ends_at: usize,
 }
 
 impl Shard {
@@ -266,34 +298,42 @@ impl Shard {
                 "tokens of {width} bytes, corpus.json says {token_bytes}"
             )));
         }
-        let count = |o: usize| u64_at(&map, o) as usize;
+        let count = |o: usize| usize::try_from(u64_at(&map, o)).unwrap_or(usize::MAX);
         let (tokens, pieces, docs) = (count(24), count(32), count(40));
-        let padded = (tokens * token_bytes).div_ceil(8) * 8;
-        if map.len() != HEADER + padded + 8 * (pieces + docs) {
-            return Err(bad(format!(
-                "{} bytes, its header describes {}",
-                map.len(),
-                HEADER + padded + 8 * (pieces + docs)
-            )));
-        }
-        Ok(Self {
+        let layout = Layout::new(tokens, token_bytes, pieces, docs)
+            .filter(|l| l.len == map.len())
+            .ok_or_else(|| {
+                bad(format!(
+                    "{} bytes, not what its header describes ({tokens} tokens, {pieces} pieces, \
+                     {docs} documents)",
+                    map.len()
+                ))
+            })?;
+        let shard = Self {
             path: path.to_path_buf(),
             token_bytes,
             tokens,
             pieces,
             docs,
+            ends_at: layout.ends_at,
             map,
-        })
+        };
+        // Ends that only grow and stay inside the shard: every later read
+        // of a token range is then in bounds.
+        if !ascending_to((0..pieces).map(|p| shard.piece_end(p)), tokens)
+            || !ascending_to((0..docs).map(|d| shard.doc_end(d)), pieces)
+        {
+            return Err(bad("its piece or document ends are out of order".into()));
+        }
+        Ok(shard)
     }
 
     fn piece_end(&self, p: usize) -> usize {
-        let padded = (self.tokens * self.token_bytes).div_ceil(8) * 8;
-        u64_at(&self.map, HEADER + padded + 8 * p) as usize
+        u64_at(&self.map, self.ends_at + 8 * p) as usize
     }
 
     fn doc_end(&self, d: usize) -> usize {
-        let padded = (self.tokens * self.token_bytes).div_ceil(8) * 8;
-        u64_at(&self.map, HEADER + padded + 8 * (self.pieces + d)) as usize
+        u64_at(&self.map, self.ends_at + 8 * (self.pieces + d)) as usize
     }
 
     /// Pieces of local document `d`.
@@ -327,6 +367,18 @@ impl Shard {
             );
         }
     }
+}
+
+/// Whether `ends` never decrease and the last is `last` (none: `last` 0).
+fn ascending_to(ends: impl Iterator<Item = usize>, last: usize) -> bool {
+    let mut prev = 0;
+    for e in ends {
+        if e < prev {
+            return false;
+        }
+        prev = e;
+    }
+    prev == last
 }
 
 fn u64_at(map: &[u8], o: usize) -> u64 {
@@ -369,6 +421,13 @@ impl PreparedCorpus {
                 )));
             }
         }
+        if !matches!(header.token_bytes, 2 | 4) {
+            return Err(Error::Input(format!(
+                "{}: token_bytes {}, expected 2 or 4",
+                path.display(),
+                header.token_bytes
+            )));
+        }
         let mut shards = Vec::with_capacity(header.shards.len());
         let mut first_doc = Vec::with_capacity(header.shards.len());
         let mut docs = 0;
@@ -387,6 +446,15 @@ impl PreparedCorpus {
             first_doc.push(docs);
             docs += shard.docs;
             shards.push(shard);
+        }
+        let tokens: usize = shards.iter().map(|s| s.tokens).sum();
+        if docs != header.documents || tokens != header.tokens {
+            return Err(Error::Input(format!(
+                "{}: {} documents and {} tokens, its shards hold {docs} and {tokens}",
+                path.display(),
+                header.documents,
+                header.tokens
+            )));
         }
         Ok(Self {
             header,

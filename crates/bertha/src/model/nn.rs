@@ -203,20 +203,20 @@ fn dropout_mask(
     let n: usize = dims.iter().product();
     let last = dims.last().copied().unwrap_or(1).max(1);
     let outer = &dims[..dims.len().saturating_sub(1)];
+    // Rows per step of each outer coordinate.
+    let mut strides = vec![1usize; outer.len()];
+    for d in (0..outer.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * outer[d + 1].max(1);
+    }
     let mut mask = vec![0f32; n];
     mask.par_chunks_mut(last)
         .enumerate()
         .for_each(|(row, chunk)| {
             // The row's coordinates, outermost first, folded into its key.
-            let mut coords = [0u64; 8];
-            let mut rest = row;
-            for (d, &size) in outer.iter().enumerate().rev() {
-                coords[d.min(7)] = (rest % size.max(1)) as u64;
-                rest /= size.max(1);
-            }
             let mut row_key = key;
-            for (d, c) in coords.iter().take(outer.len()).enumerate() {
-                let c = if d == 0 && batched { c + first_row } else { *c };
+            for (d, (&size, &stride)) in outer.iter().zip(&strides).enumerate() {
+                let c = ((row / stride) % size.max(1)) as u64;
+                let c = if d == 0 && batched { c + first_row } else { c };
                 row_key = mix(row_key ^ c);
             }
             for (j, m) in chunk.iter_mut().enumerate() {

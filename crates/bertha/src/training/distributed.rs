@@ -1,7 +1,7 @@
 //! Data-parallel training: the processes of one run ([`ProcessGroup`]) and
 //! what they exchange. Each process runs its slice ([`shard`]) of every
 //! micro-batch; the loss of each slice is weighted by its share of the
-//! whole micro-batch's targets, so the summed gradients ([`all_reduce_gradients`])
+//! whole micro-batch's targets, so the summed gradients ([`GradientReducer`])
 //! are those of one process running the whole batch, and every process
 //! then takes the same optimiser step.
 //!
@@ -149,16 +149,6 @@ impl GradientReducer {
         }
         Ok(())
     }
-}
-
-/// [`GradientReducer::all_reduce`] once, with fresh buffers.
-pub fn all_reduce_gradients(
-    group: &dyn ProcessGroup,
-    params: &ParamStore,
-    acc: &mut GradAccumulator,
-    bucket_bytes: usize,
-) -> Result<()> {
-    GradientReducer::new(bucket_bytes).all_reduce(group, params, acc)
 }
 
 /// What a run's processes must agree on, each part hashed.

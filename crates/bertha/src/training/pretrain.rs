@@ -362,8 +362,7 @@ impl Objective for Pretraining {
 
     fn data_fingerprint(&self) -> Fingerprint {
         let mut f = Fingerprint::default();
-        self.train
-            .identify(&mut |values| f.add(values.iter().copied()));
+        self.train.identify(&mut |v| f.add([v]));
         f
     }
 

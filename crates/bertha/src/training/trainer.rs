@@ -473,11 +473,6 @@ impl<O: Objective> Trainer<O> {
         self.group.rank()
     }
 
-    /// The processes training together.
-    pub fn processes(&self) -> usize {
-        self.group.size()
-    }
-
     fn is_writer(&self) -> bool {
         self.group.rank() == 0
     }
