@@ -75,28 +75,41 @@ fn pretrain_args(tiny: &str, nsp: bool, out: &Path) -> Vec<String> {
 }
 
 /// Classification fine-tuning of the tiny classifier on 40 SST-2 rows:
-/// 20 steps of 7 (the last batch of an epoch short).
+/// 24 steps of 7 (the last batch of an epoch short), scored on the same
+/// rows at every epoch in batches of 8 (each process scores its share).
 fn finetune_args(out: &Path) -> Vec<String> {
     let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
-    strings(&[
+    task_args(
+        "classification",
+        &tiny_dir("bert-seqcls"),
+        &data,
+        out,
+        &["--epochs", "4", "--batch-size", "7", "--max-length", "32"],
+    )
+}
+
+/// Fine-tuning `task` from checkpoint `model` on `data`, scored on the
+/// same file at every epoch in batches of 8 (each process its share).
+fn task_args(task: &str, model: &Path, data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = strings(&[
         "finetune",
         "--task",
-        "classification",
+        task,
         "--model",
-        s(&tiny_dir("bert-seqcls")),
+        s(model),
         "--train",
-        s(&data),
-        "--epochs",
-        "4",
-        "--batch-size",
-        "7",
-        "--max-length",
-        "32",
+        s(data),
+        "--dev",
+        s(data),
+        "--eval-batch-size",
+        "8",
         "--lr",
         "1e-3",
         "--out",
         s(out),
-    ])
+    ]);
+    a.extend(strings(extra));
+    a
 }
 
 fn metrics(dir: &Path) -> Vec<Value> {
@@ -104,14 +117,21 @@ fn metrics(dir: &Path) -> Vec<Value> {
 }
 
 /// The largest relative difference of the figures of two metrics files,
-/// line by line (steps and evaluations alike).
+/// line by line (steps and evaluations alike: losses, gradient norms,
+/// every evaluation score; timings aside).
 fn max_rel_diff(a: &[Value], b: &[Value]) -> f64 {
     assert_eq!(a.len(), b.len(), "metrics lines");
     let mut worst = 0f64;
     for (x, y) in a.iter().zip(b) {
         assert_eq!(x["step"], y["step"]);
-        for key in ["loss", "mlm_loss", "nsp_loss", "eval_loss", "grad_norm"] {
-            if let (Some(p), Some(q)) = (x[key].as_f64(), y[key].as_f64()) {
+        let figures = x.as_object().unwrap().iter().filter(|(k, _)| {
+            !matches!(k.as_str(), "step" | "epoch" | "elapsed_s" | "tokens_per_s")
+        });
+        for (key, p) in figures {
+            if let Some(p) = p.as_f64() {
+                let q = y[key]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("{key} missing at step {}", x["step"]));
                 worst = worst.max((p - q).abs() / p.abs().max(1e-12));
             }
         }
@@ -129,6 +149,71 @@ fn weights(dir: &Path) -> HashMap<String, Vec<f32>> {
     t.into_iter()
         .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
         .collect()
+}
+
+/// Per tensor, the largest difference of two models' weights relative to
+/// the tensor's largest magnitude.
+fn weight_diffs(a: &Path, b: &Path) -> HashMap<String, f64> {
+    let (wa, wb) = (weights(a), weights(b));
+    assert_eq!(wa.len(), wb.len());
+    wa.iter()
+        .map(|(name, x)| {
+            let scale = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12) as f64;
+            let d = x
+                .iter()
+                .zip(&wb[name])
+                .fold(0f64, |m, (p, q)| m.max((p - q).abs() as f64 / scale));
+            (name.clone(), d)
+        })
+        .collect()
+}
+
+/// Runs `args_for(model, out)` on one process from `model` with its
+/// weights nudged by 1e-7 (rounding-sized; three draws), and gives, per
+/// tensor, the most that moves the final weights of the run in `one`. Some runs amplify
+/// rounding past 1e-5 in 20 steps: a word-embedding row seen in one batch
+/// moves by Adam steps set by one gradient sum; a parameter whose gradient
+/// is zero in exact arithmetic (attention key biases; a QA head's bias and
+/// the last layer's output bias, which shift every position's logit alike)
+/// moves by Adam steps of its rounding noise alone.
+fn rounding_diffs(
+    tmp: &Path,
+    model: &Path,
+    one: &Path,
+    args_for: impl Fn(&Path, &Path) -> Vec<String>,
+) -> HashMap<String, f64> {
+    let name = one.file_name().unwrap().to_str().unwrap();
+    let mut worst: HashMap<String, f64> = HashMap::new();
+    // The largest of three nudges (one draw says little).
+    for seed in 1..=3u64 {
+        let nudged_model = tmp.join(format!("{name}-nudged-model-{seed}"));
+        copy_dir(model, &nudged_model);
+        nudge_weights(&nudged_model.join("model.safetensors"), 1e-7, seed);
+        let nudged = tmp.join(format!("{name}-nudged-{seed}"));
+        ok(&train(1, &args_for(&nudged_model, &nudged)));
+        for (tensor, d) in weight_diffs(one, &nudged) {
+            let w = worst.entry(tensor).or_insert(0.0);
+            *w = w.max(d);
+        }
+    }
+    worst
+}
+
+/// Asserts the run in `b` equals the one-process run in `a`: every step's
+/// figures and every evaluation within 1e-5, and each final weight tensor
+/// within the larger of 1e-5 and 4 × what rounding alone does to it
+/// (`rounding`, from [`rounding_diffs`]).
+#[track_caller]
+fn assert_same_run_up_to_rounding(a: &Path, b: &Path, rounding: &HashMap<String, f64>, what: &str) {
+    let d = max_rel_diff(&metrics(a), &metrics(b));
+    assert!(d <= 1e-5, "{what}: losses differ by {d:e}");
+    for (name, w) in weight_diffs(a, b) {
+        let bound = (4.0 * rounding[&name]).max(1e-5);
+        assert!(
+            w <= bound,
+            "{what}: {name} differs by {w:e} (bound {bound:e})"
+        );
+    }
 }
 
 /// The largest difference of two models' weights, relative to each
@@ -206,6 +291,201 @@ fn classification_finetuning_on_2_and_3_processes_equals_one() {
         let dir = tmp.path().join(format!("np{n}"));
         ok(&train(n, &finetune_args(&dir)));
         assert_same_run(&one, &dir, &format!("{n} processes"));
+    }
+}
+
+/// NER (entity scores from every process's tags) and extractive QA (span
+/// logits of every window, answers picked across windows) on 2 and 3
+/// processes equal one, evaluations included.
+#[test]
+fn ner_and_qa_finetuning_on_2_and_3_processes_equal_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fixtures = repo().join("tests/fixtures/finetune");
+    let conll = fixtures.join("conll-valid-head.txt");
+    let squad = fixtures.join("squad-dev-slice.json");
+    let runs: [(&str, &str, &Path, &[&str]); 2] = [
+        (
+            "ner",
+            "bert-tokcls",
+            &conll,
+            &["--epochs", "3", "--batch-size", "2", "--max-length", "32"],
+        ),
+        (
+            "qa",
+            "bert-qa",
+            &squad,
+            &[
+                "--max-train",
+                "12",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "5",
+                "--doc-stride",
+                "16",
+                "--max-length",
+                "64",
+            ],
+        ),
+    ];
+    for (task, tiny, data, extra) in runs {
+        let model = tmp.path().join(format!("{task}-model"));
+        copy_dir(&tiny_dir(tiny), &model);
+        let args_for = |model: &Path, out: &Path| task_args(task, model, data, out, extra);
+        let one = tmp.path().join(format!("{task}-np1"));
+        ok(&train(1, &args_for(&model, &one)));
+        assert!(
+            metrics(&one).iter().any(|l| l.get("eval_loss").is_some()),
+            "{task}: evaluated"
+        );
+        let rounding = rounding_diffs(tmp.path(), &model, &one, args_for);
+        for n in [2, 3] {
+            let dir = tmp.path().join(format!("{task}-np{n}"));
+            ok(&train(n, &args_for(&model, &dir)));
+            let what = format!("{task} on {n} processes");
+            assert_same_run_up_to_rounding(&one, &dir, &rounding, &what);
+        }
+    }
+}
+
+/// Sentence-embedding training of the tiny sentence-transformers fixture,
+/// dropout on, scored on an STS dev file every 5 steps: `extra` picks the
+/// loss and data.
+fn embedding_args(model: &Path, train: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let dev = repo().join("tests/fixtures/pairs/sts-test-slice.tsv");
+    let mut a = strings(&[
+        "finetune",
+        "--task",
+        "embedding",
+        "--model",
+        s(model),
+        "--train",
+        s(train),
+        "--dev",
+        s(&dev),
+        "--max-length",
+        "32",
+        "--lr",
+        "1e-3",
+        "--eval-every",
+        "5",
+        "--out",
+        s(out),
+    ]);
+    a.extend(strings(extra));
+    a
+}
+
+/// MNRL (in-batch negatives gathered across processes), CoSENT (scores
+/// gathered too) and GradCache MNRL with hard negatives (a last batch of 2
+/// rows: one of 3 processes has none) on 2 and 3 processes equal one (as
+/// [`assert_same_run_up_to_rounding`] says), dropout on.
+#[test]
+fn embedding_training_on_2_and_3_processes_equals_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&repo().join("tests/fixtures/st-embedding"), &model);
+    let path = model.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["hidden_dropout_prob"] = 0.1.into();
+    config["attention_probs_dropout_prob"] = 0.1.into();
+    std::fs::write(&path, config.to_string()).unwrap();
+    let pairs = repo().join("tests/fixtures/pairs");
+    let flickr = pairs.join("flickr8k-train-head.tsv");
+    let sts = pairs.join("sts-test-slice.tsv");
+    let snli = pairs.join("snli-triplets-head.tsv");
+    let runs: [(&str, &Path, &[&str]); 3] = [
+        (
+            "mnrl",
+            &flickr,
+            &["--loss", "mnrl", "--batch-size", "10", "--epochs", "1"],
+        ),
+        (
+            "cosent",
+            &sts,
+            &["--loss", "cosent", "--batch-size", "8", "--epochs", "2"],
+        ),
+        (
+            "cached-mnrl",
+            &snli,
+            &[
+                "--loss",
+                "cached-mnrl",
+                "--mini-batch-size",
+                "3",
+                "--batch-size",
+                "4",
+                "--epochs",
+                "7",
+            ],
+        ),
+    ];
+    for (name, data, extra) in runs {
+        let args_for = |model: &Path, out: &Path| embedding_args(model, data, out, extra);
+        let one = tmp.path().join(format!("{name}-np1"));
+        ok(&train(1, &args_for(&model, &one)));
+        let m = metrics(&one);
+        let steps = m.iter().filter(|l| l.get("loss").is_some()).count();
+        assert!((20..=22).contains(&steps), "{name}: {steps} steps");
+        assert!(
+            m.iter().filter(|l| l.get("eval_loss").is_some()).count() >= 4,
+            "{name}: evaluations"
+        );
+        let rounding = rounding_diffs(tmp.path(), &model, &one, args_for);
+        for n in [2, 3] {
+            let dir = tmp.path().join(format!("{name}-np{n}"));
+            ok(&train(n, &args_for(&model, &dir)));
+            let what = format!("{name} on {n} processes");
+            assert_same_run_up_to_rounding(&one, &dir, &rounding, &what);
+        }
+    }
+}
+
+/// Multiplies every weight of a safetensors file by 1 + `scale` × a
+/// pseudo-random number in [-1, 1) drawn from `seed` (tensors in name
+/// order, so the same seed nudges the same way).
+fn nudge_weights(path: &Path, scale: f64, seed: u64) {
+    let dev = candle_core::Device::Cpu;
+    let mut tensors: Vec<_> = candle_core::safetensors::load(path, &dev)
+        .unwrap()
+        .into_iter()
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ seed.wrapping_mul(0xd6e8_feb8_6659_fd93);
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    };
+    let nudged: HashMap<String, candle_core::Tensor> = tensors
+        .into_iter()
+        .map(|(name, t)| {
+            let values: Vec<f32> = t
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(|v| (v as f64 * (1.0 + scale * next())) as f32)
+                .collect();
+            let t = candle_core::Tensor::from_vec(values, t.shape(), &dev).unwrap();
+            (name, t)
+        })
+        .collect();
+    candle_core::safetensors::save(&nudged, path).unwrap();
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
     }
 }
 

@@ -192,6 +192,63 @@ fn cached_mnrl_equals_mnrl() {
     );
 }
 
+/// With dropout on, GradCache still gives MNRL's loss and gradients: a
+/// row's masks depend on its column and place in the batch, not on the
+/// mini-batch that encodes it.
+#[test]
+fn cached_mnrl_equals_mnrl_with_dropout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    copy_dir(&fixture_dir(), &model);
+    let path = model.join("config.json");
+    let mut config = read_json(&path);
+    config["hidden_dropout_prob"] = 0.2.into();
+    config["attention_probs_dropout_prob"] = 0.2.into();
+    std::fs::write(&path, config.to_string()).unwrap();
+    let run = |kind, mini| {
+        let mut train = FinetuneOptions {
+            max_length: 32,
+            batch_size: 4,
+            out: tmp.path().join(format!("out-{mini}")),
+            ..FinetuneOptions::default()
+        };
+        train.epochs = 1.0;
+        let mut opts = EmbeddingOptions::new(loss(kind), train);
+        opts.mini_batch_size = mini;
+        let data = data(&["anchor", "positive", "negative"], false);
+        let t = EmbeddingTrainer::new(&model, data, None, opts).unwrap();
+        t.loss_and_gradients(&[0, 1, 2, 3]).unwrap()
+    };
+    let (want, want_grads) = run(LossKind::Mnrl, 32);
+    // Dropout is on: without it the loss would be the fixture's.
+    let plain = load_safetensors(&fixture_dir().join("expected.safetensors"))["loss.mnrl_hard"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()[0] as f64;
+    assert!(
+        (want - plain).abs() > 1e-4,
+        "{want} vs {plain} without dropout"
+    );
+    for mini in [1, 3] {
+        let (got, grads) = run(LossKind::CachedMnrl, mini);
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs(),
+            "mini-batch {mini}: {got} vs {want}"
+        );
+        // Attention key biases aside: their gradient is zero in exact
+        // arithmetic (adding one number to a softmax row changes nothing),
+        // so what is left of it is rounding noise.
+        for (name, g) in want_grads
+            .iter()
+            .filter(|(n, _)| !n.ends_with("attention.self.key.bias"))
+        {
+            let err = max_abs_diff(&grads[name], g) / max_abs(g).max(1e-30);
+            assert!(err <= 1e-4, "mini-batch {mini}: d/d{name} off by {err:e}");
+        }
+    }
+}
+
 #[test]
 fn losses_refuse_data_they_cannot_learn_from() {
     let tmp = tempfile::tempdir().unwrap();

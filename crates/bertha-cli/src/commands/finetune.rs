@@ -216,7 +216,7 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
     let say = processes.rank() == 0;
     let task = match a.task {
         FinetuneTask::Head(t) => t,
-        FinetuneTask::Embedding => return super::finetune_embedding::run(a),
+        FinetuneTask::Embedding => return super::finetune_embedding::run(a, processes),
     };
     if let Some(flag) = a.embedding.given().first() {
         anyhow::bail!("{flag} applies to --task embedding only");

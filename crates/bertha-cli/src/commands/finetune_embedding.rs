@@ -92,7 +92,9 @@ impl EmbeddingArgs {
     }
 }
 
-pub fn run(a: Args) -> Result<()> {
+/// The run, on this process's share of every batch (process 0 reports).
+pub fn run(a: Args, processes: &training::Processes) -> Result<()> {
+    let say = processes.rank() == 0;
     let e = &a.embedding;
     let model_dir = a.model.resolve()?;
     let config = bertha::BertConfig::from_file(&model_dir.join("config.json"))?;
@@ -137,16 +139,21 @@ pub fn run(a: Args) -> Result<()> {
     );
     let mut trainer = EmbeddingTrainer::new(&model_dir, train, dev, opts)
         .with_context(|| format!("preparing to train {}", model_dir.display()))?;
-    eprintln!("{data_line}");
+    if say {
+        eprintln!("{data_line}");
+    }
+    processes.attach(&mut trainer)?;
     training::resume(&mut trainer, a.run.resume.as_deref())?;
-    eprintln!(
-        "model: {} layers, hidden {}, {} parameters; loss {kind}; {} steps of {}",
-        trainer.config().num_hidden_layers,
-        trainer.config().hidden_size,
-        trainer.params().num_values(),
-        trainer.total_steps(),
-        a.batch_size,
-    );
+    if say {
+        eprintln!(
+            "model: {} layers, hidden {}, {} parameters; loss {kind}; {} steps of {}",
+            trainer.config().num_hidden_layers,
+            trainer.config().hidden_size,
+            trainer.params().num_values(),
+            trainer.total_steps(),
+            a.batch_size,
+        );
+    }
     training::run(
         &mut trainer,
         &Wording {
@@ -161,6 +168,8 @@ pub fn run(a: Args) -> Result<()> {
             no_better: "better dev score",
         },
     )?;
-    training::report_done(&a.out);
+    if say {
+        training::report_done(&a.out);
+    }
     Ok(())
 }

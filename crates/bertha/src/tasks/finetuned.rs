@@ -106,12 +106,13 @@ impl TaskHead {
         self.model.config()
     }
 
-    /// Runs a batch padded to its longest input, with the loss against the
-    /// targets, and (with `outputs`) the per-input predictions.
+    /// Runs a batch padded to its longest input (at least `pad_to` tokens),
+    /// with the loss against the targets, and (with `outputs`) the
+    /// per-input predictions.
     pub(crate) fn forward(
         &self,
         batch: &[&TaskInput],
-        pad_id: u32,
+        (pad_id, pad_to): (u32, usize),
         device: &Device,
         train: bool,
         outputs: bool,
@@ -119,9 +120,9 @@ impl TaskHead {
         let b = batch.len();
         let ids: Vec<Vec<u32>> = batch.iter().map(|i| i.input_ids.clone()).collect();
         let types: Vec<Vec<u32>> = batch.iter().map(|i| i.token_type_ids.clone()).collect();
-        let t = ids.iter().map(Vec::len).max().unwrap_or(0);
         let tokens = ids.iter().map(Vec::len).sum();
-        let input = BertInput::from_ids(&ids, &types, pad_id, device)?;
+        let input = BertInput::padded_to(&ids, &types, pad_id, pad_to, device)?;
+        let t = input.input_ids.dim(1)?;
         // The targets, as the head's labels, and how many the loss averages.
         let (first, second, targets) = match self.task {
             Task::Classification => {
@@ -237,44 +238,143 @@ pub(crate) fn infer(
     pad_id: u32,
     device: &Device,
 ) -> Result<(Outputs, Option<f64>)> {
+    let batches = length_batches(items, batch_size);
+    let run = infer_batches(head, items, &batches, pad_id, device, |_| true)?;
+    let loss = run.mean_loss();
+    Ok((run.outputs, loss))
+}
+
+/// Predictions of some batches of a data set, the other inputs' left
+/// empty, with their summed loss.
+pub(crate) struct Inferred {
+    pub(crate) outputs: Outputs,
+    /// Loss × targets, summed over the batches run.
+    pub(crate) loss_sum: f64,
+    pub(crate) targets: usize,
+}
+
+impl Inferred {
+    pub(crate) fn mean_loss(&self) -> Option<f64> {
+        (self.targets > 0).then(|| self.loss_sum / self.targets as f64)
+    }
+}
+
+/// The inputs in batches of `batch_size` by length (little padding).
+pub(crate) fn length_batches(items: &[TaskInput], batch_size: usize) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| items[i].input_ids.len());
+    order
+        .chunks(batch_size.max(1))
+        .map(<[usize]>::to_vec)
+        .collect()
+}
+
+/// Runs the batches `runs` picks (by number; a data-parallel process runs
+/// its share).
+pub(crate) fn infer_batches(
+    head: &TaskHead,
+    items: &[TaskInput],
+    batches: &[Vec<usize>],
+    pad_id: u32,
+    device: &Device,
+    runs: impl Fn(usize) -> bool,
+) -> Result<Inferred> {
     let (mut loss_sum, mut weight) = (0.0f64, 0usize);
-    let mut class = vec![Vec::new(); items.len()];
-    let mut tokens = vec![Vec::new(); items.len()];
-    let mut spans = vec![(Vec::new(), Vec::new()); items.len()];
-    for chunk in order.chunks(batch_size.max(1)) {
+    let mut outputs = Outputs::empty(head.task, items.len());
+    for (c, chunk) in batches.iter().enumerate() {
+        if !runs(c) {
+            continue;
+        }
         let batch: Vec<&TaskInput> = chunk.iter().map(|&i| &items[i]).collect();
-        let out = head.forward(&batch, pad_id, device, false, true)?;
+        let out = head.forward(&batch, (pad_id, 0), device, false, true)?;
         if out.targets > 0 {
             loss_sum += out.loss.to_scalar::<f32>()? as f64 * out.targets as f64;
             weight += out.targets;
         }
-        match out.outputs {
-            Some(Outputs::Class(rows)) => {
+        match (out.outputs, &mut outputs) {
+            (Some(Outputs::Class(rows)), Outputs::Class(all)) => {
                 for (&i, r) in chunk.iter().zip(rows) {
-                    class[i] = r;
+                    all[i] = r;
                 }
             }
-            Some(Outputs::Tokens(rows)) => {
+            (Some(Outputs::Tokens(rows)), Outputs::Tokens(all)) => {
                 for (&i, r) in chunk.iter().zip(rows) {
-                    tokens[i] = r;
+                    all[i] = r;
                 }
             }
-            Some(Outputs::Spans(rows)) => {
+            (Some(Outputs::Spans(rows)), Outputs::Spans(all)) => {
                 for (&i, r) in chunk.iter().zip(rows) {
-                    spans[i] = r;
+                    all[i] = r;
                 }
             }
-            None => {}
+            _ => {}
         }
     }
-    let outputs = match head.task {
-        Task::Classification => Outputs::Class(class),
-        Task::Ner => Outputs::Tokens(tokens),
-        Task::Qa => Outputs::Spans(spans),
-    };
-    Ok((outputs, (weight > 0).then(|| loss_sum / weight as f64)))
+    Ok(Inferred {
+        outputs,
+        loss_sum,
+        targets: weight,
+    })
+}
+
+impl Outputs {
+    /// Empty predictions of `n` inputs of `task`.
+    fn empty(task: Task, n: usize) -> Self {
+        match task {
+            Task::Classification => Self::Class(vec![Vec::new(); n]),
+            Task::Ner => Self::Tokens(vec![Vec::new(); n]),
+            Task::Qa => Self::Spans(vec![(Vec::new(), Vec::new()); n]),
+        }
+    }
+
+    /// The predictions of inputs `which` as one flat list (each input's
+    /// length, then its numbers), to send to other processes.
+    pub(crate) fn pack(&self, which: &[usize]) -> Vec<f32> {
+        let mut out = Vec::new();
+        for &i in which {
+            match self {
+                Self::Class(rows) => {
+                    out.push(rows[i].len() as f32);
+                    out.extend_from_slice(&rows[i]);
+                }
+                // Tag ids are small integers: exact in f32.
+                Self::Tokens(rows) => {
+                    out.push(rows[i].len() as f32);
+                    out.extend(rows[i].iter().map(|&t| t as f32));
+                }
+                Self::Spans(rows) => {
+                    out.push(rows[i].0.len() as f32);
+                    out.extend_from_slice(&rows[i].0);
+                    out.extend_from_slice(&rows[i].1);
+                }
+            }
+        }
+        out
+    }
+
+    /// Fills inputs `which` from what [`Outputs::pack`] made of them.
+    pub(crate) fn unpack(&mut self, which: &[usize], packed: &[f32]) -> Result<()> {
+        let bad =
+            || Error::Input("internal: predictions from another process are cut short".into());
+        let mut at = 0usize;
+        let mut take = |n: usize| -> Result<&[f32]> {
+            let part = packed.get(at..at + n).ok_or_else(bad)?;
+            at += n;
+            Ok(part)
+        };
+        for &i in which {
+            let n = take(1)?[0] as usize;
+            match self {
+                Self::Class(rows) => rows[i] = take(n)?.to_vec(),
+                Self::Tokens(rows) => rows[i] = take(n)?.iter().map(|&t| t as usize).collect(),
+                Self::Spans(rows) => {
+                    let start = take(n)?.to_vec();
+                    rows[i] = (start, take(n)?.to_vec());
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Softmax of one row, in f64.

@@ -35,6 +35,10 @@ pub trait ProcessGroup {
     /// Every process's `values`, rank after rank.
     fn gather_u64(&self, values: &[u64]) -> Result<Vec<u64>>;
 
+    /// Every process's `values` (their lengths may differ), rank after
+    /// rank: e.g. the embeddings of each process's rows of a batch.
+    fn gather_f32(&self, values: &[f32]) -> Result<Vec<Vec<f32>>>;
+
     /// The transport, e.g. `MPICH 4.0.2`, for logs.
     fn describe(&self) -> String;
 }
@@ -69,6 +73,10 @@ impl ProcessGroup for SingleProcess {
         Ok(values.to_vec())
     }
 
+    fn gather_f32(&self, values: &[f32]) -> Result<Vec<Vec<f32>>> {
+        Ok(vec![values.to_vec()])
+    }
+
     fn describe(&self) -> String {
         "one process".into()
     }
@@ -81,6 +89,13 @@ pub fn shard(n: usize, rank: usize, size: usize) -> Range<usize> {
     let (base, extra) = (n / size, n % size);
     let start = rank * base + rank.min(extra);
     start..start + base + usize::from(rank < extra)
+}
+
+/// Whether process `rank` of `size` evaluates chunk `c` of a held-out set
+/// (chunks dealt round-robin: held-out sets are sorted by length, so every
+/// process gets long and short ones).
+pub fn deals(c: usize, rank: usize, size: usize) -> bool {
+    c % size.max(1) == rank
 }
 
 /// Default all-reduce bucket: 4 MiB of fp32 gradients (large enough for

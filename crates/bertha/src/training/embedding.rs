@@ -6,6 +6,12 @@
 //! STS (Spearman of cosine against gold scores) or by retrieval (each
 //! anchor's positive among all positives). The saved model is a
 //! sentence-transformers folder.
+//!
+//! Data-parallel, each process encodes its rows of the batch and the
+//! embeddings are gathered (sentence-transformers' `gather_across_devices`):
+//! every process computes the whole batch's loss, but backpropagates only
+//! through its own rows, so the processes' gradients sum to one process's
+//! on the whole batch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -15,12 +21,13 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 
+use super::distributed::{deals, shard, ProcessGroup, SingleProcess};
 use super::embedding_loss::{EmbeddingLoss, LossKind};
 use super::finetune::FinetuneOptions;
 use super::log::write_json;
 use super::run_dir::Fingerprint;
 use super::trainer::{
-    Chart, Gradients, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup, Objective, Scores,
+    Chart, Gradients, MainMetric, MeanLoss, MicroStep, ModelSetup, Objective, Scores, Slice,
     Streams, Trainer,
 };
 use crate::config::BertConfig;
@@ -146,6 +153,23 @@ impl EncodedRows {
         };
         let picked: Vec<f32> = rows.iter().map(|&i| s[i]).collect();
         Ok(Some(Tensor::from_vec(picked, rows.len(), device)?))
+    }
+
+    /// Gold scores of the whole micro-batch whose rows `rows` are this
+    /// process's (every process's, gathered), [B].
+    fn gathered_scores(
+        &self,
+        rows: &[usize],
+        group: &dyn ProcessGroup,
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
+        let Some(s) = &self.data.scores else {
+            return Ok(None);
+        };
+        let picked: Vec<f32> = rows.iter().map(|&i| s[i]).collect();
+        let all: Vec<f32> = group.gather_f32(&picked)?.concat();
+        let n = all.len();
+        Ok(Some(Tensor::from_vec(all, n, device)?))
     }
 }
 
@@ -288,29 +312,22 @@ impl EmbeddingTrainer {
 
     /// The current model's dev scores (`None` without a dev set).
     pub fn evaluate_dev(&self) -> Result<Option<Scores>> {
-        self.objective().evaluate()
+        self.objective().evaluate(self.group())
     }
 
     /// The loss and its gradients on training rows `rows`, dropout as the
     /// config says, by parameter name: what one micro-batch contributes.
     pub fn loss_and_gradients(&self, rows: &[usize]) -> Result<(f64, HashMap<String, Tensor>)> {
-        seed_dropout(
-            seed_for(
-                self.loop_options().seed,
-                EmbeddingTraining::STREAMS.dropout,
-                0,
-            ),
-            0,
-        );
-        let out = self.objective().train_batch(rows, 0, 0)?;
+        let slice = Slice {
+            micro: 0,
+            first: 0,
+            longest: 0,
+            group: &SingleProcess,
+        };
+        let out = self.objective().train_batch(rows, &slice)?;
         let grads = match out.gradients {
-            // One term, the whole batch's.
-            Gradients::Loss(parts) => match parts.into_iter().next() {
-                Some(p) => p.mean.backward()?,
-                None => GradStore::default(),
-            },
             Gradients::Computed(g) => g,
-            Gradients::None => GradStore::default(),
+            Gradients::Loss(_) | Gradients::None => GradStore::default(),
         };
         let named = self
             .params()
@@ -325,9 +342,22 @@ impl EmbeddingTraining {
     /// Sentence vectors [n, D] of `rows` of column `j` (dropout when
     /// `train`), differentiable.
     fn encode(&self, data: &EncodedRows, j: usize, rows: &[usize], train: bool) -> Result<Tensor> {
+        self.encode_padded(data, j, rows, train, 0)
+    }
+
+    /// As [`Self::encode`], padded to at least `pad_to` tokens.
+    fn encode_padded(
+        &self,
+        data: &EncodedRows,
+        j: usize,
+        rows: &[usize],
+        train: bool,
+        pad_to: usize,
+    ) -> Result<Tensor> {
         let ids: Vec<Vec<u32>> = rows.iter().map(|&i| data.ids[j][i].clone()).collect();
         let types: Vec<Vec<u32>> = ids.iter().map(|s| vec![0; s.len()]).collect();
-        let input = BertInput::from_ids(&ids, &types, self.tokenizer.pad_id(), &self.device)?;
+        let pad = self.tokenizer.pad_id();
+        let input = BertInput::padded_to(&ids, &types, pad, pad_to, &self.device)?;
         let out = self.model.forward(
             &input,
             ForwardOptions {
@@ -354,6 +384,90 @@ impl EmbeddingTraining {
             .sum()
     }
 
+    /// Seeds the dropout of column `j` of micro-batch `micro` for a pass
+    /// over rows starting at row `first_row` of the micro-batch: each row's
+    /// masks depend on the column and its place in the micro-batch alone,
+    /// whichever process or mini-batch encodes it.
+    fn seed_column(&self, micro: u64, j: usize, first_row: usize) {
+        let stream = micro * self.train.columns() as u64 + j as u64;
+        seed_dropout(
+            seed_for(self.opts.train.seed, COLUMN_STREAM, stream),
+            first_row as u64,
+        );
+    }
+
+    /// The whole micro-batch's embeddings of one column, [B, D]: this
+    /// process's rows (`local`, with their graph) between the other
+    /// processes' (values only), in row order.
+    fn gather_rows(&self, local: Option<Tensor>, group: &dyn ProcessGroup) -> Result<Tensor> {
+        let dim = self.model.config().hidden_size;
+        if group.size() == 1 {
+            return Ok(match local {
+                Some(t) => t,
+                None => Tensor::zeros((0, dim), DType::F32, &self.device)?,
+            });
+        }
+        let mine = match &local {
+            Some(t) => t.flatten_all()?.to_vec1::<f32>()?,
+            None => Vec::new(),
+        };
+        let mut parts = Vec::with_capacity(group.size());
+        for (r, values) in group.gather_f32(&mine)?.into_iter().enumerate() {
+            if r == group.rank() {
+                parts.extend(local.clone());
+            } else if !values.is_empty() {
+                let n = values.len() / dim;
+                parts.push(Tensor::from_vec(values, (n, dim), &self.device)?);
+            }
+        }
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    /// The loss of the whole micro-batch, whose rows `rows` (from row
+    /// `first`) are this process's, and its gradient through them.
+    fn gathered_loss(
+        &self,
+        rows: &[usize],
+        micro: u64,
+        first: usize,
+        group: &dyn ProcessGroup,
+    ) -> Result<(f64, GradStore)> {
+        let mut reps = Vec::with_capacity(self.train.columns());
+        for j in 0..self.train.columns() {
+            // Padded as one process pads the whole micro-batch's column, so
+            // each row's numbers do not depend on the slice it is in.
+            let longest = rows.iter().map(|&i| self.train.ids[j][i].len()).max();
+            let longest = if group.size() > 1 {
+                let all = group.gather_f32(&[longest.unwrap_or(0) as f32])?;
+                all.iter().flatten().fold(0f32, |m, &x| m.max(x)) as usize
+            } else {
+                0
+            };
+            let local = if rows.is_empty() {
+                None
+            } else {
+                self.seed_column(micro, j, first);
+                Some(self.encode_padded(&self.train, j, rows, true, longest)?)
+            };
+            reps.push(self.gather_rows(local, group)?);
+        }
+        let scores = self.train.gathered_scores(rows, group, &self.device)?;
+        let loss = self.opts.loss.compute(&reps, scores.as_ref())?;
+        let value = f64::from(loss.to_scalar::<f32>()?);
+        Ok((value, self.kept(loss.backward()?)?))
+    }
+
+    /// The parameters' gradients of `store` (dropping the activations').
+    fn kept(&self, store: GradStore) -> Result<GradStore> {
+        let mut kept = GradStore::default();
+        for p in &self.params {
+            if let Some(g) = store.get(p) {
+                kept.insert(p, g.clone());
+            }
+        }
+        Ok(kept)
+    }
+
     /// The loss of `rows` with one forward pass per column.
     fn batch_loss(&self, data: &EncodedRows, rows: &[usize], train: bool) -> Result<Tensor> {
         let reps = (0..data.columns())
@@ -366,61 +480,58 @@ impl EmbeddingTraining {
     /// GradCache (Gao et al., 2021), as sentence-transformers'
     /// CachedMultipleNegativesRankingLoss: embed every column in
     /// mini-batches without keeping activations, take the loss and its
-    /// gradient with respect to the embeddings, then run each mini-batch
-    /// again (same dropout) and backpropagate that gradient into the
-    /// encoder. Loss and gradients equal the uncached loss's for the same
-    /// dropout masks; memory is one mini-batch's activations.
-    fn cached_loss(&self, rows: &[usize], micro: u64) -> Result<(f64, GradStore)> {
-        let chunks: Vec<&[usize]> = rows.chunks(self.opts.mini_batch_size).collect();
-        let columns = self.train.columns();
-        let seed = |j: usize, k: usize| {
-            seed_for(
-                self.opts.train.seed,
-                GRAD_CACHE_STREAM,
-                (micro * columns as u64 + j as u64) * chunks.len() as u64 + k as u64,
-            )
-        };
+    /// gradient with respect to the embeddings (data-parallel: of the whole
+    /// micro-batch, gathered), then run each mini-batch again (same
+    /// dropout) and backpropagate that gradient into the encoder. Loss and
+    /// gradients equal the uncached loss's (the same masks: they depend on
+    /// the row, not on the mini-batch); memory is one mini-batch's
+    /// activations.
+    fn cached_loss(
+        &self,
+        rows: &[usize],
+        micro: u64,
+        first: usize,
+        group: &dyn ProcessGroup,
+    ) -> Result<(f64, GradStore)> {
+        let mini = self.opts.mini_batch_size;
         // 1. Embeddings without their graphs.
-        let mut reps = Vec::with_capacity(columns);
-        for j in 0..columns {
-            let mut parts = Vec::with_capacity(chunks.len());
-            for (k, chunk) in chunks.iter().enumerate() {
-                seed_dropout(seed(j, k), 0);
+        let mut reps = Vec::with_capacity(self.train.columns());
+        for j in 0..self.train.columns() {
+            let mut parts = Vec::new();
+            for (k, chunk) in rows.chunks(mini).enumerate() {
+                self.seed_column(micro, j, first + k * mini);
                 parts.push(self.encode(&self.train, j, chunk, true)?.detach());
             }
-            reps.push(Var::from_tensor(&Tensor::cat(&parts, 0)?)?);
+            let local = (!parts.is_empty())
+                .then(|| Tensor::cat(&parts, 0))
+                .transpose()?;
+            reps.push(Var::from_tensor(&self.gather_rows(local, group)?)?);
         }
         // 2. The loss and d loss / d embedding.
         let tensors: Vec<Tensor> = reps.iter().map(|v| v.as_tensor().clone()).collect();
-        let scores = self.train.scores(rows, &self.device)?;
+        let scores = self.train.gathered_scores(rows, group, &self.device)?;
         let loss = self.opts.loss.compute(&tensors, scores.as_ref())?;
         let value = f64::from(loss.to_scalar::<f32>()?);
         let rep_grads = loss.backward()?;
-        // 3. Each mini-batch again, its embedding gradient pushed through.
+        // 3. This process's mini-batches again, their embedding gradients
+        // pushed through.
         let mut total = GradStore::default();
         for (j, rep) in tensors.iter().enumerate() {
             let grad = rep_grads.get(rep).cloned().unwrap_or(rep.zeros_like()?);
-            let mut start = 0;
-            for (k, chunk) in chunks.iter().enumerate() {
-                seed_dropout(seed(j, k), 0);
+            for (k, chunk) in rows.chunks(mini).enumerate() {
+                self.seed_column(micro, j, first + k * mini);
                 let emb = self.encode(&self.train, j, chunk, true)?;
-                let g = grad.narrow(0, start, chunk.len())?;
-                start += chunk.len();
+                let g = grad.narrow(0, first + k * mini, chunk.len())?;
                 let surrogate = (emb * g)?.sum_all()?;
-                let store = surrogate.backward()?;
-                let mut kept = GradStore::default();
-                for p in &self.params {
-                    if let Some(g) = store.get(p) {
-                        kept.insert(p, g.clone());
-                    }
-                }
-                total.extend(kept)?;
+                total.extend(self.kept(surrogate.backward()?)?)?;
             }
         }
         Ok((value, total))
     }
 
-    fn dev_scores(&self, dev: &DevSet) -> Result<Scores> {
+    /// Dev scores and loss; data-parallel, each process embeds its share
+    /// of every column and runs its share of the loss batches.
+    fn dev_scores(&self, dev: &DevSet, group: &dyn ProcessGroup) -> Result<Scores> {
         let rows = &dev.rows;
         let embedder = Embedder::new(
             self.model.clone(),
@@ -429,21 +540,35 @@ impl EmbeddingTraining {
             true,
         )?;
         let bs = self.opts.train.eval_batch_size;
-        let scores = rows
-            .prompted
-            .evaluate(EmbeddingEval::for_layout(rows.data.layout), |texts| {
-                embedder.embed(texts, bs, &mut |_| {})
-            })?;
+        let (rank, size) = (group.rank(), group.size());
+        let scores =
+            rows.prompted
+                .evaluate(EmbeddingEval::for_layout(rows.data.layout), |texts| {
+                    let mine =
+                        embedder.embed(&texts[shard(texts.len(), rank, size)], bs, &mut |_| {})?;
+                    if size == 1 {
+                        return Ok(mine);
+                    }
+                    let dim = self.model.config().hidden_size;
+                    let all = group.gather_f32(&mine.concat())?;
+                    Ok(all
+                        .iter()
+                        .flat_map(|v| v.chunks(dim).map(<[f32]>::to_vec))
+                        .collect())
+                })?;
         let loss = if check_layout(&rows.data, &self.opts.loss).is_ok() {
-            let mut sum = 0.0;
-            let mut n = 0usize;
+            let mut sums = [0.0, 0.0];
             let all: Vec<usize> = (0..rows.len()).collect();
-            for chunk in all.chunks(self.opts.train.batch_size) {
+            for (c, chunk) in all.chunks(self.opts.train.batch_size).enumerate() {
+                if !deals(c, rank, size) {
+                    continue;
+                }
                 let l = self.batch_loss(rows, chunk, false)?;
-                sum += f64::from(l.to_scalar::<f32>()?) * chunk.len() as f64;
-                n += chunk.len();
+                sums[0] += f64::from(l.to_scalar::<f32>()?) * chunk.len() as f64;
+                sums[1] += chunk.len() as f64;
             }
-            sum / n.max(1) as f64
+            group.sum_f64(&mut sums)?;
+            sums[0] / sums[1].max(1.0)
         } else {
             f64::NAN
         };
@@ -460,8 +585,8 @@ impl EmbeddingTraining {
     }
 }
 
-/// The purpose of GradCache's per-mini-batch dropout seeds.
-const GRAD_CACHE_STREAM: u64 = 23;
+/// The purpose of the per-column dropout seeds.
+const COLUMN_STREAM: u64 = 23;
 
 impl Objective for EmbeddingTraining {
     /// The micro-batch's loss (over its rows).
@@ -499,29 +624,21 @@ impl Objective for EmbeddingTraining {
         }
     }
 
-    fn train_batch(
-        &self,
-        batch: &[usize],
-        micro: u64,
-        _first: usize,
-    ) -> Result<MicroStep<MeanLoss>> {
-        let tokens = Self::tokens(&self.train, batch);
-        if self.opts.loss.kind == LossKind::CachedMnrl {
-            let (loss, grads) = self.cached_loss(batch, micro)?;
-            return Ok(MicroStep {
-                loss,
-                gradients: Gradients::Computed(grads),
-                tokens,
-                tally: MeanLoss::of(loss, batch.len()),
-            });
-        }
-        let loss = self.batch_loss(&self.train, batch, true)?;
-        let value = f64::from(loss.to_scalar::<f32>()?);
+    fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
+        let (micro, first, group) = (slice.micro, slice.first, slice.group);
+        // Every process computes the whole micro-batch's loss (gathered),
+        // weighted by its rows in the step's figures: their sum over the
+        // processes is the loss × B.
+        let (loss, grads) = if self.opts.loss.kind == LossKind::CachedMnrl {
+            self.cached_loss(batch, micro, first, group)?
+        } else {
+            self.gathered_loss(batch, micro, first, group)?
+        };
         Ok(MicroStep {
-            loss: value,
-            gradients: Gradients::Loss(vec![LossPart::new(loss, batch.len())]),
-            tokens,
-            tally: MeanLoss::of(value, batch.len()),
+            loss,
+            gradients: Gradients::Computed(grads),
+            tokens: Self::tokens(&self.train, batch),
+            tally: MeanLoss::of(loss, batch.len()),
         })
     }
 
@@ -529,14 +646,11 @@ impl Objective for EmbeddingTraining {
         (MeanLoss::step_mean(tallies), BTreeMap::new())
     }
 
-    /// In-batch losses need every row of the batch (sentence-transformers
-    /// gathers them across devices): not built yet, so one process only.
-    fn data_parallel(&self) -> bool {
-        false
-    }
-
-    fn evaluate(&self) -> Result<Option<Scores>> {
-        self.dev.as_ref().map(|d| self.dev_scores(d)).transpose()
+    fn evaluate(&self, group: &dyn ProcessGroup) -> Result<Option<Scores>> {
+        self.dev
+            .as_ref()
+            .map(|d| self.dev_scores(d, group))
+            .transpose()
     }
 
     fn options_json(&self) -> serde_json::Value {

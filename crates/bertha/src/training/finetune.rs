@@ -11,13 +11,14 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 use candle_nn::var_builder::SimpleBackend;
 
+use super::distributed::{deals, ProcessGroup};
 use super::log::write_json;
 use super::optim::AdamWConfig;
 use super::plan::{RunLength, Warmup};
 use super::run_dir::Fingerprint;
 use super::trainer::{
     Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
-    Objective, Scores, Streams, Trainer,
+    Objective, Scores, Slice, Streams, Trainer,
 };
 use super::ScheduleKind;
 use crate::config::{BertConfig, ProblemType};
@@ -30,7 +31,9 @@ use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
 use crate::io::ModelDir;
 use crate::model::HeadKind;
-use crate::tasks::finetuned::{check_family, infer, Scorer, TaskHead, TRAINING_ARGS_FILE};
+use crate::tasks::finetuned::{
+    check_family, infer_batches, length_batches, Scorer, TaskHead, TRAINING_ARGS_FILE,
+};
 use crate::tasks::Evaluation;
 
 /// A fine-tuning run.
@@ -406,12 +409,12 @@ impl Finetuner {
     pub fn evaluate_on(&self, data: &TaskData) -> Result<Evaluation> {
         let o = self.objective();
         let prepared = o.inputs.build(data, true)?;
-        o.evaluate_prepared(data, &prepared)
+        o.evaluate_prepared(data, &prepared, self.group())
     }
 
     /// The current model on the dev set (`None` without one).
     pub fn evaluate(&self) -> Result<Option<Evaluation>> {
-        self.objective().evaluate_dev()
+        self.objective().evaluate_dev(self.group())
     }
 }
 
@@ -427,21 +430,52 @@ impl Finetuning {
         }
     }
 
-    fn evaluate_prepared(&self, data: &TaskData, prepared: &TaskInputs) -> Result<Evaluation> {
-        let (outputs, loss) = infer(
+    /// Scores `data`: each process predicts its share of the batches,
+    /// every process gets all predictions and scores them.
+    fn evaluate_prepared(
+        &self,
+        data: &TaskData,
+        prepared: &TaskInputs,
+        group: &dyn ProcessGroup,
+    ) -> Result<Evaluation> {
+        let (rank, size) = (group.rank(), group.size());
+        let batches = length_batches(&prepared.items, self.opts.eval_batch_size);
+        let mut run = infer_batches(
             &self.head,
             &prepared.items,
-            self.opts.eval_batch_size,
+            &batches,
             self.inputs.tokenizer.pad_id(),
             &self.device,
+            |c| deals(c, rank, size),
         )?;
-        self.scorer().score(data, prepared, outputs, loss)
+        if size > 1 {
+            // The inputs process `r` predicted, in its order.
+            let dealt = |r: usize| -> Vec<usize> {
+                batches
+                    .iter()
+                    .enumerate()
+                    .filter(|(c, _)| deals(*c, r, size))
+                    .flat_map(|(_, b)| b.iter().copied())
+                    .collect()
+            };
+            let mut sums = [run.loss_sum, run.targets as f64];
+            group.sum_f64(&mut sums)?;
+            (run.loss_sum, run.targets) = (sums[0], sums[1] as usize);
+            let all = group.gather_f32(&run.outputs.pack(&dealt(rank)))?;
+            for (r, packed) in all.iter().enumerate() {
+                if r != rank {
+                    run.outputs.unpack(&dealt(r), packed)?;
+                }
+            }
+        }
+        let loss = run.mean_loss();
+        self.scorer().score(data, prepared, run.outputs, loss)
     }
 
-    fn evaluate_dev(&self) -> Result<Option<Evaluation>> {
+    fn evaluate_dev(&self, group: &dyn ProcessGroup) -> Result<Option<Evaluation>> {
         self.dev
             .as_ref()
-            .map(|(d, p)| self.evaluate_prepared(d, p))
+            .map(|(d, p)| self.evaluate_prepared(d, p, group))
             .transpose()
     }
 }
@@ -472,16 +506,22 @@ impl Objective for Finetuning {
         }
     }
 
-    fn train_batch(
-        &self,
-        batch: &[usize],
-        _micro: u64,
-        _first: usize,
-    ) -> Result<MicroStep<MeanLoss>> {
+    fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
+        if batch.is_empty() {
+            return Ok(MicroStep::empty());
+        }
         let batch: Vec<&TaskInput> = batch.iter().map(|&i| &self.train.items[i]).collect();
+        // QA's loss takes its softmax over every position, padding included
+        // (as transformers'), so a process pads its slice as one process
+        // pads the whole micro-batch; the other heads ignore padding.
+        let pad_to = if self.task == Task::Qa {
+            slice.longest
+        } else {
+            0
+        };
         let out = self.head.forward(
             &batch,
-            self.inputs.tokenizer.pad_id(),
+            (self.inputs.tokenizer.pad_id(), pad_to),
             &self.device,
             true,
             false,
@@ -507,8 +547,8 @@ impl Objective for Finetuning {
         (MeanLoss::step_mean(tallies), BTreeMap::new())
     }
 
-    fn evaluate(&self) -> Result<Option<Scores>> {
-        Ok(self.evaluate_dev()?.map(|ev| Scores {
+    fn evaluate(&self, group: &dyn ProcessGroup) -> Result<Option<Scores>> {
+        Ok(self.evaluate_dev(group)?.map(|ev| Scores {
             loss: ev.loss.unwrap_or(f64::NAN),
             scores: ev.scores,
         }))

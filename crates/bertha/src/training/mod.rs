@@ -40,5 +40,5 @@ pub use pretrain::{PretrainData, PretrainOptions, Pretrainer, Pretraining};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use trainer::{
     GradientHook, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
-    Objective, Scores, Tally, Trainer, EVAL_RESULTS_FILE,
+    Objective, Scores, Slice, Tally, Trainer, EVAL_RESULTS_FILE,
 };

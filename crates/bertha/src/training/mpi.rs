@@ -156,6 +156,42 @@ impl ProcessGroup for MpiGroup {
         Ok(all)
     }
 
+    fn gather_f32(&self, values: &[f32]) -> Result<Vec<Vec<f32>>> {
+        use mpi::datatype::PartitionMut;
+        let mut counts = vec![0 as mpi::Count; self.size];
+        let mine = mpi::Count::try_from(values.len()).map_err(|_| {
+            Error::Distributed(format!("{} values are too many to gather", values.len()))
+        })?;
+        self.watched(
+            "the exchange of a batch's embeddings or predictions",
+            || self.world.all_gather_into(&mine, &mut counts[..]),
+        );
+        let mut displs = Vec::with_capacity(self.size);
+        let mut total: mpi::Count = 0;
+        for &c in &counts {
+            displs.push(total);
+            total = total.checked_add(c).ok_or_else(|| {
+                Error::Distributed("the gathered values overflow MPI's count".into())
+            })?;
+        }
+        let mut all = vec![0f32; usize::try_from(total).unwrap_or(0)];
+        {
+            let mut part = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            self.watched(
+                "the exchange of a batch's embeddings or predictions",
+                || self.world.all_gather_varcount_into(values, &mut part),
+            );
+        }
+        let mut out = Vec::with_capacity(self.size);
+        let mut at = 0usize;
+        for &c in &counts {
+            let c = usize::try_from(c).unwrap_or(0);
+            out.push(all[at..at + c].to_vec());
+            at += c;
+        }
+        Ok(out)
+    }
+
     fn describe(&self) -> String {
         let version = mpi::environment::library_version().unwrap_or_default();
         let first = version.lines().next().unwrap_or("MPI").trim().to_string();

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 
 use candle_core::{Device, Tensor, D};
 
+use super::distributed::{deals, ProcessGroup};
 use super::run_dir::Fingerprint;
 use super::trainer::{
     Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
-    Objective, Scores, Streams, Tally, Trainer,
+    Objective, Scores, Slice, Streams, Tally, Trainer,
 };
 use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
@@ -279,12 +280,11 @@ impl Objective for Pretraining {
         }
     }
 
-    fn train_batch(
-        &self,
-        batch: &[usize],
-        micro: u64,
-        first: usize,
-    ) -> Result<MicroStep<MlmTally>> {
+    fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MlmTally>> {
+        let (micro, first) = (slice.micro, slice.first);
+        if batch.is_empty() {
+            return Ok(MicroStep::empty());
+        }
         let owned: Vec<_> = batch.iter().map(|&i| self.train.example(i)).collect();
         let examples: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
         let seed = self.opts.train.seed;
@@ -326,14 +326,17 @@ impl Objective for Pretraining {
     }
 
     /// Mean MLM loss, perplexity and accuracy on the held-out set, with
-    /// the same masks at every evaluation.
-    fn evaluate(&self) -> Result<Option<Scores>> {
+    /// the same masks at every evaluation (whichever process runs a chunk).
+    fn evaluate(&self, group: &dyn ProcessGroup) -> Result<Option<Scores>> {
         if self.eval.is_empty() {
             return Ok(None);
         }
         let (mut loss_sum, mut masked, mut correct) = (0.0, 0usize, 0usize);
         let indices: Vec<usize> = (0..self.eval.len()).collect();
         for (c, rows) in indices.chunks(self.opts.train.batch_size).enumerate() {
+            if !deals(c, group.rank(), group.size()) {
+                continue;
+            }
             let base = c * self.opts.train.batch_size;
             let owned: Vec<_> = rows.iter().map(|&i| self.eval.example(i)).collect();
             let chunk: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
@@ -346,6 +349,10 @@ impl Objective for Pretraining {
             masked += fig.mlm.count as usize;
             correct += fig.correct as usize;
         }
+        let mut sums = [loss_sum, masked as f64, correct as f64];
+        group.sum_f64(&mut sums)?;
+        let [loss_sum, masked, correct] = sums;
+        let (masked, correct) = (masked as usize, correct as usize);
         let loss = loss_sum / masked.max(1) as f64;
         Ok(Some(Scores {
             loss,

@@ -49,6 +49,34 @@ pub struct MicroStep<T> {
     pub tally: T,
 }
 
+impl<T: Default> MicroStep<T> {
+    /// A process's empty slice of a micro-batch: no loss, nothing to learn.
+    pub fn empty() -> Self {
+        Self {
+            loss: 0.0,
+            gradients: Gradients::None,
+            tokens: 0,
+            tally: T::default(),
+        }
+    }
+}
+
+/// Where a process's rows sit in their micro-batch: draws per row count
+/// rows from the micro-batch's start, so they do not depend on the number
+/// of processes.
+pub struct Slice<'a> {
+    /// The micro-batch's number, counted over the run.
+    pub micro: u64,
+    /// The micro-batch row the slice starts at.
+    pub first: usize,
+    /// The longest input of the whole micro-batch (by
+    /// [`Objective::input_lengths`]: the padded length of one process
+    /// running all of it).
+    pub longest: usize,
+    /// The processes that share the micro-batch.
+    pub group: &'a dyn ProcessGroup,
+}
+
 /// One term of a micro-batch's loss: a mean over `count` targets (masked
 /// tokens, labelled examples). The loop weights it by `count` over the
 /// targets of the whole micro-batch, on every data-parallel process, so the
@@ -71,9 +99,11 @@ pub const MAX_LOSS_PARTS: usize = 4;
 pub enum Gradients {
     /// The loss's terms (summed), which the loop runs `backward()` on.
     Loss(Vec<LossPart>),
-    /// Gradients the objective computed itself, e.g. over several forward
-    /// passes (a contrastive objective encodes each column separately);
-    /// one process only.
+    /// Gradients the objective computed itself (e.g. a contrastive loss
+    /// over the whole batch, gathered from every process): this process's
+    /// part, which summed over the processes is the micro-batch's gradient.
+    /// Every process returns this variant for the micro-batch, even one
+    /// without rows (an empty store).
     Computed(GradStore),
     /// Nothing to learn from (no labelled target in the batch).
     None,
@@ -195,22 +225,16 @@ pub trait Objective {
     fn chart(&self) -> Chart;
 
     /// Forward (and with [`Gradients::Computed`] backward) on the inputs
-    /// `batch` of micro-batch `micro` (counted over the run), dropout on;
-    /// `batch` starts at row `first` of the micro-batch (a data-parallel
-    /// process's slice; a draw per row counts rows from the micro-batch's
-    /// start, so it does not depend on the number of processes).
-    fn train_batch(
-        &self,
-        batch: &[usize],
-        micro: u64,
-        first: usize,
-    ) -> Result<MicroStep<Self::Tally>>;
+    /// `batch`, this process's slice of a micro-batch (possibly empty),
+    /// dropout on.
+    fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<Self::Tally>>;
 
     /// The step's loss and named figures from its micro-batches.
     fn step_figures(&self, tallies: &[Self::Tally]) -> (f64, BTreeMap<String, f64>);
 
-    /// Scores on the held-out data, dropout off (`None` without any).
-    fn evaluate(&self) -> Result<Option<Scores>>;
+    /// Scores on the held-out data, dropout off (`None` without any),
+    /// the work shared by `group`'s processes (every one gets the scores).
+    fn evaluate(&self, group: &dyn ProcessGroup) -> Result<Option<Scores>>;
 
     /// The objective's options, recorded in `trainer_state.json`; a
     /// resumed run must have the same (see [`LoopOptions::allow_changes`]).
@@ -229,12 +253,6 @@ pub trait Objective {
     /// Files written beside every saved model (e.g. `training_args.json`).
     fn write_extras(&self, _dir: &Path) -> Result<()> {
         Ok(())
-    }
-
-    /// Whether the objective can run data-parallel (its loss a sum of
-    /// per-target means; [`Gradients::Computed`] cannot).
-    fn data_parallel(&self) -> bool {
-        true
     }
 }
 
@@ -338,6 +356,8 @@ pub struct Trainer<O> {
     /// Whether metrics.jsonl belongs to this run (else it is started anew).
     metrics_owned: bool,
     order: EpochOrder,
+    /// The objective's input lengths.
+    lengths: Vec<usize>,
     hook: Option<Box<dyn GradientHook>>,
     /// The run's processes (one unless data-parallel).
     group: Rc<dyn ProcessGroup>,
@@ -393,7 +413,8 @@ impl<O: Objective> Trainer<O> {
             best: None,
             patience_used: 0,
             metrics_owned: false,
-            order: EpochOrder::new(group_by_length.then_some(lengths), objective_keys),
+            order: EpochOrder::new(group_by_length.then(|| lengths.clone()), objective_keys),
+            lengths,
             hook: None,
             group: Rc::new(SingleProcess),
             synced: false,
@@ -456,16 +477,14 @@ impl<O: Objective> Trainer<O> {
     /// process 0 alone writes metrics, checkpoints and pictures. Every
     /// process must make this call with the same command and files.
     pub fn set_process_group(&mut self, group: Rc<dyn ProcessGroup>) -> Result<()> {
-        if group.size() > 1 && !self.objective.data_parallel() {
-            return Err(Error::Distributed(
-                "this objective trains in one process only (its loss needs every row of a \
-                 batch; gathering them across processes is not built yet)"
-                    .into(),
-            ));
-        }
         self.group = group;
         self.synced = false;
         Ok(())
+    }
+
+    /// The processes this run trains over.
+    pub fn group(&self) -> &dyn ProcessGroup {
+        self.group.as_ref()
     }
 
     /// This process's rank (0 writes the run's files).
@@ -520,14 +539,17 @@ impl<O: Objective> Trainer<O> {
     /// The current model on the held-out data, as a metrics line.
     pub fn evaluate_metrics(&self) -> Result<Option<EvalMetrics>> {
         let main = self.objective.main_metric();
-        Ok(self.objective.evaluate()?.map(|s| EvalMetrics {
-            step: self.step,
-            epoch: self.plan.epoch_after(self.step),
-            eval_loss: s.loss,
-            metric: main.name.to_string(),
-            greater_is_better: main.greater_is_better,
-            scores: s.scores,
-        }))
+        Ok(self
+            .objective
+            .evaluate(self.group.as_ref())?
+            .map(|s| EvalMetrics {
+                step: self.step,
+                epoch: self.plan.epoch_after(self.step),
+                eval_loss: s.loss,
+                metric: main.name.to_string(),
+                greater_is_better: main.greater_is_better,
+                scores: s.scores,
+            }))
     }
 
     /// Continues from a checkpoint written by this loop: weights,
@@ -713,26 +735,25 @@ impl<O: Objective> Trainer<O> {
             let batch = self.order.micro_batch(&self.plan, micro, self.opts.seed);
             let rows = shard(batch.len(), rank, size);
             let first = rows.start;
-            let out = if rows.is_empty() {
-                None
-            } else {
-                seed_dropout(
-                    seed_for(self.opts.seed, O::STREAMS.dropout, micro),
-                    first as u64,
-                );
-                Some(self.objective.train_batch(&batch[rows], micro, first)?)
+            seed_dropout(
+                seed_for(self.opts.seed, O::STREAMS.dropout, micro),
+                first as u64,
+            );
+            let slice = Slice {
+                micro,
+                first,
+                longest: batch.iter().map(|&i| self.lengths[i]).max().unwrap_or(0),
+                group: self.group.as_ref(),
             };
-            let (gradients, tally) = match out {
-                Some(out) => {
-                    tokens += out.tokens;
-                    if let Gradients::Computed(_) = out.gradients {
-                        self.check_finite(out.loss)?;
-                    }
-                    (out.gradients, out.tally)
-                }
-                None => (Gradients::None, O::Tally::default()),
-            };
-            tallies.push(tally);
+            // Called with an empty slice too: the objective may exchange
+            // data with the other processes.
+            let out = self.objective.train_batch(&batch[rows], &slice)?;
+            tokens += out.tokens;
+            if let Gradients::Computed(_) = out.gradients {
+                self.check_finite(out.loss)?;
+            }
+            let gradients = out.gradients;
+            tallies.push(out.tally);
             match gradients {
                 Gradients::Loss(parts) => {
                     let (loss, targets) = self.weighted_loss(parts)?;

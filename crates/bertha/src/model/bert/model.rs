@@ -30,8 +30,20 @@ impl BertInput {
         pad_id: u32,
         device: &Device,
     ) -> CResult<Self> {
+        Self::padded_to(ids, type_ids, pad_id, 0, device)
+    }
+
+    /// As [`BertInput::from_ids`], padded to at least `len` tokens (e.g.
+    /// the length of a whole batch this one is a slice of).
+    pub fn padded_to(
+        ids: &[Vec<u32>],
+        type_ids: &[Vec<u32>],
+        pad_id: u32,
+        len: usize,
+        device: &Device,
+    ) -> CResult<Self> {
         let b = ids.len();
-        let t = ids.iter().map(Vec::len).max().unwrap_or(0);
+        let t = ids.iter().map(Vec::len).max().unwrap_or(0).max(len);
         let mut flat_ids = vec![pad_id; b * t];
         let mut flat_types = vec![0u32; b * t];
         let mut flat_mask = vec![0u32; b * t];
