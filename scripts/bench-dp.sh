@@ -33,6 +33,8 @@ echo "== all-reduce, $NP processes on this host (fp32 sums)"
 mpiexec -np "$NP" "$OUT/mpi_allreduce_bench" | tee "$OUT/mpi-allreduce.tsv"
 mpiexec -np "$NP" env RAYON_NUM_THREADS=1 "$TARGET/release/examples/allreduce_bench" 4 \
   | tee "$OUT/bertha-allreduce.tsv"
+mpiexec -np "$NP" env RAYON_NUM_THREADS=1 "$TARGET/release/examples/allreduce_bench" 4 bf16 \
+  | tee "$OUT/bertha-allreduce-bf16.tsv"
 
 echo "== MLM pre-training, mini (L4 H256), 32 x 128, $STEPS steps after 3 warm-up"
 head -c 3000000 "$DATA/corpus/wiki_vital_en.txt" > "$OUT/corpus.txt"

@@ -32,6 +32,11 @@ pub struct RunArgs {
     /// whole job is stopped as stalled.
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub dist_timeout: u64,
+
+    /// Data-parallel runs: gradients on the wire as `bf16` (half the bytes;
+    /// sums rounded to bf16) or `none` (fp32, exact up to summation order).
+    #[arg(long, default_value = "none", value_name = "none|bf16")]
+    pub grad_compression: bertha::training::Compression,
 }
 
 /// The processes of this run: those of the MPI job it was started in
@@ -39,12 +44,12 @@ pub struct RunArgs {
 pub struct Processes {
     #[cfg(feature = "mpi")]
     mpi: Option<std::rc::Rc<bertha::training::mpi::MpiGroup>>,
+    compression: bertha::training::Compression,
 }
 
 impl Processes {
     /// Joins the MPI job this program runs in (an MPI build started by a
     /// launcher with more than one process); else this process alone.
-    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
     pub fn start(args: &RunArgs) -> Result<Self> {
         #[cfg(feature = "mpi")]
         {
@@ -60,12 +65,18 @@ impl Processes {
                 }
                 return Ok(Self {
                     mpi: Some(std::rc::Rc::new(group)),
+                    compression: args.grad_compression,
                 });
             }
-            Ok(Self { mpi: None })
+            Ok(Self {
+                mpi: None,
+                compression: args.grad_compression,
+            })
         }
         #[cfg(not(feature = "mpi"))]
-        Ok(Self {})
+        Ok(Self {
+            compression: args.grad_compression,
+        })
     }
 
     /// This process's number (0 prints and writes).
@@ -89,12 +100,12 @@ impl Processes {
     }
 
     /// Makes `trainer` train over these processes (nothing for one).
-    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
     pub fn attach<O: Objective>(&self, trainer: &mut Trainer<O>) -> Result<()> {
         #[cfg(feature = "mpi")]
         if let Some(g) = &self.mpi {
             trainer.set_process_group(g.clone())?;
         }
+        trainer.set_gradient_compression(self.compression);
         Ok(())
     }
 

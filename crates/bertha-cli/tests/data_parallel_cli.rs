@@ -489,6 +489,27 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// `--grad-compression bf16`: the buckets travel as bf16, every process
+/// keeps the same weights (the run compares their hashes at every
+/// checkpoint and stops if they differ), and the losses stay within bf16's
+/// rounding of the fp32 run's, without equalling them.
+#[test]
+fn bf16_compressed_gradients_train_close_to_fp32() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("np1");
+    ok(&train(1, &pretrain_args("bert-mlm", false, &one)));
+    for n in [2, 3] {
+        let dir = tmp.path().join(format!("bf16-np{n}"));
+        let mut args = pretrain_args("bert-mlm", false, &dir);
+        args.extend(strings(&["--grad-compression", "bf16"]));
+        ok(&train(n, &args));
+        let d = max_rel_diff(&metrics(&one), &metrics(&dir));
+        assert!(d > 1e-6, "{n} processes: bf16 changed nothing ({d:e})");
+        assert!(d <= 2e-3, "{n} processes: losses differ by {d:e}");
+        assert!(dir.join("checkpoint-20").is_dir(), "ran to the end");
+    }
+}
+
 /// Two processes reading a prepared corpus's shards train as one process
 /// reading the text.
 #[test]

@@ -27,7 +27,7 @@ pub mod schedule;
 pub mod trainer;
 
 pub use checkpoint::{Checkpoint, TrainerState};
-pub use distributed::{ProcessGroup, SingleProcess};
+pub use distributed::{Compression, ProcessGroup, SingleProcess};
 pub use embedding::{EmbeddingOptions, EmbeddingTrainer, EmbeddingTraining};
 pub use embedding_loss::{EmbeddingLoss, LossKind};
 pub use finetune::{FinetuneOptions, Finetuner, Finetuning};

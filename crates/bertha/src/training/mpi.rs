@@ -78,6 +78,14 @@ impl MpiGroup {
         self.world.abort(code)
     }
 
+    /// Process `r`'s MPI rank.
+    fn peer(&self, r: usize) -> Result<mpi::Rank> {
+        mpi::Rank::try_from(r)
+            .ok()
+            .filter(|_| r < self.size)
+            .ok_or_else(|| Error::Distributed(format!("no process {r} of {}", self.size)))
+    }
+
     /// Runs collective `f`, watched.
     fn watched<T>(&self, what: &str, f: impl FnOnce() -> T) -> T {
         if let Ok(mut w) = self.watch.what.lock() {
@@ -190,6 +198,19 @@ impl ProcessGroup for MpiGroup {
             at += c;
         }
         Ok(out)
+    }
+
+    fn exchange_u16(&self, send: &[u16], to: usize, recv: &mut [u16], from: usize) -> Result<()> {
+        let (to, from) = (self.peer(to)?, self.peer(from)?);
+        self.watched("the compressed gradient exchange", || {
+            mpi::point_to_point::send_receive_into(
+                send,
+                &self.world.process_at_rank(to),
+                recv,
+                &self.world.process_at_rank(from),
+            )
+        });
+        Ok(())
     }
 
     fn describe(&self) -> String {

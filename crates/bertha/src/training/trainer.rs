@@ -19,7 +19,7 @@ use super::checkpoint::{
     self, write_atomic, Checkpoint, CheckpointParts, TrainerState, MODEL_FILE,
 };
 use super::distributed::{
-    self, shard, GradientReducer, Hash64, ProcessGroup, RunIdentity, SingleProcess,
+    self, shard, Compression, GradientReducer, Hash64, ProcessGroup, RunIdentity, SingleProcess,
     DEFAULT_BUCKET_BYTES,
 };
 use super::log::{rewind_metrics, write_json, EvalMetrics, Event, MetricsFile, StepMetrics};
@@ -482,6 +482,11 @@ impl<O: Objective> Trainer<O> {
         Ok(())
     }
 
+    /// How gradient buckets travel between processes (fp32 unless set).
+    pub fn set_gradient_compression(&mut self, compression: Compression) {
+        self.reducer = GradientReducer::new(DEFAULT_BUCKET_BYTES).with_compression(compression);
+    }
+
     /// The processes this run trains over.
     pub fn group(&self) -> &dyn ProcessGroup {
         self.group.as_ref()
@@ -519,6 +524,10 @@ impl<O: Objective> Trainer<O> {
                 ("training data", data.finish()),
                 ("options", hash_str(&options.to_string())),
                 ("resumed step", self.step),
+                (
+                    "gradient compression",
+                    hash_str(&format!("{:?}", self.reducer.compression())),
+                ),
             ],
         })
     }
