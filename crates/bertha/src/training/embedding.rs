@@ -321,7 +321,7 @@ impl EmbeddingTrainer {
         let slice = Slice {
             micro: 0,
             first: 0,
-            longest: 0,
+            micro_batch: rows,
             group: &SingleProcess,
         };
         let out = self.objective().train_batch(rows, &slice)?;
@@ -425,24 +425,18 @@ impl EmbeddingTraining {
 
     /// The loss of the whole micro-batch, whose rows `rows` (from row
     /// `first`) are this process's, and its gradient through them.
-    fn gathered_loss(
-        &self,
-        rows: &[usize],
-        micro: u64,
-        first: usize,
-        group: &dyn ProcessGroup,
-    ) -> Result<(f64, GradStore)> {
+    fn gathered_loss(&self, rows: &[usize], slice: &Slice) -> Result<(f64, GradStore)> {
+        let (micro, first, group) = (slice.micro, slice.first, slice.group);
         let mut reps = Vec::with_capacity(self.train.columns());
         for j in 0..self.train.columns() {
             // Padded as one process pads the whole micro-batch's column, so
             // each row's numbers do not depend on the slice it is in.
-            let longest = rows.iter().map(|&i| self.train.ids[j][i].len()).max();
-            let longest = if group.size() > 1 {
-                let all = group.gather_f32(&[longest.unwrap_or(0) as f32])?;
-                all.iter().flatten().fold(0f32, |m, &x| m.max(x)) as usize
-            } else {
-                0
-            };
+            let longest = slice
+                .micro_batch
+                .iter()
+                .map(|&i| self.train.ids[j][i].len())
+                .max()
+                .unwrap_or(0);
             let local = if rows.is_empty() {
                 None
             } else {
@@ -544,8 +538,12 @@ impl EmbeddingTraining {
         let scores =
             rows.prompted
                 .evaluate(EmbeddingEval::for_layout(rows.data.layout), |texts| {
-                    let mine =
-                        embedder.embed(&texts[shard(texts.len(), rank, size)], bs, &mut |_| {})?;
+                    let part = &texts[shard(texts.len(), rank, size)];
+                    let mine = if part.is_empty() {
+                        Vec::new()
+                    } else {
+                        embedder.embed(part, bs, &mut |_| {})?
+                    };
                     if size == 1 {
                         return Ok(mine);
                     }
@@ -625,14 +623,13 @@ impl Objective for EmbeddingTraining {
     }
 
     fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
-        let (micro, first, group) = (slice.micro, slice.first, slice.group);
         // Every process computes the whole micro-batch's loss (gathered),
         // weighted by its rows in the step's figures: their sum over the
         // processes is the loss × B.
         let (loss, grads) = if self.opts.loss.kind == LossKind::CachedMnrl {
-            self.cached_loss(batch, micro, first, group)?
+            self.cached_loss(batch, slice.micro, slice.first, slice.group)?
         } else {
-            self.gathered_loss(batch, micro, first, group)?
+            self.gathered_loss(batch, slice)?
         };
         Ok(MicroStep {
             loss,

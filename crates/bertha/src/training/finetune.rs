@@ -515,7 +515,13 @@ impl Objective for Finetuning {
         // (as transformers'), so a process pads its slice as one process
         // pads the whole micro-batch; the other heads ignore padding.
         let pad_to = if self.task == Task::Qa {
-            slice.longest
+            let items = &self.train.items;
+            slice
+                .micro_batch
+                .iter()
+                .map(|&i| items[i].input_ids.len())
+                .max()
+                .unwrap_or(0)
         } else {
             0
         };

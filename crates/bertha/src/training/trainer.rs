@@ -69,10 +69,9 @@ pub struct Slice<'a> {
     pub micro: u64,
     /// The micro-batch row the slice starts at.
     pub first: usize,
-    /// The longest input of the whole micro-batch (by
-    /// [`Objective::input_lengths`]: the padded length of one process
-    /// running all of it).
-    pub longest: usize,
+    /// The whole micro-batch's inputs (e.g. to pad a slice as one process
+    /// running all of it pads).
+    pub micro_batch: &'a [usize],
     /// The processes that share the micro-batch.
     pub group: &'a dyn ProcessGroup,
 }
@@ -356,8 +355,6 @@ pub struct Trainer<O> {
     /// Whether metrics.jsonl belongs to this run (else it is started anew).
     metrics_owned: bool,
     order: EpochOrder,
-    /// The objective's input lengths.
-    lengths: Vec<usize>,
     hook: Option<Box<dyn GradientHook>>,
     /// The run's processes (one unless data-parallel).
     group: Rc<dyn ProcessGroup>,
@@ -413,8 +410,7 @@ impl<O: Objective> Trainer<O> {
             best: None,
             patience_used: 0,
             metrics_owned: false,
-            order: EpochOrder::new(group_by_length.then(|| lengths.clone()), objective_keys),
-            lengths,
+            order: EpochOrder::new(group_by_length.then_some(lengths), objective_keys),
             hook: None,
             group: Rc::new(SingleProcess),
             synced: false,
@@ -751,7 +747,7 @@ impl<O: Objective> Trainer<O> {
             let slice = Slice {
                 micro,
                 first,
-                longest: batch.iter().map(|&i| self.lengths[i]).max().unwrap_or(0),
+                micro_batch: &batch,
                 group: self.group.as_ref(),
             };
             // Called with an empty slice too: the objective may exchange
