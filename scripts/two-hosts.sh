@@ -24,6 +24,11 @@ if [ "${1:-}" = down ]; then
   exit 0
 fi
 
+if [ "$(id -u)" != 0 ]; then
+  echo "two-hosts.sh: making network namespaces needs root (CAP_NET_ADMIN)" >&2
+  exit 1
+fi
+
 DATA=${DATA:-../shared/data}
 STEPS=${STEPS:-20}
 OUT=.cache/bench/two-hosts

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{failure, ok, read_jsonl, repo, run, s, tiny_dir};
+use common::{failure, ok, prepare_tiny_corpus, read_jsonl, repo, run, s, tiny_dir};
 use serde_json::Value;
 
 /// `bertha ARGS` under `mpiexec -np n` (`n` = 1: the plain binary).
@@ -216,6 +216,24 @@ fn assert_same_run_up_to_rounding(a: &Path, b: &Path, rounding: &HashMap<String,
     }
 }
 
+/// Runs `args_for(model, out)` on 2 and 3 processes; each equals the
+/// one-process run in `one` as [`assert_same_run_up_to_rounding`] says.
+fn same_on_2_and_3_up_to_rounding(
+    tmp: &Path,
+    model: &Path,
+    one: &Path,
+    name: &str,
+    args_for: impl Fn(&Path, &Path) -> Vec<String>,
+) {
+    let rounding = rounding_diffs(tmp, model, one, &args_for);
+    for n in [2, 3] {
+        let dir = tmp.join(format!("{name}-np{n}"));
+        ok(&train(n, &args_for(model, &dir)));
+        let what = format!("{name} on {n} processes");
+        assert_same_run_up_to_rounding(one, &dir, &rounding, &what);
+    }
+}
+
 /// The largest difference of two models' weights, relative to each
 /// tensor's largest magnitude. Attention key biases aside: their gradient
 /// is zero in exact arithmetic (a softmax row does not change when one
@@ -338,13 +356,7 @@ fn ner_and_qa_finetuning_on_2_and_3_processes_equal_one() {
             metrics(&one).iter().any(|l| l.get("eval_loss").is_some()),
             "{task}: evaluated"
         );
-        let rounding = rounding_diffs(tmp.path(), &model, &one, args_for);
-        for n in [2, 3] {
-            let dir = tmp.path().join(format!("{task}-np{n}"));
-            ok(&train(n, &args_for(&model, &dir)));
-            let what = format!("{task} on {n} processes");
-            assert_same_run_up_to_rounding(&one, &dir, &rounding, &what);
-        }
+        same_on_2_and_3_up_to_rounding(tmp.path(), &model, &one, task, args_for);
     }
 }
 
@@ -431,13 +443,7 @@ fn embedding_training_on_2_and_3_processes_equals_one() {
             m.iter().filter(|l| l.get("eval_loss").is_some()).count() >= 4,
             "{name}: evaluations"
         );
-        let rounding = rounding_diffs(tmp.path(), &model, &one, args_for);
-        for n in [2, 3] {
-            let dir = tmp.path().join(format!("{name}-np{n}"));
-            ok(&train(n, &args_for(&model, &dir)));
-            let what = format!("{name} on {n} processes");
-            assert_same_run_up_to_rounding(&one, &dir, &rounding, &what);
-        }
+        same_on_2_and_3_up_to_rounding(tmp.path(), &model, &one, name, args_for);
     }
 }
 
@@ -518,19 +524,7 @@ fn prepared_corpus_on_2_processes_equals_text_on_one() {
     let one = tmp.path().join("text");
     ok(&train(1, &pretrain_args("bert-mlm", false, &one)));
     let prepared = tmp.path().join("prepared");
-    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
-    let tiny = tiny_dir("bert-mlm");
-    ok(&run(&[
-        "prepare-corpus",
-        "--corpus",
-        s(&corpus),
-        "--tokenizer",
-        s(&tiny),
-        "--out",
-        s(&prepared),
-        "--shard-tokens",
-        "3000",
-    ]));
+    ok(&prepare_tiny_corpus(&prepared, 3000));
     let two = tmp.path().join("shards");
     let mut args = pretrain_args("bert-mlm", false, &two);
     let at = args.iter().position(|x| x == "--corpus").unwrap();

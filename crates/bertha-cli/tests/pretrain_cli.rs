@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{failure, ok, read_json, read_jsonl, repo, run, run_model, s, tiny_dir, with_key};
+use common::{
+    failure, ok, prepare_tiny_corpus, read_json, read_jsonl, repo, run, run_model, s, tiny_dir,
+    with_key,
+};
 
 use std::path::Path;
 use std::process::Output;
@@ -225,20 +228,8 @@ fn pretrain_can_learn_its_own_vocabulary() {
 #[test]
 fn pretraining_from_a_prepared_corpus_equals_pretraining_from_text() {
     let tmp = tempfile::tempdir().unwrap();
-    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
-    let tiny = tiny_dir("bert-mlm");
     let prepared = tmp.path().join("prepared");
-    let out = run(&[
-        "prepare-corpus",
-        "--corpus",
-        s(&corpus),
-        "--tokenizer",
-        s(&tiny),
-        "--out",
-        s(&prepared),
-        "--shard-tokens",
-        "2000",
-    ]);
+    let out = prepare_tiny_corpus(&prepared, 2000);
     let header: Value = serde_json::from_str(ok(&out).trim()).unwrap();
     assert!(header["shards"].as_array().unwrap().len() > 2, "{header}");
     assert_eq!(header["token_bytes"], 2);

@@ -42,6 +42,25 @@ pub fn run_model(cmd: &str, model: &Path, args: &[&str]) -> Output {
     run(&all)
 }
 
+/// `bertha prepare-corpus` of the committed corpus slice with the tiny
+/// `bert-mlm` tokenizer into `out`, in shards of about `shard_tokens`.
+pub fn prepare_tiny_corpus(out: &Path, shard_tokens: usize) -> Output {
+    let corpus = repo().join("tests/fixtures/corpus-wiki-slice.txt");
+    let tiny = tiny_dir("bert-mlm");
+    let shard_tokens = shard_tokens.to_string();
+    run(&[
+        "prepare-corpus",
+        "--corpus",
+        s(&corpus),
+        "--tokenizer",
+        s(&tiny),
+        "--out",
+        s(out),
+        "--shard-tokens",
+        &shard_tokens,
+    ])
+}
+
 /// Runs the binary with `input` on stdin.
 pub fn run_stdin(args: &[&str], input: &[u8]) -> Output {
     let mut child = bertha(args)

@@ -148,11 +148,14 @@ impl EncodedRows {
 
     /// Gold scores of `rows`, [n].
     fn scores(&self, rows: &[usize], device: &Device) -> Result<Option<Tensor>> {
-        let Some(s) = &self.data.scores else {
-            return Ok(None);
-        };
-        let picked: Vec<f32> = rows.iter().map(|&i| s[i]).collect();
-        Ok(Some(Tensor::from_vec(picked, rows.len(), device)?))
+        self.picked_scores(rows)
+            .map(|s| Ok(Tensor::from_vec(s, rows.len(), device)?))
+            .transpose()
+    }
+
+    fn picked_scores(&self, rows: &[usize]) -> Option<Vec<f32>> {
+        let s = self.data.scores.as_ref()?;
+        Some(rows.iter().map(|&i| s[i]).collect())
     }
 
     /// Gold scores of the whole micro-batch whose rows `rows` are this
@@ -163,10 +166,9 @@ impl EncodedRows {
         group: &dyn ProcessGroup,
         device: &Device,
     ) -> Result<Option<Tensor>> {
-        let Some(s) = &self.data.scores else {
+        let Some(picked) = self.picked_scores(rows) else {
             return Ok(None);
         };
-        let picked: Vec<f32> = rows.iter().map(|&i| s[i]).collect();
         let all: Vec<f32> = group.gather_f32(&picked)?.concat();
         let n = all.len();
         Ok(Some(Tensor::from_vec(all, n, device)?))
