@@ -4,7 +4,7 @@ mod common;
 
 use common::{
     assert_stderr_has, bertha, fixtures, minilm, ok, ok_lines, read_jsonl, reference, run,
-    run_model, run_stdin, s,
+    run_model, run_stdin, s, tiny_dir,
 };
 
 use std::path::Path;
@@ -334,48 +334,43 @@ fn serve_refuses_zero_connection_limits() {
     }
 }
 
-/// `serve --served-model-name` (TEI's flag) names the model in
-/// `/v1/models`; `TASK=sentence-similarity` makes `POST /` compare
-/// sentences, as TEI.
-#[test]
-fn serve_takes_tei_served_model_name_and_task() {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let model = minilm();
-    /// Stops the server however the test ends.
-    struct Stop(std::process::Child);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+/// A `bertha serve` started by a test, stopped however the test ends.
+struct Serving {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Serving {
+    fn start(args: &[&str], env: Option<(&str, &str)>) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut cmd = bertha(args);
+        if let Some((name, value)) = env {
+            cmd.env(name, value);
         }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        Self { child, addr }
     }
-    let mut child = bertha(&[
-        "serve",
-        "--model",
-        s(&model),
-        "--port",
-        "0",
-        "--served-model-name",
-        "my-model",
-    ])
-    .env("TASK", "sentence-similarity")
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let server = Stop(child);
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .rsplit("http://")
-        .next()
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    let http = |request: String| {
-        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+
+    /// Sends `request` (HTTP/1.1, `Connection: close`): the whole reply
+    /// and its body.
+    fn http(&self, request: String) -> (String, String) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.addr).unwrap();
         stream.write_all(request.as_bytes()).unwrap();
         let mut reply = String::new();
         stream.read_to_string(&mut reply).unwrap();
@@ -385,18 +380,51 @@ fn serve_takes_tei_served_model_name_and_task() {
             .unwrap_or_default()
             .to_string();
         (reply, body)
-    };
-    let (_, models) = http(format!(
-        "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    ));
+    }
+
+    fn get(&self, path: &str) -> serde_json::Value {
+        let addr = &self.addr;
+        let (reply, body) = self.http(format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        ));
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {reply}"))
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `serve --served-model-name` (TEI's flag) names the model in
+/// `/v1/models`; `TASK=sentence-similarity` makes `POST /` compare
+/// sentences, as TEI.
+#[test]
+fn serve_takes_tei_served_model_name_and_task() {
+    let model = minilm();
+    let server = Serving::start(
+        &[
+            "serve",
+            "--model",
+            s(&model),
+            "--port",
+            "0",
+            "--served-model-name",
+            "my-model",
+        ],
+        Some(("TASK", "sentence-similarity")),
+    );
+    let models = server.get("/v1/models");
     let body = r#"{"inputs": {"source_sentence": "a cat", "sentences": ["a cat"]}}"#;
-    let (reply, scores) = http(format!(
-        "POST / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+    let (reply, scores) = server.http(format!(
+        "POST / HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.addr,
         body.len()
     ));
     drop(server);
-    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
     assert_eq!(models["data"][0]["id"], "my-model");
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     let scores: Vec<f32> = serde_json::from_str(&scores).unwrap();
@@ -404,4 +432,59 @@ fn serve_takes_tei_served_model_name_and_task() {
         scores.len() == 1 && (scores[0] - 1.0).abs() < 1e-5,
         "{scores:?}"
     );
+}
+
+/// `serve --model NAME=DIR --model DIR`: several models, named, each under
+/// `/models/NAME/`; one `--served-model-name` cannot name them all.
+#[test]
+fn serve_takes_several_models() {
+    let (model, tiny) = (minilm(), tiny_dir("bert-mlm"));
+    let named = format!("mini={}", model.display());
+    let server = Serving::start(
+        &[
+            "serve",
+            "--model",
+            &named,
+            "--model",
+            s(&tiny),
+            "--port",
+            "0",
+        ],
+        None,
+    );
+    let models = server.get("/v1/models");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["mini", "bert-mlm"]);
+    let info = server.get("/models/bert-mlm/info");
+    assert_eq!(info["model_id"], "bert-mlm");
+    drop(server);
+    let err = serve_error(
+        &[
+            "serve",
+            "--model",
+            &named,
+            "--model",
+            s(&tiny),
+            "--served-model-name",
+            "x",
+        ],
+        None,
+    );
+    assert!(err.contains("--served-model-name names one model"), "{err}");
+    let err = serve_error(
+        &[
+            "serve",
+            "--model",
+            &named,
+            "--model",
+            &format!("mini={}", tiny.display()),
+        ],
+        None,
+    );
+    assert!(err.contains("`mini` is given to two models"), "{err}");
 }

@@ -21,6 +21,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::batcher::{Output, Want};
 use crate::error::ApiError;
 use crate::object::Object;
+use crate::served::Served;
 use crate::state::{AppState, ModelKind};
 
 pub(crate) type AppResult<T> = Result<T, ApiError>;
@@ -41,11 +42,32 @@ pub(crate) type Shared = State<Arc<AppState>>;
 /// client trickling it cannot hold its connection forever.
 pub struct Body<T>(pub T);
 
-impl<T: serde::de::DeserializeOwned> FromRequest<Arc<AppState>> for Body<T> {
+/// The state a [`Body`] is read under: it knows how long a body may take.
+pub trait BodyTimeout {
+    fn body_timeout(&self) -> std::time::Duration;
+}
+
+impl BodyTimeout for Arc<AppState> {
+    fn body_timeout(&self) -> std::time::Duration {
+        self.config.connections.header_read_timeout
+    }
+}
+
+impl BodyTimeout for Arc<Served> {
+    fn body_timeout(&self) -> std::time::Duration {
+        self.default_model().config.connections.header_read_timeout
+    }
+}
+
+impl<T, S> FromRequest<S> for Body<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: BodyTimeout + Send + Sync,
+{
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
-        let limit = state.config.connections.header_read_timeout;
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let limit = state.body_timeout();
         let read = Json::<Object<T>>::from_request(req, state);
         let Ok(read) = tokio::time::timeout(limit, read).await else {
             return Err(ApiError {
@@ -511,31 +533,55 @@ pub async fn decode(
     Ok(Json(out))
 }
 
-/// `GET /health`: 200 once a forward pass succeeds.
+/// `GET /models/NAME/health`: 200 once a forward pass succeeds.
 pub async fn health(State(state): Shared) -> Response {
-    let probe = state
-        .embedder
-        .tokenizer()
-        .encode("")
-        .map_err(|e| e.to_string());
-    let ok = match probe {
-        Ok(e) => state.batcher.run(vec![e], Want::Pooled).await.is_ok(),
-        Err(_) => false,
-    };
-    if ok {
+    if answers(&state).await {
         StatusCode::OK.into_response()
     } else {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            error_type: "Unhealthy",
-            message: "the model is not answering".into(),
-        }
-        .into_response()
+        unhealthy(&state.config.model_id)
     }
 }
 
-/// `GET /info`
+/// `GET /health`: 200 once every served model answers a forward pass.
+pub async fn health_all(State(served): State<Arc<Served>>) -> Response {
+    for m in served.models() {
+        if !answers(m).await {
+            return unhealthy(&m.config.model_id);
+        }
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn answers(state: &AppState) -> bool {
+    match state.embedder.tokenizer().encode("") {
+        Ok(e) => state.batcher.run(vec![e], Want::Pooled).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+fn unhealthy(model: &str) -> Response {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        error_type: "Unhealthy",
+        message: format!("the model `{model}` is not answering"),
+    }
+    .into_response()
+}
+
+/// `GET /models/NAME/info`: TEI's `/info` of one model.
 pub async fn info(State(state): Shared) -> Json<Value> {
+    Json(model_info(&state))
+}
+
+/// `GET /info`: TEI's `/info` of the default model, and under `models`
+/// that of every model served (the default first).
+pub async fn info_all(State(served): State<Arc<Served>>) -> Json<Value> {
+    let mut info = model_info(served.default_model());
+    info["models"] = served.models().iter().map(|m| model_info(m)).collect();
+    Json(info)
+}
+
+fn model_info(state: &AppState) -> Value {
     let c = &state.config;
     let cfg = state.embedder.model().config();
     let labels = || {
@@ -554,7 +600,7 @@ pub async fn info(State(state): Shared) -> Json<Value> {
         ModelKind::Classifier => json!({ "classifier": labels() }),
         ModelKind::Reranker => json!({ "reranker": labels() }),
     };
-    Json(json!({
+    json!({
         "model_id": c.model_id,
         "model_sha": null,
         "model_dtype": "float32",
@@ -570,7 +616,7 @@ pub async fn info(State(state): Shared) -> Json<Value> {
         "default_prompt_name": state.embedder.default_prompt_name(),
         "tokenization_workers": rayon_threads(),
         "version": env!("CARGO_PKG_VERSION"),
-    }))
+    })
 }
 
 fn rayon_threads() -> usize {
@@ -579,14 +625,14 @@ fn rayon_threads() -> usize {
         .unwrap_or(1)
 }
 
-/// `GET /metrics` (Prometheus text format)
-pub async fn metrics(State(state): Shared) -> impl IntoResponse {
+/// `GET /metrics` (Prometheus text format).
+pub(crate) fn metrics_text(text: String) -> impl IntoResponse {
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics.render(),
+        text,
     )
 }
 

@@ -37,50 +37,55 @@ fn latency_histogram() -> Histogram {
 
 impl Metrics {
     pub fn new() -> Self {
+        let mut metrics = Self {
+            registry: Registry::with_prefix("bertha"),
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            batch_texts: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            batch_tokens: Histogram::new(exponential_buckets(16.0, 2.0, 12)),
+            queue_depth: Gauge::default(),
+            input_tokens: Counter::default(),
+        };
         let mut registry = Registry::with_prefix("bertha");
-        let requests = Family::<RouteLabels, Counter>::default();
-        let latency = Family::<RouteOnly, Histogram, fn() -> Histogram>::new_with_constructor(
-            latency_histogram,
-        );
-        let batch_texts = Histogram::new(exponential_buckets(1.0, 2.0, 10));
-        let batch_tokens = Histogram::new(exponential_buckets(16.0, 2.0, 12));
-        let queue_depth = Gauge::<i64, AtomicI64>::default();
-        let input_tokens = Counter::default();
+        metrics.register(&mut registry);
+        metrics.registry = registry;
+        metrics
+    }
+
+    /// Registers these metrics (handles to the same counters) in
+    /// `registry`: a server of several models registers each model's under
+    /// its own `model` label in one registry.
+    pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "requests",
             "HTTP requests by route and status",
-            requests.clone(),
+            self.requests.clone(),
         );
         registry.register(
             "request_duration_seconds",
             "Request latency by route",
-            latency.clone(),
+            self.latency.clone(),
         );
-        registry.register("batch_size", "Texts per model batch", batch_texts.clone());
+        registry.register(
+            "batch_size",
+            "Texts per model batch",
+            self.batch_texts.clone(),
+        );
         registry.register(
             "batch_tokens",
             "Tokens per model batch",
-            batch_tokens.clone(),
+            self.batch_tokens.clone(),
         );
         registry.register(
             "queue_depth",
             "Requests waiting for the model",
-            queue_depth.clone(),
+            self.queue_depth.clone(),
         );
         registry.register(
             "input_tokens",
             "Tokens of all inputs run through the model",
-            input_tokens.clone(),
+            self.input_tokens.clone(),
         );
-        Self {
-            registry,
-            requests,
-            latency,
-            batch_texts,
-            batch_tokens,
-            queue_depth,
-            input_tokens,
-        }
     }
 
     /// The Prometheus text exposition.

@@ -1,6 +1,8 @@
 //! OpenAI's routes: `POST /v1/embeddings` and `GET /v1/models`, with the
 //! bodies the OpenAI clients send and read.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::Json;
 use base64::Engine;
@@ -10,6 +12,9 @@ use serde_json::{json, Value};
 use crate::api::{
     admit, check_batch, pooled, tei_call, AppResult, Body, Inputs, Shared, TruncationDirection,
 };
+use crate::error::ApiError;
+use crate::served::Served;
+use crate::state::AppState;
 
 #[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -59,12 +64,36 @@ pub struct OpenAiResponse {
     usage: OpenAiUsage,
 }
 
-/// `POST /v1/embeddings` (OpenAI): normalised vectors (of the first
-/// `dimensions` values when asked), `usage` in tokens.
+/// `POST /v1/embeddings` (OpenAI) at the top level: the model `model`
+/// names ([`Served::pick`]).
+pub async fn embeddings_any(
+    State(served): State<Arc<Served>>,
+    Body(req): Body<OpenAiRequest>,
+) -> AppResult<Json<OpenAiResponse>> {
+    let state = served.pick(req.model.as_deref())?.clone();
+    embed(state, req).await
+}
+
+/// `POST /models/NAME/v1/embeddings`: this model; a `model` naming
+/// another is refused (the path and the body must not disagree).
 pub async fn embeddings(
     State(state): Shared,
     Body(req): Body<OpenAiRequest>,
 ) -> AppResult<Json<OpenAiResponse>> {
+    if let Some(name) = req.model.as_deref() {
+        if name != state.config.model_id {
+            return Err(ApiError::validation(format!(
+                "`model` is `{name}` but this route serves `{}`: leave `model` out or name it",
+                state.config.model_id
+            )));
+        }
+    }
+    embed(state, req).await
+}
+
+/// Normalised vectors (of the first `dimensions` values when asked),
+/// `usage` in tokens.
+async fn embed(state: Arc<AppState>, req: OpenAiRequest) -> AppResult<Json<OpenAiResponse>> {
     let _permit = admit(&state)?;
     let texts = req.input.into_vec();
     check_batch(&state, texts.len())?;
@@ -107,15 +136,22 @@ pub async fn embeddings(
     }))
 }
 
-/// `GET /v1/models` (OpenAI): the one model served.
-pub async fn models(State(state): Shared) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.config.model_id,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "bertha",
-        }],
-    }))
+/// `GET /v1/models` (OpenAI): every model served, the default first.
+pub async fn models(State(served): State<Arc<Served>>) -> Json<Value> {
+    let data: Vec<Value> = served.models().iter().map(|m| listed(m)).collect();
+    Json(json!({ "object": "list", "data": data }))
+}
+
+/// `GET /models/NAME/v1/models`: this model alone.
+pub async fn model(State(state): Shared) -> Json<Value> {
+    Json(json!({ "object": "list", "data": [listed(&state)] }))
+}
+
+fn listed(state: &AppState) -> Value {
+    json!({
+        "id": state.config.model_id,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "bertha",
+    })
 }

@@ -1,17 +1,22 @@
 //! `bertha serve`
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use bertha::Pooling;
-use bertha_server::{AppState, ServerConfig};
+use bertha_server::{AppState, Served, ServerConfig};
 
 use crate::model_dir::ModelArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    #[command(flatten)]
-    model: ModelArgs,
+    /// Model folder in the Hugging Face layout, or NAME=DIR; repeat for
+    /// several models (each under /models/NAME/, the first also at the top
+    /// level). Default: $BERTHA_MODEL, else the fetched all-MiniLM-L6-v2.
+    #[arg(long, short = 'm', env = "BERTHA_MODEL", value_name = "[NAME=]DIR")]
+    model: Vec<String>,
 
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -76,29 +81,34 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let dir = a.model.resolve()?;
-    let mut config = ServerConfig::new(&dir);
-    if let Some(id) = a.served_model_name {
-        config.model_id = id;
-    }
-    config.pooling = a
+    let models = named_models(&a.model, a.served_model_name.as_deref())?;
+    let pooling = a
         .pooling
         .as_deref()
         .map(str::parse::<Pooling>)
         .transpose()?;
-    config.max_batch_tokens = a.max_batch_tokens.max(1);
-    config.max_concurrent_requests = a.max_concurrent_requests.max(1);
-    config.max_client_batch_size = a.max_client_batch_size.max(1);
-    config.max_input_length = a.max_input_length;
-    config.payload_limit = a.payload_limit;
-    config.api_key = a.api_key;
-    config.similarity_root = a.task.as_deref() == Some("sentence-similarity");
-    if let Some(n) = a.max_connections {
-        config.connections.max_connections = n;
+    let mut states = Vec::with_capacity(models.len());
+    for (name, dir) in &models {
+        let mut config = ServerConfig::new(dir);
+        config.model_id = name.clone();
+        config.pooling = pooling;
+        config.max_batch_tokens = a.max_batch_tokens.max(1);
+        config.max_concurrent_requests = a.max_concurrent_requests.max(1);
+        config.max_client_batch_size = a.max_client_batch_size.max(1);
+        config.max_input_length = a.max_input_length;
+        config.payload_limit = a.payload_limit;
+        config.api_key = a.api_key.clone();
+        config.similarity_root = a.task.as_deref() == Some("sentence-similarity");
+        if let Some(n) = a.max_connections {
+            config.connections.max_connections = n;
+        }
+        config.connections.header_read_timeout = Duration::from_secs(a.header_read_timeout);
+        config.connections.keep_alive_timeout = Duration::from_secs(a.keep_alive_timeout);
+        let state = AppState::load(config)
+            .with_context(|| format!("loading the model `{name}` from {}", dir.display()))?;
+        states.push(state);
     }
-    config.connections.header_read_timeout = Duration::from_secs(a.header_read_timeout);
-    config.connections.keep_alive_timeout = Duration::from_secs(a.keep_alive_timeout);
-    let state = AppState::load(config)?;
+    let served = Arc::new(Served::new(states)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -109,12 +119,63 @@ pub fn run(a: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
-        eprintln!(
-            "bertha serving {} on http://{}",
-            dir.display(),
-            listener.local_addr()?
-        );
-        bertha_server::serve(listener, state, bertha_server::shutdown_signal()).await?;
+        // The first line ends with the address (scripts and tests read it).
+        eprintln!("bertha serving on http://{}", listener.local_addr()?);
+        for (i, (name, dir)) in models.iter().enumerate() {
+            let top = if i == 0 { " and at the top level" } else { "" };
+            eprintln!("  `{name}`: {} at /models/{name}/{top}", dir.display());
+        }
+        bertha_server::serve_models(listener, served, bertha_server::shutdown_signal()).await?;
         Ok(())
+    })
+}
+
+/// The models to serve, named: `NAME=DIR`, or `DIR` named by
+/// `--served-model-name` (one model only) or its folder. A value that is an
+/// existing path is a folder even if it holds a `=`.
+fn named_models(values: &[String], served_name: Option<&str>) -> Result<Vec<(String, PathBuf)>> {
+    if values.len() > 1 && served_name.is_some() {
+        bail!("--served-model-name names one model: with several, give each as --model NAME=DIR");
+    }
+    if values.is_empty() {
+        let dir = ModelArgs { model: None }.resolve()?;
+        return Ok(vec![(name_of(&dir, served_name), dir)]);
+    }
+    let mut out = Vec::with_capacity(values.len());
+    for v in values {
+        let (name, dir) = match v.split_once('=') {
+            Some((name, dir)) if !Path::new(v).exists() => {
+                if name.is_empty() || dir.is_empty() {
+                    bail!("--model `{v}`: expected NAME=DIR or DIR");
+                }
+                (Some(name.to_string()), PathBuf::from(dir))
+            }
+            _ => (None, PathBuf::from(v)),
+        };
+        let dir = ModelArgs { model: Some(dir) }.resolve()?;
+        let name = name.unwrap_or_else(|| name_of(&dir, served_name));
+        out.push((name, dir));
+    }
+    Ok(out)
+}
+
+/// `--served-model-name`, else the folder's name with what a URL path
+/// cannot hold (see [`bertha_server::served::check_name`]) as `-`.
+fn name_of(dir: &Path, served_name: Option<&str>) -> String {
+    served_name.map(str::to_string).unwrap_or_else(|| {
+        dir.file_name()
+            .map(|n| {
+                n.to_string_lossy()
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                            c
+                        } else {
+                            '-'
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_else(|| "bertha".into())
     })
 }

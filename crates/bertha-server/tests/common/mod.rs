@@ -24,11 +24,21 @@ pub struct Server {
 
 impl Server {
     pub async fn start(config: ServerConfig) -> Self {
-        let state = AppState::load(config).unwrap();
+        Self::start_models(vec![config]).await
+    }
+
+    /// A server of several models, the first the default; `state` is its.
+    pub async fn start_models(configs: Vec<ServerConfig>) -> Self {
+        let states: Vec<Arc<AppState>> = configs
+            .into_iter()
+            .map(|c| AppState::load(c).unwrap())
+            .collect();
+        let state = states[0].clone();
+        let served = Arc::new(bertha_server::Served::new(states).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let done = tokio::spawn(bertha_server::serve(listener, state.clone(), async {
+        let done = tokio::spawn(bertha_server::serve_models(listener, served, async {
             let _ = rx.await;
         }));
         Self {
