@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Load test of `bertha serve` /embed on loopback with wrk (Debian package):
-# throughput and latency at 1, 8 and 64 concurrent connections, each
-# request one SST-2 dev sentence (round robin). Bounded: DURATION seconds
-# per level, loopback only; the server is stopped at the end.
+# throughput and latency at 1, 8, 64 and 256 concurrent connections, each
+# request one SST-2 dev sentence (round robin); then 64 clients served while
+# 1,000 idle connections are held open, and 8 clients served while 200
+# slowloris connections trickle request heads (which the header-read
+# timeout, 30 s by default, must cut off). Bounded: DURATION seconds per
+# level, loopback only; the server is stopped at the end.
 #
 # Usage: scripts/loadtest.sh [SENTENCES_FILE] [DURATION_S]
 set -euo pipefail
@@ -47,22 +50,36 @@ done = function(summary, latency, requests)
 end
 LUA
 
-"$repo/target/release/bertha" serve --port "$port" --max-concurrent-requests 512 >"$work/server.log" 2>&1 &
+"${CARGO_TARGET_DIR:-$repo/target}/release/bertha" serve --port "$port" --max-concurrent-requests 512 >"$work/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 100); do
   curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
   sleep 0.2
 done
 
-echo "| concurrent clients | requests/s | p50 ms | p99 ms | errors |"
-echo "|---|---|---|---|---|"
-for c in 1 8 64; do
+level() { # CONNECTIONS LABEL
+  local c=$1 label=$2 out r rps p50 p99 err
   out="$(wrk -t "$(( c < 2 ? 1 : 2 ))" -c "$c" -d "${duration}s" --timeout 30s -s "$work/post.lua" "http://127.0.0.1:$port" 2>&1)"
   r="$(echo "$out" | grep RESULT)"
   rps=$(echo "$r" | sed 's/.*rps=\([0-9.]*\).*/\1/')
   p50=$(echo "$r" | sed 's/.*p50_ms=\([0-9.]*\).*/\1/')
   p99=$(echo "$r" | sed 's/.*p99_ms=\([0-9.]*\).*/\1/')
   err=$(echo "$r" | sed 's/.*errors=\([0-9]*\).*/\1/')
-  echo "| $c | $rps | $p50 | $p99 | $err |"
-done
+  echo "| $label | $rps | $p50 | $p99 | $err |"
+}
+
+echo "| concurrent clients | requests/s | p50 ms | p99 ms | errors |"
+echo "|---|---|---|---|---|"
+for c in 1 8 64 256; do level "$c" "$c"; done
+hold="$repo/scripts/hold_connections.py"
+python3 "$hold" idle 1000 127.0.0.1 "$port" "$(( duration + 4 ))" >"$work/idle.txt" &
+sleep 2
+level 64 "64, with 1,000 idle connections held open"
+wait $!
+python3 "$hold" slowloris 200 127.0.0.1 "$port" 45 >"$work/slow.txt" &
+sleep 2
+level 8 "8, during 200 slowloris connections"
+wait $!
+cat "$work/idle.txt" "$work/slow.txt"
 curl -s "http://127.0.0.1:$port/metrics" | grep -E "^bertha_batch_size_(sum|count)" | tr '\n' ' '; echo
+echo "server peak RSS: $(grep VmHWM /proc/$server_pid/status | tr -s ' ')"
