@@ -62,8 +62,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     let bar = stream_progress_bar(stream.total.map(|n| n.saturating_sub(done)));
     let mut tally = Truncations::after(done);
-    let chunk = chunk_texts(embedder.pooling(), a.embed.batch_size);
-    let mut texts = Vec::with_capacity(chunk);
+    // The first chunk is one batch and each next one twice the last, up
+    // to the full size: the output starts within a second, not after the
+    // first full chunk.
+    let full = chunk_texts(embedder.pooling(), a.embed.batch_size);
+    let mut chunk = a.embed.batch_size.clamp(1, full);
+    let mut texts = Vec::with_capacity(full);
     let mut finished = 0;
     loop {
         texts.clear();
@@ -85,6 +89,7 @@ pub fn run(args: Args) -> Result<()> {
             &mut out,
         )?;
         out.flush()?;
+        chunk = (chunk * 2).min(full);
         finished += texts.len();
         bar.set_position(finished as u64);
     }
