@@ -87,11 +87,13 @@ pub struct EmbedArgs {
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
 
-    /// `int8`: quantized matrix multiplies (int8 weights per output
-    /// column, activations per token; AVX-512 VNNI where present). Faster
-    /// and approximate: cosine similarity to fp32 embeddings ≥ 0.999.
-    #[arg(long, default_value = "f32")]
-    pub quantize: bertha::fast::Precision,
+    /// Number format of the matrix multiplies: `f32` (exact); `bf16`
+    /// (bf16 weights and multiply inputs, fp32 sums, on AVX512-BF16; fp32
+    /// with a notice elsewhere); `int8` (int8 weights per output column,
+    /// activations per token; AVX-512 VNNI where present). `--quantize` is
+    /// the older name.
+    #[arg(long, alias = "quantize", default_value = "f32")]
+    pub precision: bertha::fast::Precision,
 }
 
 /// What `embed` and `similarity` take: the embedding options, the texts
@@ -153,7 +155,7 @@ impl EmbedArgs {
             pooling,
             normalize,
             max_length: self.max_length,
-            precision: self.quantize,
+            precision: self.precision,
         };
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1");

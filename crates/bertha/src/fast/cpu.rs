@@ -19,6 +19,8 @@ pub(crate) struct Features {
     pub avx512_bw: bool,
     /// AVX-512 VNNI (with F + BW): int8 products by `vpdpbusd`.
     pub vnni: bool,
+    /// AVX512-BF16 (with F + BW): bf16 pair products by `vdpbf16ps`.
+    pub bf16: bool,
 }
 
 /// The CPU's features, detected on the first call.
@@ -37,6 +39,7 @@ fn detect() -> Features {
             avx512_vl: has!("avx512f") && has!("avx512vl"),
             avx512_bw,
             vnni: avx512_bw && has!("avx512vnni"),
+            bf16: avx512_bw && has!("avx512bf16"),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -45,6 +48,7 @@ fn detect() -> Features {
         avx512_vl: false,
         avx512_bw: false,
         vnni: false,
+        bf16: false,
     }
 }
 
@@ -78,6 +82,12 @@ pub(crate) fn simd() -> Simd {
 /// computes the same integers, slowly).
 pub fn has_vnni() -> bool {
     features().vnni
+}
+
+/// True when bf16 products run on AVX512-BF16 instructions (else a scalar
+/// loop computes them, far slower: bf16 then falls back to fp32).
+pub fn has_bf16() -> bool {
+    features().bf16
 }
 
 /// Defines `fn $name` that runs `$body` (an `#[inline(always)]` function)

@@ -12,7 +12,7 @@
 use candle_core::Tensor;
 
 use super::kernels::{self, Act};
-use super::matmul::{PackedF32, PackedI8, QuantScratch};
+use super::matmul::{PackedBf16, PackedF32, PackedI8, QuantScratch};
 use crate::config::{Activation, NormPosition};
 use crate::error::{Error, Result};
 use crate::model::{BertModel, Dense, LayerNorm};
@@ -31,6 +31,7 @@ struct Linear {
 
 enum Weights {
     F32(PackedF32),
+    Bf16(PackedBf16),
     I8(PackedI8),
 }
 
@@ -45,7 +46,16 @@ impl Linear {
     fn in_dim(&self) -> usize {
         match &self.weights {
             Weights::F32(w) => w.in_dim(),
+            Weights::Bf16(w) => w.in_dim(),
             Weights::I8(w) => w.in_dim(),
+        }
+    }
+
+    /// Re-packs fp32 weights as bf16.
+    fn to_bf16(&mut self) {
+        if let Weights::F32(w) = &self.weights {
+            let packed = PackedBf16::new(&w.unpack(), w.in_dim(), w.out_dim());
+            self.weights = Weights::Bf16(packed);
         }
     }
 
@@ -64,6 +74,10 @@ pub enum Precision {
     /// fp32 throughout: matches transformers to ~1e-5.
     #[default]
     F32,
+    /// bf16 weights and multiply inputs with fp32 sums (AVX512-BF16), in
+    /// all four linear layers; LayerNorm, softmax, GELU and the attention
+    /// products in fp32 (see [`PackedBert::to_bf16`]).
+    Bf16,
     /// int8 weights (per output column) and activations (per token) in
     /// the Q/K/V and FFN-input multiplies, int32 sums, fp32 everywhere
     /// else (see [`PackedBert::quantize_int8`]).
@@ -75,10 +89,11 @@ impl std::str::FromStr for Precision {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "f32" | "fp32" | "none" => Ok(Self::F32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
             "int8" | "i8" => Ok(Self::Int8),
             other => Err(Error::option(
                 "precision",
-                format!("`{other}` is unknown: use f32 or int8"),
+                format!("`{other}` is unknown: use f32, bf16 or int8"),
             )),
         }
     }
@@ -245,6 +260,19 @@ impl PackedBert {
     /// Runs the encoder on `sequences` of (input ids, token type ids).
     pub fn forward(&self, sequences: &[(&[u32], &[u32])]) -> Result<PackedStates> {
         self.forward_observed(sequences, &mut |_, _, _| {})
+    }
+
+    /// Switches the four linear layers of every encoder layer to bf16
+    /// weights and multiply inputs, fp32 sums. The pooler stays fp32 (one
+    /// row per text: nothing to gain), as do the embeddings, LayerNorm,
+    /// softmax, GELU and the attention products (per-head, short: a small
+    /// share of the time at these lengths).
+    pub fn to_bf16(&mut self) {
+        for l in &mut self.layers {
+            for lin in [&mut l.qkv, &mut l.attn_out, &mut l.ffn_in, &mut l.ffn_out] {
+                lin.to_bf16();
+            }
+        }
     }
 
     /// Switches the Q/K/V and FFN-input multiplies to int8 (weights per
@@ -444,6 +472,7 @@ fn run_act(
 ) {
     match &l.weights {
         Weights::F32(w) => w.matmul(x, &l.bias, y, rows, act),
+        Weights::Bf16(w) => w.matmul(x, &l.bias, y, rows, q.bf16_pairs(), act),
         Weights::I8(w) => w.matmul(x, &l.bias, y, rows, q, act),
     }
 }

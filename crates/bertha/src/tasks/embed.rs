@@ -314,7 +314,11 @@ impl Embedder {
             )));
         }
         self.packed = packed;
-        self.precision = precision;
+        // What runs: bf16 without the instructions is fp32 (and says so).
+        self.precision = match precision {
+            Precision::Bf16 if !crate::fast::cpu::has_bf16() => Precision::F32,
+            p => p,
+        };
         Ok(())
     }
 
@@ -329,6 +333,15 @@ impl Embedder {
         let Some(mut packed) = PackedBert::from_model(&self.model)? else {
             return Ok(None);
         };
+        if precision == Precision::Bf16 {
+            if crate::fast::cpu::has_bf16() {
+                packed.to_bf16();
+            } else {
+                tracing::warn!(
+                    "this CPU has no AVX512-BF16 instructions: --precision bf16 runs in fp32"
+                );
+            }
+        }
         if precision == Precision::Int8 {
             let texts: Vec<&str> = CALIBRATION_EN.lines().collect();
             let encs = self.tokenizer.encode_batch(&texts)?;

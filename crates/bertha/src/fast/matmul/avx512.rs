@@ -162,3 +162,46 @@ pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8])
     }
     quant
 }
+
+/// `R` rows × 32 columns of bf16 pair products (`vdpbf16ps`), summed in
+/// fp32 registers: `a` holds `R` rows of `k2` bf16 pairs, `panel` `k2`
+/// rows of 32 columns × 2 bf16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn tile_bf16<const R: usize>(
+    a: &[u32],
+    k2: usize,
+    panel: &[u16],
+    c: *mut f32,
+    ldc: usize,
+    bias: &[f32],
+    act: Option<Act>,
+) {
+    debug_assert!(a.len() >= R * k2 && panel.len() >= k2 * NR * 2);
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+    for i in 0..k2 {
+        let row = bp.add(i * NR * 2);
+        let ahead = row.wrapping_add(PREFETCH_ROWS * NR * 2) as *const i8;
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(row as *const __m512i));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(32) as *const __m512i));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(r * k2 + i) as i32));
+            acc[0] = _mm512_dpbf16_ps(acc[0], av, b0);
+            acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
+        }
+    }
+    let cols = bias.len();
+    let (m0, m1) = masks(cols);
+    let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
+    let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
+    for (r, acc) in acc.iter().enumerate() {
+        let dst = c.add(r * ldc);
+        _mm512_mask_storeu_ps(dst, m0, _mm512_add_ps(acc[0], bias0));
+        _mm512_mask_storeu_ps(dst.wrapping_add(16), m1, _mm512_add_ps(acc[1], bias1));
+        if let Some(act) = act {
+            activate_body(std::slice::from_raw_parts_mut(dst, cols), act);
+        }
+    }
+}

@@ -23,6 +23,10 @@
 //! Both run in parallel over (column panel, row block) tasks on the rayon
 //! pool and write `y = x · W + bias` row-major.
 
+mod bf16;
+
+pub use bf16::PackedBf16;
+
 use rayon::prelude::*;
 
 use super::cpu::features;
@@ -245,7 +249,7 @@ impl PackedI8 {
         let (k, k4, n) = (self.k, self.k4, self.n);
         check_shapes(x, bias, y, m, k, n);
         scratch.quantize(x, m, k, k4, &self.x_scales);
-        let QuantScratch { bytes, quants } = &*scratch;
+        let QuantScratch { bytes, quants, .. } = &*scratch;
         let n_groups = groups(k);
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, |p, block| {
@@ -364,16 +368,24 @@ pub struct GroupQuant {
     min: f32,
 }
 
-/// Per-row, per-group int8 activations, reused across calls.
+/// A multiply's activations in the weights' number format (per-row,
+/// per-group int8; bf16 pairs), reused across calls.
 #[derive(Debug, Default)]
 pub struct QuantScratch {
     /// [m, k4] bytes (padding: 0; the weights there are 0).
     bytes: Vec<u8>,
     /// [m, groups].
     quants: Vec<GroupQuant>,
+    /// [m, k2] bf16 pairs for [`PackedBf16`].
+    pairs: Vec<u32>,
 }
 
 impl QuantScratch {
+    /// The buffer [`PackedBf16::matmul`] rounds its input into.
+    pub fn bf16_pairs(&mut self) -> &mut Vec<u32> {
+        &mut self.pairs
+    }
+
     fn quantize(&mut self, x: &[f32], m: usize, k: usize, k4: usize, x_scales: &[f32]) {
         let n_groups = groups(k);
         self.bytes.clear();
