@@ -12,6 +12,7 @@ pub mod error;
 pub mod metrics;
 pub mod object;
 pub mod openai;
+pub mod sparse;
 pub mod state;
 pub mod work;
 
@@ -39,6 +40,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     // TEI's default route, and SageMaker's: the model type's own task.
     let root = match state.kind {
         ModelKind::Embedding if state.config.similarity_root => post(api::similarity),
+        ModelKind::Embedding if sparse::is_splade(&state) => post(sparse::embed_sparse),
         ModelKind::Embedding => post(api::embed),
         ModelKind::Classifier => post(api::predict),
         ModelKind::Reranker => post(api::rerank),
@@ -48,6 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/invocations", root)
         .route("/embed", post(api::embed))
         .route("/embed_all", post(api::embed_all))
+        .route("/embed_sparse", post(sparse::embed_sparse))
         .route("/similarity", post(api::similarity))
         .route("/tokenize", post(api::tokenize_route))
         .route("/decode", post(api::decode))
