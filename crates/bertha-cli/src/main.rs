@@ -53,7 +53,7 @@ struct Cli {
 enum Command {
     /// Token ids, token types, attention mask, tokens and character offsets.
     Tokenize(commands::tokenize::Args),
-    /// Sentence embeddings (or per-token embeddings with `--pooling none`).
+    /// Sentence embeddings (per-token with `--pooling none`, sparse with `--pooling splade`).
     Embed(commands::embed::Args),
     /// A t-SNE / PCA map of sentence vectors coloured by label, as PNG or SVG.
     EmbedMap(commands::embed_map::Args),

@@ -203,7 +203,7 @@ pub(crate) fn tei_call(prompt_name: Option<String>, dimensions: Option<usize>) -
 
 /// Prepends the request's prompt (named, else the folder's default) to
 /// `texts` and tokenizes them; also gives the first token pooling takes.
-async fn prompted(
+pub(crate) async fn prompted(
     state: &Arc<AppState>,
     texts: Vec<String>,
     call: &EncodeOptions,
@@ -268,6 +268,7 @@ pub async fn embed(
     let _permit = admit(&state)?;
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
+    crate::sparse::check_embed_normalize(&state, req.normalize)?;
     let norm = req.normalize.unwrap_or(state.normalize_default);
     let call = tei_call(req.prompt_name, req.dimensions);
     let (rows, _) = pooled(
@@ -290,6 +291,7 @@ pub async fn embed_all(
     let _permit = admit(&state)?;
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
+    crate::sparse::refuse_on_splade(&state, "embed_all")?;
     if req.dimensions.is_some() {
         return Err(ApiError::validation(
             "`dimensions` applies to pooled vectors (/embed), not to /embed_all",

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bertha::tasks::TokenEmbeddings;
-use bertha::{Embedder, Encoded};
+use bertha::{Embedder, Encoded, SparseVector};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ApiError;
@@ -25,11 +25,14 @@ pub enum Want {
     Pooled,
     /// One vector per token per input.
     Tokens,
+    /// One SPLADE sparse vector per input (a SPLADE model only).
+    Sparse,
 }
 
 pub enum Output {
     Pooled(Vec<Vec<f32>>),
     Tokens(Vec<TokenEmbeddings>),
+    Sparse(Vec<SparseVector>),
 }
 
 struct Job {
@@ -199,6 +202,12 @@ fn worker(
                     let _ = job.reply.send(Ok(Output::Tokens(mine)));
                 }
             }
+            Ok(Output::Sparse(mut rows)) => {
+                for job in jobs.into_iter().rev() {
+                    let mine = rows.split_off(rows.len() - job.inputs.len());
+                    let _ = job.reply.send(Ok(Output::Sparse(mine)));
+                }
+            }
         }
     }
 }
@@ -217,5 +226,12 @@ fn forward(
         Want::Tokens => embedder
             .embed_tokens_encoded(inputs, inputs.len().max(1), &mut |_| {})
             .map(Output::Tokens),
+        // The MLM logits run a bounded number of tokens at a time, and each
+        // text's vocabulary-sized vector is made sparse as soon as it is
+        // complete: a batch holds its encoder states, one chunk of logits
+        // and its sparse answers.
+        Want::Sparse => embedder
+            .embed_sparse_encoded_from(inputs, starts, inputs.len().max(1), &mut |_| {})
+            .map(Output::Sparse),
     }
 }

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod object;
 pub mod openai;
 pub mod served;
+pub mod sparse;
 pub mod state;
 pub mod work;
 
@@ -108,6 +109,7 @@ fn model_routes(state: Arc<AppState>, place: Place, key: &Arc<Option<String>>) -
     // TEI's default route, and SageMaker's: the model type's own task.
     let root = match state.kind {
         ModelKind::Embedding if state.config.similarity_root => post(api::similarity),
+        ModelKind::Embedding if sparse::is_splade(&state) => post(sparse::embed_sparse),
         ModelKind::Embedding => post(api::embed),
         ModelKind::Classifier => post(api::predict),
         ModelKind::Reranker => post(api::rerank),
@@ -117,6 +119,7 @@ fn model_routes(state: Arc<AppState>, place: Place, key: &Arc<Option<String>>) -
         .route("/invocations", root)
         .route("/embed", post(api::embed))
         .route("/embed_all", post(api::embed_all))
+        .route("/embed_sparse", post(sparse::embed_sparse))
         .route("/similarity", post(api::similarity))
         .route("/tokenize", post(api::tokenize_route))
         .route("/decode", post(api::decode))

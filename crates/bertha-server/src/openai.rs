@@ -97,6 +97,7 @@ async fn embed(state: Arc<AppState>, req: OpenAiRequest) -> AppResult<Json<OpenA
     let _permit = admit(&state)?;
     let texts = req.input.into_vec();
     check_batch(&state, texts.len())?;
+    crate::sparse::refuse_on_splade(&state, "/v1/embeddings")?;
     let call = tei_call(None, req.dimensions);
     let (rows, tokens) = pooled(
         &state,

@@ -3,7 +3,8 @@
 //! The crate follows the path of a text through a model:
 //! [`config`] → [`io`] (the model folder, its tokenizer and weights, the
 //! user's texts) → [`model`] (the generic BERT, one file per family member,
-//! the task heads behind [`BertHead`]) → [`pooling`] → [`tasks`] (the
+//! the task heads behind [`BertHead`]) → [`pooling`] (and [`splade`]'s
+//! sparse vectors from the MLM head) → [`tasks`] (the
 //! pipelines, and fine-tuned checkpoints in use). [`fast`] runs the same
 //! encoder on packed sequences for CPU inference.
 //!
@@ -28,6 +29,7 @@ pub mod pooling;
 pub mod rng;
 #[cfg(feature = "show")]
 pub mod show;
+pub mod splade;
 pub mod tasks;
 pub mod training;
 
@@ -44,6 +46,7 @@ pub use model::{
     HeadLabels, HeadOptions, HeadOutput, TaskOutput,
 };
 pub use pooling::Pooling;
+pub use splade::{SparseValue, SparseVector, SpladeActivation, SpladeOptions, SpladeStrategy};
 pub use tasks::{EmbedOptions, Embedder, EncodeOptions};
 
 /// The tensor types of our API, re-exported so users need not pin candle.

@@ -24,6 +24,11 @@ pub enum Pooling {
     Pooler,
     /// No pooling: one vector per token.
     None,
+    /// SPLADE: the MLM head's logits at every real token, through
+    /// log(1 + relu(·)) and pooled over the tokens (max by default) to
+    /// one sparse vocabulary-sized vector ([`crate::splade`]). Needs a
+    /// checkpoint with its MLM head.
+    Splade,
 }
 
 impl FromStr for Pooling {
@@ -37,11 +42,12 @@ impl FromStr for Pooling {
             "mean_sqrt_len" | "mean_sqrt_len_tokens" => Self::MeanSqrtLen,
             "pooler" => Self::Pooler,
             "none" => Self::None,
+            "splade" => Self::Splade,
             other => {
                 return Err(Error::option(
                     "pooling",
                     format!(
-                    "`{other}` is unknown (expected cls, mean, max, mean_sqrt_len, pooler or none)"
+                    "`{other}` is unknown (expected cls, mean, max, mean_sqrt_len, pooler, none or splade)"
                 ),
                 ))
             }
@@ -58,6 +64,7 @@ impl Pooling {
             Self::MeanSqrtLen => "mean_sqrt_len",
             Self::Pooler => "pooler",
             Self::None => "none",
+            Self::Splade => "splade",
         }
     }
 }
@@ -95,6 +102,12 @@ pub fn pool(
         Pooling::None => {
             candle_core::bail!("pooling `none` keeps token vectors; there is nothing to pool")
         }
+        Pooling::Splade => {
+            candle_core::bail!(
+                "pooling `splade` pools the MLM head's logits, not token states: use an \
+                 Embedder loaded with it (or crate::splade::SpladeHead)"
+            )
+        }
     }
 }
 
@@ -111,12 +124,15 @@ pub fn normalize(x: &Tensor) -> CResult<Tensor> {
 
 /// Pools one text's token states (`rows`, [tokens, d], no padding) to one
 /// vector; the slice form of [`pool`] for the packed fast path.
-/// [`Pooling::Pooler`] and [`Pooling::None`] are not token poolings and
-/// are handled by the caller.
+/// [`Pooling::Pooler`], [`Pooling::None`] and [`Pooling::Splade`] are not
+/// poolings of token states and are handled by the caller (they get the
+/// first row here).
 pub fn pool_rows(rows: &[f32], d: usize, pooling: Pooling) -> Vec<f32> {
     let n = rows.len() / d.max(1);
     match pooling {
-        Pooling::Cls | Pooling::Pooler | Pooling::None => rows[..d].to_vec(),
+        Pooling::Cls | Pooling::Pooler | Pooling::None | Pooling::Splade => {
+            rows[..d.min(rows.len())].to_vec()
+        }
         Pooling::Mean | Pooling::MeanSqrtLen => {
             let mut sum = vec![0f32; d];
             for r in rows.chunks(d) {

@@ -4,6 +4,11 @@
 //! size, the output grows from the first chunk (in `OUT.partial`, renamed
 //! to `OUT` when complete), and `--resume-output` continues an interrupted
 //! run after its last complete line.
+//!
+//! Each line is `{"embedding": [..]}`; with `--pooling splade` (or a
+//! SparseEncoder folder) the vector is sparse, in TEI's `/embed_sparse`
+//! shape: `{"embedding": [{"index": 2023, "value": 1.52}, ..]}`, the
+//! nonzero vocabulary entries by increasing index.
 
 use anyhow::{bail, Result};
 use bertha::{Embedder, EncodeOptions, Pooling};
@@ -43,6 +48,9 @@ pub fn run(args: Args) -> Result<()> {
     let opts = a.encode_options();
     // Checks the prompt and dimensions before any output is made.
     embedder.encode_texts::<&str>(&[], &opts)?;
+    if embedder.is_sparse() {
+        embedder.embed_sparse_with::<&str>(&[], &opts, 1, &mut |_| {})?;
+    }
     let mut stream = a.texts.stream()?;
     let (mut out, done) = match &a.output {
         Some(path) if args.resume_output => StreamedLines::resume(path)?,
@@ -113,6 +121,10 @@ fn embed_chunk(
     if embedder.pooling() == Pooling::None {
         for row in embedder.embed_tokens_encoded(&encodings, batch_size, progress)? {
             out.write(&row)?;
+        }
+    } else if embedder.is_sparse() {
+        for row in embedder.embed_sparse_encoded_with(&encodings, opts, batch_size, progress)? {
+            out.write(&json!({ "embedding": row }))?;
         }
     } else {
         for row in embedder.embed_encoded_with(&encodings, opts, batch_size, progress)? {

@@ -65,7 +65,8 @@ pub struct EmbedArgs {
     #[command(flatten)]
     pub model: ModelArgs,
 
-    /// cls, mean, max, mean_sqrt_len, pooler or none (default: the folder's
+    /// cls, mean, max, mean_sqrt_len, pooler, none or splade (sparse
+    /// vectors from the MLM head) (default: the folder's
     /// sentence-transformers pooling, else mean).
     #[arg(long)]
     pub pooling: Option<String>,

@@ -48,7 +48,8 @@ pub struct Args {
     #[arg(long, env = "BERTHA_API_KEY")]
     api_key: Option<String>,
 
-    /// Pooling for /embed (default: the folder's, else mean).
+    /// Pooling for /embed (default: the folder's, else mean); `splade` on a
+    /// masked-LM checkpoint serves TEI's /embed_sparse (and `POST /`).
     #[arg(long)]
     pooling: Option<String>,
 

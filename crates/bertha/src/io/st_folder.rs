@@ -1,6 +1,8 @@
 //! The sentence-transformers folder layout: `modules.json` (Transformer →
 //! Pooling → optional Normalize), the Pooling module's `config.json`,
 //! `sentence_bert_config.json` and `config_sentence_transformers.json`.
+//! SparseEncoder folders read too: (MLM)Transformer → SpladePooling, whose
+//! `config.json` gives the SPLADE settings.
 //!
 //! Both layouts read: sentence-transformers 2–5 (legacy `pooling_mode_*`
 //! flags, `max_seq_length` in `sentence_bert_config.json`) and 6 (one
@@ -15,6 +17,7 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::pooling::Pooling;
+use crate::splade::SpladeOptions;
 use crate::training::checkpoint::write_atomic;
 
 /// What a sentence-transformers folder prescribes beyond the encoder.
@@ -35,6 +38,9 @@ pub struct SentenceTransformerSpec {
     pub default_prompt_name: Option<String>,
     /// `cosine`, `dot`, `euclidean` or `manhattan`, as the folder says.
     pub similarity_fn_name: Option<String>,
+    /// A SparseEncoder's SpladePooling settings (`pooling` is then
+    /// [`Pooling::Splade`]).
+    pub splade: Option<SpladeOptions>,
 }
 
 /// Module types written to `modules.json`: the `sentence_transformers.models`
@@ -60,6 +66,7 @@ impl SentenceTransformerSpec {
             prompts: BTreeMap::new(),
             default_prompt_name: None,
             similarity_fn_name: Some("cosine".into()),
+            splade: None,
         }
     }
 
@@ -82,7 +89,13 @@ impl SentenceTransformerSpec {
             let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
             let sub = dir.join(m.get("path").and_then(Value::as_str).unwrap_or_default());
             match ty.rsplit('.').next().unwrap_or_default() {
-                "Transformer" => {}
+                // A SparseEncoder's MLMTransformer is a Transformer whose
+                // output is the MLM head's logits, which SpladePooling reads.
+                "Transformer" | "MLMTransformer" => {}
+                "SpladePooling" => {
+                    spec.splade = Some(read_splade_config(&sub.join("config.json"))?);
+                    spec.pooling = Pooling::Splade;
+                }
                 "Normalize" => {
                     check_normalize_config(&sub.join("config.json"))?;
                     spec.normalize = true;
@@ -95,7 +108,7 @@ impl SentenceTransformerSpec {
                     return Err(Error::config(
                         &modules_path,
                         format!("[{i}].type"),
-                        format!("module `{ty}` is not supported (supported: Transformer, Pooling, Normalize)"),
+                        format!("module `{ty}` is not supported (supported: Transformer, Pooling, Normalize; MLMTransformer, SpladePooling)"),
                     ))
                 }
             }
@@ -182,7 +195,7 @@ impl SentenceTransformerSpec {
             Pooling::Mean => "pooling_mode_mean_tokens",
             Pooling::Max => "pooling_mode_max_tokens",
             Pooling::MeanSqrtLen => "pooling_mode_mean_sqrt_len_tokens",
-            Pooling::Pooler | Pooling::None => {
+            Pooling::Pooler | Pooling::None | Pooling::Splade => {
                 return Err(Error::option(
                     "pooling",
                     format!(
@@ -408,6 +421,44 @@ fn read_pooling_config(path: &Path) -> Result<(Pooling, bool)> {
     Ok((pooling, include_prompt))
 }
 
+/// A SpladePooling module's `pooling_strategy` and `activation_function`
+/// (both optional: max and relu, as sentence-transformers). Its
+/// `embedding_dimension` (`word_embedding_dimension` before version 6) is
+/// the vocabulary size, which the model says itself.
+fn read_splade_config(path: &Path) -> Result<SpladeOptions> {
+    let mut options = SpladeOptions::default();
+    if !path.is_file() {
+        return Ok(options);
+    }
+    let v = read_json(path)?;
+    let field = |name: &str| -> Result<Option<&str>> {
+        match v.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(Error::config(
+                path,
+                name,
+                format!("expected a string, got {other}"),
+            )),
+        }
+    };
+    let reason = |e: Error| match e {
+        Error::Option { reason, .. } => reason,
+        other => other.to_string(),
+    };
+    if let Some(s) = field("pooling_strategy")? {
+        options.strategy = s
+            .parse()
+            .map_err(|e| Error::config(path, "pooling_strategy", reason(e)))?;
+    }
+    if let Some(s) = field("activation_function")? {
+        options.activation = s
+            .parse()
+            .map_err(|e| Error::config(path, "activation_function", reason(e)))?;
+    }
+    Ok(options)
+}
+
 /// The mode named by the `pooling_mode_*` flags of versions before 6.
 fn legacy_pooling_mode(path: &Path, v: &Value) -> Result<String> {
     let flags = [
@@ -466,6 +517,7 @@ mod tests {
                 prompts,
                 default_prompt_name: None,
                 similarity_fn_name: Some("cosine".into()),
+                splade: None,
             }
         );
     }

@@ -1,6 +1,7 @@
 //! Sentence and token embeddings, like sentence-transformers' `encode`
 //! and TEI's `/embed` and `/embed_all`, with their prompts and Matryoshka
-//! `dimensions`.
+//! `dimensions`; and SPLADE's sparse vectors (pooling `splade`), like
+//! sentence-transformers' SparseEncoder and TEI's `/embed_sparse`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,8 +14,10 @@ use crate::fast::{PackedBert, PackedStates, Precision};
 use crate::io::st_folder::{known_names, SentenceTransformerSpec};
 use crate::io::tokenizer::{Encoded, Tokenizer};
 use crate::io::ModelDir;
-use crate::model::{BertInput, BertModel, ForwardOptions};
+use crate::model::{BertForMaskedLM, BertHead, BertInput, BertModel, ForwardOptions};
+use crate::model::{HeadInit, HeadKind};
 use crate::pooling::{self, Pooling};
+use crate::splade::{SparseVector, SpladeHead, SpladeOptions};
 
 /// Overrides of what the model folder prescribes.
 #[derive(Debug, Clone, Default)]
@@ -71,6 +74,8 @@ pub struct Embedder {
     /// Whether a prompt's tokens are pooled with the text's.
     include_prompt: bool,
     max_batch_tokens: usize,
+    /// The MLM head and SPLADE settings (pooling `splade` only).
+    splade: Option<SpladeHead>,
 }
 
 /// Calibration texts of int8 quantization: 256 sentences from the lead
@@ -85,24 +90,34 @@ pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16384;
 impl Embedder {
     /// Loads model, tokenizer and pooling from a model folder. Without
     /// overrides, a sentence-transformers folder uses its own pooling,
-    /// normalisation, `max_seq_length` and prompts; a plain checkpoint uses
-    /// mean pooling without normalisation and `max_position_embeddings`.
+    /// normalisation, `max_seq_length` and prompts (a SparseEncoder
+    /// folder, SPLADE with its SpladePooling settings); a plain checkpoint
+    /// uses mean pooling without normalisation and `max_position_embeddings`.
     /// Pooling `none` is not normalised unless `opts.normalize` says so.
+    /// Pooling `splade` loads the checkpoint's MLM head too, and is an
+    /// error naming the missing tensor when it has none.
     pub fn from_dir(dir: &Path, device: &Device, opts: &EmbedOptions) -> Result<Self> {
         let folder = ModelDir::open(dir)?;
+        let spec = SentenceTransformerSpec::from_dir(dir)?;
+        let pooling = opts
+            .pooling
+            .or(spec.as_ref().map(|s| s.pooling))
+            .unwrap_or(Pooling::Mean);
         let (config, weights) = folder.config_and_weights()?;
-        let model = BertModel::from_weights(weights, config, device)?;
+        let (model, splade) = if pooling == Pooling::Splade {
+            let head = load_mlm_head(weights, config, device)?;
+            let options = spec.as_ref().and_then(|s| s.splade).unwrap_or_default();
+            let splade = SpladeHead::new(head.predictions().clone(), options);
+            (head.bert().clone(), Some(splade))
+        } else {
+            (BertModel::from_weights(weights, config, device)?, None)
+        };
         let max_length = match opts.max_length {
             Some(n) => n,
             None => folder.default_max_length(model.config())?,
         };
         check_max_length(max_length, model.config())?;
         let tokenizer = folder.model_tokenizer(model.config(), max_length)?;
-        let spec = SentenceTransformerSpec::from_dir(dir)?;
-        let pooling = opts
-            .pooling
-            .or(spec.as_ref().map(|s| s.pooling))
-            .unwrap_or(Pooling::Mean);
         // A Normalize module acts on sentence vectors: token vectors
         // (pooling `none`) stay the raw last hidden state unless asked, as
         // sentence-transformers' `token_embeddings` and TEI's `/embed_all`.
@@ -111,7 +126,7 @@ impl Embedder {
             (None, Pooling::None) => false,
             (None, _) => spec.as_ref().is_some_and(|s| s.normalize),
         };
-        let mut embedder = Self::new(model, tokenizer, pooling, normalize)?;
+        let mut embedder = Self::build(model, tokenizer, pooling, normalize, splade)?;
         if let Some(spec) = spec {
             embedder.set_prompts(spec.prompts, spec.default_prompt_name)?;
             embedder.include_prompt = spec.include_prompt;
@@ -122,12 +137,55 @@ impl Embedder {
         Ok(embedder)
     }
 
+    /// An embedder of `model`'s token states. Pooling `splade` needs the
+    /// MLM head: see [`Embedder::new_splade`].
     pub fn new(
         model: BertModel,
         tokenizer: Tokenizer,
         pooling: Pooling,
         normalize: bool,
     ) -> Result<Self> {
+        Self::build(model, tokenizer, pooling, normalize, None)
+    }
+
+    /// A SPLADE embedder: `head`'s encoder and MLM head, pooled as
+    /// `options` says. Vectors are normalised only when `normalize` is set
+    /// (SPLADE models do not normalise).
+    pub fn new_splade(
+        head: BertForMaskedLM,
+        tokenizer: Tokenizer,
+        options: SpladeOptions,
+        normalize: bool,
+    ) -> Result<Self> {
+        let splade = SpladeHead::new(head.predictions().clone(), options);
+        Self::build(
+            head.bert().clone(),
+            tokenizer,
+            Pooling::Splade,
+            normalize,
+            Some(splade),
+        )
+    }
+
+    fn build(
+        model: BertModel,
+        tokenizer: Tokenizer,
+        pooling: Pooling,
+        normalize: bool,
+        splade: Option<SpladeHead>,
+    ) -> Result<Self> {
+        if pooling == Pooling::Splade && splade.is_none() {
+            return Err(Error::Input(
+                "pooling `splade` needs the model's MLM head: load with Embedder::from_dir \
+                 or Embedder::new_splade"
+                    .into(),
+            ));
+        }
+        let splade = if pooling == Pooling::Splade {
+            splade
+        } else {
+            None
+        };
         if pooling == Pooling::Pooler && !model.has_pooler() {
             return Err(Error::Input(
                 "pooling `pooler` needs a model with pooler weights".into(),
@@ -145,6 +203,7 @@ impl Embedder {
             default_prompt_name: None,
             include_prompt: true,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            splade,
         })
     }
 
@@ -249,7 +308,8 @@ impl Embedder {
         Ok(Some(Prompt { text, pool_start }))
     }
 
-    /// Checks a Matryoshka size: 1 to the hidden size, pooled vectors only.
+    /// Checks a Matryoshka size: 1 to the embedding size, pooled vectors
+    /// only.
     pub fn check_dimensions(&self, dimensions: Option<usize>) -> Result<()> {
         let Some(d) = dimensions else {
             return Ok(());
@@ -260,7 +320,7 @@ impl Embedder {
                 "applies to pooled vectors, and pooling `none` gives token vectors",
             ));
         }
-        let size = self.model.config().hidden_size;
+        let size = self.dimension();
         if d == 0 || d > size {
             return Err(Error::option(
                 "dimensions",
@@ -373,6 +433,48 @@ impl Embedder {
 
     pub fn pooling(&self) -> Pooling {
         self.pooling
+    }
+
+    /// The length of a pooled vector: the hidden size, or the vocabulary
+    /// size for SPLADE.
+    pub fn dimension(&self) -> usize {
+        match &self.splade {
+            Some(head) => head.vocab_size(),
+            None => self.model.config().hidden_size,
+        }
+    }
+
+    /// Whether this embedder makes sparse vectors (pooling `splade`).
+    pub fn is_sparse(&self) -> bool {
+        self.splade.is_some()
+    }
+
+    /// The SPLADE settings (pooling `splade` only).
+    pub fn splade_options(&self) -> Option<SpladeOptions> {
+        self.splade.as_ref().map(SpladeHead::options)
+    }
+
+    /// Changes the SPLADE settings; an error unless pooling is `splade`.
+    pub fn set_splade_options(&mut self, options: SpladeOptions) -> Result<()> {
+        self.splade_head_mut()?.set_options(options);
+        Ok(())
+    }
+
+    /// Caps the tokens whose MLM logits (a vocabulary's worth of floats
+    /// each) are held at once; `0` is the default (32 MB of logits). The
+    /// vectors do not depend on it. An error unless pooling is `splade`.
+    pub fn set_splade_chunk_tokens(&mut self, tokens: usize) -> Result<()> {
+        self.splade_head_mut()?.set_chunk_tokens(tokens);
+        Ok(())
+    }
+
+    fn splade_head_mut(&mut self) -> Result<&mut SpladeHead> {
+        let pooling = self.pooling.name();
+        self.splade.as_mut().ok_or_else(|| {
+            Error::Input(format!(
+                "this embedder pools `{pooling}`, not `splade`: it has no SPLADE settings"
+            ))
+        })
     }
 
     pub fn normalizes(&self) -> bool {
@@ -513,6 +615,17 @@ impl Embedder {
 
     /// Pooled vectors of `encs`, text `i` pooled from token `starts[i]`.
     fn run_pooled(&self, encs: &[&Encoded], starts: &[usize]) -> Result<Vec<Vec<f32>>> {
+        if self.splade.is_some() {
+            let mut rows = vec![Vec::new(); encs.len()];
+            self.run_splade(encs, starts, &mut |i, mut row| {
+                if self.normalize {
+                    pooling::normalize_in_place(&mut row);
+                }
+                rows[i] = row;
+                Ok(())
+            })?;
+            return Ok(rows);
+        }
         let from = |i: usize, tokens: usize| starts[i].min(tokens.saturating_sub(1));
         if let Some(states) = self.packed_states(encs)? {
             let d = states.hidden;
@@ -566,6 +679,145 @@ impl Embedder {
             pooled = pooling::normalize(&pooled)?;
         }
         Ok(pooled.to_vec2::<f32>()?)
+    }
+
+    /// Sparse vectors of `encs`, text `i` pooled from token `starts[i]`.
+    fn run_sparse(&self, encs: &[&Encoded], starts: &[usize]) -> Result<Vec<SparseVector>> {
+        let mut rows = vec![SparseVector::default(); encs.len()];
+        self.run_splade(encs, starts, &mut |i, mut row| {
+            if self.normalize {
+                pooling::normalize_in_place(&mut row);
+            }
+            rows[i] = SparseVector::from_dense(&row);
+            Ok(())
+        })?;
+        Ok(rows)
+    }
+
+    /// The SPLADE vector of each of `encs` (from token `starts[i]` on),
+    /// handed to `emit` one at a time: the encoder's states of the real
+    /// tokens through the MLM head, a bounded number of tokens at a time.
+    fn run_splade(
+        &self,
+        encs: &[&Encoded],
+        starts: &[usize],
+        emit: &mut dyn FnMut(usize, Vec<f32>) -> Result<()>,
+    ) -> Result<()> {
+        let head = self
+            .splade
+            .as_ref()
+            .ok_or_else(|| Error::Input("pooling `splade` needs the MLM head".into()))?;
+        let from = |i: usize, tokens: usize| starts[i].min(tokens.saturating_sub(1));
+        let texts: Vec<Tensor> = if let Some(states) = self.packed_states(encs)? {
+            let d = states.hidden;
+            (0..states.len())
+                .map(|s| {
+                    let seq = states.sequence(s);
+                    let n = seq.len() / d.max(1);
+                    let f = from(s, n);
+                    Tensor::from_slice(&seq[f * d..n * d], (n - f, d), self.model.device())
+                })
+                .collect::<candle_core::Result<_>>()?
+        } else {
+            let (_, out) = self.forward(encs)?;
+            encs.iter()
+                .enumerate()
+                .map(|(r, e)| {
+                    let f = from(r, e.len());
+                    out.last_hidden_state.get(r)?.narrow(0, f, e.len() - f)
+                })
+                .collect::<candle_core::Result<_>>()?
+        };
+        head.pool(&texts, emit)
+    }
+
+    /// One sparse vector per text (pooling `splade`), in input order: the
+    /// nonzero entries of the vocabulary-sized SPLADE vector, as
+    /// sentence-transformers' SparseEncoder and TEI's `/embed_sparse`.
+    /// Texts run as in [`Embedder::embed`].
+    pub fn embed_sparse<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<SparseVector>> {
+        self.embed_sparse_with(texts, &EncodeOptions::default(), batch_size, progress)
+    }
+
+    /// As [`Embedder::embed_sparse`], with a call's prompt (`dimensions`
+    /// is refused: a sparse vector's entries are vocabulary ids).
+    pub fn embed_sparse_with<S: AsRef<str> + Sync>(
+        &self,
+        texts: &[S],
+        opts: &EncodeOptions,
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<SparseVector>> {
+        self.check_sparse(opts)?;
+        let encodings = self.encode_texts(texts, opts)?;
+        self.embed_sparse_encoded_with(&encodings, opts, batch_size, progress)
+    }
+
+    /// Sparse vectors of what [`Embedder::encode_texts`] made of the texts
+    /// for the same `opts` (pooled past the prompt when the folder says so).
+    pub fn embed_sparse_encoded_with(
+        &self,
+        encodings: &[Encoded],
+        opts: &EncodeOptions,
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<SparseVector>> {
+        self.check_sparse(opts)?;
+        let start = self.prompt(opts)?.map_or(0, |p| p.pool_start);
+        self.embed_sparse_encoded_from(
+            encodings,
+            &vec![start; encodings.len()],
+            batch_size,
+            progress,
+        )
+    }
+
+    /// Sparse vectors of texts already tokenized, text `i` pooled from its
+    /// token `pool_start[i]` on (0: every token), in input order. Batches
+    /// are length-sorted and capped as [`Embedder::embed_encoded_from`]'s,
+    /// and only one batch's dense vectors are held at once.
+    pub fn embed_sparse_encoded_from(
+        &self,
+        encodings: &[Encoded],
+        pool_start: &[usize],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<SparseVector>> {
+        self.check_sparse(&EncodeOptions::default())?;
+        if pool_start.len() != encodings.len() {
+            return Err(Error::Input(format!(
+                "{} pool starts for {} texts",
+                pool_start.len(),
+                encodings.len()
+            )));
+        }
+        self.in_batches(encodings, batch_size, progress, |batch| {
+            let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
+            let starts: Vec<usize> = batch.iter().map(|&i| pool_start[i]).collect();
+            self.run_sparse(&encs, &starts)
+        })
+    }
+
+    /// Sparse vectors need pooling `splade`, and take no `dimensions`.
+    fn check_sparse(&self, opts: &EncodeOptions) -> Result<()> {
+        if self.splade.is_none() {
+            return Err(Error::Input(format!(
+                "sparse vectors need pooling `splade` (this embedder pools `{}`)",
+                self.pooling.name()
+            )));
+        }
+        if opts.dimensions.is_some() {
+            return Err(Error::option(
+                "dimensions",
+                "applies to dense vectors: a SPLADE vector's entries are vocabulary ids, kept whole",
+            ));
+        }
+        Ok(())
     }
 
     fn forward(&self, encs: &[&Encoded]) -> Result<(BertInput, crate::model::BertOutput)> {
@@ -639,6 +891,32 @@ impl Embedder {
             })
             .collect()
     }
+}
+
+/// The encoder and MLM head of a checkpoint, for pooling `splade`; a
+/// checkpoint without the head is an error naming the missing tensor.
+fn load_mlm_head(
+    weights: crate::io::weights::Weights,
+    config: BertConfig,
+    device: &Device,
+) -> Result<BertForMaskedLM> {
+    if let Some(missing) = HeadKind::MaskedLM.missing_tensor(&weights, &config) {
+        let saved_as = if config.architectures.is_empty() {
+            "config.json names no architecture".to_string()
+        } else {
+            format!("saved as {}", config.architectures.join(", "))
+        };
+        return Err(Error::Weights {
+            path: weights.origin().to_path_buf(),
+            reason: format!(
+                "pooling `splade` reads the masked-LM head ({}), and this checkpoint has none: \
+                 missing tensor `{missing}` ({saved_as}). Use a SPLADE or masked-LM checkpoint, \
+                 or another pooling",
+                HeadKind::MaskedLM.class_name(&config.family)
+            ),
+        });
+    }
+    BertForMaskedLM::from_weights(weights, config, HeadInit::FromCheckpoint, device)
 }
 
 fn check_max_length(max_length: usize, config: &BertConfig) -> Result<()> {

@@ -240,7 +240,7 @@ impl EmbeddingTrainer {
         dev: Option<EmbeddingData>,
         opts: EmbeddingOptions,
     ) -> Result<Self> {
-        if matches!(pooling, Pooling::None | Pooling::Pooler) {
+        if matches!(pooling, Pooling::None | Pooling::Pooler | Pooling::Splade) {
             return Err(Error::option(
                 "pooling",
                 format!(

@@ -93,6 +93,23 @@ impl HeadKind {
             })
     }
 
+    /// The first tensor of this head (or of the pooler it reads) that
+    /// `weights` lack, by its checkpoint name; `None` when the checkpoint
+    /// has the head. What loading with [`super::HeadInit::FromCheckpoint`]
+    /// checks, for callers that explain a missing head in their own words.
+    pub fn missing_tensor(
+        self,
+        weights: &crate::io::weights::Weights,
+        config: &BertConfig,
+    ) -> Option<String> {
+        let base = weights
+            .base_prefix(config.family.prefix())
+            .unwrap_or_default();
+        self.head_tensors(&base, config)
+            .into_iter()
+            .find(|n| !weights.contains(n))
+    }
+
     /// The tensors (relative to the checkpoint root) that the head itself
     /// owns; `base` is the encoder's prefix (`"bert."` or `""`).
     pub(super) fn head_tensors(self, base: &str, config: &BertConfig) -> Vec<String> {
