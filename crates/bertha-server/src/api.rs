@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bertha::tasks::{
-    Aggregation, Answer, Entity, LabelScore, MaskPrediction, QaOptions, ScoreFunction,
+    Aggregation, Answer, Classifier, Entity, LabelScore, MaskPrediction, QaOptions, ScoreFunction,
 };
 use bertha::{EncodeOptions, Encoded};
 use serde::{Deserialize, Serialize};
@@ -298,25 +298,47 @@ pub async fn embed_all(
         ));
     }
     let call = tei_call(req.prompt_name, None);
-    let (encodings, _) =
-        prompted(&state, texts, &call, req.truncate, req.truncation_direction).await?;
+    let norm = req.normalize.unwrap_or(false);
+    let (rows, _) = token_vectors(
+        &state,
+        texts,
+        &call,
+        req.truncate,
+        req.truncation_direction,
+        norm,
+    )
+    .await?;
+    Ok(Json(rows))
+}
+
+/// Every token's vector of each text (the prompt's tokens included),
+/// normalised when `norm`; also the tokens used.
+pub(crate) async fn token_vectors(
+    state: &Arc<AppState>,
+    texts: Vec<String>,
+    call: &EncodeOptions,
+    truncate: bool,
+    dir: TruncationDirection,
+    norm: bool,
+) -> AppResult<(Vec<Vec<Vec<f32>>>, usize)> {
+    let (encodings, _) = prompted(state, texts, call, truncate, dir).await?;
+    let tokens = encodings.iter().map(Encoded::len).sum();
     let out = state.batcher.run(encodings, Want::Tokens).await?;
     let Output::Tokens(rows) = out else {
         return Err(ApiError::backend(
             "the batcher answered with pooled vectors",
         ));
     };
-    let norm = req.normalize.unwrap_or(false);
-    Ok(Json(
-        rows.into_iter()
-            .map(|mut t| {
-                if norm {
-                    t.embeddings.iter_mut().for_each(|v| normalize(v));
-                }
-                t.embeddings
-            })
-            .collect(),
-    ))
+    let rows = rows
+        .into_iter()
+        .map(|mut t| {
+            if norm {
+                t.embeddings.iter_mut().for_each(|v| normalize(v));
+            }
+            t.embeddings
+        })
+        .collect();
+    Ok((rows, tokens))
 }
 
 #[derive(Debug, Deserialize)]
@@ -432,12 +454,12 @@ fn yes() -> bool {
 
 #[derive(Debug, Serialize)]
 pub struct SimpleToken {
-    id: u32,
-    text: String,
-    special: bool,
+    pub id: u32,
+    pub text: String,
+    pub special: bool,
     /// Character offsets into the input; `null` for special tokens.
-    start: Option<usize>,
-    stop: Option<usize>,
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
 }
 
 /// TEI's bound on a text /tokenize takes: this many characters per token
@@ -454,6 +476,18 @@ pub async fn tokenize_route(
 ) -> AppResult<Json<Vec<Vec<SimpleToken>>>> {
     let texts = req.inputs.into_vec();
     check_batch(&state, texts.len())?;
+    Ok(Json(
+        simple_tokens(&state, texts, req.add_special_tokens).await?,
+    ))
+}
+
+/// Every token of each text, never truncated; a text over TEI's character
+/// bound is a 413.
+pub(crate) async fn simple_tokens(
+    state: &Arc<AppState>,
+    texts: Vec<String>,
+    add_special_tokens: bool,
+) -> AppResult<Vec<Vec<SimpleToken>>> {
     let limit = state.max_input_length() * CHARS_PER_TOKEN;
     for (i, t) in texts.iter().enumerate() {
         let chars = t.chars().count();
@@ -464,13 +498,13 @@ pub async fn tokenize_route(
         }
     }
     let st = state.clone();
-    let out = tokio::task::spawn_blocking(move || -> AppResult<Vec<Vec<SimpleToken>>> {
+    tokio::task::spawn_blocking(move || -> AppResult<Vec<Vec<SimpleToken>>> {
         let inner = &st.untruncated;
         texts
             .iter()
             .map(|t| {
                 let e = inner
-                    .encode_char_offsets(t.as_str(), req.add_special_tokens)
+                    .encode_char_offsets(t.as_str(), add_special_tokens)
                     .map_err(|e| ApiError::validation(e.to_string()))?;
                 Ok(e.get_ids()
                     .iter()
@@ -489,8 +523,7 @@ pub async fn tokenize_route(
             .collect()
     })
     .await
-    .map_err(|e| ApiError::backend(e.to_string()))??;
-    Ok(Json(out))
+    .map_err(|e| ApiError::backend(e.to_string()))?
 }
 
 #[derive(Debug, Deserialize)]
@@ -517,22 +550,29 @@ pub async fn decode(
         Ids::One(v) => vec![v],
         Ids::Many(v) => v,
     };
-    let vocab = state.embedder.tokenizer().vocab_size();
-    let mut out = Vec::with_capacity(lists.len());
-    for ids in &lists {
-        if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-            return Err(ApiError::validation(format!(
-                "id {bad} is outside the vocabulary ({vocab})"
-            )));
-        }
-        out.push(
-            state
-                .embedder
-                .tokenizer()
-                .decode(ids, req.skip_special_tokens)?,
-        );
-    }
+    let out = lists
+        .iter()
+        .map(|ids| decode_ids(&state, ids, req.skip_special_tokens))
+        .collect::<AppResult<_>>()?;
     Ok(Json(out))
+}
+
+/// The text of token `ids`; an id outside the vocabulary is a 422.
+pub(crate) fn decode_ids(
+    state: &AppState,
+    ids: &[u32],
+    skip_special_tokens: bool,
+) -> AppResult<String> {
+    let vocab = state.embedder.tokenizer().vocab_size();
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(ApiError::validation(format!(
+            "id {bad} is outside the vocabulary ({vocab})"
+        )));
+    }
+    Ok(state
+        .embedder
+        .tokenizer()
+        .decode(ids, skip_special_tokens)?)
 }
 
 /// `GET /models/NAME/health`: 200 once a forward pass succeeds.
@@ -621,7 +661,7 @@ fn model_info(state: &AppState) -> Value {
     })
 }
 
-fn rayon_threads() -> usize {
+pub(crate) fn rayon_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -701,6 +741,62 @@ impl PredictRequest {
     }
 }
 
+/// The scores of each text or (text, pair), best first (the `top_k` best
+/// when given). `truncation`: `None` refuses an input longer than the model
+/// takes (a 413); the classifier cuts from the right, so `Left` is refused
+/// for an input that would be cut.
+pub(crate) async fn classify(
+    state: &AppState,
+    classifier: Arc<Classifier>,
+    seqs: Vec<(String, Option<String>)>,
+    top_k: Option<usize>,
+    function: ScoreFunction,
+    truncation: Option<TruncationDirection>,
+) -> AppResult<Vec<Vec<LabelScore>>> {
+    blocking(state, move || {
+        if truncation != Some(TruncationDirection::Right) {
+            let inputs = seqs.iter().map(|(a, b)| (a.as_str(), b.as_deref()));
+            fits(&classifier, inputs, truncation)?;
+        }
+        seqs.iter()
+            .map(|(a, b)| classifier.classify_with(a, b.as_deref(), top_k, function))
+            .collect::<bertha::Result<Vec<_>>>()
+            .map_err(ApiError::from)
+    })
+    .await
+}
+
+/// Refuses inputs the classifier would cut, unless `truncation` is
+/// `Right` (see [`classify`]).
+fn fits<'a>(
+    classifier: &Classifier,
+    inputs: impl Iterator<Item = (&'a str, Option<&'a str>)>,
+    truncation: Option<TruncationDirection>,
+) -> AppResult<()> {
+    let tok = classifier.tokenizer();
+    for (i, (a, b)) in inputs.enumerate() {
+        let e = match b {
+            Some(b) => tok.encode_pair(a, b)?,
+            None => tok.encode(a)?,
+        };
+        if !e.truncated {
+            continue;
+        }
+        let max = tok.max_length();
+        return Err(match truncation {
+            None => ApiError::too_long(format!(
+                "Input validation error: `inputs[{i}]` must have at most {max} tokens; set \
+                 `truncate` to true to cut it"
+            )),
+            Some(_) => ApiError::validation(format!(
+                "`inputs[{i}]` is over {max} tokens, and this classifier cuts long inputs from \
+                 the right only: use truncation direction Right"
+            )),
+        });
+    }
+    Ok(())
+}
+
 fn head_missing(what: &str, reason: String) -> ApiError {
     ApiError::not_supported(format!("this model cannot {what}: {reason}"))
 }
@@ -732,15 +828,23 @@ pub async fn predict(
         PredictInput::Batch(v) => (v, true),
     };
     check_batch(&state, seqs.len())?;
-    let results = blocking(&state, move || {
-        seqs.iter()
-            .map(|s| match s {
-                Sequence::Single(t) => classifier.classify_with(t, None, top_k, function),
-                Sequence::Pair(a, b) => classifier.classify_with(a, Some(b), top_k, function),
-            })
-            .collect::<bertha::Result<Vec<_>>>()
-            .map_err(ApiError::from)
-    })
+    let seqs = seqs
+        .into_iter()
+        .map(|s| match s {
+            Sequence::Single(t) => (t, None),
+            Sequence::Pair(a, b) => (a, Some(b)),
+        })
+        .collect();
+    // /predict has always cut long inputs: its `truncate` is taken and
+    // ignored.
+    let results = classify(
+        &state,
+        classifier,
+        seqs,
+        top_k,
+        function,
+        Some(TruncationDirection::Right),
+    )
     .await?;
     Ok(Json(if batch || nested {
         OneOrMany::Many(results)
@@ -769,10 +873,10 @@ pub struct RerankRequest {
 /// probability of the last label (the "relevant" class).
 #[derive(Debug, Serialize)]
 pub struct Rank {
-    index: usize,
-    score: f32,
+    pub index: usize,
+    pub score: f32,
     #[serde(skip_serializing_if = "Option::is_none")]
-    text: Option<String>,
+    pub text: Option<String>,
 }
 
 pub async fn rerank(
@@ -793,12 +897,40 @@ pub async fn rerank(
         return_text,
         ..
     } = req;
-    let ranked = blocking(&state, move || {
+    let pairs = texts.into_iter().map(|t| (query.clone(), t)).collect();
+    // As /predict, /rerank cuts long inputs.
+    let ranked = rank(
+        &state,
+        classifier,
+        pairs,
+        return_text,
+        function,
+        Some(TruncationDirection::Right),
+    )
+    .await?;
+    Ok(Json(ranked))
+}
+
+/// Scores each (query, text) pair (its index in `pairs`), best first; the
+/// text comes back when `return_text`. `truncation` as [`classify`].
+pub(crate) async fn rank(
+    state: &AppState,
+    classifier: Arc<Classifier>,
+    pairs: Vec<(String, String)>,
+    return_text: bool,
+    function: ScoreFunction,
+    truncation: Option<TruncationDirection>,
+) -> AppResult<Vec<Rank>> {
+    blocking(state, move || {
+        if truncation != Some(TruncationDirection::Right) {
+            let inputs = pairs.iter().map(|(q, t)| (q.as_str(), Some(t.as_str())));
+            fits(&classifier, inputs, truncation)?;
+        }
         let labels = classifier.labels();
         let relevant = labels.last().cloned().unwrap_or_default();
-        let mut ranked = Vec::with_capacity(texts.len());
-        for (i, t) in texts.iter().enumerate() {
-            let scores = classifier.classify_with(&query, Some(t), None, function)?;
+        let mut ranked = Vec::with_capacity(pairs.len());
+        for (i, (query, t)) in pairs.into_iter().enumerate() {
+            let scores = classifier.classify_with(&query, Some(&t), None, function)?;
             let score = scores
                 .iter()
                 .find(|s| s.label == relevant)
@@ -807,14 +939,13 @@ pub async fn rerank(
             ranked.push(Rank {
                 index: i,
                 score,
-                text: return_text.then(|| t.clone()),
+                text: return_text.then_some(t),
             });
         }
         ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
         Ok(ranked)
     })
-    .await?;
-    Ok(Json(ranked))
+    .await
 }
 
 #[derive(Debug, Deserialize)]

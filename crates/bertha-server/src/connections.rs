@@ -150,7 +150,7 @@ pub async fn serve(
 /// A failed `accept`: a client that gave up before we took it is nothing
 /// to report; anything else (out of file descriptors, of memory) is
 /// logged and retried after a pause instead of spinning.
-async fn accept_failed(e: io::Error) {
+pub(crate) async fn accept_failed(e: io::Error) {
     use io::ErrorKind::*;
     if matches!(
         e.kind(),

@@ -63,6 +63,18 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// Logs the error in full: server errors as errors, the rest at info.
+    pub(crate) fn log(&self) {
+        let status = self.status.as_u16();
+        if self.status.is_server_error() {
+            tracing::error!(status, error_type = self.error_type, "{}", self.message);
+        } else {
+            tracing::info!(status, error_type = self.error_type, "{}", self.message);
+        }
+    }
+}
+
 impl From<bertha::Error> for ApiError {
     fn from(e: bertha::Error) -> Self {
         match e {
@@ -78,12 +90,7 @@ impl IntoResponse for ApiError {
     /// what follows (a backtrace, with the server's source paths) is for
     /// the operator.
     fn into_response(self) -> Response {
-        let status = self.status.as_u16();
-        if self.status.is_server_error() {
-            tracing::error!(status, error_type = self.error_type, "{}", self.message);
-        } else {
-            tracing::info!(status, error_type = self.error_type, "{}", self.message);
-        }
+        self.log();
         let message = public_message(&self.message);
         let body = Json(json!({ "error": message, "error_type": self.error_type }));
         (self.status, body).into_response()
@@ -92,6 +99,6 @@ impl IntoResponse for ApiError {
 
 /// The first line of `message`: a backtrace (candle appends one on its
 /// own lines when `RUST_BACKTRACE` is set) stays in the log.
-fn public_message(message: &str) -> &str {
+pub(crate) fn public_message(message: &str) -> &str {
     message.lines().next().unwrap_or_default()
 }

@@ -3,12 +3,16 @@
 //! web playground.
 //!
 //! Layout, after TEI: `api` (routes) → `batcher` (queue and batching, model
-//! work on its own thread) → the `bertha` library (tokenizer, model).
+//! work on its own thread) → the `bertha` library (tokenizer, model). With
+//! the cargo feature `grpc`, `grpc` serves TEI's gRPC API over the same
+//! state on a port of its own.
 
 pub mod api;
 pub mod batcher;
 pub mod connections;
 pub mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 pub mod metrics;
 pub mod object;
 pub mod openai;

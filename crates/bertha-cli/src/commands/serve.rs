@@ -24,6 +24,12 @@ pub struct Args {
     #[arg(long, default_value_t = 8080)]
     port: u16,
 
+    /// Also serve TEI's gRPC API (tei.v1: Info, Embed, Predict, Rerank,
+    /// Tokenize) on this port, beside HTTP, on the same host (needs a build
+    /// with the cargo feature `grpc`).
+    #[arg(long, hide = cfg!(not(feature = "grpc")))]
+    grpc_port: Option<u16>,
+
     /// Most tokens run in one model batch.
     #[arg(long, default_value_t = 16384)]
     max_batch_tokens: usize,
@@ -82,6 +88,12 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if cfg!(not(feature = "grpc")) && a.grpc_port.is_some() {
+        anyhow::bail!(
+            "--grpc-port needs bertha built with gRPC: `cargo build --release -p bertha-cli \
+             --features grpc`"
+        );
+    }
     let models = named_models(&a.model, a.served_model_name.as_deref())?;
     let pooling = a
         .pooling
@@ -125,6 +137,10 @@ pub fn run(a: Args) -> Result<()> {
         for (i, (name, dir)) in models.iter().enumerate() {
             let top = if i == 0 { " and at the top level" } else { "" };
             eprintln!("  `{name}`: {} at /models/{name}/{top}", dir.display());
+        }
+        #[cfg(feature = "grpc")]
+        if let Some(port) = a.grpc_port {
+            return serve_both(listener, &a.host, port, served).await;
         }
         bertha_server::serve_models(listener, served, bertha_server::shutdown_signal()).await?;
         Ok(())
@@ -179,4 +195,46 @@ fn name_of(dir: &Path, served_name: Option<&str>) -> String {
             })
             .unwrap_or_else(|| "bertha".into())
     })
+}
+
+/// HTTP on `http`, gRPC (the first model: TEI's proto names no model) on
+/// `host:grpc_port`; SIGTERM or Ctrl-C stops both, each finishing its
+/// in-flight requests, and so does either one failing.
+#[cfg(feature = "grpc")]
+async fn serve_both(
+    http: tokio::net::TcpListener,
+    host: &str,
+    grpc_port: u16,
+    served: Arc<Served>,
+) -> Result<()> {
+    let state = served.default_model().clone();
+    let addr = format!("{host}:{grpc_port}");
+    let grpc = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--grpc-port)"))?;
+    eprintln!("bertha serving gRPC (tei.v1) on {}", grpc.local_addr()?);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stop = std::sync::Arc::new(stop);
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        bertha_server::shutdown_signal().await;
+        on_signal.send_replace(true);
+    });
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let http = async {
+        let done =
+            bertha_server::serve_models(http, served.clone(), until_stopped(stopped.clone())).await;
+        stop.send_replace(true);
+        done.context("serving HTTP")
+    };
+    let grpc = async {
+        let done =
+            bertha_server::grpc::serve(grpc, state.clone(), until_stopped(stopped.clone())).await;
+        stop.send_replace(true);
+        done.context("serving gRPC")
+    };
+    let (http, grpc) = tokio::join!(http, grpc);
+    http.and(grpc)
 }

@@ -52,7 +52,7 @@ impl Linear {
     }
 
     /// Re-packs fp32 weights as bf16.
-    fn to_bf16(&mut self) {
+    fn pack_bf16(&mut self) {
         if let Weights::F32(w) = &self.weights {
             let packed = PackedBf16::new(&w.unpack(), w.in_dim(), w.out_dim());
             self.weights = Weights::Bf16(packed);
@@ -270,7 +270,7 @@ impl PackedBert {
     pub fn to_bf16(&mut self) {
         for l in &mut self.layers {
             for lin in [&mut l.qkv, &mut l.attn_out, &mut l.ffn_in, &mut l.ffn_out] {
-                lin.to_bf16();
+                lin.pack_bf16();
             }
         }
     }
