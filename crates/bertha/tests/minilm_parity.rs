@@ -308,3 +308,40 @@ fn int8_embeddings_stay_within_cosine_0_999_of_fp32() {
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(diff < 1e-6, "int8 batch invariance: {diff}");
 }
+
+/// bf16 multiplies (weights and multiply inputs rounded, fp32 sums) keep
+/// the embeddings within cosine 0.9999 of fp32, and a text's vector does
+/// not depend on its batch (rows are rounded one by one). On a CPU without
+/// AVX512-BF16 the embedder says it runs fp32, and then equals fp32.
+#[test]
+fn bf16_embeddings_stay_within_cosine_0_9999_of_fp32() {
+    let f = fixture();
+    let exact = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &EmbedOptions::default()).unwrap();
+    let opts = EmbedOptions {
+        precision: bertha::fast::Precision::Bf16,
+        ..Default::default()
+    };
+    let bf16 = Embedder::from_dir(&minilm_dir(), &Device::Cpu, &opts).unwrap();
+    let want = exact.embed(&f.sentences, 8, &mut |_| {}).unwrap();
+    let got = bf16.embed(&f.sentences, 8, &mut |_| {}).unwrap();
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+        dot(a, b) / (dot(a, a) * dot(b, b)).sqrt()
+    };
+    let sims: Vec<f32> = got.iter().zip(&want).map(|(g, w)| cosine(g, w)).collect();
+    if !bertha::fast::cpu::has_bf16() {
+        assert_eq!(bf16.precision(), bertha::fast::Precision::F32);
+        assert!(sims.iter().all(|s| *s >= 0.999999), "{sims:?}");
+        return;
+    }
+    assert_eq!(bf16.precision(), bertha::fast::Precision::Bf16);
+    assert!(sims.iter().all(|s| *s >= 0.9999), "{sims:?}");
+    // Rounding really happened: close, not equal.
+    assert!(sims.iter().any(|s| *s < 0.999999), "{sims:?}");
+    let alone = bf16.embed(&f.sentences[..1], 1, &mut |_| {}).unwrap();
+    let diff = alone[0]
+        .iter()
+        .zip(&got[0])
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff < 1e-6, "bf16 batch invariance: {diff}");
+}
