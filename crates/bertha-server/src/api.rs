@@ -623,6 +623,16 @@ pub async fn info_all(State(served): State<Arc<Served>>) -> Json<Value> {
     Json(info)
 }
 
+/// TEI's `model_dtype`: the number format the embedding model's
+/// multiplies run in (bf16 on a CPU without it runs, and says, fp32).
+pub(crate) fn model_dtype(state: &AppState) -> &'static str {
+    match state.embedder.precision() {
+        bertha::fast::Precision::F32 => "float32",
+        bertha::fast::Precision::Bf16 => "bfloat16",
+        bertha::fast::Precision::Int8 => "int8",
+    }
+}
+
 fn model_info(state: &AppState) -> Value {
     let c = &state.config;
     let cfg = state.embedder.model().config();
@@ -645,7 +655,7 @@ fn model_info(state: &AppState) -> Value {
     json!({
         "model_id": c.model_id,
         "model_sha": null,
-        "model_dtype": "float32",
+        "model_dtype": model_dtype(state),
         "model_type": model_type,
         "architectures": cfg.architectures,
         "hidden_size": cfg.hidden_size,

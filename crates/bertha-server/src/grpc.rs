@@ -597,7 +597,7 @@ impl Info for Tei {
             docker_label: None,
             model_id: c.model_id.clone(),
             model_sha: None,
-            model_dtype: "float32".into(),
+            model_dtype: api::model_dtype(state).into(),
             model_type: model_type.into(),
             max_concurrent_requests: u32_of(c.max_concurrent_requests),
             max_input_length: u32_of(state.max_input_length()),

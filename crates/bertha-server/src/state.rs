@@ -33,6 +33,9 @@ pub struct ServerConfig {
     pub similarity_root: bool,
     /// Open connections and their timeouts.
     pub connections: ConnectionLimits,
+    /// Number format of the embedding model's multiplies (`/info`'s
+    /// `model_dtype` says what runs).
+    pub precision: bertha::fast::Precision,
 }
 
 impl ServerConfig {
@@ -54,6 +57,7 @@ impl ServerConfig {
             api_key: None,
             similarity_root: false,
             connections: ConnectionLimits::default(),
+            precision: Default::default(),
         }
     }
 }
@@ -160,7 +164,7 @@ impl AppState {
             pooling: config.pooling,
             normalize: Some(false),
             max_length: config.max_input_length,
-            precision: Default::default(),
+            precision: config.precision,
         };
         let mut embedder = Embedder::from_dir(dir, &Device::Cpu, &opts)?;
         embedder.set_max_batch_tokens(config.max_batch_tokens);

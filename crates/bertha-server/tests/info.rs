@@ -45,3 +45,37 @@ async fn health_info_metrics_openapi_and_the_page() {
     assert!(page.contains("<title>bertha playground</title>"));
     server.stop().await;
 }
+
+/// `precision` bf16: `/info` says what runs (`bfloat16`, or `float32` on a
+/// CPU without AVX512-BF16), and `/embed` stays within cosine 0.9999 of
+/// the fp32 library's vectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bf16_precision_is_reported_and_close_to_fp32() {
+    let mut config = ServerConfig::new(minilm());
+    config.precision = bertha::fast::Precision::Bf16;
+    let server = Server::start(config).await;
+    let (_, info) = server.get("/info").await;
+    let info: Value = serde_json::from_str(&info).unwrap();
+    let want_dtype = if bertha::fast::cpu::has_bf16() {
+        "bfloat16"
+    } else {
+        "float32"
+    };
+    assert_eq!(info["model_dtype"], want_dtype);
+    let lib = bertha::Embedder::from_dir(
+        &minilm(),
+        &bertha::Device::Cpu,
+        &bertha::EmbedOptions::default(),
+    )
+    .unwrap();
+    let want = lib.embed(&TEXTS, 8, &mut |_| {}).unwrap();
+    let (status, body) = server.post("/embed", json!({ "inputs": TEXTS })).await;
+    assert_eq!(status, 200, "{body}");
+    for (got, w) in body.as_array().unwrap().iter().zip(&want) {
+        let got = common::floats(got);
+        // Both are unit vectors: the dot product is the cosine.
+        let cos: f32 = got.iter().zip(w).map(|(a, b)| a * b).sum();
+        assert!(cos >= 0.9999, "{cos}");
+    }
+    server.stop().await;
+}

@@ -54,6 +54,11 @@ pub struct Args {
     #[arg(long, env = "BERTHA_API_KEY")]
     api_key: Option<String>,
 
+    /// Number format of the embedding model's multiplies: f32, bf16 or
+    /// int8 (see `bertha embed --help`); /info's `model_dtype` says it.
+    #[arg(long, alias = "quantize", default_value = "f32")]
+    precision: bertha::fast::Precision,
+
     /// Pooling for /embed (default: the folder's, else mean); `splade` on a
     /// masked-LM checkpoint serves TEI's /embed_sparse (and `POST /`).
     #[arg(long)]
@@ -105,6 +110,7 @@ pub fn run(a: Args) -> Result<()> {
         let mut config = ServerConfig::new(dir);
         config.model_id = name.clone();
         config.pooling = pooling;
+        config.precision = a.precision;
         config.max_batch_tokens = a.max_batch_tokens.max(1);
         config.max_concurrent_requests = a.max_concurrent_requests.max(1);
         config.max_client_batch_size = a.max_client_batch_size.max(1);
