@@ -38,7 +38,7 @@ contexts = [" ".join(p["context"].split()) for a in squad["data"] for p in a["pa
 open(f"{out}/squad-contexts.txt", "w", encoding="utf-8").write("\n".join(contexts) + "\n")
 EOF
 
-BERTHA=target/release/bertha
+BERTHA="${CARGO_TARGET_DIR:-target}/release/bertha"
 # shellcheck disable=SC2086
 run_bertha() { # file batch latency_texts
     $BERTHA bench --model "$MODEL" --input "$1" --batch-size "$2" --reps "$REPS" \

@@ -205,3 +205,35 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
         }
     }
 }
+
+/// One row of `x` rounded to bf16 pairs in `out` (`x.len()` rounded up to
+/// even, halved; an odd last input pairs with 0), 32 values per
+/// `vcvtne2ps2bf16` (round to nearest even).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn round_row_bf16(x: &[f32], out: &mut [u32]) {
+    debug_assert_eq!(out.len(), x.len().div_ceil(2));
+    let (k, src, dst) = (x.len(), x.as_ptr(), out.as_mut_ptr() as *mut i16);
+    let mut j = 0;
+    while j < k {
+        let left = k - j;
+        let lo_mask: __mmask16 = if left >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << left) - 1
+        };
+        let hi_left = left.saturating_sub(16);
+        let hi_mask: __mmask16 = if hi_left >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << hi_left) - 1
+        };
+        let lo = _mm512_maskz_loadu_ps(lo_mask, src.add(j));
+        let hi = _mm512_maskz_loadu_ps(hi_mask, src.add(j).wrapping_add(16));
+        let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        // bf16 values to store: up to 32, the row's even length at its end.
+        let n = left.div_ceil(2).min(16) * 2;
+        let mask: __mmask32 = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+        _mm512_mask_storeu_epi16(dst.add(j), mask, packed);
+        j += 32;
+    }
+}

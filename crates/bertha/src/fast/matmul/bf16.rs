@@ -84,7 +84,7 @@ impl PackedBf16 {
     ) {
         let (k, k2, n) = (self.k, self.k2, self.n);
         check_shapes(x, bias, y, m, k, n);
-        round_rows(x, m, k, k2, scratch);
+        round_rows(simd, x, m, k, k2, scratch);
         let pairs = &scratch[..];
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, |p, rows| {
@@ -104,8 +104,8 @@ impl PackedBf16 {
 }
 
 /// Rounds each row of `x` `[m, k]` to bf16 pairs `[m, k2]` (low half: the
-/// even input).
-fn round_rows(x: &[f32], m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
+/// even input), with AVX512-BF16's conversion when `simd`.
+fn round_rows(simd: bool, x: &[f32], m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
     use rayon::prelude::*;
     out.clear();
     out.resize(m * k2, 0);
@@ -113,6 +113,13 @@ fn round_rows(x: &[f32], m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
         .zip(x.par_chunks(k))
         .with_min_len(16)
         .for_each(|(pairs, row)| {
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: the CPU has AVX512-BF16 (the caller checked);
+                // pairs holds ceil(k / 2) values.
+                unsafe { super::avx512::round_row_bf16(row, pairs) };
+                return;
+            }
             for (pair, xs) in pairs.iter_mut().zip(row.chunks(2)) {
                 let lo = u32::from(to_bf16(xs[0]));
                 let hi = xs.get(1).map_or(0, |&v| u32::from(to_bf16(v)));
@@ -220,6 +227,24 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The vector rounding pass gives the scalar one's bits, for row
+    /// lengths around its 32-value steps (odd ones too).
+    #[test]
+    fn vector_rounding_equals_scalar() {
+        if !features().bf16 {
+            return;
+        }
+        for k in [1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 384, 1537] {
+            let x: Vec<f32> = (0..3 * k)
+                .map(|i| ((i as f32) * 0.7318).sin() * 10f32.powi(i as i32 % 7 - 3))
+                .collect();
+            let (mut simd, mut scalar) = (Vec::new(), Vec::new());
+            round_rows(true, &x, 3, k, k.div_ceil(2), &mut simd);
+            round_rows(false, &x, 3, k, k.div_ceil(2), &mut scalar);
+            assert_eq!(simd, scalar, "k = {k}");
         }
     }
 
