@@ -177,17 +177,25 @@ fn main() {
 
 /// The error and its causes on one line, as anyhow's `{:#}` writes them,
 /// with the library's option names (`max_length`) shown as the flags that
-/// set them (`--max-length`).
+/// set them (`--max-length`). A cause its parent's message already ends
+/// with (the library's `cannot read PATH: {source}`) is not repeated.
 pub(crate) fn render_error(e: &anyhow::Error) -> String {
-    e.chain()
-        .map(|cause| match cause.downcast_ref::<bertha::Error>() {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = match cause.downcast_ref::<bertha::Error>() {
             Some(bertha::Error::Option { name, reason }) => {
                 format!("{} {reason}", flag_for(name))
             }
             _ => cause.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(": ")
+        };
+        if out.is_empty() {
+            out = text;
+        } else if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 /// The flag that sets the library option `name`.
@@ -196,5 +204,26 @@ fn flag_for(name: &str) -> String {
         // `train_wordpiece`'s size comes from `pretrain --train-tokenizer`.
         "vocab_size" => "--train-tokenizer".into(),
         _ => format!("--{}", name.replace('_', "-")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render_error;
+
+    #[test]
+    fn a_cause_is_written_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = anyhow::Error::from(bertha::Error::Io {
+            path: "/x/in.txt".into(),
+            source: io,
+        })
+        .context("reading texts");
+        assert_eq!(
+            render_error(&e),
+            "reading texts: cannot read /x/in.txt: no such file"
+        );
+        let e = anyhow::Error::from(bertha::Error::option("max_length", "must be at least 1"));
+        assert_eq!(render_error(&e), "--max-length must be at least 1");
     }
 }

@@ -139,11 +139,14 @@ pub fn run(a: Args) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         // The first line ends with the address (scripts and tests read it).
-        eprintln!("bertha serving on http://{}", listener.local_addr()?);
+        // One write, and no panic if stderr is gone: a reader that hung up
+        // after the address must not stop the server.
+        let mut banner = format!("bertha serving on http://{}\n", listener.local_addr()?);
         for (i, (name, dir)) in models.iter().enumerate() {
             let top = if i == 0 { " and at the top level" } else { "" };
-            eprintln!("  `{name}`: {} at /models/{name}/{top}", dir.display());
+            banner += &format!("  `{name}`: {} at /models/{name}/{top}\n", dir.display());
         }
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), banner.as_bytes());
         #[cfg(feature = "grpc")]
         if let Some(port) = a.grpc_port {
             return serve_both(listener, &a.host, port, served).await;
@@ -218,7 +221,8 @@ async fn serve_both(
     let grpc = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr} (--grpc-port)"))?;
-    eprintln!("bertha serving gRPC (tei.v1) on {}", grpc.local_addr()?);
+    let line = format!("bertha serving gRPC (tei.v1) on {}\n", grpc.local_addr()?);
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stop = std::sync::Arc::new(stop);
     let on_signal = stop.clone();
