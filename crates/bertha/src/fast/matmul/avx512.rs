@@ -40,6 +40,22 @@ pub(super) unsafe fn tile_f32<const R: usize>(
             acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
         }
     }
+    store_tile(&acc, c, ldc, &bias[..cols], act);
+}
+
+/// Stores `R` rows × `bias.len()` (≤ 32) columns of fp32 sums at `c`
+/// (row stride `ldc`), adding the bias and applying `act` while the rows
+/// are in cache.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_tile<const R: usize>(
+    acc: &[[__m512; 2]; R],
+    c: *mut f32,
+    ldc: usize,
+    bias: &[f32],
+    act: Option<Act>,
+) {
+    let cols = bias.len();
     let (m0, m1) = masks(cols);
     let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
     let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
@@ -192,18 +208,7 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
             acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
         }
     }
-    let cols = bias.len();
-    let (m0, m1) = masks(cols);
-    let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
-    let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
-    for (r, acc) in acc.iter().enumerate() {
-        let dst = c.add(r * ldc);
-        _mm512_mask_storeu_ps(dst, m0, _mm512_add_ps(acc[0], bias0));
-        _mm512_mask_storeu_ps(dst.wrapping_add(16), m1, _mm512_add_ps(acc[1], bias1));
-        if let Some(act) = act {
-            activate_body(std::slice::from_raw_parts_mut(dst, cols), act);
-        }
-    }
+    store_tile(&acc, c, ldc, bias, act);
 }
 
 /// One row of `x` rounded to bf16 pairs in `out` (`x.len()` rounded up to
