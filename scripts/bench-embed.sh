@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Side-by-side embedding benchmark: bertha against PyTorch and ONNX Runtime
-# (../shared/bench/anchor_embed.py) on the same inputs, in one session, so
-# the ratios hold on a machine whose speed drifts.
+# Side-by-side embedding benchmark: bertha at each precision (f32, bf16,
+# int8) against the strongest peers at their best practice
+# (../shared/bench/anchor_embed_strong.py: sentence-transformers, ONNX
+# Runtime fp32 and dynamic int8, PyTorch bf16 autocast, all length-sorted)
+# on the same inputs, in one session, so the ratios hold on a machine whose
+# speed drifts; ends with a table of each precision against its peer
+# (f32 vs ONNX Runtime fp32, bf16 vs PyTorch bf16, int8 vs ONNX Runtime
+# int8) and the min cosines to fp32.
 #
-#   scripts/bench-embed.sh            # bertha and the anchors
-#   BERTHA_ONLY=1 scripts/bench-embed.sh
-#   BENCH_ARGS="--quantize int8" scripts/bench-embed.sh
+#   scripts/bench-embed.sh                      # bertha and the anchors
+#   BERTHA_ONLY=1 PRECISIONS=bf16 scripts/bench-embed.sh
 #
 # Needs a release build (made here) and, for the anchors, the Python
 # environment of ../shared/bench/README.md in ~/.refenv (override with
@@ -15,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DATA=${DATA:-../shared/data}
-ANCHOR=${ANCHOR:-../shared/bench/anchor_embed.py}
+ANCHOR=${ANCHOR:-../shared/bench/anchor_embed_strong.py}
 REFENV=${REFENV:-$HOME/.refenv}
 MODEL=${MODEL:-.cache/models/all-MiniLM-L6-v2}
 REPS=${REPS:-3}
@@ -39,21 +43,61 @@ open(f"{out}/squad-contexts.txt", "w", encoding="utf-8").write("\n".join(context
 EOF
 
 BERTHA="${CARGO_TARGET_DIR:-target}/release/bertha"
-# shellcheck disable=SC2086
-run_bertha() { # file batch latency_texts
+PRECISIONS=${PRECISIONS:-f32 bf16 int8}
+run_bertha() { # file batch latency_texts precision
     $BERTHA bench --model "$MODEL" --input "$1" --batch-size "$2" --reps "$REPS" \
-        --latency-texts "$3" ${BENCH_ARGS:-} 2>/dev/null
+        --latency-texts "$3" --precision "$4" ${BENCH_ARGS:-} 2>/dev/null
 }
-echo "== bertha (${BENCH_ARGS:-fp32})"
-run_bertha "$OUT/sst2-dev.txt" 32 64 | tee "$OUT/bertha-sst2.json"
-run_bertha "$OUT/squad-contexts.txt" 16 0 | tee "$OUT/bertha-squad.json"
+for p in $PRECISIONS; do
+    echo "== bertha --precision $p ${BENCH_ARGS:-}"
+    run_bertha "$OUT/sst2-dev.txt" 32 64 "$p" | tee "$OUT/bertha-$p-sst2.json"
+    run_bertha "$OUT/squad-contexts.txt" 16 0 "$p" | tee "$OUT/bertha-$p-squad.json"
+done
 
 if [ -n "${BERTHA_ONLY:-}" ]; then exit 0; fi
 if [ ! -x "$REFENV/bin/python" ]; then
     echo "no Python anchors: set up $REFENV as ../shared/bench/README.md says" >&2
     exit 0
 fi
-echo "== anchors"
-"$REFENV/bin/python" "$ANCHOR" "$MODEL" "$OUT/sst2-dev.txt" 32 "$REPS" 2>/dev/null
-"$REFENV/bin/python" "$ANCHOR" "$MODEL" "$OUT/squad-contexts.txt" 16 "$REPS" 2>/dev/null
-"$REFENV/bin/python" "$ANCHOR" "$MODEL" "$OUT/sst2-dev-64.txt" 1 "$REPS" 2>/dev/null
+echo "== anchors ($ANCHOR)"
+"$REFENV/bin/python" "$ANCHOR" "$MODEL" "$OUT/sst2-dev.txt" 32 "$REPS" 2>/dev/null | tee "$OUT/anchor-sst2.txt"
+"$REFENV/bin/python" "$ANCHOR" "$MODEL" "$OUT/squad-contexts.txt" 16 "$REPS" 2>/dev/null | tee "$OUT/anchor-squad.txt"
+"$REFENV/bin/python" "$ANCHOR" "$MODEL" "$OUT/sst2-dev-64.txt" 1 "$REPS" ort 2>/dev/null | tee "$OUT/anchor-batch1.txt"
+
+# The ratios the issue asks for, from this run's numbers only.
+python3 - "$OUT" $PRECISIONS <<'PY'
+import json, re, sys
+out, precisions = sys.argv[1], sys.argv[2:]
+anchors = {"st": "sentence-transformers", "ort": "fp32 (sorted)", "ort_int8": "dynamic int8", "bf16": "PyTorch bf16"}
+peer = {"f32": "ort", "bf16": "bf16", "int8": "ort_int8"}
+print("| input | precision | bertha texts/s (min cosine) | best peer at it | peer texts/s (min cosine) | ratio |")
+print("|---|---|---|---|---|---|")
+for name, label in (("sst2", "SST-2 dev, batch 32"), ("squad", "SQuAD contexts, batch 16")):
+    lines = open(f"{out}/anchor-{name}.txt").read().splitlines()
+    found = {}
+    for key, needle in anchors.items():
+        for l in lines:
+            if needle in l:
+                rate = float(re.search(r"([0-9.]+) texts/s", l).group(1))
+                cos = re.search(r"min cosine to fp32 ([0-9.]+)", l)
+                found[key] = (l.split(":")[0], rate, cos.group(1) if cos else "")
+    for p in precisions:
+        b = json.load(open(f"{out}/bertha-{p}-{name}.json"))
+        cos = b.get("min_cosine_to_f32")
+        mine = f"{b['texts_per_s']:.1f}" + (f" ({cos:.5f})" if cos else "")
+        if peer[p] not in found:
+            print(f"| {label} | {p} | {mine} | (not run) | | |")
+            continue
+        who, rate, pcos = found[peer[p]]
+        theirs = f"{rate:.1f}" + (f" ({pcos})" if pcos else "")
+        print(f"| {label} | {p} | {mine} | {who} | {theirs} | {b['texts_per_s'] / rate:.2f}x |")
+# Batch 1: bertha's p50 over 64 sentences one at a time against ONNX Runtime's
+# mean on the same 64.
+line = next((l for l in open(f"{out}/anchor-batch1.txt") if "fp32 (sorted)" in l), None)
+if line:
+    ort_ms = float(re.search(r"best ([0-9.]+)s", line).group(1)) / 64 * 1000
+    for p in precisions:
+        b = json.load(open(f"{out}/bertha-{p}-sst2.json"))
+        print(f"| 64 SST-2 sentences one at a time | {p} | p50 {b['batch1_p50_ms']:.2f} ms | "
+              f"ONNX Runtime fp32, mean | {ort_ms:.2f} ms | {b['batch1_p50_ms'] / ort_ms:.2f}x of its time |")
+PY
