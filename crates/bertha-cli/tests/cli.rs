@@ -286,19 +286,23 @@ fn serve_refuses_an_empty_api_key() {
     }
 }
 
-/// Runs `bertha ARGS` (a `serve` that must not start) and returns its
-/// stderr once it has failed.
-fn serve_error(args: &[&str], env: Option<(&str, &str)>) -> String {
+/// `bertha ARGS` with `env` set, its stderr piped (the rest closed).
+fn spawn(args: &[&str], env: Option<(&str, &str)>) -> std::process::Child {
     let mut cmd = bertha(args);
     if let Some((name, value)) = env {
         cmd.env(name, value);
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `bertha ARGS` (a `serve` that must not start) and returns its
+/// stderr once it has failed.
+fn serve_error(args: &[&str], env: Option<(&str, &str)>) -> String {
+    let mut child = spawn(args, env);
     let start = std::time::Instant::now();
     while child.try_wait().unwrap().is_none() {
         if start.elapsed() > std::time::Duration::from_secs(60) {
@@ -430,16 +434,7 @@ struct Serving {
 impl Serving {
     fn start(args: &[&str], env: Option<(&str, &str)>) -> Self {
         use std::io::{BufRead, BufReader};
-        let mut cmd = bertha(args);
-        if let Some((name, value)) = env {
-            cmd.env(name, value);
-        }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn(args, env);
         let mut line = String::new();
         BufReader::new(child.stderr.take().unwrap())
             .read_line(&mut line)

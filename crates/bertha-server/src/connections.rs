@@ -101,39 +101,10 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(
-        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
-    ));
+    let slots = Slots::new(limits, "connection");
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                tracing::warn!(
-                    max_connections = limits.max_connections,
-                    "connection limit reached: new connections wait in the listen queue until one \
-                     closes (--max-connections)"
-                );
-                tokio::select! {
-                    slot = slots.clone().acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        Err(_) => break,
-                    },
-                    _ = &mut shutdown => break,
-                }
-            }
-        };
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    accept_failed(e).await;
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
+    while let Some((stream, slot)) = slots.accept(&listener, &mut shutdown).await {
         tokio::spawn(connection(
             stream,
             app.clone(),
@@ -147,10 +118,66 @@ pub async fn serve(
     Ok(())
 }
 
+/// The `--max-connections` slots of one listener.
+pub(crate) struct Slots {
+    slots: Arc<Semaphore>,
+    max: usize,
+    /// What the limit-reached warning calls the connections.
+    what: &'static str,
+}
+
+impl Slots {
+    pub(crate) fn new(limits: ConnectionLimits, what: &'static str) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(
+                limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            max: limits.max_connections,
+            what,
+        }
+    }
+
+    /// The next connection and the slot it holds until it closes; `None`
+    /// once `stop` resolves first. With every slot taken it logs a warning
+    /// and waits (new clients wait in the listen queue, costing no file
+    /// descriptor); a failed accept is retried ([`accept_failed`]).
+    pub(crate) async fn accept(
+        &self,
+        listener: &TcpListener,
+        stop: impl Future<Output = ()>,
+    ) -> Option<(TcpStream, OwnedSemaphorePermit)> {
+        let mut stop = std::pin::pin!(stop);
+        let slot = match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                tracing::warn!(
+                    max_connections = self.max,
+                    "{} limit reached: new connections wait in the listen queue until one \
+                     closes (--max-connections)",
+                    self.what
+                );
+                tokio::select! {
+                    slot = self.slots.clone().acquire_owned() => slot.ok()?,
+                    _ = &mut stop => return None,
+                }
+            }
+        };
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => return Some((stream, slot)),
+                    Err(e) => accept_failed(e).await,
+                },
+                _ = &mut stop => return None,
+            }
+        }
+    }
+}
+
 /// A failed `accept`: a client that gave up before we took it is nothing
 /// to report; anything else (out of file descriptors, of memory) is
 /// logged and retried after a pause instead of spinning.
-pub(crate) async fn accept_failed(e: io::Error) {
+async fn accept_failed(e: io::Error) {
     use io::ErrorKind::*;
     if matches!(
         e.kind(),

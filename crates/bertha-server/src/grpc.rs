@@ -36,7 +36,7 @@ use std::time::Instant;
 use bertha::tasks::{Classifier, LabelScore, ScoreFunction};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
@@ -44,7 +44,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::api::{self, TruncationDirection};
-use crate::connections::{accept_failed, ConnectionLimits};
+use crate::connections::{ConnectionLimits, Slots};
 use crate::error::{public_message, ApiError};
 use crate::state::{AppState, ModelKind};
 
@@ -132,37 +132,8 @@ async fn accept(
     limits: ConnectionLimits,
     tx: mpsc::Sender<io::Result<Slotted>>,
 ) {
-    let slots = Arc::new(Semaphore::new(
-        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
-    ));
-    loop {
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                tracing::warn!(
-                    max_connections = limits.max_connections,
-                    "gRPC connection limit reached: new connections wait in the listen queue \
-                     until one closes (--max-connections)"
-                );
-                tokio::select! {
-                    slot = slots.clone().acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        Err(_) => return,
-                    },
-                    _ = tx.closed() => return,
-                }
-            }
-        };
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    accept_failed(e).await;
-                    continue;
-                }
-            },
-            _ = tx.closed() => return,
-        };
+    let slots = Slots::new(limits, "gRPC connection");
+    while let Some((stream, slot)) = slots.accept(&listener, tx.closed()).await {
         let _ = stream.set_nodelay(true);
         if tx
             .send(Ok(Slotted {

@@ -560,6 +560,25 @@ impl Embedder {
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<Vec<f32>>> {
+        self.in_pooled_batches(
+            encodings,
+            pool_start,
+            batch_size,
+            progress,
+            |encs, starts| self.run_pooled(encs, starts),
+        )
+    }
+
+    /// [`Embedder::in_batches`] of texts pooled from their token
+    /// `pool_start[i]` on: `run` gets each batch's encodings and starts.
+    fn in_pooled_batches<T>(
+        &self,
+        encodings: &[Encoded],
+        pool_start: &[usize],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+        run: impl Fn(&[&Encoded], &[usize]) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
         if pool_start.len() != encodings.len() {
             return Err(Error::Input(format!(
                 "{} pool starts for {} texts",
@@ -570,7 +589,7 @@ impl Embedder {
         self.in_batches(encodings, batch_size, progress, |batch| {
             let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
             let starts: Vec<usize> = batch.iter().map(|&i| pool_start[i]).collect();
-            self.run_pooled(&encs, &starts)
+            run(&encs, &starts)
         })
     }
 
@@ -789,18 +808,13 @@ impl Embedder {
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<SparseVector>> {
         self.check_sparse(&EncodeOptions::default())?;
-        if pool_start.len() != encodings.len() {
-            return Err(Error::Input(format!(
-                "{} pool starts for {} texts",
-                pool_start.len(),
-                encodings.len()
-            )));
-        }
-        self.in_batches(encodings, batch_size, progress, |batch| {
-            let encs: Vec<&Encoded> = batch.iter().map(|&i| &encodings[i]).collect();
-            let starts: Vec<usize> = batch.iter().map(|&i| pool_start[i]).collect();
-            self.run_sparse(&encs, &starts)
-        })
+        self.in_pooled_batches(
+            encodings,
+            pool_start,
+            batch_size,
+            progress,
+            |encs, starts| self.run_sparse(encs, starts),
+        )
     }
 
     /// Sparse vectors need pooling `splade`, and take no `dimensions`.
