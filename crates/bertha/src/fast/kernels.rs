@@ -34,7 +34,7 @@ multiversion! {
     fn attend = attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize);
 }
 
-fn parallelism() -> Parallelism {
+pub(crate) fn parallelism() -> Parallelism {
     match rayon::current_num_threads() {
         0 | 1 => Parallelism::None,
         n => Parallelism::Rayon(n),

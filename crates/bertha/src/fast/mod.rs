@@ -11,6 +11,7 @@ pub mod cpu;
 pub(crate) mod kernels;
 pub(crate) mod matmul;
 mod packed;
+pub mod train;
 
 pub use cpu::flush_denormals;
 pub use kernels::matmul_gflops;

@@ -29,4 +29,5 @@ pub use heads::{
     PreTrainingModule, PreTrainingOutput, QuestionAnsweringModule, QuestionAnsweringOutput,
     SequenceClassificationModule, TaskOutput, TokenClassificationModule, IGNORE_INDEX,
 };
+pub(crate) use nn::DropoutMask;
 pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};

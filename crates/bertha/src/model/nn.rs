@@ -159,9 +159,25 @@ impl Dropout {
         if self.p >= 1.0 {
             return x.zeros_like();
         }
+        let Some(mask) = self.next_mask(batched) else {
+            return Ok(x.clone());
+        };
+        let mask = dropout_mask(x.dims(), &mask);
+        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+        x * mask
+    }
+
+    /// The mask of this thread's next dropout call with this rate (the
+    /// call counted, as [`forward`](Self::forward) counts it): what the
+    /// training fast path applies to packed rows, so it drops exactly the
+    /// elements the candle modules drop. `None` when nothing is dropped
+    /// (rate 0; no call is counted then, as in `forward`).
+    pub(crate) fn next_mask(&self, batched: bool) -> Option<DropoutMask> {
+        if self.p <= 0.0 {
+            return None;
+        }
         let keep = 1.0 - self.p;
-        let scale = (1.0 / keep) as f32;
-        let key = DROPOUT_STREAM.with(|cell| {
+        let (key, first_row) = DROPOUT_STREAM.with(|cell| {
             let mut slot = cell.borrow_mut();
             let stream = slot.get_or_insert_with(|| DropoutStream {
                 seed: rand::rng().random(),
@@ -174,9 +190,62 @@ impl Dropout {
                 if batched { stream.first_row } else { 0 },
             )
         });
-        let mask = dropout_mask(x.dims(), key, batched, keep, scale);
-        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
-        x * mask
+        Some(DropoutMask {
+            key,
+            first_row,
+            keep,
+            scale: if keep > 0.0 { (1.0 / keep) as f32 } else { 0.0 },
+        })
+    }
+
+    pub fn rate(&self) -> f64 {
+        self.p
+    }
+}
+
+/// One dropout call's mask, as a function of each element's coordinates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DropoutMask {
+    key: u64,
+    /// Added to the first (batch) coordinate.
+    first_row: u64,
+    keep: f64,
+    scale: f32,
+}
+
+impl DropoutMask {
+    /// The key of the row at `outer` (coordinates before the last one,
+    /// the batch row first, counted in the slice).
+    pub(crate) fn row_key(&self, outer: &[usize]) -> u64 {
+        let mut row_key = self.key;
+        for (d, &c) in outer.iter().enumerate() {
+            let c = c as u64;
+            let c = if d == 0 { c + self.first_row } else { c };
+            row_key = mix(row_key ^ c);
+        }
+        row_key
+    }
+
+    /// Multiplies `row` (elements `0..row.len()` of the row keyed
+    /// `row_key`) by its mask: kept elements scaled by 1 / keep, the others
+    /// zeroed.
+    #[inline]
+    pub(crate) fn apply_row(&self, row_key: u64, row: &mut [f32]) {
+        for (j, v) in row.iter_mut().enumerate() {
+            *v *= self.element(row_key, j);
+        }
+    }
+
+    /// The mask's value (0 or 1 / keep) at element `j` of a row.
+    #[inline]
+    fn element(&self, row_key: u64, j: usize) -> f32 {
+        let u = (mix(row_key ^ (j as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)) >> 11) as f64
+            * (1.0 / (1u64 << 53) as f64);
+        if u < self.keep {
+            self.scale
+        } else {
+            0.0
+        }
     }
 }
 
@@ -192,13 +261,7 @@ fn mix(mut x: u64) -> u64 {
 /// The keep / drop mask of a tensor of shape `dims`: element
 /// `(c0, .., ck)` keeps when `hash(key, c0 + first_row, .., ck)`, as a
 /// uniform number in [0, 1), is below `keep`.
-fn dropout_mask(
-    dims: &[usize],
-    (key, first_row): (u64, u64),
-    batched: bool,
-    keep: f64,
-    scale: f32,
-) -> Vec<f32> {
+fn dropout_mask(dims: &[usize], mask: &DropoutMask) -> Vec<f32> {
     use rayon::prelude::*;
     let n: usize = dims.iter().product();
     let last = dims.last().copied().unwrap_or(1).max(1);
@@ -208,25 +271,19 @@ fn dropout_mask(
     for d in (0..outer.len().saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * outer[d + 1].max(1);
     }
-    let mut mask = vec![0f32; n];
-    mask.par_chunks_mut(last)
+    let mut out = vec![1f32; n];
+    out.par_chunks_mut(last)
         .enumerate()
         .for_each(|(row, chunk)| {
-            // The row's coordinates, outermost first, folded into its key.
-            let mut row_key = key;
-            for (d, (&size, &stride)) in outer.iter().zip(&strides).enumerate() {
-                let c = ((row / stride) % size.max(1)) as u64;
-                let c = if d == 0 && batched { c + first_row } else { c };
-                row_key = mix(row_key ^ c);
-            }
-            for (j, m) in chunk.iter_mut().enumerate() {
-                let u = (mix(row_key ^ (j as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)) >> 11)
-                    as f64
-                    * (1.0 / (1u64 << 53) as f64);
-                *m = if u < keep { scale } else { 0.0 };
-            }
+            // The row's coordinates, outermost first.
+            let coords: Vec<usize> = outer
+                .iter()
+                .zip(&strides)
+                .map(|(&size, &stride)| (row / stride) % size.max(1))
+                .collect();
+            mask.apply_row(mask.row_key(&coords), chunk);
         });
-    mask
+    out
 }
 
 /// A forward pass's dropout stream: its seed, the micro-batch row its

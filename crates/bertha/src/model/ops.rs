@@ -177,6 +177,84 @@ fn unpack(packed: &Tensor, like: &Tensor, rows: usize, k: usize) -> Result<Vec<T
     Ok(out)
 }
 
+// ---- the same passes on slices, for the training fast path ----
+
+/// LayerNorm's backward on rows of `gamma.len()`: `dx` from `(x, dy)`,
+/// and dgamma / dbeta added into `dgamma` / `dbeta`.
+pub(crate) fn layer_norm_backward(
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    (dgamma, dbeta): (&mut [f32], &mut [f32]),
+    eps: f32,
+) {
+    let d = gamma.len();
+    let mut sums = vec![0f32; 2 * d];
+    rows_with_sums(dx, &mut sums, d, |at, dx, part| {
+        let n = dx.len();
+        norm_bwd_rows(&x[at..at + n], gamma, &dy[at..at + n], dx, part, eps);
+    });
+    add_into(dgamma, &sums[..d]);
+    add_into(dbeta, &sums[d..]);
+}
+
+/// `y = act(x + bias)` on rows of `bias.len()`.
+pub(crate) fn bias_act_forward(x: &[f32], bias: &[f32], y: &mut [f32], act: Act) {
+    let task = task_len(bias.len());
+    y.par_chunks_mut(task)
+        .zip(x.par_chunks(task))
+        .for_each(|(y, x)| bias_act_rows(x, bias, y, act));
+}
+
+/// The backward of [`bias_act_forward`]: `dz = dy · act'(x + bias)`, and
+/// Σ dz over the rows added into `dbias`.
+pub(crate) fn bias_act_backward(
+    x: &[f32],
+    bias: &[f32],
+    dy: &[f32],
+    dz: &mut [f32],
+    dbias: &mut [f32],
+    act: Act,
+) {
+    let mut sums = vec![0f32; bias.len()];
+    rows_with_sums(dz, &mut sums, bias.len(), |at, dz, part| {
+        let n = dz.len();
+        bias_act_bwd_rows(&x[at..at + n], bias, &dy[at..at + n], dz, part, act);
+    });
+    add_into(dbias, &sums);
+}
+
+/// Softmax's backward on one block of rows of `d`: `dx = y · (dy - Σ y·dy)`.
+pub(crate) fn softmax_backward(y: &[f32], dy: &[f32], dx: &mut [f32], d: usize) {
+    softmax_bwd_rows(y, dy, dx, d);
+}
+
+/// Σ over rows of `d` (columns sums) added into `sums`, in fixed blocks
+/// of rows then in block order (deterministic).
+pub(crate) fn column_sums(x: &[f32], sums: &mut [f32]) {
+    let d = sums.len();
+    let partials: Vec<Vec<f32>> = x
+        .par_chunks(task_len(d))
+        .map(|rows| {
+            let mut part = vec![0f32; d];
+            for r in rows.chunks_exact(d) {
+                add_into(&mut part, r);
+            }
+            part
+        })
+        .collect();
+    for part in &partials {
+        add_into(sums, part);
+    }
+}
+
+fn add_into(acc: &mut [f32], x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}
+
 // ---- LayerNorm ----
 
 struct LayerNormOp {

@@ -14,10 +14,10 @@ use crate::model::nn::{activate, Dense, LayerNorm};
 /// the word embeddings unless the checkpoint has its own) + bias.
 #[derive(Debug, Clone)]
 pub struct BertLMPredictionHead {
-    dense: Dense,
-    act: Activation,
-    layer_norm: LayerNorm,
-    decoder: Dense,
+    pub(crate) dense: Dense,
+    pub(crate) act: Activation,
+    pub(crate) layer_norm: LayerNorm,
+    pub(crate) decoder: Dense,
 }
 
 impl BertLMPredictionHead {

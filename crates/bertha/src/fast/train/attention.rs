@@ -1,0 +1,274 @@
+//! Self-attention over packed sequences with its backward pass: one task
+//! per (sequence, head), each sequence attending over its own tokens only.
+//!
+//! The forward keeps each task's probabilities (before dropout) for the
+//! backward; the dropout mask is recomputed from its key, not stored.
+
+use rayon::prelude::*;
+
+use super::products::{product, Operand};
+use crate::fast::kernels::softmax_row;
+use crate::model::ops::softmax_backward;
+use crate::model::DropoutMask;
+
+/// The attention's shape: heads and their width.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heads {
+    pub count: usize,
+    pub dim: usize,
+}
+
+impl Heads {
+    fn width(&self) -> usize {
+        self.count * self.dim
+    }
+}
+
+/// Where each (sequence, head)'s `len × len` probabilities start in the
+/// probabilities buffer, and its total length.
+pub(crate) fn probability_offsets(offsets: &[usize], heads: Heads) -> (Vec<usize>, usize) {
+    let mut at = Vec::with_capacity(offsets.len().saturating_sub(1) * heads.count);
+    let mut total = 0;
+    for w in offsets.windows(2) {
+        let len = w[1] - w[0];
+        for _ in 0..heads.count {
+            at.push(total);
+            total += len * len;
+        }
+    }
+    (at, total)
+}
+
+/// A pointer tasks share, each writing its own disjoint elements.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: every task writes only the rows of its sequence and the columns
+// of its head (and its own probabilities block).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// One task: sequence `s` (rows `start..start + len`), head `h`, its
+/// probabilities at `p_at`.
+#[derive(Clone, Copy)]
+struct Task {
+    s: usize,
+    start: usize,
+    len: usize,
+    h: usize,
+    p_at: usize,
+}
+
+fn tasks(offsets: &[usize], heads: Heads, p_offsets: &[usize]) -> Vec<Task> {
+    let mut out = Vec::with_capacity(p_offsets.len());
+    for (s, w) in offsets.windows(2).enumerate() {
+        for h in 0..heads.count {
+            out.push(Task {
+                s,
+                start: w[0],
+                len: w[1] - w[0],
+                h,
+                p_at: p_offsets[s * heads.count + h],
+            });
+        }
+    }
+    out
+}
+
+/// `ctx = dropout(softmax(Q Kᵀ / √d)) V` per (sequence, head) from the
+/// fused `qkv` rows `[T, 3·D]`; `probs` receives the softmax output.
+pub(crate) fn forward(
+    qkv: &[f32],
+    ctx: &mut [f32],
+    probs: &mut [f32],
+    offsets: &[usize],
+    heads: Heads,
+    dropout: Option<&DropoutMask>,
+) {
+    let d = heads.width();
+    let tokens = offsets.last().copied().unwrap_or(0);
+    assert_eq!(
+        qkv.len(),
+        tokens * 3 * d,
+        "attention: qkv is not [{tokens}, {}]",
+        3 * d
+    );
+    assert_eq!(
+        ctx.len(),
+        tokens * d,
+        "attention: ctx is not [{tokens}, {d}]"
+    );
+    let (p_offsets, total) = probability_offsets(offsets, heads);
+    assert_eq!(probs.len(), total, "attention: probabilities buffer");
+    let scale = 1.0 / (heads.dim as f32).sqrt();
+    let (ctx_out, p_out) = (Shared(ctx.as_mut_ptr()), Shared(probs.as_mut_ptr()));
+    tasks(offsets, heads, &p_offsets)
+        .into_par_iter()
+        .for_each_init(Vec::new, |dropped: &mut Vec<f32>, t| {
+            let (len, hd) = (t.len, heads.dim);
+            let q = &qkv[t.start * 3 * d + t.h * hd..];
+            let k = &q[d..];
+            let v = &q[2 * d..];
+            // SAFETY: the task's probabilities block is its own; Q, K, V of
+            // its rows lie inside qkv (asserted lengths); its ctx rows and
+            // head columns are written by no other task.
+            unsafe {
+                let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), len * len);
+                product(
+                    (len, len, hd),
+                    p.as_mut_ptr(),
+                    len,
+                    false,
+                    Operand::rows(q, 3 * d),
+                    Operand::transposed(k, 3 * d),
+                    scale,
+                    false,
+                );
+                for row in p.chunks_exact_mut(len.max(1)) {
+                    softmax_row(row);
+                }
+                let used: &[f32] = match dropout {
+                    Some(mask) => {
+                        dropped.clear();
+                        dropped.extend_from_slice(p);
+                        for (i, row) in dropped.chunks_exact_mut(len.max(1)).enumerate() {
+                            mask.apply_row(mask.row_key(&[t.s, t.h, i]), row);
+                        }
+                        dropped
+                    }
+                    None => p,
+                };
+                product(
+                    (len, hd, len),
+                    ctx_out.at(t.start * d + t.h * hd),
+                    d,
+                    false,
+                    Operand::rows(used, len),
+                    Operand::rows(v, 3 * d),
+                    1.0,
+                    false,
+                );
+            }
+        });
+}
+
+/// Per-task buffers of the backward pass.
+#[derive(Default)]
+struct Scratch {
+    dropped: Vec<f32>,
+    dp: Vec<f32>,
+    ds: Vec<f32>,
+}
+
+/// The backward of [`forward`]: `dqkv [T, 3·D]` from `dctx [T, D]`, the
+/// saved probabilities and the same dropout mask.
+pub(crate) fn backward(
+    qkv: &[f32],
+    probs: &[f32],
+    dctx: &[f32],
+    dqkv: &mut [f32],
+    offsets: &[usize],
+    heads: Heads,
+    dropout: Option<&DropoutMask>,
+) {
+    let d = heads.width();
+    let tokens = offsets.last().copied().unwrap_or(0);
+    assert_eq!(qkv.len(), tokens * 3 * d, "attention backward: qkv");
+    assert_eq!(dqkv.len(), tokens * 3 * d, "attention backward: dqkv");
+    assert_eq!(dctx.len(), tokens * d, "attention backward: dctx");
+    let (p_offsets, total) = probability_offsets(offsets, heads);
+    assert_eq!(probs.len(), total, "attention backward: probabilities");
+    let scale = 1.0 / (heads.dim as f32).sqrt();
+    let out = Shared(dqkv.as_mut_ptr());
+    tasks(offsets, heads, &p_offsets)
+        .into_par_iter()
+        .for_each_init(Scratch::default, |sc, t| {
+            let (len, hd) = (t.len, heads.dim);
+            let p = &probs[t.p_at..t.p_at + len * len];
+            let q = &qkv[t.start * 3 * d + t.h * hd..];
+            let k = &q[d..];
+            let v = &q[2 * d..];
+            let dc = &dctx[t.start * d + t.h * hd..];
+            let keys = |i: usize| dropout.map(|m| (m, m.row_key(&[t.s, t.h, i])));
+            // The probabilities the forward multiplied V by.
+            let used: &[f32] = match dropout {
+                Some(_) => {
+                    sc.dropped.clear();
+                    sc.dropped.extend_from_slice(p);
+                    for (i, row) in sc.dropped.chunks_exact_mut(len.max(1)).enumerate() {
+                        if let Some((m, key)) = keys(i) {
+                            m.apply_row(key, row);
+                        }
+                    }
+                    &sc.dropped
+                }
+                None => p,
+            };
+            sc.dp.resize(len * len, 0.0);
+            sc.ds.resize(len * len, 0.0);
+            let base = t.start * 3 * d + t.h * hd;
+            // SAFETY: the operands lie inside qkv / dctx / the scratch
+            // (asserted lengths); the task's rows and head columns of dqkv
+            // are written by no other task.
+            unsafe {
+                // dV = usedᵀ · dctx
+                product(
+                    (len, hd, len),
+                    out.at(base + 2 * d),
+                    3 * d,
+                    false,
+                    Operand::transposed(used, len),
+                    Operand::rows(dc, d),
+                    1.0,
+                    false,
+                );
+                // d(used) = dctx · Vᵀ, then through the mask.
+                product(
+                    (len, len, hd),
+                    sc.dp.as_mut_ptr(),
+                    len,
+                    false,
+                    Operand::rows(dc, d),
+                    Operand::transposed(v, 3 * d),
+                    1.0,
+                    false,
+                );
+            }
+            for (i, row) in sc.dp.chunks_exact_mut(len.max(1)).enumerate() {
+                if let Some((m, key)) = keys(i) {
+                    m.apply_row(key, row);
+                }
+            }
+            softmax_backward(p, &sc.dp, &mut sc.ds, len.max(1));
+            // SAFETY: as above.
+            unsafe {
+                // dQ = scale · dS · K
+                product(
+                    (len, hd, len),
+                    out.at(base),
+                    3 * d,
+                    false,
+                    Operand::rows(&sc.ds, len),
+                    Operand::rows(k, 3 * d),
+                    scale,
+                    false,
+                );
+                // dK = scale · dSᵀ · Q
+                product(
+                    (len, hd, len),
+                    out.at(base + d),
+                    3 * d,
+                    false,
+                    Operand::transposed(&sc.ds, len),
+                    Operand::rows(q, 3 * d),
+                    scale,
+                    false,
+                );
+            }
+        });
+}

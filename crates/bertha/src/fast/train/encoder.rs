@@ -1,0 +1,594 @@
+//! BERT's embeddings and encoder on packed tokens, forward with a tape of
+//! what the backward reads, and backward into per-parameter gradients.
+//!
+//! What the tape keeps per layer, and why: the layer input and the
+//! LayerNorm inputs (their backward reads them), the fused Q/K/V rows and
+//! the attention probabilities (the attention backward reads both), the
+//! attention context and the FFN input (weight gradients), and the FFN
+//! expansion before its bias and activation. The activation's output is
+//! recomputed in the backward (one cheap pass, one `T × intermediate`
+//! buffer less per layer), and dropout masks are recomputed from their
+//! keys rather than stored.
+
+use super::attention::{self, Heads};
+use super::products;
+use super::Param;
+use crate::config::NormPosition;
+use crate::error::{Error, Result};
+use crate::fast::kernels::{self, Act};
+use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums, layer_norm_backward};
+use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
+
+/// A linear layer: weight `[out, in]` (as `nn.Linear`) and bias.
+pub(crate) struct Linear {
+    pub w: Param,
+    pub b: Param,
+}
+
+impl Linear {
+    fn of(dense: &Dense) -> Result<Option<Self>> {
+        let Some(bias) = dense.bias() else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            w: Param::of(dense.weight())?,
+            b: Param::of(bias)?,
+        }))
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.b.data.len()
+    }
+
+    /// `y = x · Wᵀ + b` on `m` rows.
+    pub fn forward(&self, x: &[f32], y: &mut [f32], m: usize) {
+        products::forward(x, &self.w.data, Some(&self.b.data), y, m);
+    }
+
+    /// Adds the weight and bias gradients of `dy`, the gradient of the
+    /// output over input `x`; writes (or adds, with `accumulate`) the
+    /// input gradient into `dx` when given.
+    pub fn backward(
+        &mut self,
+        x: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        m: usize,
+        accumulate: bool,
+    ) {
+        products::weight_grad(dy, x, &mut self.w.grad, m);
+        column_sums(dy, &mut self.b.grad);
+        if let Some(dx) = dx {
+            products::input_grad(dy, &self.w.data, dx, m, accumulate);
+        }
+    }
+}
+
+/// A LayerNorm's parameters.
+pub(crate) struct Norm {
+    pub gamma: Param,
+    pub beta: Param,
+    pub eps: f32,
+}
+
+impl Norm {
+    fn of(ln: &LayerNorm) -> Result<Self> {
+        Ok(Self {
+            gamma: Param::of(&ln.weight)?,
+            beta: Param::of(&ln.bias)?,
+            eps: ln.eps as f32,
+        })
+    }
+
+    pub fn forward(&self, x: &[f32], y: &mut [f32]) {
+        kernels::layer_norm_into(x, y, &self.gamma.data, &self.beta.data, self.eps);
+    }
+
+    /// `dx` from the input `x` and the output gradient `dy`; adds the
+    /// parameter gradients.
+    pub fn backward(&mut self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        layer_norm_backward(
+            x,
+            &self.gamma.data,
+            dy,
+            dx,
+            (&mut self.gamma.grad, &mut self.beta.grad),
+            self.eps,
+        );
+    }
+}
+
+struct Layer {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    attn_out: Linear,
+    attn_norm: Norm,
+    ffn_in: Linear,
+    ffn_out: Linear,
+    ffn_norm: Norm,
+    /// Q, K and V weights stacked `[3·D, D]`, and their biases.
+    qkv_w: Vec<f32>,
+    qkv_b: Vec<f32>,
+}
+
+/// One layer's saved activations (see the module docs).
+#[derive(Default)]
+struct LayerTape {
+    /// The layer's input.
+    x: Vec<f32>,
+    /// Pre-LN: the attention LayerNorm's output (the Q/K/V input); post-LN
+    /// reads `x`.
+    attn_in: Vec<f32>,
+    qkv: Vec<f32>,
+    probs: Vec<f32>,
+    ctx: Vec<f32>,
+    /// attention output + residual: a LayerNorm's input in both placements.
+    s1: Vec<f32>,
+    /// The FFN's input.
+    ffn_x: Vec<f32>,
+    /// The FFN expansion before bias and activation.
+    f: Vec<f32>,
+    /// Post-LN: FFN output + residual, the output LayerNorm's input.
+    s2: Vec<f32>,
+    masks: [Option<DropoutMask>; 3],
+}
+
+/// A forward pass's tape.
+pub(crate) struct Tape {
+    offsets: Vec<usize>,
+    ids: Vec<u32>,
+    types: Vec<u32>,
+    positions: Vec<usize>,
+    /// The embeddings' sum before their LayerNorm.
+    embed_sum: Vec<f32>,
+    embed_mask: Option<DropoutMask>,
+    layers: Vec<LayerTape>,
+    /// Pre-LN with a final LayerNorm: its input.
+    final_in: Vec<f32>,
+}
+
+impl Tape {
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+}
+
+/// BERT's embeddings and encoder as plain buffers, with gradients.
+pub(crate) struct Encoder {
+    hidden: usize,
+    heads: Heads,
+    act: Act,
+    norm_position: NormPosition,
+    max_positions: usize,
+    pad_id: u32,
+    pub word: Param,
+    position: Param,
+    token_type: Option<Param>,
+    embed_norm: Option<Norm>,
+    layers: Vec<Layer>,
+    final_norm: Option<Norm>,
+    hidden_dropout: Dropout,
+    attention_dropout: Dropout,
+}
+
+impl Encoder {
+    /// The encoder of `model`, when the fast path covers it: BERT itself
+    /// (absolute positions, no family extras), on the CPU, with biases and
+    /// dropout rates below 1.
+    pub fn of(model: &BertModel) -> Result<Option<Self>> {
+        let cfg = model.config();
+        if !model.device().is_cpu() || !cfg.family.is_bert() || !model.encoder.is_plain() {
+            return Ok(None);
+        }
+        let emb = &model.embeddings;
+        let Some(position) = &emb.position_embeddings else {
+            return Ok(None);
+        };
+        if emb.projection.is_some() || emb.mask_padding || emb.ignore_token_types {
+            return Ok(None);
+        }
+        if cfg.hidden_dropout_prob >= 1.0 || cfg.attention_probs_dropout_prob >= 1.0 {
+            return Ok(None);
+        }
+        let mut layers = Vec::with_capacity(model.encoder.layers.len());
+        for l in &model.encoder.layers {
+            let sa = &l.attention.self_attention;
+            let (Some(q), Some(k), Some(v), Some(attn_out), Some(ffn_in), Some(ffn_out)) = (
+                Linear::of(&sa.query)?,
+                Linear::of(&sa.key)?,
+                Linear::of(&sa.value)?,
+                Linear::of(&l.attention.dense)?,
+                Linear::of(&l.intermediate.dense)?,
+                Linear::of(&l.output.dense)?,
+            ) else {
+                return Ok(None);
+            };
+            let qkv_w = [&q.w.data[..], &k.w.data, &v.w.data].concat();
+            let qkv_b = [&q.b.data[..], &k.b.data, &v.b.data].concat();
+            layers.push(Layer {
+                q,
+                k,
+                v,
+                attn_out,
+                attn_norm: Norm::of(&l.attention.layer_norm)?,
+                ffn_in,
+                ffn_out,
+                ffn_norm: Norm::of(&l.output.layer_norm)?,
+                qkv_w,
+                qkv_b,
+            });
+        }
+        Ok(Some(Self {
+            hidden: cfg.hidden_size,
+            heads: Heads {
+                count: cfg.num_attention_heads,
+                dim: cfg.head_dim(),
+            },
+            act: cfg.hidden_act.into(),
+            norm_position: cfg.norm_position,
+            max_positions: cfg.max_position_embeddings,
+            pad_id: emb.padding_idx,
+            word: Param::of(emb.word_embeddings.embeddings())?,
+            position: Param::of(position.embeddings())?,
+            token_type: emb
+                .token_type_embeddings
+                .as_ref()
+                .map(|t| Param::of(t.embeddings()))
+                .transpose()?,
+            embed_norm: emb.layer_norm.as_ref().map(Norm::of).transpose()?,
+            layers,
+            final_norm: model
+                .encoder
+                .final_layer_norm
+                .as_ref()
+                .map(Norm::of)
+                .transpose()?,
+            hidden_dropout: Dropout::new(cfg.hidden_dropout_prob),
+            attention_dropout: Dropout::new(cfg.attention_probs_dropout_prob),
+        }))
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The last hidden states `[T, D]` of the packed `sequences`
+    /// (`(ids, token types)`), and the tape of the pass. With `train`,
+    /// dropout draws its masks in the order the candle modules do, so both
+    /// drop the same elements.
+    pub fn forward(&self, sequences: &[(&[u32], &[u32])], train: bool) -> Result<(Vec<f32>, Tape)> {
+        let d = self.hidden;
+        let mut offsets = vec![0];
+        let (mut ids, mut types, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        let vocab = self.word.data.len() / d;
+        let n_types = self.token_type.as_ref().map_or(0, |t| t.data.len() / d);
+        for (s, (seq, tt)) in sequences.iter().enumerate() {
+            if seq.len() > self.max_positions {
+                return Err(Error::Input(format!(
+                    "sequence {s} has {} tokens, more than max_position_embeddings ({})",
+                    seq.len(),
+                    self.max_positions
+                )));
+            }
+            for (p, &id) in seq.iter().enumerate() {
+                if id as usize >= vocab {
+                    return Err(Error::Input(format!(
+                        "sequence {s}: token id {id} is outside the vocabulary ({vocab})"
+                    )));
+                }
+                let t = tt.get(p).copied().unwrap_or(0);
+                if self.token_type.is_some() && t as usize >= n_types {
+                    return Err(Error::Input(format!(
+                        "sequence {s}: token type {t} is not below type_vocab_size {n_types}"
+                    )));
+                }
+                ids.push(id);
+                types.push(t);
+                positions.push(p);
+            }
+            offsets.push(ids.len());
+        }
+        let n = ids.len();
+        let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
+        // Embeddings: word + position (+ type), LayerNorm, dropout.
+        let mut embed_sum = vec![0f32; n * d];
+        for (r, row) in embed_sum.chunks_exact_mut(d).enumerate() {
+            let id = ids[r] as usize;
+            row.copy_from_slice(&self.word.data[id * d..(id + 1) * d]);
+            add(
+                row,
+                &self.position.data[positions[r] * d..(positions[r] + 1) * d],
+            );
+            if let Some(tt) = &self.token_type {
+                let t = types[r] as usize;
+                add(row, &tt.data[t * d..(t + 1) * d]);
+            }
+        }
+        let mut x = match &self.embed_norm {
+            Some(norm) => {
+                let mut y = vec![0f32; n * d];
+                norm.forward(&embed_sum, &mut y);
+                y
+            }
+            None => embed_sum.clone(),
+        };
+        let embed_mask = mask_of(&self.hidden_dropout);
+        if let Some(m) = &embed_mask {
+            drop_rows(m, &mut x, &offsets, d);
+        }
+        let mut tapes = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (y, tape) = self.layer_forward(layer, x, &offsets, &mask_of);
+            tapes.push(tape);
+            x = y;
+        }
+        let mut final_in = Vec::new();
+        if let Some(norm) = &self.final_norm {
+            let mut y = vec![0f32; n * d];
+            norm.forward(&x, &mut y);
+            final_in = std::mem::replace(&mut x, y);
+        }
+        Ok((
+            x,
+            Tape {
+                offsets,
+                ids,
+                types,
+                positions,
+                embed_sum,
+                embed_mask,
+                layers: tapes,
+                final_in,
+            },
+        ))
+    }
+
+    fn layer_forward(
+        &self,
+        layer: &Layer,
+        x: Vec<f32>,
+        offsets: &[usize],
+        mask_of: &dyn Fn(&Dropout) -> Option<DropoutMask>,
+    ) -> (Vec<f32>, LayerTape) {
+        let (d, n) = (self.hidden, offsets.last().copied().unwrap_or(0));
+        let inter = layer.ffn_in.out_dim();
+        let mut t = LayerTape::default();
+        let pre = self.norm_position == NormPosition::Pre;
+        if pre {
+            t.attn_in = vec![0f32; n * d];
+            layer.attn_norm.forward(&x, &mut t.attn_in);
+        }
+        t.qkv = vec![0f32; n * 3 * d];
+        let attn_in = if pre { &t.attn_in } else { &x };
+        products::forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
+        let (_, total) = attention::probability_offsets(offsets, self.heads);
+        t.probs = vec![0f32; total];
+        t.ctx = vec![0f32; n * d];
+        t.masks[0] = mask_of(&self.attention_dropout);
+        attention::forward(
+            &t.qkv,
+            &mut t.ctx,
+            &mut t.probs,
+            offsets,
+            self.heads,
+            t.masks[0].as_ref(),
+        );
+        t.s1 = vec![0f32; n * d];
+        layer.attn_out.forward(&t.ctx, &mut t.s1, n);
+        t.masks[1] = mask_of(&self.hidden_dropout);
+        if let Some(m) = &t.masks[1] {
+            drop_rows(m, &mut t.s1, offsets, d);
+        }
+        add(&mut t.s1, &x);
+        t.ffn_x = vec![0f32; n * d];
+        if pre {
+            layer.ffn_norm.forward(&t.s1, &mut t.ffn_x);
+        } else {
+            layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
+        }
+        t.f = vec![0f32; n * inter];
+        products::forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, n);
+        let mut g = vec![0f32; n * inter];
+        bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, self.act);
+        let mut o = vec![0f32; n * d];
+        layer.ffn_out.forward(&g, &mut o, n);
+        t.masks[2] = mask_of(&self.hidden_dropout);
+        if let Some(m) = &t.masks[2] {
+            drop_rows(m, &mut o, offsets, d);
+        }
+        let y = if pre {
+            add(&mut o, &t.s1);
+            o
+        } else {
+            add(&mut o, &t.ffn_x);
+            t.s2 = o;
+            let mut y = vec![0f32; n * d];
+            layer.ffn_norm.forward(&t.s2, &mut y);
+            y
+        };
+        t.x = x;
+        (y, t)
+    }
+
+    /// Adds the gradients of every parameter from `dy`, the gradient of
+    /// the last hidden states.
+    pub fn backward(&mut self, tape: &Tape, mut dy: Vec<f32>) {
+        let d = self.hidden;
+        if let Some(norm) = &mut self.final_norm {
+            let mut dx = vec![0f32; dy.len()];
+            norm.backward(&tape.final_in, &dy, &mut dx);
+            dy = dx;
+        }
+        let (heads, act, pre) = (
+            self.heads,
+            self.act,
+            self.norm_position == NormPosition::Pre,
+        );
+        for (layer, t) in self.layers.iter_mut().zip(&tape.layers).rev() {
+            dy = layer_backward(layer, t, dy, &tape.offsets, (d, heads, act, pre));
+        }
+        if let Some(m) = &tape.embed_mask {
+            drop_rows(m, &mut dy, &tape.offsets, d);
+        }
+        let de = match &mut self.embed_norm {
+            Some(norm) => {
+                let mut de = vec![0f32; dy.len()];
+                norm.backward(&tape.embed_sum, &dy, &mut de);
+                de
+            }
+            None => dy,
+        };
+        // The lookups' gradients: rows added into the tables (the padding
+        // id's row gets none, as `nn.Embedding(padding_idx=..)`).
+        for (r, row) in de.chunks_exact(d).enumerate() {
+            let id = tape.ids[r] as usize;
+            if tape.ids[r] != self.pad_id {
+                add(&mut self.word.grad[id * d..(id + 1) * d], row);
+            }
+            let p = tape.positions[r];
+            add(&mut self.position.grad[p * d..(p + 1) * d], row);
+            if let Some(tt) = &mut self.token_type {
+                let t = tape.types[r] as usize;
+                add(&mut tt.grad[t * d..(t + 1) * d], row);
+            }
+        }
+    }
+
+    /// Every parameter, for returning gradients.
+    pub fn params(&self) -> Vec<&Param> {
+        let mut out = vec![&self.word, &self.position];
+        out.extend(&self.token_type);
+        if let Some(n) = &self.embed_norm {
+            out.extend([&n.gamma, &n.beta]);
+        }
+        for l in &self.layers {
+            for lin in [&l.q, &l.k, &l.v, &l.attn_out, &l.ffn_in, &l.ffn_out] {
+                out.extend([&lin.w, &lin.b]);
+            }
+            out.extend([&l.attn_norm.gamma, &l.attn_norm.beta]);
+            out.extend([&l.ffn_norm.gamma, &l.ffn_norm.beta]);
+        }
+        if let Some(n) = &self.final_norm {
+            out.extend([&n.gamma, &n.beta]);
+        }
+        out
+    }
+}
+
+/// One layer's backward: the gradient of its input from that of its
+/// output; adds its parameters' gradients.
+fn layer_backward(
+    layer: &mut Layer,
+    t: &LayerTape,
+    dy: Vec<f32>,
+    offsets: &[usize],
+    (d, heads, act, pre): (usize, Heads, Act, bool),
+) -> Vec<f32> {
+    let n = offsets.last().copied().unwrap_or(0);
+    let inter = layer.ffn_in.out_dim();
+    // d(s1) collects the residual path and the FFN's input gradient.
+    let (mut ds1, mut d_o) = if pre {
+        (dy.clone(), dy)
+    } else {
+        let mut ds2 = vec![0f32; n * d];
+        layer.ffn_norm.backward(&t.s2, &dy, &mut ds2);
+        (ds2.clone(), ds2)
+    };
+    if let Some(m) = &t.masks[2] {
+        drop_rows(m, &mut d_o, offsets, d);
+    }
+    // FFN output: g = act(f + b) recomputed for its weight gradient.
+    let mut g = vec![0f32; n * inter];
+    bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
+    let mut dg = vec![0f32; n * inter];
+    layer.ffn_out.backward(&g, &d_o, Some(&mut dg), n, false);
+    drop(g);
+    let mut df = vec![0f32; n * inter];
+    bias_act_backward(
+        &t.f,
+        &layer.ffn_in.b.data,
+        &dg,
+        &mut df,
+        &mut layer.ffn_in.b.grad,
+        act,
+    );
+    drop(dg);
+    products::weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, n);
+    let mut dffn_x = vec![0f32; n * d];
+    products::input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, n, false);
+    drop(df);
+    if pre {
+        // ffn_x = LN2(s1)
+        let mut tmp = vec![0f32; n * d];
+        layer.ffn_norm.backward(&t.s1, &dffn_x, &mut tmp);
+        add(&mut ds1, &tmp);
+    } else {
+        // ffn_x = LN1(s1), and s2 = o + ffn_x.
+        add(&mut ds1, &dffn_x);
+        let mut tmp = vec![0f32; n * d];
+        layer.attn_norm.backward(&t.s1, &ds1, &mut tmp);
+        ds1 = tmp;
+    }
+    // s1 = dropout(ctx · Woᵀ + bo) + x
+    let mut dx = ds1.clone();
+    let mut da = ds1;
+    if let Some(m) = &t.masks[1] {
+        drop_rows(m, &mut da, offsets, d);
+    }
+    let mut dctx = vec![0f32; n * d];
+    layer
+        .attn_out
+        .backward(&t.ctx, &da, Some(&mut dctx), n, false);
+    drop(da);
+    let mut dqkv = vec![0f32; n * 3 * d];
+    attention::backward(
+        &t.qkv,
+        &t.probs,
+        &dctx,
+        &mut dqkv,
+        offsets,
+        heads,
+        t.masks[0].as_ref(),
+    );
+    drop(dctx);
+    // Q, K, V: one multiply each way on the stacked weights.
+    let attn_in = if pre { &t.attn_in } else { &t.x };
+    let mut dw = vec![0f32; 3 * d * d];
+    products::weight_grad(&dqkv, attn_in, &mut dw, n);
+    let mut db = vec![0f32; 3 * d];
+    column_sums(&dqkv, &mut db);
+    for (i, lin) in [&mut layer.q, &mut layer.k, &mut layer.v]
+        .into_iter()
+        .enumerate()
+    {
+        add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
+        add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
+    }
+    if pre {
+        let mut dn1 = vec![0f32; n * d];
+        products::input_grad(&dqkv, &layer.qkv_w, &mut dn1, n, false);
+        let mut tmp = vec![0f32; n * d];
+        layer.attn_norm.backward(&t.x, &dn1, &mut tmp);
+        add(&mut dx, &tmp);
+    } else {
+        products::input_grad(&dqkv, &layer.qkv_w, &mut dx, n, true);
+    }
+    dx
+}
+
+/// Dropout on hidden rows `[T, D]` of packed sequences: row `(s, p)` keyed
+/// as the candle modules key row `p` of batch row `s`.
+pub(crate) fn drop_rows(mask: &DropoutMask, x: &mut [f32], offsets: &[usize], d: usize) {
+    for (s, w) in offsets.windows(2).enumerate() {
+        for (p, row) in x[w[0] * d..w[1] * d].chunks_exact_mut(d).enumerate() {
+            mask.apply_row(mask.row_key(&[s, p]), row);
+        }
+    }
+}
+
+pub(crate) fn add(acc: &mut [f32], x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}

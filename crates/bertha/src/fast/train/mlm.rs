@@ -1,0 +1,288 @@
+//! Pre-training on the fast path: the MLM head on the masked positions
+//! only (+ next-sentence prediction on the pooled `[CLS]` rows).
+
+use candle_core::backprop::GradStore;
+
+use super::encoder::{add, Encoder, Linear, Norm};
+use super::losses::cross_entropy;
+use super::{grad_store, products, Param};
+use crate::error::{Error, Result};
+use crate::fast::kernels::Act;
+use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums};
+use crate::model::{BertForTask, BertLMPredictionHead, Dense, IGNORE_INDEX};
+
+/// One micro-batch: packed sequences with their MLM labels (one per
+/// token, [`IGNORE_INDEX`] where nothing is predicted) and, with NSP,
+/// one next-sentence label per sequence.
+pub struct MlmBatch<'a> {
+    pub sequences: Vec<(&'a [u32], &'a [u32])>,
+    pub labels: Vec<&'a [i64]>,
+    pub next_sentence: Option<Vec<i64>>,
+}
+
+/// A step's losses and the gradients of `weights[0] · mlm + weights[1] ·
+/// nsp` (each loss a mean over its targets).
+pub struct MlmOutcome {
+    /// Mean MLM loss over `masked` targets.
+    pub mlm_loss: f64,
+    pub masked: usize,
+    pub correct: usize,
+    /// Mean NSP loss over `pairs` labelled sequences.
+    pub nsp_loss: f64,
+    pub pairs: usize,
+    pub gradients: GradStore,
+}
+
+/// `BertForMaskedLM` / `BertForPreTraining` on the fast path.
+pub struct MlmHead {
+    encoder: Encoder,
+    transform: Linear,
+    act: Act,
+    transform_norm: Norm,
+    /// The decoder's own matrix; `None` when tied to the word embeddings.
+    decoder: Option<Param>,
+    decoder_bias: Param,
+    /// Pooler and `seq_relationship` (with NSP).
+    nsp: Option<(Linear, Linear)>,
+}
+
+fn linear(dense: &Dense, what: &str) -> Result<Linear> {
+    let b = dense
+        .bias()
+        .ok_or_else(|| Error::Input(format!("internal: {what} has no bias")))?;
+    Ok(Linear {
+        w: Param::of(dense.weight())?,
+        b: Param::of(b)?,
+    })
+}
+
+impl MlmHead {
+    /// The current weights of `model`, when the fast path covers it (a
+    /// BERT MLM or pre-training head on an encoder it runs).
+    pub fn of(model: &BertForTask) -> Result<Option<Self>> {
+        let (head, nsp): (&BertLMPredictionHead, _) = match model {
+            BertForTask::MaskedLM(m) => (m.predictions(), None),
+            BertForTask::PreTraining(m) => (m.predictions(), Some(m.seq_relationship())),
+            _ => return Ok(None),
+        };
+        let Some(encoder) = Encoder::of(model.bert())? else {
+            return Ok(None);
+        };
+        let nsp = match nsp {
+            Some(classifier) => {
+                let Some(pooler) = &model.bert().pooler else {
+                    return Ok(None);
+                };
+                Some((
+                    linear(&pooler.dense, "the pooler")?,
+                    linear(classifier, "seq_relationship")?,
+                ))
+            }
+            None => None,
+        };
+        let Some(bias) = head.decoder.bias() else {
+            return Ok(None);
+        };
+        let tied = encoder.word.is(head.decoder.weight());
+        Ok(Some(Self {
+            transform: linear(&head.dense, "the MLM transform")?,
+            act: head.act.into(),
+            transform_norm: Norm {
+                gamma: Param::of(&head.layer_norm.weight)?,
+                beta: Param::of(&head.layer_norm.bias)?,
+                eps: head.layer_norm.eps as f32,
+            },
+            decoder: if tied {
+                None
+            } else {
+                Some(Param::of(head.decoder.weight())?)
+            },
+            decoder_bias: Param::of(bias)?,
+            encoder,
+            nsp,
+        }))
+    }
+
+    /// Forward and backward on `batch` (dropout on with `train`).
+    pub fn step(mut self, batch: &MlmBatch, weights: [f64; 2], train: bool) -> Result<MlmOutcome> {
+        if batch.labels.len() != batch.sequences.len() {
+            return Err(Error::Input(format!(
+                "{} label rows for {} sequences",
+                batch.labels.len(),
+                batch.sequences.len()
+            )));
+        }
+        let (hidden, tape) = self.encoder.forward(&batch.sequences, train)?;
+        let d = self.encoder.hidden();
+        let mut dhidden = vec![0f32; hidden.len()];
+
+        // MLM: the masked rows through transform, LayerNorm and decoder.
+        let vocab = self.decoder_bias.data.len();
+        let (mut rows, mut targets) = (Vec::new(), Vec::new());
+        for (s, (labels, (ids, _))) in batch.labels.iter().zip(&batch.sequences).enumerate() {
+            if labels.len() != ids.len() {
+                return Err(Error::Input(format!(
+                    "sequence {s}: {} labels for {} tokens",
+                    labels.len(),
+                    ids.len()
+                )));
+            }
+            for (p, &y) in labels.iter().enumerate() {
+                if y == IGNORE_INDEX {
+                    continue;
+                }
+                if !(0..vocab as i64).contains(&y) {
+                    return Err(Error::Input(format!(
+                        "labels: label {y} at sequence {s}, position {p} is not a token id in 0..{vocab}"
+                    )));
+                }
+                rows.push(tape.offsets()[s] + p);
+                targets.push(y as u32);
+            }
+        }
+        let masked = rows.len();
+        let (mut mlm_loss, mut correct) = (0.0, 0);
+        if masked > 0 {
+            let mut hm = vec![0f32; masked * d];
+            for (dst, &r) in hm.chunks_exact_mut(d).zip(&rows) {
+                dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
+            }
+            let width = self.transform.out_dim();
+            let mut t = vec![0f32; masked * width];
+            products::forward(&hm, &self.transform.w.data, None, &mut t, masked);
+            let mut u = vec![0f32; masked * width];
+            bias_act_forward(&t, &self.transform.b.data, &mut u, self.act);
+            let mut z = vec![0f32; masked * width];
+            self.transform_norm.forward(&u, &mut z);
+            let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
+            let mut logits = vec![0f32; masked * vocab];
+            products::forward(
+                &z,
+                &decoder.data,
+                Some(&self.decoder_bias.data),
+                &mut logits,
+                masked,
+            );
+            let weight = (weights[0] / masked as f64) as f32;
+            let ce = cross_entropy(&mut logits, vocab, &targets, weight);
+            mlm_loss = ce.sum / masked as f64;
+            correct = ce.correct;
+            // Backward: logits now hold their gradient.
+            let dlogits = logits;
+            let mut dz = vec![0f32; masked * width];
+            products::input_grad(&dlogits, &decoder.data, &mut dz, masked, false);
+            let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
+            products::weight_grad(&dlogits, &z, &mut decoder.grad, masked);
+            column_sums(&dlogits, &mut self.decoder_bias.grad);
+            drop(dlogits);
+            let mut du = vec![0f32; masked * width];
+            self.transform_norm.backward(&u, &dz, &mut du);
+            let mut dt = vec![0f32; masked * width];
+            bias_act_backward(
+                &t,
+                &self.transform.b.data,
+                &du,
+                &mut dt,
+                &mut self.transform.b.grad,
+                self.act,
+            );
+            products::weight_grad(&dt, &hm, &mut self.transform.w.grad, masked);
+            let mut dhm = vec![0f32; masked * d];
+            products::input_grad(&dt, &self.transform.w.data, &mut dhm, masked, false);
+            for (src, &r) in dhm.chunks_exact(d).zip(&rows) {
+                add(&mut dhidden[r * d..(r + 1) * d], src);
+            }
+        }
+
+        // NSP: pooler (dense + tanh) on each [CLS] row, then the classifier.
+        let (mut nsp_loss, mut pairs) = (0.0, 0);
+        if let (Some((pooler, classifier)), Some(labels)) = (&mut self.nsp, &batch.next_sentence) {
+            let n = batch.sequences.len();
+            if labels.len() != n {
+                return Err(Error::Input(format!(
+                    "next_sentence_label: {} labels for {n} sequences",
+                    labels.len()
+                )));
+            }
+            let live: Vec<usize> = (0..n)
+                .filter(|&s| tape.offsets()[s + 1] > tape.offsets()[s])
+                .collect();
+            let mut cls = vec![0f32; live.len() * d];
+            for (dst, &s) in cls.chunks_exact_mut(d).zip(&live) {
+                let r = tape.offsets()[s];
+                dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
+            }
+            let m = live.len();
+            let mut pooled = vec![0f32; m * d];
+            pooler.forward(&cls, &mut pooled, m);
+            pooled.iter_mut().for_each(|v| *v = v.tanh());
+            let classes = classifier.out_dim();
+            let mut logits = vec![0f32; m * classes];
+            classifier.forward(&pooled, &mut logits, m);
+            let (mut picked, mut nsp_targets) = (Vec::new(), Vec::new());
+            for (i, &s) in live.iter().enumerate() {
+                let y = labels[s];
+                if y == IGNORE_INDEX {
+                    continue;
+                }
+                if !(0..classes as i64).contains(&y) {
+                    return Err(Error::Input(format!(
+                        "next_sentence_label: label {y} of sequence {s} is not in 0..{classes}"
+                    )));
+                }
+                picked.push(i);
+                nsp_targets.push(y as u32);
+            }
+            pairs = picked.len();
+            if pairs > 0 {
+                let mut rows_logits: Vec<f32> = picked
+                    .iter()
+                    .flat_map(|&i| logits[i * classes..(i + 1) * classes].to_vec())
+                    .collect();
+                let weight = (weights[1] / pairs as f64) as f32;
+                let ce = cross_entropy(&mut rows_logits, classes, &nsp_targets, weight);
+                nsp_loss = ce.sum / pairs as f64;
+                let mut dlogits = vec![0f32; m * classes];
+                for (k, &i) in picked.iter().enumerate() {
+                    dlogits[i * classes..(i + 1) * classes]
+                        .copy_from_slice(&rows_logits[k * classes..(k + 1) * classes]);
+                }
+                let mut dpooled = vec![0f32; m * d];
+                classifier.backward(&pooled, &dlogits, Some(&mut dpooled), m, false);
+                for (g, p) in dpooled.iter_mut().zip(&pooled) {
+                    *g *= 1.0 - p * p;
+                }
+                let mut dcls = vec![0f32; m * d];
+                pooler.backward(&cls, &dpooled, Some(&mut dcls), m, false);
+                for (src, &s) in dcls.chunks_exact(d).zip(&live) {
+                    let r = tape.offsets()[s];
+                    add(&mut dhidden[r * d..(r + 1) * d], src);
+                }
+            }
+        }
+
+        if masked > 0 || pairs > 0 {
+            self.encoder.backward(&tape, dhidden);
+        }
+        let mut params = self.encoder.params();
+        params.extend([
+            &self.transform.w,
+            &self.transform.b,
+            &self.transform_norm.gamma,
+            &self.transform_norm.beta,
+            &self.decoder_bias,
+        ]);
+        params.extend(&self.decoder);
+        if let Some((p, c)) = &self.nsp {
+            params.extend([&p.w, &p.b, &c.w, &c.b]);
+        }
+        Ok(MlmOutcome {
+            mlm_loss,
+            masked,
+            correct,
+            nsp_loss,
+            pairs,
+            gradients: grad_store(params)?,
+        })
+    }
+}

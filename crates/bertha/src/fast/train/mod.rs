@@ -1,0 +1,61 @@
+//! The training fast path: BERT's forward and backward on packed tokens
+//! (no padding; each sequence attends over its own tokens only), on
+//! plain buffers with fused row passes and strided matrix products, for
+//! the models the inference fast path covers (BERT post-LN and pre-LN on
+//! the CPU).
+//!
+//! A step copies the current weights out of the trainer's variables,
+//! runs forward and backward, and hands the gradients back keyed by those
+//! variables ([`GradStore`]), so accumulation, the data-parallel sum,
+//! clipping, AdamW, checkpoints and resume are the one training loop's.
+//! Dropout draws the masks the candle modules draw (same stream, same
+//! element coordinates), so in fp32 both paths compute the same step.
+
+mod attention;
+mod encoder;
+mod losses;
+mod mlm;
+mod products;
+
+use candle_core::backprop::GradStore;
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+pub use mlm::{MlmBatch, MlmHead, MlmOutcome};
+
+/// One parameter: its variable, its values this step and its gradient.
+pub(crate) struct Param {
+    tensor: Tensor,
+    pub data: Vec<f32>,
+    pub grad: Vec<f32>,
+}
+
+impl Param {
+    pub fn of(t: &Tensor) -> Result<Self> {
+        let data = t
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok(Self {
+            tensor: t.clone(),
+            grad: vec![0f32; data.len()],
+            data,
+        })
+    }
+
+    /// Whether `t` is this parameter's variable (a tied weight).
+    pub fn is(&self, t: &Tensor) -> bool {
+        self.tensor.id() == t.id()
+    }
+}
+
+/// The gradients of `params`, keyed by their variables.
+pub(crate) fn grad_store<'a>(params: impl IntoIterator<Item = &'a Param>) -> Result<GradStore> {
+    let mut store = GradStore::default();
+    for p in params {
+        let g = Tensor::from_slice(&p.grad, p.tensor.shape(), p.tensor.device())?;
+        store.insert(&p.tensor, g);
+    }
+    Ok(store)
+}

@@ -1,0 +1,209 @@
+//! The three matrix products of a linear layer's training step, on
+//! row-major slices: the forward `x · Wᵀ`, the input gradient `dy · W`
+//! and the weight gradient `dyᵀ · x`. The gemm crate reads transposed
+//! operands through strides, so none of them copies a transpose; the
+//! weight stays in `nn.Linear`'s `[out, in]` layout throughout.
+
+use crate::fast::kernels::parallelism;
+
+/// A matrix operand: its first element, row stride and column stride.
+#[derive(Clone, Copy)]
+pub(crate) struct Operand {
+    pub ptr: *const f32,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl Operand {
+    /// Row-major `data` with rows `stride` apart.
+    pub fn rows(data: &[f32], stride: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            rs: stride as isize,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of row-major `data` with rows `stride` apart.
+    pub fn transposed(data: &[f32], stride: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            rs: 1,
+            cs: stride as isize,
+        }
+    }
+}
+
+/// `dst[m, n] = (accumulate ? dst : 0) + scale · a[m, k] · b[k, n]`,
+/// `dst` with rows `dst_rs` apart.
+///
+/// # Safety
+/// `a`, `b` and `dst` must address `m × k`, `k × n` and `m × n` elements
+/// through their strides, and nothing else may write `dst` meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn product(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    a: Operand,
+    b: Operand,
+    scale: f32,
+    parallel: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                // SAFETY: row r of the m × n destination.
+                unsafe { std::slice::from_raw_parts_mut(dst.add(r * dst_rs), n).fill(0.0) };
+            }
+        }
+        return;
+    }
+    let par = if parallel {
+        parallelism()
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs as isize,
+            accumulate,
+            a.ptr,
+            a.cs,
+            a.rs,
+            b.ptr,
+            b.cs,
+            b.rs,
+            if accumulate { 1.0 } else { 0.0 },
+            scale,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+fn check(what: &str, v: &[f32], rows: usize, cols: usize) {
+    assert_eq!(v.len(), rows * cols, "{what} is not [{rows}, {cols}]");
+}
+
+/// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`: a linear layer's forward.
+pub(crate) fn forward(x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32], m: usize) {
+    let n = bias.map_or_else(|| y.len() / m.max(1), <[f32]>::len);
+    let k = x.len() / m.max(1);
+    check("linear input", x, m, k);
+    check("linear weight", w, n, k);
+    check("linear output", y, m, n);
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(n) {
+            row.copy_from_slice(b);
+        }
+    }
+    // SAFETY: shapes checked above.
+    unsafe {
+        product(
+            (m, n, k),
+            y.as_mut_ptr(),
+            n,
+            bias.is_some(),
+            Operand::rows(x, k),
+            Operand::transposed(w, k),
+            1.0,
+            true,
+        )
+    }
+}
+
+/// `dx[m, k] (+)= dy[m, n] · w[n, k]`: the input gradient.
+pub(crate) fn input_grad(dy: &[f32], w: &[f32], dx: &mut [f32], m: usize, accumulate: bool) {
+    let k = dx.len() / m.max(1);
+    let n = dy.len() / m.max(1);
+    check("output gradient", dy, m, n);
+    check("linear weight", w, n, k);
+    check("input gradient", dx, m, k);
+    // SAFETY: shapes checked above.
+    unsafe {
+        product(
+            (m, k, n),
+            dx.as_mut_ptr(),
+            k,
+            accumulate,
+            Operand::rows(dy, n),
+            Operand::rows(w, k),
+            1.0,
+            true,
+        )
+    }
+}
+
+/// `dw[n, k] += dy[m, n]ᵀ · x[m, k]`: the weight gradient, accumulated.
+pub(crate) fn weight_grad(dy: &[f32], x: &[f32], dw: &mut [f32], m: usize) {
+    let n = dy.len() / m.max(1);
+    let k = x.len() / m.max(1);
+    check("output gradient", dy, m, n);
+    check("input", x, m, k);
+    check("weight gradient", dw, n, k);
+    // SAFETY: shapes checked above.
+    unsafe {
+        product(
+            (n, k, m),
+            dw.as_mut_ptr(),
+            k,
+            true,
+            Operand::transposed(dy, n),
+            Operand::rows(x, k),
+            1.0,
+            true,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn the_three_products_match_their_definitions() {
+        let (m, k, n) = (13, 7, 5);
+        let (x, w, b, dy) = (data(m * k, 1), data(n * k, 2), data(n, 3), data(m * n, 4));
+        let mut y = vec![0f32; m * n];
+        forward(&x, &w, Some(&b), &mut y, m);
+        let mut dx = vec![1f32; m * k];
+        input_grad(&dy, &w, &mut dx, m, true);
+        let mut dw = vec![0.5f32; n * k];
+        weight_grad(&dy, &x, &mut dw, m);
+        for i in 0..m {
+            for j in 0..n {
+                let want: f32 = b[j] + (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum::<f32>();
+                assert!((y[i * n + j] - want).abs() < 1e-5);
+            }
+            for c in 0..k {
+                let want: f32 = 1.0 + (0..n).map(|j| dy[i * n + j] * w[j * k + c]).sum::<f32>();
+                assert!((dx[i * k + c] - want).abs() < 1e-5);
+            }
+        }
+        for j in 0..n {
+            for c in 0..k {
+                let want: f32 = 0.5 + (0..m).map(|i| dy[i * n + j] * x[i * k + c]).sum::<f32>();
+                assert!((dw[j * k + c] - want).abs() < 1e-4);
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The training fast path against transformers' fixtures and against the
+//! candle path: the same losses and gradients, dropout included.
+
+mod common;
+
+use std::collections::HashMap;
+
+use bertha::fast::train::{MlmBatch, MlmHead};
+use bertha::model::{seed_dropout, BertForTask, BertInput, HeadKind, HeadLabels, HeadOptions};
+use bertha::model::{ForwardOptions, TaskOutput, IGNORE_INDEX};
+use bertha::{BertConfig, NormPosition};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+use common::{fixtures, load_safetensors, read_json};
+
+/// Rows of ids / types / labels, unpadded.
+struct Rows {
+    ids: Vec<Vec<u32>>,
+    types: Vec<Vec<u32>>,
+    labels: Vec<Vec<i64>>,
+    nsp: Option<Vec<i64>>,
+}
+
+impl Rows {
+    fn batch(&self) -> MlmBatch<'_> {
+        MlmBatch {
+            sequences: self
+                .ids
+                .iter()
+                .zip(&self.types)
+                .map(|(i, t)| (&i[..], &t[..]))
+                .collect(),
+            labels: self.labels.iter().map(|l| &l[..]).collect(),
+            next_sentence: self.nsp.clone(),
+        }
+    }
+
+    /// The padded batch and labels the candle path runs.
+    fn padded(&self) -> (BertInput, Tensor, Option<Tensor>) {
+        let dev = Device::Cpu;
+        let input = BertInput::from_ids(&self.ids, &self.types, 0, &dev).unwrap();
+        let t = self.ids.iter().map(Vec::len).max().unwrap();
+        let mut flat = vec![IGNORE_INDEX; self.ids.len() * t];
+        for (b, l) in self.labels.iter().enumerate() {
+            flat[b * t..b * t + l.len()].copy_from_slice(l);
+        }
+        let labels = Tensor::from_vec(flat, (self.ids.len(), t), &dev).unwrap();
+        let nsp = self
+            .nsp
+            .as_ref()
+            .map(|n| Tensor::from_vec(n.clone(), n.len(), &dev).unwrap());
+        (input, labels, nsp)
+    }
+}
+
+fn fixture_rows(dir: &std::path::Path) -> Rows {
+    let inputs = read_json(&dir.join("inputs.json"));
+    let get =
+        |k: &str| -> Vec<Vec<i64>> { serde_json::from_value(inputs["inputs"][k].clone()).unwrap() };
+    let mask = get("attention_mask");
+    let lens: Vec<usize> = mask
+        .iter()
+        .map(|m| m.iter().filter(|&&x| x == 1).count())
+        .collect();
+    let cut = |rows: Vec<Vec<i64>>| -> Vec<Vec<i64>> {
+        rows.into_iter()
+            .zip(&lens)
+            .map(|(r, &n)| r[..n].to_vec())
+            .collect()
+    };
+    let to_u32 = |rows: Vec<Vec<i64>>| -> Vec<Vec<u32>> {
+        rows.into_iter()
+            .map(|r| r.into_iter().map(|v| v as u32).collect())
+            .collect()
+    };
+    let labels: Vec<Vec<i64>> = serde_json::from_value(inputs["labels"]["labels"].clone()).unwrap();
+    // Padding positions carry no label in the fixtures.
+    for (row, &n) in labels.iter().zip(&lens) {
+        assert!(row[n..].iter().all(|&y| y == IGNORE_INDEX));
+    }
+    Rows {
+        ids: to_u32(cut(get("input_ids"))),
+        types: to_u32(cut(get("token_type_ids"))),
+        labels: cut(labels),
+        nsp: inputs["labels"]
+            .get("next_sentence_label")
+            .map(|v| serde_json::from_value(v.clone()).unwrap()),
+    }
+}
+
+fn vars(varmap: &VarMap) -> HashMap<String, Var> {
+    varmap.data().lock().unwrap().clone()
+}
+
+/// Max |a - b| over max |b|, and max |b|.
+fn rel_diff(a: &Tensor, b: &Tensor) -> (f32, f32) {
+    let scale = common::max_abs(b);
+    (common::max_abs_diff(a, b) / scale.max(1e-12), scale)
+}
+
+#[test]
+fn mlm_and_nsp_match_transformers() {
+    for (name, kind) in [
+        ("bert-mlm", HeadKind::MaskedLM),
+        ("bert-pretraining", HeadKind::PreTraining),
+    ] {
+        let dir = fixtures().join("tiny").join(name);
+        let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+        let mut varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let model = BertForTask::load(vb, config, kind).unwrap();
+        varmap.load(dir.join("model.safetensors")).unwrap();
+        let rows = fixture_rows(&dir);
+        let head = MlmHead::of(&model)
+            .unwrap()
+            .expect("the fast path covers BERT");
+        let out = head.step(&rows.batch(), [1.0, 1.0], false).unwrap();
+        let expected = load_safetensors(&dir.join("expected.safetensors"));
+        let want = expected["loss"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0] as f64;
+        let got = out.mlm_loss + out.nsp_loss;
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs(),
+            "{name}: loss {got} vs transformers {want}"
+        );
+        let inputs = read_json(&dir.join("inputs.json"));
+        let vars = vars(&varmap);
+        for p in inputs["grad_params"].as_array().unwrap() {
+            let p = p.as_str().unwrap();
+            let g = common::grad_of(&out.gradients, &vars, p, name);
+            let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
+            println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
+            assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
+        }
+    }
+}
+
+/// A small BERT with dropout, in either LayerNorm placement.
+fn config(norm: NormPosition, nsp: bool) -> BertConfig {
+    let mut c =
+        BertConfig::from_file(&fixtures().join("tiny/bert-pretraining/config.json")).unwrap();
+    c.hidden_dropout_prob = 0.1;
+    c.attention_probs_dropout_prob = 0.15;
+    c.norm_position = norm;
+    if norm == NormPosition::Pre {
+        c.final_layer_norm = true;
+    }
+    c.add_pooling_layer = nsp;
+    c
+}
+
+fn random_rows(vocab: u32, nsp: bool) -> Rows {
+    let lens = [12usize, 5, 30, 1, 17];
+    let mut state = 12345u64;
+    let mut next = |n: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let mut rows = Rows {
+        ids: vec![],
+        types: vec![],
+        labels: vec![],
+        nsp: nsp.then(Vec::new),
+    };
+    for (s, &n) in lens.iter().enumerate() {
+        rows.ids
+            .push((0..n).map(|_| 1 + next(vocab as u64 - 1) as u32).collect());
+        rows.types
+            .push((0..n).map(|p| u32::from(p >= n / 2)).collect());
+        rows.labels.push(
+            (0..n)
+                .map(|_| {
+                    if next(4) == 0 {
+                        next(vocab as u64) as i64
+                    } else {
+                        IGNORE_INDEX
+                    }
+                })
+                .collect(),
+        );
+        if let Some(v) = rows.nsp.as_mut() {
+            v.push(if s == 1 { IGNORE_INDEX } else { (s % 2) as i64 });
+        }
+    }
+    rows
+}
+
+/// The candle path's loss and gradients on the same rows, with the
+/// dropout stream seeded as the trainer seeds it.
+fn candle_step(model: &BertForTask, rows: &Rows, seed: u64) -> (f64, GradStore) {
+    let (input, labels, nsp) = rows.padded();
+    let head_labels = HeadLabels {
+        labels: Some(&labels),
+        next_sentence_label: nsp.as_ref(),
+        ..HeadLabels::default()
+    };
+    let opts = HeadOptions {
+        forward: ForwardOptions {
+            train: true,
+            ..ForwardOptions::default()
+        },
+        labelled_rows_only: true,
+    };
+    seed_dropout(seed, 0);
+    let loss = match model.forward(&input, &head_labels, opts).unwrap() {
+        TaskOutput::PreTraining(o) => o.loss.unwrap(),
+        TaskOutput::Logits(o) => o.loss.unwrap(),
+        TaskOutput::QuestionAnswering(_) => unreachable!(),
+    };
+    let value = loss.to_scalar::<f32>().unwrap() as f64;
+    (value, loss.backward().unwrap())
+}
+
+#[test]
+fn dropout_steps_equal_the_candle_path_in_both_norm_placements() {
+    for norm in [NormPosition::Post, NormPosition::Pre] {
+        for (kind, nsp) in [(HeadKind::MaskedLM, false), (HeadKind::PreTraining, true)] {
+            let what = format!("{norm:?} {kind:?}");
+            let cfg = config(norm, nsp);
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
+            let rows = random_rows(cfg.vocab_size as u32, nsp);
+            let (want_loss, want) = candle_step(&model, &rows, 99);
+            seed_dropout(99, 0);
+            let out = MlmHead::of(&model)
+                .unwrap()
+                .expect("covered")
+                .step(&rows.batch(), [1.0, 1.0], true)
+                .unwrap();
+            let got_loss = out.mlm_loss + out.nsp_loss;
+            assert!(
+                (got_loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+                "{what}: loss {got_loss} vs candle {want_loss}"
+            );
+            // Without the same masks the losses would differ by far more.
+            seed_dropout(100, 0);
+            let other = MlmHead::of(&model)
+                .unwrap()
+                .unwrap()
+                .step(&rows.batch(), [1.0, 1.0], true)
+                .unwrap();
+            assert!((other.mlm_loss + other.nsp_loss - want_loss).abs() > 1e-3);
+            let mut checked = 0;
+            for (name, var) in vars(&varmap) {
+                let Some(w) = want.get(var.as_tensor()) else {
+                    continue;
+                };
+                let g = out
+                    .gradients
+                    .get(var.as_tensor())
+                    .unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+                let (rel, scale) = rel_diff(g, w);
+                if scale < 1e-6 {
+                    assert!(common::max_abs(g) <= 1e-6, "{what} {name}: should be 0");
+                    continue;
+                }
+                assert!(
+                    rel <= 1e-4,
+                    "{what} {name}: {rel:e} relative (max {scale:e})"
+                );
+                checked += 1;
+            }
+            assert!(checked >= 30, "{what}: only {checked} gradients compared");
+        }
+    }
+}
