@@ -68,12 +68,25 @@ pub struct HeadPass<'a> {
     pub input: &'a BertInput,
     pub labels: &'a HeadLabels<'a>,
     pub opts: HeadOptions,
+    /// The encoder's outputs when computed elsewhere (the packed fast
+    /// path at a reduced precision): the module then reads these instead
+    /// of running the encoder.
+    pub encoded: Option<&'a BertOutput>,
 }
 
 impl HeadPass<'_> {
     /// The encoder on the input.
     pub fn encode(&self) -> Result<BertOutput> {
-        self.bert.forward(self.input, self.opts.forward)
+        self.encode_input(self.input)
+    }
+
+    /// The encoder on `input` (a module's reshaped input), or the outputs
+    /// the pass was given.
+    pub fn encode_input(&self, input: &BertInput) -> Result<BertOutput> {
+        match self.encoded {
+            Some(out) => Ok(out.clone()),
+            None => self.bert.forward(input, self.opts.forward),
+        }
     }
 
     /// Whether dropout is on.
@@ -123,6 +136,24 @@ impl<M: HeadModule> BertHead for Head<M> {
             input,
             labels,
             opts,
+            encoded: None,
+        })
+    }
+
+    fn forward_encoded(
+        &self,
+        input: &BertInput,
+        encoded: &BertOutput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<M::Output> {
+        let bert = &self.bert;
+        self.module.forward(HeadPass {
+            bert,
+            input,
+            labels,
+            opts,
+            encoded: Some(encoded),
         })
     }
 }
