@@ -130,14 +130,7 @@ impl<M: HeadModule> BertHead for Head<M> {
         labels: &HeadLabels,
         opts: HeadOptions,
     ) -> Result<M::Output> {
-        let bert = &self.bert;
-        self.module.forward(HeadPass {
-            bert,
-            input,
-            labels,
-            opts,
-            encoded: None,
-        })
+        self.pass(input, None, labels, opts)
     }
 
     fn forward_encoded(
@@ -147,13 +140,26 @@ impl<M: HeadModule> BertHead for Head<M> {
         labels: &HeadLabels,
         opts: HeadOptions,
     ) -> Result<M::Output> {
-        let bert = &self.bert;
+        self.pass(input, Some(encoded), labels, opts)
+    }
+}
+
+impl<M: HeadModule> Head<M> {
+    /// The module's forward pass, on `encoded` when given, else on the
+    /// encoder's outputs.
+    fn pass(
+        &self,
+        input: &BertInput,
+        encoded: Option<&BertOutput>,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<M::Output> {
         self.module.forward(HeadPass {
-            bert,
+            bert: &self.bert,
             input,
             labels,
             opts,
-            encoded: Some(encoded),
+            encoded,
         })
     }
 }
