@@ -137,6 +137,36 @@ fn finetune_then_evaluate_and_predict_agree() {
     }
     assert_eq!(right as f64 / 40.0, acc);
 
+    // At bf16 and int8 (the encoder on the fast path, the head in fp32):
+    // f32's label wherever f32 is not a near tie, its score within 2e-2.
+    for precision in ["bf16", "int8"] {
+        let path = tmp.path().join(format!("pred-{precision}.jsonl"));
+        let extra = ["--precision", precision, "--output", s(&path)];
+        ok(&on_checkpoint(
+            "predict",
+            "classification",
+            &out,
+            &data,
+            &extra,
+        ));
+        let reduced = read_jsonl(&path);
+        assert_eq!(reduced.len(), preds.len());
+        for (r, p) in reduced.iter().zip(&preds) {
+            let (rs, ps) = (r["score"].as_f64().unwrap(), p["score"].as_f64().unwrap());
+            if r["label"] == p["label"] {
+                assert!((rs - ps).abs() <= 2e-2, "{precision}: {r} vs {p}");
+            } else {
+                assert!(ps < 0.52 && rs < 0.52, "{precision}: {r} vs {p}");
+            }
+        }
+        if precision == "int8" {
+            assert!(reduced
+                .iter()
+                .zip(&preds)
+                .any(|(r, p)| r["score"] != p["score"]));
+        }
+    }
+
     // The checkpoint is a transformers BertForSequenceClassification folder
     // that the classify pipeline loads.
     let line = ok(&run(&["classify", "--model", s(&out), "a good film"]));

@@ -255,3 +255,109 @@ fn fill_mask_answers_every_mask_or_fails() {
         ],
     );
 }
+
+/// `--precision bf16` and `--quantize int8` on every pipeline: transformers'
+/// answers (f32) with probabilities within 1e-2 (the library's tests bound
+/// each precision tighter); a model the fast path does not take, or an
+/// unknown precision, is a clear error.
+#[test]
+fn pipelines_take_a_precision() {
+    let fx = pipelines();
+    let text = |v: &Value| v.as_str().unwrap().to_string();
+    let near = |got: &Value, want: &Value| {
+        let (g, w) = (got.as_f64().unwrap(), want.as_f64().unwrap());
+        assert!((g - w).abs() <= 1e-2, "score {g} vs {w}");
+    };
+    let f32_nsp = ok_lines(&run_model(
+        "nsp",
+        &tiny_dir("bert-pretraining"),
+        &["john played the music", "the company released the album"],
+    ));
+    for flag in [["--precision", "bf16"], ["--quantize", "int8"]] {
+        let fm = &fx["fill_mask"]["cases"][0];
+        let lines = ok_lines(&run_model(
+            "fill-mask",
+            &tiny_dir("bert-mlm"),
+            &[flag[0], flag[1], "--top-k", "1", &text(&fm["text"])],
+        ));
+        assert_eq!(lines[0][0]["token"], fm["expected"][0]["token"], "{flag:?}");
+        near(&lines[0][0]["score"], &fm["expected"][0]["score"]);
+
+        let cl = &fx["classify"]["cases"][0];
+        let lines = ok_lines(&run_model(
+            "classify",
+            &tiny_dir("bert-seqcls"),
+            &[flag[0], flag[1], "--all-scores", &text(&cl["text"])],
+        ));
+        for (g, w) in lines[0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(cl["expected"].as_array().unwrap())
+        {
+            assert_eq!(g["label"], w["label"], "{flag:?}");
+            near(&g["score"], &w["score"]);
+        }
+
+        let ner = fx["ner"]["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["aggregation"] == "simple")
+            .unwrap();
+        let lines = ok_lines(&run_model(
+            "ner",
+            &tiny_dir("bert-tokcls"),
+            &[
+                flag[0],
+                flag[1],
+                "--aggregation",
+                "simple",
+                &text(&ner["text"]),
+            ],
+        ));
+        let want = ner["expected"].as_array().unwrap();
+        assert_eq!(lines[0].as_array().unwrap().len(), want.len(), "{flag:?}");
+        for (g, w) in lines[0].as_array().unwrap().iter().zip(want) {
+            for k in ["entity_group", "word", "start", "end"] {
+                assert_eq!(g[k], w[k], "{flag:?} {k}");
+            }
+            near(&g["score"], &w["score"]);
+        }
+
+        let case = &fx["qa"]["cases"][0];
+        let lines = ok_lines(&qa(
+            &text(&case["question"]),
+            &text(&case["context"]),
+            &flag,
+        ));
+        for k in ["answer", "start", "end"] {
+            assert_eq!(lines[0][k], case["expected"][k], "{flag:?} {k}");
+        }
+        near(&lines[0]["score"], &case["expected"]["score"]);
+
+        let lines = ok_lines(&run_model(
+            "nsp",
+            &tiny_dir("bert-pretraining"),
+            &[
+                flag[0],
+                flag[1],
+                "john played the music",
+                "the company released the album",
+            ],
+        ));
+        near(&lines[0]["is_next"], &f32_nsp[0]["is_next"]);
+    }
+    let err = failure(&run_model(
+        "fill-mask",
+        &tiny_dir("roberta-mlm"),
+        &["--precision", "int8", "the <mask> of the year"],
+    ));
+    assert_mentions(&err, &["Int8", "fast path", "Roberta"]);
+    let err = failure(&run_model(
+        "classify",
+        &tiny_dir("bert-seqcls"),
+        &["--precision", "fp16", "x"],
+    ));
+    assert_mentions(&err, &["fp16", "f32, bf16 or int8"]);
+}

@@ -6,7 +6,8 @@
 use bertha::io::weights::SeededInit;
 use bertha::model::{
     cross_entropy_with_ignore, BertForMaskedLM, BertForPreTraining, BertForTask,
-    BertForTokenClassification, BertHead, HeadLabels, HeadOptions, TaskOutput, IGNORE_INDEX,
+    BertForTokenClassification, BertHead, HeadKind, HeadLabels, HeadOptions, TaskOutput,
+    IGNORE_INDEX,
 };
 use bertha::{BertConfig, BertInput, DType, Device, ForwardOptions, Tensor};
 
@@ -149,4 +150,94 @@ fn dispatch_matches_the_heads_own_forward() {
     };
     assert_eq!(bits(&out.logits), bits(&direct.logits));
     assert_eq!(bits(&out.loss.unwrap()), bits(&direct.loss.unwrap()));
+}
+
+/// Every tensor of a head's outputs that the encoder feeds.
+fn output_bits(out: &TaskOutput) -> Vec<Vec<u32>> {
+    let mut all = match out {
+        TaskOutput::Logits(o) => vec![bits(&o.logits)],
+        TaskOutput::PreTraining(o) => {
+            vec![bits(&o.prediction_logits), bits(&o.seq_relationship_logits)]
+        }
+        TaskOutput::QuestionAnswering(o) => vec![bits(&o.start_logits), bits(&o.end_logits)],
+    };
+    all.extend(out.loss().map(bits));
+    all
+}
+
+#[test]
+fn forward_encoded_on_the_encoders_output_is_forward() {
+    // What the pipelines' reduced-precision path relies on: a head run on
+    // encoder outputs computed outside gives, on the encoder's own
+    // outputs, the numbers of its forward, bit for bit, loss included.
+    let (input, labels) = batch();
+    let opts = HeadOptions::default();
+    for kind in HeadKind::ALL {
+        let vb = SeededInit::new(7).var_builder(DType::F32, &Device::Cpu);
+        let task = BertForTask::load(vb, config(), kind).unwrap();
+        let (input, encoder_input, l) = match kind {
+            HeadKind::MultipleChoice => {
+                // [B, C, T] choices; the encoder sees them flattened.
+                let ids = vec![vec![2u32, 5, 9, 3], vec![2, 7, 4, 3]];
+                let flat =
+                    BertInput::from_ids(&ids, &[vec![0; 4], vec![0; 4]], 0, &Device::Cpu).unwrap();
+                let choices = BertInput {
+                    input_ids: flat.input_ids.reshape((1, 2, 4)).unwrap(),
+                    token_type_ids: None,
+                    attention_mask: None,
+                };
+                let l = Tensor::new(&[1i64], &Device::Cpu).unwrap();
+                let flat = BertInput {
+                    token_type_ids: None,
+                    attention_mask: None,
+                    ..flat
+                };
+                (choices, flat, l)
+            }
+            HeadKind::MaskedLM | HeadKind::PreTraining | HeadKind::TokenClassification => (
+                input.clone(),
+                input.clone(),
+                tensor(&labels).clamp(-100, 1).unwrap(),
+            ),
+            _ => (
+                input.clone(),
+                input.clone(),
+                Tensor::new(&[0i64, 1], &Device::Cpu).unwrap(),
+            ),
+        };
+        let (s, e) = (
+            Tensor::new(&[1i64, 2], &Device::Cpu).unwrap(),
+            Tensor::new(&[2i64, 3], &Device::Cpu).unwrap(),
+        );
+        let nsp = Tensor::new(&[0i64, 1], &Device::Cpu).unwrap();
+        let labels = match kind {
+            HeadKind::QuestionAnswering => HeadLabels {
+                start_positions: Some(&s),
+                end_positions: Some(&e),
+                ..HeadLabels::default()
+            },
+            HeadKind::PreTraining => HeadLabels {
+                labels: Some(&l),
+                next_sentence_label: Some(&nsp),
+                ..HeadLabels::default()
+            },
+            _ => HeadLabels::labels(Some(&l)),
+        };
+        let want = task.forward(&input, &labels, opts).unwrap();
+        let encoded = task.bert().forward(&encoder_input, opts.forward).unwrap();
+        let got = task
+            .forward_encoded(&input, &encoded, &labels, opts)
+            .unwrap();
+        let (want, got) = (output_bits(&want), output_bits(&got));
+        assert!(want.len() >= 2, "{kind:?}: outputs and loss");
+        assert_eq!(got, want, "{kind:?}");
+        // The head reads the outputs it is given, not its own encoder's.
+        let other = bertha::BertOutput {
+            last_hidden_state: (encoded.last_hidden_state * 0.5).unwrap(),
+            pooler_output: encoded.pooler_output.map(|p| (p * 0.5).unwrap()),
+            ..encoded
+        };
+        let moved = task.forward_encoded(&input, &other, &labels, opts).unwrap();
+        assert_ne!(output_bits(&moved)[0], want[0], "{kind:?}");
+    }
 }

@@ -11,10 +11,10 @@ use bertha::model::{
     BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
 };
 use bertha::tasks::{
-    Aggregation, Classifier, FillMask, NextSentence, QaOptions, QuestionAnswerer, ScoreFunction,
-    TokenClassifier,
+    Aggregation, Classifier, FillMask, NextSentence, PipelineOptions, QaOptions, QuestionAnswerer,
+    ScoreFunction, TokenClassifier,
 };
-use bertha::{BertHead, BertInput, Device, ForwardOptions, HeadInit, Tokenizer};
+use bertha::{BertHead, BertInput, Device, ForwardOptions, HeadInit, Precision, Tokenizer};
 use common::{fixtures, read_json};
 use serde_json::Value;
 
@@ -483,4 +483,190 @@ fn nsp_is_the_softmax_of_the_seq_relationship_logits() {
     assert!((got.not_next as f64 - p[1]).abs() <= 1e-6);
     let err = common::err_text(NextSentence::from_dir(&tiny("bert-mlm"), &Device::Cpu));
     assert!(err.contains("cls.seq_relationship.weight"), "{err}");
+}
+
+// Reduced precision: bf16 and int8 run the encoder on the packed fast path
+// and the head in fp32 on its states. On the fixtures' texts they must
+// give f32's answers (top-1 token, labels, entities, spans) with
+// probabilities close to f32's.
+
+/// Bounds on |bf16 − f32| and |int8 − f32| of a probability on the tiny
+/// checkpoints' fixture texts: about twice the largest measured (bf16
+/// 2.3e-3, int8 3.8e-3, both in NER; fill-mask and QA ~4e-4).
+fn prob_tol(p: Precision) -> f64 {
+    match p {
+        Precision::F32 => 0.0,
+        Precision::Bf16 => BF16_PROB_TOL,
+        Precision::Int8 => INT8_PROB_TOL,
+    }
+}
+const BF16_PROB_TOL: f64 = 5e-3;
+const INT8_PROB_TOL: f64 = 1e-2;
+
+const REDUCED: [Precision; 2] = [Precision::Bf16, Precision::Int8];
+
+fn at(p: Precision) -> PipelineOptions {
+    PipelineOptions { precision: p }
+}
+
+/// What runs when `p` is asked: bf16 without AVX512-BF16 is fp32.
+fn runs(p: Precision) -> Precision {
+    if p == Precision::Bf16 && !bertha::fast::cpu::has_bf16() {
+        Precision::F32
+    } else {
+        p
+    }
+}
+
+/// The largest difference seen, which is no difference only when the
+/// precision fell back to fp32 (the reduced path did run).
+fn report(what: &str, p: Precision, worst: f64) {
+    eprintln!("{what} {p:?}: max |Δp| {worst:.2e}");
+    assert_eq!(worst == 0.0, runs(p) == Precision::F32, "{what} {p:?}");
+}
+
+fn close_at(p: Precision, what: &str, got: f32, want: f32) -> f64 {
+    let d = (got as f64 - want as f64).abs();
+    assert!(d <= prob_tol(p), "{p:?} {what}: {got} vs f32 {want}");
+    d
+}
+
+#[test]
+fn fill_mask_at_reduced_precision_agrees_with_f32() {
+    let fx = pipelines();
+    let dir = tiny("bert-mlm");
+    let exact = FillMask::from_dir(&dir, &Device::Cpu).unwrap();
+    let mut texts: Vec<&str> = fx["fill_mask"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    texts.push("the [MASK] of the year was [MASK]");
+    for p in REDUCED {
+        let fm = FillMask::from_dir_with(&dir, &Device::Cpu, &at(p)).unwrap();
+        assert_eq!(fm.precision(), runs(p));
+        let mut worst = 0f64;
+        for text in &texts {
+            // The whole vocabulary's probabilities at every mask.
+            let want = exact.fill(text, 1024).unwrap();
+            let got = fm.fill(text, 1024).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g[0].token, w[0].token, "{p:?} top-1 of {text}");
+                assert_eq!(g[0].sequence, w[0].sequence);
+                let mut by_token = vec![0f32; 1024];
+                for c in g {
+                    by_token[c.token as usize] = c.score;
+                }
+                for c in w {
+                    worst = worst.max(close_at(p, text, by_token[c.token as usize], c.score));
+                }
+            }
+        }
+        report("fill-mask", p, worst);
+    }
+}
+
+#[test]
+fn classify_and_nsp_at_reduced_precision_agree_with_f32() {
+    let fx = pipelines();
+    let dir = tiny("bert-seqcls");
+    let exact = Classifier::from_dir(&dir, &Device::Cpu).unwrap();
+    let nsp_dir = tiny("bert-pretraining");
+    let nsp_exact = NextSentence::from_dir(&nsp_dir, &Device::Cpu).unwrap();
+    for p in REDUCED {
+        let cl = Classifier::from_dir_with(&dir, &Device::Cpu, &at(p)).unwrap();
+        assert_eq!(cl.precision(), runs(p));
+        let mut worst = 0f64;
+        for key in ["classify", "classify_pair"] {
+            for case in fx[key]["cases"].as_array().unwrap() {
+                let text = case["text"].as_str().unwrap();
+                let pair = case.get("pair").and_then(Value::as_str);
+                let want = exact.classify(text, pair, None).unwrap();
+                let got = cl.classify(text, pair, None).unwrap();
+                assert_eq!(got[0].label, want[0].label, "{p:?} {text}");
+                for w in &want {
+                    let g = got.iter().find(|g| g.label == w.label).unwrap();
+                    worst = worst.max(close_at(p, text, g.score, w.score));
+                }
+            }
+        }
+        let nsp = NextSentence::from_dir_with(&nsp_dir, &Device::Cpu, &at(p)).unwrap();
+        assert_eq!(nsp.precision(), runs(p));
+        let (a, b) = ("john played the music", "the company released the album");
+        let (g, w) = (nsp.predict(a, b).unwrap(), nsp_exact.predict(a, b).unwrap());
+        worst = worst.max(close_at(p, "nsp", g.is_next, w.is_next));
+        report("classify + nsp", p, worst);
+    }
+}
+
+#[test]
+fn ner_at_reduced_precision_agrees_with_f32() {
+    let fx = pipelines();
+    let dir = tiny("bert-tokcls");
+    let exact = TokenClassifier::from_dir(&dir, &Device::Cpu).unwrap();
+    for p in REDUCED {
+        let ner = TokenClassifier::from_dir_with(&dir, &Device::Cpu, &at(p)).unwrap();
+        assert_eq!(ner.precision(), runs(p));
+        let mut worst = 0f64;
+        for case in fx["ner"]["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let agg: Aggregation = case["aggregation"].as_str().unwrap().parse().unwrap();
+            let want = exact.entities(text, agg).unwrap();
+            let got = ner.entities(text, agg).unwrap();
+            let key = |e: &bertha::tasks::Entity| {
+                (
+                    e.entity.clone(),
+                    e.entity_group.clone(),
+                    e.word.clone(),
+                    e.start,
+                    e.end,
+                )
+            };
+            let (gk, wk): (Vec<_>, Vec<_>) = (
+                got.iter().map(key).collect(),
+                want.iter().map(key).collect(),
+            );
+            assert_eq!(gk, wk, "{p:?} {agg:?}: {text}");
+            for (g, w) in got.iter().zip(&want) {
+                worst = worst.max(close_at(p, text, g.score, w.score));
+            }
+        }
+        report("ner", p, worst);
+    }
+}
+
+#[test]
+fn qa_at_reduced_precision_agrees_with_f32() {
+    let fx = pipelines();
+    let dir = tiny("bert-qa");
+    let exact = QuestionAnswerer::from_dir(&dir, &Device::Cpu).unwrap();
+    let opts = QaOptions {
+        top_k: 3,
+        ..QaOptions::default()
+    };
+    for p in REDUCED {
+        let qa = QuestionAnswerer::from_dir_with(&dir, &Device::Cpu, &at(p)).unwrap();
+        assert_eq!(qa.precision(), runs(p));
+        let mut worst = 0f64;
+        for case in fx["qa"]["cases"].as_array().unwrap() {
+            let q = case["question"].as_str().unwrap();
+            let c = case["context"].as_str().unwrap();
+            let want = exact.answer(q, c, &opts).unwrap();
+            let got = qa.answer(q, c, &opts).unwrap();
+            assert_eq!(
+                (got[0].start, got[0].end),
+                (want[0].start, want[0].end),
+                "{p:?} {q}"
+            );
+            // Every span both list has about the same score.
+            for w in &want {
+                if let Some(g) = got.iter().find(|g| (g.start, g.end) == (w.start, w.end)) {
+                    worst = worst.max(close_at(p, q, g.score, w.score));
+                }
+            }
+        }
+        report("qa", p, worst);
+    }
 }

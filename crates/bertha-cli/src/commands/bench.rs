@@ -105,7 +105,7 @@ pub fn run(a: Args) -> Result<()> {
     // Reduced precision: how far its embeddings are from fp32 ones.
     let cosine = if embedder.precision() != bertha::fast::Precision::F32 {
         let mut exact = a.embed.clone();
-        exact.precision = bertha::fast::Precision::F32;
+        exact.precision.precision = bertha::fast::Precision::F32;
         let want = exact
             .load()?
             .embed(&texts, a.embed.batch_size, &mut |_| {})?;

@@ -3,12 +3,15 @@
 use anyhow::Result;
 use bertha::tasks::{Classifier, ScoreFunction};
 
-use super::{device, PerTextArgs};
+use super::{device, PerTextArgs, PrecisionArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     io: PerTextArgs,
+
+    #[command(flatten)]
+    precision: PrecisionArgs,
 
     /// Second text of a sentence pair, the same for every text.
     #[arg(long)]
@@ -31,7 +34,8 @@ pub struct Args {
 
 /// One line per text: `[{label, score}, ...]`, best first.
 pub fn run(a: Args) -> Result<()> {
-    let cl = Classifier::from_dir(&a.io.model.resolve()?, &device()?)?;
+    let cl =
+        Classifier::from_dir_with(&a.io.model.resolve()?, &device()?, &a.precision.pipeline())?;
     let top_k = if a.all_scores {
         None
     } else {

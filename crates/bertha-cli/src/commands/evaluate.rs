@@ -12,9 +12,9 @@ use bertha::data::{EmbeddingData, EmbeddingEval, Task};
 use bertha::tasks::{FinetunedModel, InferenceOptions};
 use bertha::{EmbedOptions, Embedder};
 
-use super::device;
 use super::finetune::DataArgs;
 use super::pairs::PairArgs;
+use super::{device, PrecisionArgs};
 use crate::model_dir::ModelArgs;
 use crate::texts::progress_bar;
 
@@ -49,6 +49,9 @@ pub struct CheckpointArgs {
 
     #[command(flatten)]
     pub data_args: DataArgs,
+
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
 }
 
 impl CheckpointArgs {
@@ -60,6 +63,7 @@ impl CheckpointArgs {
             doc_stride: self.doc_stride,
             max_answer_length: self.max_answer_length,
             batch_size: Some(self.batch_size),
+            precision: self.precision.precision,
         };
         Ok(FinetunedModel::from_dir(task, &dir, &opts, &device()?)?)
     }
@@ -167,6 +171,7 @@ fn evaluate_embeddings(
     c.check_batch_size()?;
     let opts = EmbedOptions {
         max_length: c.max_length,
+        precision: c.precision.precision,
         ..EmbedOptions::default()
     };
     let embedder = Embedder::from_dir(&c.model.resolve()?, &device()?, &opts)?;

@@ -3,12 +3,15 @@
 use anyhow::Result;
 use bertha::tasks::FillMask;
 
-use super::{device, PerTextArgs};
+use super::{device, PerTextArgs, PrecisionArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     io: PerTextArgs,
+
+    #[command(flatten)]
+    precision: PrecisionArgs,
 
     /// Candidates per mask.
     #[arg(long, default_value_t = 5)]
@@ -26,7 +29,7 @@ enum OneOrEach<T> {
 /// One line per text: the candidates `[{score, token, token_str, sequence}]`
 /// for its mask, or one such list per mask when it has several.
 pub fn run(a: Args) -> Result<()> {
-    let fm = FillMask::from_dir(&a.io.model.resolve()?, &device()?)?;
+    let fm = FillMask::from_dir_with(&a.io.model.resolve()?, &device()?, &a.precision.pipeline())?;
     a.io.for_each_text(|text| {
         let mut masks = fm.fill(text, a.top_k)?;
         Ok(if masks.len() == 1 {

@@ -88,13 +88,30 @@ pub struct EmbedArgs {
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
 
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
+}
+
+/// The encoder's number format, for every command that runs a model.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PrecisionArgs {
     /// Number format of the matrix multiplies: `f32` (exact); `bf16`
     /// (bf16 weights and multiply inputs, fp32 sums, on AVX512-BF16; fp32
     /// with a notice elsewhere); `int8` (int8 weights per output column,
-    /// activations per token; AVX-512 VNNI where present). `--quantize` is
-    /// the older name.
+    /// activations per token; AVX-512 VNNI where present). Task heads stay
+    /// fp32; bf16 and int8 need a BERT on the CPU. `--quantize` is the
+    /// older name.
     #[arg(long, alias = "quantize", default_value = "f32")]
     pub precision: bertha::fast::Precision,
+}
+
+impl PrecisionArgs {
+    /// The options of a task pipeline.
+    pub fn pipeline(&self) -> bertha::tasks::PipelineOptions {
+        bertha::tasks::PipelineOptions {
+            precision: self.precision,
+        }
+    }
 }
 
 /// What `embed` and `similarity` take: the embedding options, the texts
@@ -156,7 +173,7 @@ impl EmbedArgs {
             pooling,
             normalize,
             max_length: self.max_length,
-            precision: self.precision,
+            precision: self.precision.precision,
         };
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1");

@@ -3,12 +3,15 @@
 use anyhow::Result;
 use bertha::tasks::{Aggregation, TokenClassifier};
 
-use super::{device, PerTextArgs};
+use super::{device, PerTextArgs, PrecisionArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     io: PerTextArgs,
+
+    #[command(flatten)]
+    precision: PrecisionArgs,
 
     /// none (one entry per token), simple (B-/I- tags grouped), or first,
     /// average, max (sub-words merged into words, then grouped).
@@ -19,6 +22,10 @@ pub struct Args {
 /// One line per text: its entities, with character `start`/`end`.
 pub fn run(a: Args) -> Result<()> {
     let aggregation: Aggregation = a.aggregation.parse()?;
-    let ner = TokenClassifier::from_dir(&a.io.model.resolve()?, &device()?)?;
+    let ner = TokenClassifier::from_dir_with(
+        &a.io.model.resolve()?,
+        &device()?,
+        &a.precision.pipeline(),
+    )?;
     a.io.for_each_text(|text| ner.entities(text, aggregation))
 }

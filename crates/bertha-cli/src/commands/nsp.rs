@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use bertha::tasks::NextSentence;
 
-use super::device;
+use super::{device, PrecisionArgs};
 use crate::model_dir::ModelArgs;
 use crate::output::JsonLines;
 
@@ -13,6 +13,9 @@ use crate::output::JsonLines;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+
+    #[command(flatten)]
+    precision: PrecisionArgs,
 
     /// The first sentence.
     text_a: String,
@@ -29,7 +32,7 @@ pub struct Args {
 /// TEXT_A or not.
 pub fn run(a: Args) -> Result<()> {
     let dir = a.model.resolve()?;
-    let nsp = NextSentence::from_dir(&dir, &device()?)?;
+    let nsp = NextSentence::from_dir_with(&dir, &device()?, &a.precision.pipeline())?;
     let score = nsp.predict(&a.text_a, &a.text_b)?;
     let mut out = JsonLines::open(a.output.as_deref())?;
     out.write(&score)?;

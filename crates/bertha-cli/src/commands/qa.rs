@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use bertha::tasks::{QaOptions, QuestionAnswerer};
 
-use super::device;
+use super::{device, PrecisionArgs};
 use crate::model_dir::ModelArgs;
 use crate::output::JsonLines;
 
@@ -13,6 +13,9 @@ use crate::output::JsonLines;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+
+    #[command(flatten)]
+    precision: PrecisionArgs,
 
     /// The question.
     #[arg(long, short = 'q')]
@@ -49,7 +52,7 @@ pub struct Args {
 /// context), or a list of them, best first, with `--top-k` above 1.
 pub fn run(a: Args) -> Result<()> {
     let dir = a.model.resolve()?;
-    let qa = QuestionAnswerer::from_dir(&dir, &device()?)?;
+    let qa = QuestionAnswerer::from_dir_with(&dir, &device()?, &a.precision.pipeline())?;
     let opts = QaOptions {
         top_k: a.top_k,
         max_answer_len: a.max_answer_len,

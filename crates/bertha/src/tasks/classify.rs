@@ -6,9 +6,11 @@ use std::path::Path;
 
 use candle_core::Device;
 
-use super::pipeline::{self, sigmoid, softmax};
+use super::pipeline::{self, sigmoid, softmax, PipelineHead};
+use super::PipelineOptions;
 use crate::config::{BertConfig, ProblemType};
 use crate::error::{Error, Result};
+use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForSequenceClassification, BertHead};
 
@@ -60,20 +62,29 @@ pub struct LabelScore {
 }
 
 pub struct Classifier {
-    model: BertForSequenceClassification,
+    model: PipelineHead<BertForSequenceClassification>,
     tokenizer: Tokenizer,
     function: ScoreFunction,
 }
 
 impl Classifier {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) =
-            pipeline::load::<BertForSequenceClassification>(dir, device, None)?;
-        Ok(Self::new(model, tokenizer))
+        Self::from_dir_with(dir, device, &PipelineOptions::default())
     }
 
+    /// [`Classifier::from_dir`] at the precision `opts` asks.
+    pub fn from_dir_with(dir: &Path, device: &Device, opts: &PipelineOptions) -> Result<Self> {
+        let (model, tokenizer) = pipeline::load(dir, device, None, opts)?;
+        Ok(Self::build(model, tokenizer))
+    }
+
+    /// A pipeline over `model` in fp32.
     pub fn new(model: BertForSequenceClassification, tokenizer: Tokenizer) -> Self {
-        let function = ScoreFunction::default_for(model.config());
+        Self::build(PipelineHead::f32(model), tokenizer)
+    }
+
+    fn build(model: PipelineHead<BertForSequenceClassification>, tokenizer: Tokenizer) -> Self {
+        let function = ScoreFunction::default_for(model.head().config());
         Self {
             model,
             tokenizer,
@@ -88,7 +99,7 @@ impl Classifier {
 
     /// Label names in id order.
     pub fn labels(&self) -> Vec<String> {
-        let cfg = self.model.config();
+        let cfg = self.model.head().config();
         (0..cfg.num_labels()).map(|i| cfg.label_name(i)).collect()
     }
 
@@ -98,6 +109,11 @@ impl Classifier {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The precision the encoder runs at.
+    pub fn precision(&self) -> Precision {
+        self.model.precision()
     }
 
     /// Every label's score, best first (`top_k: None`), or the `k` best.
@@ -127,16 +143,17 @@ impl Classifier {
         };
         pipeline::warn_truncated(&enc, self.tokenizer.max_length());
         let pad = self.tokenizer.pad_id();
-        let logits =
-            pipeline::single_logits(&self.model, &enc.input_ids, &enc.token_type_ids, pad)?
-                .to_vec1::<f32>()?;
+        let logits = self
+            .model
+            .single_logits(&enc.input_ids, &enc.token_type_ids, pad)?
+            .to_vec1::<f32>()?;
         let scores = match function {
             ScoreFunction::Softmax => softmax(&logits),
             ScoreFunction::Sigmoid => logits.iter().map(|&x| sigmoid(x)).collect(),
             ScoreFunction::None => logits,
         };
         let k = top_k.unwrap_or(scores.len()).min(scores.len());
-        let config = self.model.config();
+        let config = self.model.head().config();
         Ok(pipeline::top_k(&scores, k)
             .into_iter()
             .map(|i| LabelScore {

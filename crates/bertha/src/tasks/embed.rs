@@ -78,11 +78,6 @@ pub struct Embedder {
     splade: Option<SpladeHead>,
 }
 
-/// Calibration texts of int8 quantization: 256 sentences from the lead
-/// sections of English Wikipedia articles (CC BY-SA 4.0), taken from
-/// `tests/fixtures/corpus-wiki-slice.txt`.
-const CALIBRATION_EN: &str = include_str!("calibration-en.txt");
-
 /// Default cap on the tokens of one batch: bounds memory for long texts
 /// (the FFN buffer is tokens × intermediate_size floats).
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16384;
@@ -366,12 +361,7 @@ impl Embedder {
     pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
         let packed = self.packed_model(precision)?;
         if packed.is_none() && precision != Precision::F32 {
-            return Err(Error::Input(format!(
-                "{precision:?} runs only on the CPU fast path, which this model \
-                 ({:?} on {:?}) does not take",
-                self.model.config().family,
-                self.model.device()
-            )));
+            return Err(super::precision::fast_path_refused(precision, &self.model));
         }
         self.packed = packed;
         // What runs: bf16 without the instructions is fp32 (and says so).
@@ -386,32 +376,9 @@ impl Embedder {
         self.precision
     }
 
-    /// The fast path in `precision`; int8 calibrates on a built-in set
-    /// of English sentences (lead sentences of Wikipedia articles, not
-    /// from any evaluation set).
+    /// The fast path in `precision` (see [`super::precision::packed_model`]).
     fn packed_model(&self, precision: Precision) -> Result<Option<PackedBert>> {
-        let Some(mut packed) = PackedBert::from_model(&self.model)? else {
-            return Ok(None);
-        };
-        if precision == Precision::Bf16 {
-            if crate::fast::cpu::has_bf16() {
-                packed.to_bf16();
-            } else {
-                tracing::warn!(
-                    "this CPU has no AVX512-BF16 instructions: --precision bf16 runs in fp32"
-                );
-            }
-        }
-        if precision == Precision::Int8 {
-            let texts: Vec<&str> = CALIBRATION_EN.lines().collect();
-            let encs = self.tokenizer.encode_batch(&texts)?;
-            let seqs: Vec<(&[u32], &[u32])> = encs
-                .iter()
-                .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
-                .collect();
-            packed.quantize_int8(&seqs)?;
-        }
-        Ok(Some(packed))
+        super::precision::packed_model(&self.model, &self.tokenizer, precision)
     }
 
     pub fn uses_fast_path(&self) -> bool {

@@ -6,8 +6,10 @@ use std::path::Path;
 
 use candle_core::Device;
 
-use super::pipeline::{self, softmax};
+use super::pipeline::{self, softmax, PipelineHead};
+use super::PipelineOptions;
 use crate::error::{Error, Result};
+use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
 use crate::model::BertForMaskedLM;
 
@@ -26,7 +28,7 @@ pub struct MaskPrediction {
 }
 
 pub struct FillMask {
-    model: BertForMaskedLM,
+    model: PipelineHead<BertForMaskedLM>,
     tokenizer: Tokenizer,
     mask_id: u32,
     mask_token: String,
@@ -35,11 +37,21 @@ pub struct FillMask {
 impl FillMask {
     /// Loads a masked-LM (or pre-training) checkpoint and its tokenizer.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) = pipeline::load::<BertForMaskedLM>(dir, device, None)?;
-        Self::new(model, tokenizer)
+        Self::from_dir_with(dir, device, &PipelineOptions::default())
     }
 
+    /// [`FillMask::from_dir`] at the precision `opts` asks.
+    pub fn from_dir_with(dir: &Path, device: &Device, opts: &PipelineOptions) -> Result<Self> {
+        let (model, tokenizer) = pipeline::load(dir, device, None, opts)?;
+        Self::build(model, tokenizer)
+    }
+
+    /// A pipeline over `model` in fp32.
     pub fn new(model: BertForMaskedLM, tokenizer: Tokenizer) -> Result<Self> {
+        Self::build(PipelineHead::f32(model), tokenizer)
+    }
+
+    fn build(model: PipelineHead<BertForMaskedLM>, tokenizer: Tokenizer) -> Result<Self> {
         // BERT's `[MASK]`, or RoBERTa's / DeBERTa's `<mask>`.
         let (mask_token, mask_id) = ["[MASK]", "<mask>"]
             .iter()
@@ -64,6 +76,11 @@ impl FillMask {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The precision the encoder runs at.
+    pub fn precision(&self) -> Precision {
+        self.model.precision()
     }
 
     /// The `top_k` candidates for each mask of `text`, masks in order.
@@ -111,8 +128,9 @@ impl FillMask {
             )));
         }
         let pad = self.tokenizer.pad_id();
-        let logits =
-            pipeline::single_logits(&self.model, &enc.input_ids, &enc.token_type_ids, pad)?;
+        let logits = self
+            .model
+            .single_logits(&enc.input_ids, &enc.token_type_ids, pad)?;
         let single = masks.len() == 1;
         let mut out = Vec::with_capacity(masks.len());
         for &pos in &masks {

@@ -10,17 +10,17 @@ use std::path::Path;
 use candle_core::{Device, Tensor, D};
 use candle_nn::VarBuilder;
 
+use super::precision::HeadEncoder;
 use crate::config::{BertConfig, Family};
 use crate::data::{
     postprocess, DataOptions, LabelSet, PostprocessOptions, SquadPrediction, Target, Task,
     TaskData, TaskInput, TaskInputBuilder, TaskInputs,
 };
 use crate::error::{Error, Result};
+use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
 use crate::metrics::{accuracy, entity_scores, macro_f1};
-use crate::model::{
-    BertForTask, BertInput, ForwardOptions, HeadInit, HeadLabels, TaskOutput, IGNORE_INDEX,
-};
+use crate::model::{BertForTask, ForwardOptions, HeadInit, HeadLabels, TaskOutput, IGNORE_INDEX};
 
 /// The run's options, saved next to every model it writes so that
 /// `evaluate` and `predict` tokenize as training did.
@@ -64,10 +64,12 @@ impl Evaluation {
     }
 }
 
-/// The model of one task: the task's head over the encoder.
+/// The model of one task: the task's head over the encoder, the encoder
+/// at a precision (fp32 for training).
 pub(crate) struct TaskHead {
     task: Task,
     model: BertForTask,
+    encoder: HeadEncoder,
 }
 
 /// What one forward pass gives, per input.
@@ -92,14 +94,35 @@ impl TaskHead {
     /// The task's head on parameters from `vb` (training).
     pub(crate) fn load(task: Task, vb: VarBuilder, config: BertConfig) -> Result<Self> {
         let model = BertForTask::load(vb, config, task.head())?;
-        Ok(Self { task, model })
+        let encoder = HeadEncoder::f32();
+        Ok(Self {
+            task,
+            model,
+            encoder,
+        })
     }
 
     /// A fine-tuned checkpoint: the head's tensors must be there.
     pub(crate) fn from_dir(task: Task, dir: &Path, device: &Device) -> Result<Self> {
         let init = HeadInit::FromCheckpoint;
         let model = BertForTask::from_dir(dir, Some(task.head()), init, device)?;
-        Ok(Self { task, model })
+        let encoder = HeadEncoder::f32();
+        Ok(Self {
+            task,
+            model,
+            encoder,
+        })
+    }
+
+    /// Runs the encoder at `precision` from now on (int8 calibrates with
+    /// `tokenizer`).
+    pub(crate) fn set_precision(
+        &mut self,
+        tokenizer: &Tokenizer,
+        precision: Precision,
+    ) -> Result<()> {
+        self.encoder = HeadEncoder::new(self.model.bert(), tokenizer, precision)?;
+        Ok(())
     }
 
     pub(crate) fn config(&self) -> &BertConfig {
@@ -121,7 +144,13 @@ impl TaskHead {
         let ids: Vec<Vec<u32>> = batch.iter().map(|i| i.input_ids.clone()).collect();
         let types: Vec<Vec<u32>> = batch.iter().map(|i| i.token_type_ids.clone()).collect();
         let tokens = ids.iter().map(Vec::len).sum();
-        let input = BertInput::padded_to(&ids, &types, pad_id, pad_to, device)?;
+        let opts = ForwardOptions {
+            train,
+            ..ForwardOptions::default()
+        };
+        let (input, encoded) =
+            self.encoder
+                .encode(self.model.bert(), (&ids, &types), (pad_id, pad_to), opts)?;
         let t = input.input_ids.dim(1)?;
         // The targets, as the head's labels, and how many the loss averages.
         let (first, second, targets) = match self.task {
@@ -167,11 +196,9 @@ impl TaskHead {
             },
             _ => HeadLabels::labels(Some(&first)),
         };
-        let opts = ForwardOptions {
-            train,
-            ..ForwardOptions::default()
-        };
-        let out = self.model.forward(&input, &labels, opts.into())?;
+        let out = self
+            .model
+            .forward_encoded(&input, &encoded, &labels, opts.into())?;
         let loss = out
             .loss()
             .cloned()
@@ -541,6 +568,10 @@ pub struct InferenceOptions {
     pub doc_stride: Option<usize>,
     pub max_answer_length: Option<usize>,
     pub batch_size: Option<usize>,
+    /// The encoder's number format, as [`super::PipelineOptions::precision`]
+    /// (the head stays fp32; the loss at bf16 / int8 reads zeros at padded
+    /// positions, which only QA's loss covers).
+    pub precision: Precision,
 }
 
 /// A fine-tuned checkpoint, for `evaluate` and `predict`.
@@ -566,7 +597,7 @@ impl FinetunedModel {
         opts: &InferenceOptions,
         device: &Device,
     ) -> Result<Self> {
-        let head = TaskHead::from_dir(task, dir, device)?;
+        let mut head = TaskHead::from_dir(task, dir, device)?;
         let config = head.config().clone();
         let origin = dir.join("config.json");
         check_family(&config, &origin)?;
@@ -586,6 +617,7 @@ impl FinetunedModel {
             .or(trained.as_ref().map(|t| t.max_answer_length))
             .unwrap_or(30);
         let tokenizer = Tokenizer::from_dir(dir, max_length)?;
+        head.set_precision(&tokenizer, opts.precision)?;
         let labels = match task {
             Task::Qa => None,
             _ => LabelSet::from_config(&config)
@@ -621,6 +653,11 @@ impl FinetunedModel {
 
     pub fn config(&self) -> &BertConfig {
         self.head.config()
+    }
+
+    /// The precision the encoder runs at.
+    pub fn precision(&self) -> Precision {
+        self.head.encoder.precision()
     }
 
     /// The token budget inputs are cut to.

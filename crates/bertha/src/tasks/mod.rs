@@ -8,6 +8,7 @@ pub mod finetuned;
 pub mod ner;
 pub mod nsp;
 mod pipeline;
+mod precision;
 pub mod qa;
 
 pub use attention::{AttentionMaps, AttentionModel};
@@ -21,4 +22,5 @@ pub use finetuned::{
 };
 pub use ner::{Aggregation, Entity, TokenClassifier};
 pub use nsp::{NextSentence, NextSentenceScore};
+pub use precision::PipelineOptions;
 pub use qa::{Answer, QaOptions, QuestionAnswerer};

@@ -9,8 +9,10 @@ use std::str::FromStr;
 
 use candle_core::Device;
 
-use super::pipeline::{self, argmax, softmax, tokens_to_string};
+use super::pipeline::{self, argmax, softmax, tokens_to_string, PipelineHead};
+use super::PipelineOptions;
 use crate::error::{Error, Result};
+use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForTokenClassification, BertHead};
 
@@ -78,18 +80,28 @@ struct Tagged {
 }
 
 pub struct TokenClassifier {
-    model: BertForTokenClassification,
+    model: PipelineHead<BertForTokenClassification>,
     tokenizer: Tokenizer,
     ignore_labels: Vec<String>,
 }
 
 impl TokenClassifier {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) = pipeline::load::<BertForTokenClassification>(dir, device, None)?;
-        Ok(Self::new(model, tokenizer))
+        Self::from_dir_with(dir, device, &PipelineOptions::default())
     }
 
+    /// [`TokenClassifier::from_dir`] at the precision `opts` asks.
+    pub fn from_dir_with(dir: &Path, device: &Device, opts: &PipelineOptions) -> Result<Self> {
+        let (model, tokenizer) = pipeline::load(dir, device, None, opts)?;
+        Ok(Self::build(model, tokenizer))
+    }
+
+    /// A pipeline over `model` in fp32.
     pub fn new(model: BertForTokenClassification, tokenizer: Tokenizer) -> Self {
+        Self::build(PipelineHead::f32(model), tokenizer)
+    }
+
+    fn build(model: PipelineHead<BertForTokenClassification>, tokenizer: Tokenizer) -> Self {
         Self {
             model,
             tokenizer,
@@ -99,6 +111,11 @@ impl TokenClassifier {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The precision the encoder runs at.
+    pub fn precision(&self) -> Precision {
+        self.model.precision()
     }
 
     /// The entities of `text`.
@@ -116,7 +133,9 @@ impl TokenClassifier {
         }
         let ids = enc.get_ids().to_vec();
         let pad = self.tokenizer.pad_id();
-        let logits = pipeline::single_logits(&self.model, &ids, enc.get_type_ids(), pad)?
+        let logits = self
+            .model
+            .single_logits(&ids, enc.get_type_ids(), pad)?
             .to_vec2::<f32>()?;
         let unk = self.tokenizer.token_to_id("[UNK]");
         let special = enc.get_special_tokens_mask();
@@ -191,11 +210,12 @@ impl TokenClassifier {
     }
 
     fn label(&self, id: usize) -> Result<String> {
-        let config = self.model.config();
-        if id >= self.model.num_labels() {
+        let model = self.model.head();
+        let config = model.config();
+        if id >= model.num_labels() {
             return Err(Error::Input(format!(
                 "the model predicted label id {id}, but id2label has {} labels",
-                self.model.num_labels()
+                model.num_labels()
             )));
         }
         Ok(config.label_name(id))

@@ -6,8 +6,10 @@ use std::path::Path;
 
 use candle_core::Device;
 
-use super::pipeline::{self, softmax};
+use super::pipeline::{self, softmax, PipelineHead};
+use super::PipelineOptions;
 use crate::error::Result;
+use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
 use crate::model::BertForNextSentencePrediction;
 
@@ -19,28 +21,40 @@ pub struct NextSentenceScore {
 }
 
 pub struct NextSentence {
-    model: BertForNextSentencePrediction,
+    model: PipelineHead<BertForNextSentencePrediction>,
     tokenizer: Tokenizer,
 }
 
 impl NextSentence {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) =
-            pipeline::load::<BertForNextSentencePrediction>(dir, device, None)?;
-        Ok(Self::new(model, tokenizer))
+        Self::from_dir_with(dir, device, &PipelineOptions::default())
     }
 
+    /// [`NextSentence::from_dir`] at the precision `opts` asks.
+    pub fn from_dir_with(dir: &Path, device: &Device, opts: &PipelineOptions) -> Result<Self> {
+        let (model, tokenizer) = pipeline::load(dir, device, None, opts)?;
+        Ok(Self { model, tokenizer })
+    }
+
+    /// A pipeline over `model` in fp32.
     pub fn new(model: BertForNextSentencePrediction, tokenizer: Tokenizer) -> Self {
+        let model = PipelineHead::f32(model);
         Self { model, tokenizer }
+    }
+
+    /// The precision the encoder runs at.
+    pub fn precision(&self) -> Precision {
+        self.model.precision()
     }
 
     pub fn predict(&self, a: &str, b: &str) -> Result<NextSentenceScore> {
         let enc = self.tokenizer.encode_pair(a, b)?;
         pipeline::warn_truncated(&enc, self.tokenizer.max_length());
         let pad = self.tokenizer.pad_id();
-        let logits =
-            pipeline::single_logits(&self.model, &enc.input_ids, &enc.token_type_ids, pad)?
-                .to_vec1::<f32>()?;
+        let logits = self
+            .model
+            .single_logits(&enc.input_ids, &enc.token_type_ids, pad)?
+            .to_vec1::<f32>()?;
         let p = softmax(&logits);
         Ok(NextSentenceScore {
             is_next: p[0],

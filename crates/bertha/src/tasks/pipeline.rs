@@ -6,18 +6,83 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use tokenizers::Decoder;
 
+use super::precision::{HeadEncoder, PipelineOptions};
 use crate::error::{Error, Result};
+use crate::fast::Precision;
 use crate::io::tokenizer::{default_max_length, Encoded, Tokenizer};
 use crate::io::ModelDir;
-use crate::model::{BertHead, BertInput, HeadInit, HeadLabels, HeadOptions, HeadOutput};
+use crate::model::{BertHead, ForwardOptions, HeadInit, HeadLabels, HeadOutput};
 
-/// Loads a head that must be in the checkpoint, and the folder's tokenizer
-/// truncating at `max_length` (default: the model's own limit).
+/// A task head with the encoder under it run at the pipeline's precision.
+pub(crate) struct PipelineHead<H> {
+    head: H,
+    encoder: HeadEncoder,
+}
+
+impl<H: BertHead> PipelineHead<H> {
+    /// `head` in fp32: the candle modules, exactly.
+    pub(crate) fn f32(head: H) -> Self {
+        Self {
+            head,
+            encoder: HeadEncoder::f32(),
+        }
+    }
+
+    /// `head` at `precision` (int8 calibrates with `tokenizer`).
+    pub(crate) fn new(head: H, tokenizer: &Tokenizer, precision: Precision) -> Result<Self> {
+        let encoder = HeadEncoder::new(head.bert(), tokenizer, precision)?;
+        Ok(Self { head, encoder })
+    }
+
+    pub(crate) fn head(&self) -> &H {
+        &self.head
+    }
+
+    /// The precision that runs.
+    pub(crate) fn precision(&self) -> Precision {
+        self.encoder.precision()
+    }
+
+    /// The head's outputs on unpadded sequences (`ids`, `type_ids`),
+    /// padded with `pad_id` into one batch.
+    pub(crate) fn forward(
+        &self,
+        ids: &[Vec<u32>],
+        type_ids: &[Vec<u32>],
+        pad_id: u32,
+    ) -> Result<H::Output> {
+        let opts = ForwardOptions::default();
+        let (input, out) =
+            self.encoder
+                .encode(self.head.bert(), (ids, type_ids), (pad_id, 0), opts)?;
+        self.head
+            .forward_encoded(&input, &out, &HeadLabels::default(), opts.into())
+    }
+}
+
+impl<H: BertHead<Output = HeadOutput>> PipelineHead<H> {
+    /// The logits of one unpadded sequence (`ids`, `type_ids`) through a
+    /// one-logits head, without the batch dimension.
+    pub(crate) fn single_logits(
+        &self,
+        ids: &[u32],
+        type_ids: &[u32],
+        pad_id: u32,
+    ) -> Result<Tensor> {
+        let out = self.forward(&[ids.to_vec()], &[type_ids.to_vec()], pad_id)?;
+        Ok(out.logits.get(0)?)
+    }
+}
+
+/// Loads a head that must be in the checkpoint, at the precision `opts`
+/// asks, and the folder's tokenizer truncating at `max_length` (default:
+/// the model's own limit).
 pub(crate) fn load<H: BertHead>(
     dir: &Path,
     device: &Device,
     max_length: Option<usize>,
-) -> Result<(H, Tokenizer)> {
+    opts: &PipelineOptions,
+) -> Result<(PipelineHead<H>, Tokenizer)> {
     let head = H::from_dir(dir, HeadInit::FromCheckpoint, device)?;
     let config = head.config();
     let max_length = match max_length {
@@ -32,25 +97,8 @@ pub(crate) fn load<H: BertHead>(
         None => default_max_length(dir, config)?,
     };
     let tokenizer = ModelDir::open(dir)?.model_tokenizer(config, max_length)?;
+    let head = PipelineHead::new(head, &tokenizer, opts.precision)?;
     Ok((head, tokenizer))
-}
-
-/// The logits of one unpadded sequence (`ids`, `type_ids`) through a
-/// one-logits head, without the batch dimension.
-pub(crate) fn single_logits<H: BertHead<Output = HeadOutput>>(
-    model: &H,
-    ids: &[u32],
-    type_ids: &[u32],
-    pad_id: u32,
-) -> Result<Tensor> {
-    let input = BertInput::from_ids(
-        &[ids.to_vec()],
-        &[type_ids.to_vec()],
-        pad_id,
-        model.bert().device(),
-    )?;
-    let out = model.forward(&input, &HeadLabels::default(), HeadOptions::default())?;
-    Ok(out.logits.get(0)?)
 }
 
 /// Softmax of one row, computed in f64.

@@ -13,10 +13,12 @@ use std::path::Path;
 use candle_core::Device;
 use tokenizers::Encoding;
 
-use super::pipeline::{self, softmax};
+use super::pipeline::{self, softmax, PipelineHead};
+use super::PipelineOptions;
 use crate::error::{Error, Result};
+use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
-use crate::model::{BertForQuestionAnswering, BertHead, BertInput, ForwardOptions};
+use crate::model::{BertForQuestionAnswering, BertHead};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QaOptions {
@@ -66,7 +68,7 @@ pub struct Window {
 }
 
 pub struct QuestionAnswerer {
-    model: BertForQuestionAnswering,
+    model: PipelineHead<BertForQuestionAnswering>,
     /// The folder's tokenizer without truncation (windows are cut here).
     tokenizer: tokenizers::Tokenizer,
     cls_id: u32,
@@ -76,11 +78,21 @@ pub struct QuestionAnswerer {
 
 impl QuestionAnswerer {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        let (model, tokenizer) = pipeline::load::<BertForQuestionAnswering>(dir, device, None)?;
-        Self::new(model, &tokenizer)
+        Self::from_dir_with(dir, device, &PipelineOptions::default())
     }
 
+    /// [`QuestionAnswerer::from_dir`] at the precision `opts` asks.
+    pub fn from_dir_with(dir: &Path, device: &Device, opts: &PipelineOptions) -> Result<Self> {
+        let (model, tokenizer) = pipeline::load(dir, device, None, opts)?;
+        Self::build(model, &tokenizer)
+    }
+
+    /// A pipeline over `model` in fp32.
     pub fn new(model: BertForQuestionAnswering, tokenizer: &Tokenizer) -> Result<Self> {
+        Self::build(PipelineHead::f32(model), tokenizer)
+    }
+
+    fn build(model: PipelineHead<BertForQuestionAnswering>, tokenizer: &Tokenizer) -> Result<Self> {
         let mut inner = tokenizer.inner().clone();
         inner
             .with_truncation(None)
@@ -103,6 +115,11 @@ impl QuestionAnswerer {
         })
     }
 
+    /// The precision the encoder runs at.
+    pub fn precision(&self) -> Precision {
+        self.model.precision()
+    }
+
     fn encode(&self, text: &str) -> Result<Encoding> {
         self.tokenizer
             .encode_char_offsets(text, false)
@@ -110,7 +127,7 @@ impl QuestionAnswerer {
     }
 
     fn max_seq_len(&self, opts: &QaOptions) -> Result<usize> {
-        let config = self.model.bert().config();
+        let config = self.model.head().config();
         let limit = config.max_sequence_length();
         match opts.max_seq_len {
             Some(n) if n > limit => Err(Error::Input(format!(
@@ -201,10 +218,7 @@ impl QuestionAnswerer {
         for chunk in windows.chunks(per_pass) {
             let ids: Vec<Vec<u32>> = chunk.iter().map(|w| w.input_ids.clone()).collect();
             let types: Vec<Vec<u32>> = chunk.iter().map(|w| w.token_type_ids.clone()).collect();
-            let input = BertInput::from_ids(&ids, &types, self.pad_id, self.model.bert().device())?;
-            let out = self
-                .model
-                .forward(&input, None, None, ForwardOptions::default())?;
+            let out = self.model.forward(&ids, &types, self.pad_id)?;
             let starts = out.start_logits.to_vec2::<f32>()?;
             let ends = out.end_logits.to_vec2::<f32>()?;
             for (b, w) in chunk.iter().enumerate() {

@@ -68,12 +68,25 @@ pub struct HeadPass<'a> {
     pub input: &'a BertInput,
     pub labels: &'a HeadLabels<'a>,
     pub opts: HeadOptions,
+    /// The encoder's outputs when computed elsewhere (the packed fast
+    /// path at a reduced precision): the module then reads these instead
+    /// of running the encoder.
+    pub encoded: Option<&'a BertOutput>,
 }
 
 impl HeadPass<'_> {
     /// The encoder on the input.
     pub fn encode(&self) -> Result<BertOutput> {
-        self.bert.forward(self.input, self.opts.forward)
+        self.encode_input(self.input)
+    }
+
+    /// The encoder on `input` (a module's reshaped input), or the outputs
+    /// the pass was given.
+    pub fn encode_input(&self, input: &BertInput) -> Result<BertOutput> {
+        match self.encoded {
+            Some(out) => Ok(out.clone()),
+            None => self.bert.forward(input, self.opts.forward),
+        }
     }
 
     /// Whether dropout is on.
@@ -117,12 +130,36 @@ impl<M: HeadModule> BertHead for Head<M> {
         labels: &HeadLabels,
         opts: HeadOptions,
     ) -> Result<M::Output> {
-        let bert = &self.bert;
+        self.pass(input, None, labels, opts)
+    }
+
+    fn forward_encoded(
+        &self,
+        input: &BertInput,
+        encoded: &BertOutput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<M::Output> {
+        self.pass(input, Some(encoded), labels, opts)
+    }
+}
+
+impl<M: HeadModule> Head<M> {
+    /// The module's forward pass, on `encoded` when given, else on the
+    /// encoder's outputs.
+    fn pass(
+        &self,
+        input: &BertInput,
+        encoded: Option<&BertOutput>,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<M::Output> {
         self.module.forward(HeadPass {
-            bert,
+            bert: &self.bert,
             input,
             labels,
             opts,
+            encoded,
         })
     }
 }

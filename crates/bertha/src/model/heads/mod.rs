@@ -80,6 +80,19 @@ pub trait BertHead: Sized {
         opts: HeadOptions,
     ) -> Result<Self::Output>;
 
+    /// [`BertHead::forward`] on encoder outputs computed elsewhere:
+    /// `encoded` must be the encoder's outputs on `input` (for multiple
+    /// choice, on its [B·C, T] flattening); the head's own layers run on
+    /// them. The pipelines' reduced-precision path runs the encoder on the
+    /// packed fast path and the head here, in fp32.
+    fn forward_encoded(
+        &self,
+        input: &BertInput,
+        encoded: &BertOutput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<Self::Output>;
+
     fn config(&self) -> &BertConfig {
         self.bert().config()
     }
@@ -457,5 +470,16 @@ impl BertForTask {
         opts: HeadOptions,
     ) -> Result<TaskOutput> {
         each_head!(self, m => BertHead::forward(m, input, labels, opts).map(Into::into))
+    }
+
+    /// The head's [`BertHead::forward_encoded`], whichever head it is.
+    pub fn forward_encoded(
+        &self,
+        input: &BertInput,
+        encoded: &BertOutput,
+        labels: &HeadLabels,
+        opts: HeadOptions,
+    ) -> Result<TaskOutput> {
+        each_head!(self, m => BertHead::forward_encoded(m, input, encoded, labels, opts).map(Into::into))
     }
 }

@@ -37,7 +37,7 @@ impl MultipleChoiceModule {
             token_type_ids: input.token_type_ids.as_ref().map(flat).transpose()?,
             attention_mask: input.attention_mask.as_ref().map(flat).transpose()?,
         };
-        let out = pass.bert.forward(&flat_input, pass.opts.forward)?;
+        let out = pass.encode_input(&flat_input)?;
         let logits = self
             .classifier
             .forward(pooled(&out)?, pass.train())?

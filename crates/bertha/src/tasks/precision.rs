@@ -1,0 +1,218 @@
+//! The number format a task runs at, for the embedders and every head
+//! pipeline alike: f32 runs the candle modules (transformers parity);
+//! bf16 and int8 run the encoder on the packed fast path ([`PackedBert`])
+//! and the task head on its last hidden states in fp32.
+
+use candle_core::Tensor;
+
+use crate::error::{Error, Result};
+use crate::fast::{cpu, PackedBert, Precision};
+use crate::io::tokenizer::Tokenizer;
+use crate::model::{BertInput, BertModel, BertOutput, ForwardOptions};
+
+/// Calibration texts of int8 quantization: 256 sentences from the lead
+/// sections of English Wikipedia articles (CC BY-SA 4.0), taken from
+/// `tests/fixtures/corpus-wiki-slice.txt`.
+const CALIBRATION_EN: &str = include_str!("calibration-en.txt");
+
+/// What the task pipelines (fill-mask, classify, NER, QA, NSP, and
+/// evaluate / predict of fine-tuned checkpoints) are built with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// `F32`: today's exact path. `Bf16` / `Int8`: the encoder on the
+    /// packed CPU fast path at that precision, the head in fp32; only for
+    /// a plain BERT on the CPU (other models are refused with an error).
+    /// bf16 on a CPU without AVX512-BF16 runs in fp32, with a notice.
+    pub precision: Precision,
+}
+
+/// The precision that runs when `precision` is asked: bf16 without
+/// AVX512-BF16 is fp32, with a notice.
+pub(crate) fn runnable(precision: Precision) -> Precision {
+    if precision == Precision::Bf16 && !cpu::has_bf16() {
+        tracing::warn!("this CPU has no AVX512-BF16 instructions: --precision bf16 runs in fp32");
+        return Precision::F32;
+    }
+    precision
+}
+
+/// The fast path of `model` in `precision` (`None` when the model cannot
+/// take it: not a plain BERT, or not on the CPU). int8 calibrates on a
+/// built-in set of English sentences (lead sentences of Wikipedia
+/// articles, not from any evaluation set), tokenized by `tokenizer`.
+pub(crate) fn packed_model(
+    model: &BertModel,
+    tokenizer: &Tokenizer,
+    precision: Precision,
+) -> Result<Option<PackedBert>> {
+    let Some(mut packed) = PackedBert::from_model(model)? else {
+        return Ok(None);
+    };
+    match runnable(precision) {
+        Precision::F32 => {}
+        Precision::Bf16 => packed.to_bf16(),
+        Precision::Int8 => {
+            let texts: Vec<&str> = CALIBRATION_EN.lines().collect();
+            let encs = tokenizer.encode_batch(&texts)?;
+            let seqs: Vec<(&[u32], &[u32])> = encs
+                .iter()
+                .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+                .collect();
+            packed.quantize_int8(&seqs)?;
+        }
+    }
+    Ok(Some(packed))
+}
+
+/// The error for a reduced precision on a model the fast path does not take.
+pub(crate) fn fast_path_refused(precision: Precision, model: &BertModel) -> Error {
+    Error::Input(format!(
+        "{precision:?} runs only on the CPU fast path, which this model \
+         ({:?} on {:?}) does not take",
+        model.config().family,
+        model.device()
+    ))
+}
+
+/// The encoder under a task head, at the precision it was built with.
+pub(crate) struct HeadEncoder {
+    /// The fast path (bf16 / int8 only; f32 runs the candle modules).
+    packed: Option<PackedBert>,
+    precision: Precision,
+}
+
+impl HeadEncoder {
+    /// fp32 on the candle modules: exactly [`BertModel::forward`].
+    pub(crate) fn f32() -> Self {
+        Self {
+            packed: None,
+            precision: Precision::F32,
+        }
+    }
+
+    /// The encoder of `model` at `precision` (int8 calibrates with
+    /// `tokenizer`): an error for bf16 / int8 when the model cannot take
+    /// the fast path.
+    pub(crate) fn new(
+        model: &BertModel,
+        tokenizer: &Tokenizer,
+        precision: Precision,
+    ) -> Result<Self> {
+        let precision = runnable(precision);
+        if precision == Precision::F32 {
+            return Ok(Self::f32());
+        }
+        let packed = packed_model(model, tokenizer, precision)?
+            .ok_or_else(|| fast_path_refused(precision, model))?;
+        Ok(Self {
+            packed: Some(packed),
+            precision,
+        })
+    }
+
+    /// The precision that runs.
+    pub(crate) fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The padded input of sequences `ids` / `types` (at least `pad_to`
+    /// tokens) and the encoder's outputs on it. On the fast path the last
+    /// hidden state holds zeros at padded positions and the pooler runs
+    /// in fp32 on the candle module; it gives no hidden states or
+    /// attentions and does not train.
+    pub(crate) fn encode(
+        &self,
+        model: &BertModel,
+        (ids, types): (&[Vec<u32>], &[Vec<u32>]),
+        (pad_id, pad_to): (u32, usize),
+        opts: ForwardOptions,
+    ) -> Result<(BertInput, BertOutput)> {
+        let input = BertInput::padded_to(ids, types, pad_id, pad_to, model.device())?;
+        let Some(packed) = &self.packed else {
+            let out = model.forward(&input, opts)?;
+            return Ok((input, out));
+        };
+        if opts.train || opts.output_hidden_states || opts.output_attentions {
+            return Err(Error::Input(format!(
+                "the {:?} fast path only infers: training, hidden states and attentions need f32",
+                self.precision
+            )));
+        }
+        let seqs: Vec<(&[u32], &[u32])> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (&s[..], types.get(i).map_or(&[][..], |t| &t[..])))
+            .collect();
+        let states = packed.forward(&seqs)?;
+        let (b, t) = input.input_ids.dims2()?;
+        let d = states.hidden;
+        let mut padded = vec![0f32; b * t * d];
+        for s in 0..b {
+            let rows = states.sequence(s);
+            padded[s * t * d..s * t * d + rows.len()].copy_from_slice(rows);
+        }
+        let last_hidden_state = Tensor::from_vec(padded, (b, t, d), model.device())?;
+        let pooler_output = match &model.pooler {
+            Some(p) => Some(p.forward(&last_hidden_state)?),
+            None => None,
+        };
+        let out = BertOutput {
+            last_hidden_state,
+            pooler_output,
+            hidden_states: None,
+            attentions: None,
+        };
+        Ok((input, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{BertForSequenceClassification, BertHead, HeadInit, HeadLabels};
+
+    /// The fast path's plumbing (packing, padding back, pooler) on its
+    /// own: at f32 it gives the candle path's logits on a padded batch.
+    #[test]
+    fn fast_path_at_f32_gives_the_candle_logits() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny/bert-seqcls");
+        let device = candle_core::Device::Cpu;
+        let head = BertForSequenceClassification::from_dir(&dir, HeadInit::FromCheckpoint, &device)
+            .unwrap();
+        let tok = Tokenizer::from_dir(&dir, 64).unwrap();
+        let packed = PackedBert::from_model(head.bert()).unwrap().unwrap();
+        let fast = HeadEncoder {
+            packed: Some(packed),
+            precision: Precision::F32,
+        };
+        let encs = tok
+            .encode_batch(&["the album was very good", "john left"])
+            .unwrap();
+        let ids: Vec<Vec<u32>> = encs.iter().map(|e| e.input_ids.clone()).collect();
+        let types: Vec<Vec<u32>> = encs.iter().map(|e| e.token_type_ids.clone()).collect();
+        let run = |enc: &HeadEncoder| {
+            let opts = ForwardOptions::default();
+            let (input, out) = enc
+                .encode(head.bert(), (&ids, &types), (tok.pad_id(), 0), opts)
+                .unwrap();
+            let logits = head
+                .forward_encoded(&input, &out, &HeadLabels::default(), opts.into())
+                .unwrap()
+                .logits;
+            logits.to_vec2::<f32>().unwrap()
+        };
+        let (want, got) = (run(&HeadEncoder::f32()), run(&fast));
+        for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
+            assert!((w - g).abs() <= 1e-5, "{w} vs {g}");
+        }
+        let opts = ForwardOptions {
+            train: true,
+            ..ForwardOptions::default()
+        };
+        let err = fast
+            .encode(head.bert(), (&ids, &types), (0, 0), opts)
+            .unwrap_err();
+        assert!(err.to_string().contains("need f32"), "{err}");
+    }
+}
