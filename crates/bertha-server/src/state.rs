@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use bertha::tasks::{AttentionModel, Classifier, FillMask, QuestionAnswerer, TokenClassifier};
+use bertha::tasks::{
+    AttentionModel, Classifier, FillMask, PipelineOptions, QuestionAnswerer, TokenClassifier,
+};
 use bertha::{Device, EmbedOptions, Embedder, Pooling, Tokenizer};
 use tokio::sync::Semaphore;
 
@@ -205,23 +207,37 @@ impl AppState {
 
     /// The sequence classifier (its score function is chosen per call).
     pub fn classifier(&self) -> Result<Arc<Classifier>, String> {
-        load(
-            &self.classifier,
-            &self.config.model_dir,
-            Classifier::from_dir,
-        )
+        self.pipeline(&self.classifier, Classifier::from_dir_with)
     }
 
     pub fn fill_mask(&self) -> Result<Arc<FillMask>, String> {
-        load(&self.fill_mask, &self.config.model_dir, FillMask::from_dir)
+        self.pipeline(&self.fill_mask, FillMask::from_dir_with)
     }
 
     pub fn ner(&self) -> Result<Arc<TokenClassifier>, String> {
-        load(&self.ner, &self.config.model_dir, TokenClassifier::from_dir)
+        self.pipeline(&self.ner, TokenClassifier::from_dir_with)
     }
 
     pub fn qa(&self) -> Result<Arc<QuestionAnswerer>, String> {
-        load(&self.qa, &self.config.model_dir, QuestionAnswerer::from_dir)
+        self.pipeline(&self.qa, QuestionAnswerer::from_dir_with)
+    }
+
+    /// A pipeline of the model folder at the server's precision, loaded
+    /// on first use.
+    fn pipeline<T>(
+        &self,
+        cell: &Lazy<T>,
+        f: fn(&Path, &Device, &PipelineOptions) -> bertha::Result<T>,
+    ) -> Result<Arc<T>, String> {
+        let opts = PipelineOptions {
+            precision: self.config.precision,
+        };
+        cell.get_or_init(|| {
+            f(&self.config.model_dir, &Device::Cpu, &opts)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        })
+        .clone()
     }
 
     /// The attention task over the already loaded encoder (no second copy
@@ -234,17 +250,4 @@ impl AppState {
             )
         })
     }
-}
-
-fn load<T>(
-    cell: &Lazy<T>,
-    dir: &Path,
-    f: fn(&Path, &Device) -> bertha::Result<T>,
-) -> Result<Arc<T>, String> {
-    cell.get_or_init(|| {
-        f(dir, &Device::Cpu)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-    })
-    .clone()
 }

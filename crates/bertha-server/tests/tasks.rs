@@ -3,7 +3,9 @@
 
 mod common;
 
-use bertha::tasks::{Classifier, FillMask, QaOptions, QuestionAnswerer, TokenClassifier};
+use bertha::tasks::{
+    Classifier, FillMask, PipelineOptions, QaOptions, QuestionAnswerer, TokenClassifier,
+};
 use bertha::Device;
 use bertha_server::ServerConfig;
 use serde_json::{json, Value};
@@ -157,6 +159,34 @@ async fn fill_mask_matches_the_pipeline() {
         .post("/fill-mask", json!({ "inputs": "no mask here" }))
         .await;
     assert_eq!(status, 422);
+    server.stop().await;
+}
+
+/// `precision` applies to the task pipelines too: the server at int8
+/// answers as the int8 pipeline, whose scores are not fp32's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_pipelines_run_at_the_server_precision() {
+    let mut config = ServerConfig::new(tiny_dir("bert-mlm"));
+    config.precision = bertha::fast::Precision::Int8;
+    let server = Server::start(config).await;
+    let opts = PipelineOptions {
+        precision: bertha::fast::Precision::Int8,
+    };
+    let lib = FillMask::from_dir_with(&tiny_dir("bert-mlm"), &Device::Cpu, &opts).unwrap();
+    let want = lib.fill("the [MASK] sat", 3).unwrap();
+    let exact = FillMask::from_dir(&tiny_dir("bert-mlm"), &Device::Cpu).unwrap();
+    assert_ne!(
+        as_sent(&want),
+        as_sent(&exact.fill("the [MASK] sat", 3).unwrap())
+    );
+    let (status, got) = server
+        .post(
+            "/fill-mask",
+            json!({ "inputs": "the [MASK] sat", "top_k": 3 }),
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got, as_sent(&want));
     server.stop().await;
 }
 
