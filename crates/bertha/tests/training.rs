@@ -11,8 +11,8 @@ use bertha::model::IGNORE_INDEX as IGNORE;
 use bertha::rng::rng_for;
 use bertha::training::optim::GradAccumulator;
 use bertha::training::{
-    AdamW, AdamWConfig, Event, LoopOptions, LrSchedule, ModelSetup, ParamStore, PretrainData,
-    PretrainOptions, Pretrainer, RunLength, ScheduleKind, StepMetrics, Warmup,
+    AdamW, AdamWConfig, Engine, Event, LoopOptions, LrSchedule, ModelSetup, ParamStore,
+    PretrainData, PretrainOptions, Pretrainer, RunLength, ScheduleKind, StepMetrics, Warmup,
 };
 use bertha::{BertConfig, Device, Tensor, Tokenizer};
 use common::{fixtures, load_safetensors};
@@ -379,6 +379,45 @@ fn resumed_run_repeats_the_uninterrupted_one() {
                 .to_scalar::<f32>()
                 .unwrap();
             assert_eq!(d, 0.0, "{name}");
+        }
+    }
+}
+
+/// The fast path and the candle modules train the same run: the same
+/// losses, accuracies and gradient norms step by step (dropout on, MLM and
+/// MLM + NSP, gradient accumulation), and the same final weights.
+#[test]
+fn fast_and_candle_engines_train_the_same_run() {
+    let corpus = fixtures().join("corpus-wiki-slice.txt");
+    for nsp in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = |engine: Engine, dir: &str| {
+            let mut opts = options(&tmp.path().join(dir), 5, nsp);
+            opts.train.engine = engine;
+            let mut t = trainer(&corpus, opts, 48);
+            losses(&mut t)
+        };
+        let fast = run(Engine::Fast, "fast");
+        let candle = run(Engine::Candle, "candle");
+        assert_eq!(fast.len(), candle.len());
+        for (f, c) in fast.iter().zip(&candle) {
+            let close = |a: f64, b: f64, what: &str| {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+                    "nsp {nsp} step {}: {what} {a} (fast) vs {b} (candle)",
+                    f.step
+                )
+            };
+            close(f.loss, c.loss, "loss");
+            close(f.grad_norm, c.grad_norm, "gradient norm");
+            assert_eq!(f.figures["mlm_accuracy"], c.figures["mlm_accuracy"]);
+        }
+        let a = load_safetensors(&tmp.path().join("fast").join("model.safetensors"));
+        let b = load_safetensors(&tmp.path().join("candle").join("model.safetensors"));
+        for (name, t) in &a {
+            let d = (t - &b[name]).unwrap().abs().unwrap().max_all().unwrap();
+            let d = d.to_scalar::<f32>().unwrap();
+            assert!(d <= 1e-4, "nsp {nsp} {name}: weights differ by {d:e}");
         }
     }
 }

@@ -128,6 +128,12 @@ pub struct Args {
     #[arg(long, value_name = "PATIENCE")]
     early_stop: Option<usize>,
 
+    /// What runs the forward and backward passes: `fast` (packed tokens,
+    /// fused kernels: BERT on the CPU), `candle` (any family or device) or
+    /// `auto` (fast where it covers the model).
+    #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
+    engine: bertha::training::Engine,
+
     #[command(flatten)]
     run: training::RunArgs,
 
@@ -295,6 +301,7 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
             early_stop: a.early_stop,
             overwrite: a.run.overwrite,
             allow_changes: a.run.allow_changes.clone(),
+            engine: a.engine,
             ..LoopOptions::new(&a.out)
         },
     };

@@ -17,7 +17,7 @@ use super::optim::AdamWConfig;
 use super::plan::{RunLength, Warmup};
 use super::run_dir::Fingerprint;
 use super::trainer::{
-    Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
+    Chart, Engine, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
     Objective, Scores, Slice, Streams, Trainer,
 };
 use super::ScheduleKind;
@@ -152,6 +152,8 @@ impl FinetuneOptions {
             out: self.out.clone(),
             overwrite: self.overwrite,
             allow_changes: self.allow_changes.clone(),
+            // Fine-tuning heads run on the candle modules (for now).
+            engine: Engine::Candle,
         }
     }
 }

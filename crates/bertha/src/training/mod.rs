@@ -39,6 +39,6 @@ pub use presets::Preset;
 pub use pretrain::{PretrainData, PretrainOptions, Pretrainer, Pretraining};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use trainer::{
-    GradientHook, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
-    Objective, Scores, Slice, Tally, Trainer, EVAL_RESULTS_FILE,
+    Engine, GradientHook, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep,
+    ModelSetup, Objective, Scores, Slice, Tally, Trainer, EVAL_RESULTS_FILE,
 };

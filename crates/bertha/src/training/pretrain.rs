@@ -15,6 +15,7 @@ use super::trainer::{
 };
 use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
+use crate::fast::train::{MlmBatch, MlmHead};
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
     IGNORE_INDEX,
@@ -78,6 +79,8 @@ pub struct Pretraining {
     opts: PretrainOptions,
     pad_id: u32,
     device: Device,
+    /// Whether training steps run on the fast path.
+    fast: bool,
 }
 
 /// What pre-training reads: the packed corpus, its held-out part, how
@@ -141,7 +144,15 @@ impl Pretrainer {
                 HeadKind::MaskedLM
             };
             let model = BertForTask::load(vb, config.clone(), kind)?;
+            let fast = opts.train.engine.tries_fast() && MlmHead::of(&model)?.is_some();
+            if !fast && opts.train.engine.tries_fast() {
+                opts.train.engine.fallback(&format!(
+                    "{} models (family {:?}, as configured)",
+                    config.model_type, config.family
+                ))?;
+            }
             Ok(Pretraining {
+                fast,
                 model,
                 masker,
                 train,
@@ -159,7 +170,104 @@ impl Pretrainer {
     }
 }
 
+/// A batch's masked inputs and their MLM labels.
+struct Masked {
+    ids: Vec<Vec<u32>>,
+    types: Vec<Vec<u32>>,
+    labels: Vec<Vec<i64>>,
+}
+
 impl Pretraining {
+    /// Masks each row with its own generator.
+    fn mask(
+        &self,
+        batch: &[&Example],
+        mask_rng_of: impl Fn(usize) -> rand::rngs::StdRng,
+    ) -> Masked {
+        let mut m = Masked {
+            ids: Vec::with_capacity(batch.len()),
+            types: Vec::with_capacity(batch.len()),
+            labels: Vec::with_capacity(batch.len()),
+        };
+        for (i, ex) in batch.iter().enumerate() {
+            let masked = self.masker.mask(&ex.input_ids, &mut mask_rng_of(i));
+            m.ids.push(masked.input_ids);
+            m.types.push(ex.token_type_ids.clone());
+            m.labels.push(masked.labels);
+        }
+        m
+    }
+
+    /// A training micro-batch on the fast path. The loss terms' weights
+    /// (this process's share of the micro-batch's masked tokens and pairs)
+    /// need the counts of every process first, so every process takes part
+    /// even with no rows.
+    fn train_batch_fast(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MlmTally>> {
+        let (micro, first) = (slice.micro, slice.first);
+        let owned: Vec<_> = batch.iter().map(|&i| self.train.example(i)).collect();
+        let examples: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
+        let seed = self.opts.train.seed;
+        let Masked { ids, types, labels } = self.mask(&examples, |i| {
+            rng_for(seed, MASK, micro * 1_000_003 + (first + i) as u64)
+        });
+        let next_sentence = (self.model.kind() == HeadKind::PreTraining).then(|| {
+            examples
+                .iter()
+                .map(|e| e.next_sentence_label.map_or(IGNORE_INDEX, i64::from))
+                .collect::<Vec<_>>()
+        });
+        let masked = labels
+            .iter()
+            .flatten()
+            .filter(|&&y| y != IGNORE_INDEX)
+            .count();
+        let pairs = next_sentence
+            .as_ref()
+            .map_or(0, |n| n.iter().filter(|&&y| y != IGNORE_INDEX).count());
+        let mut all = [masked as f64, pairs as f64];
+        if slice.group.size() > 1 {
+            slice.group.sum_f64(&mut all)?;
+        }
+        let tokens = ids.iter().map(Vec::len).sum();
+        if all == [0.0, 0.0] {
+            return Ok(MicroStep {
+                tokens,
+                ..MicroStep::empty()
+            });
+        }
+        if batch.is_empty() {
+            return Ok(MicroStep {
+                gradients: Gradients::Computed(Default::default()),
+                ..MicroStep::empty()
+            });
+        }
+        let share = |n: usize, of: f64| if of > 0.0 { n as f64 / of } else { 0.0 };
+        let head = MlmHead::of(&self.model)?.ok_or_else(|| {
+            Error::Input("internal: the fast path no longer covers the model".into())
+        })?;
+        let batch = MlmBatch {
+            sequences: ids
+                .iter()
+                .zip(&types)
+                .map(|(i, t)| (&i[..], &t[..]))
+                .collect(),
+            labels: labels.iter().map(|l| &l[..]).collect(),
+            next_sentence,
+        };
+        let out = head.step(&batch, [share(masked, all[0]), share(pairs, all[1])], true)?;
+        let tally = MlmTally {
+            mlm: MeanLoss::of(out.mlm_loss, out.masked),
+            correct: out.correct as f64,
+            nsp: MeanLoss::of(out.nsp_loss, out.pairs),
+        };
+        Ok(MicroStep {
+            loss: tally.mlm.mean() + tally.nsp.mean(),
+            gradients: Gradients::Computed(out.gradients),
+            tokens,
+            tally,
+        })
+    }
+
     /// Masks, runs and scores one batch; the loss terms are the batch's
     /// mean MLM loss over its masked tokens (and mean NSP loss over its
     /// pairs).
@@ -169,15 +277,7 @@ impl Pretraining {
         mask_rng_of: impl Fn(usize) -> rand::rngs::StdRng,
         train: bool,
     ) -> Result<(Vec<LossPart>, MlmTally)> {
-        let mut ids = Vec::with_capacity(batch.len());
-        let mut types = Vec::with_capacity(batch.len());
-        let mut labels: Vec<Vec<i64>> = Vec::with_capacity(batch.len());
-        for (i, ex) in batch.iter().enumerate() {
-            let masked = self.masker.mask(&ex.input_ids, &mut mask_rng_of(i));
-            ids.push(masked.input_ids);
-            types.push(ex.token_type_ids.clone());
-            labels.push(masked.labels);
-        }
+        let Masked { ids, types, labels } = self.mask(batch, mask_rng_of);
         let t = ids.iter().map(Vec::len).max().unwrap_or(0);
         let input = BertInput::from_ids(&ids, &types, self.pad_id, &self.device)?;
         // [B, T] labels, -100 on padding; the targets in the batch-major
@@ -281,6 +381,9 @@ impl Objective for Pretraining {
     }
 
     fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MlmTally>> {
+        if self.fast {
+            return self.train_batch_fast(batch, slice);
+        }
         let (micro, first) = (slice.micro, slice.first);
         if batch.is_empty() {
             return Ok(MicroStep::empty());

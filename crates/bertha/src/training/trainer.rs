@@ -262,6 +262,54 @@ pub trait GradientHook {
     fn on_gradients(&mut self, step: u64, grads: &mut GradAccumulator) -> Result<()>;
 }
 
+/// What runs a step's forward and backward passes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// The fast path ([`crate::fast::train`]) where it covers the model
+    /// and objective, the candle modules elsewhere.
+    #[default]
+    Auto,
+    /// The fast path, or an error naming what it does not cover.
+    Fast,
+    /// The candle modules (any family, any device).
+    Candle,
+}
+
+impl std::str::FromStr for Engine {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "fast" => Ok(Self::Fast),
+            "candle" => Ok(Self::Candle),
+            _ => Err(Error::option(
+                "engine",
+                format!("`{s}` is unknown (expected auto, fast or candle)"),
+            )),
+        }
+    }
+}
+
+impl Engine {
+    /// Whether to try the fast path.
+    pub fn tries_fast(self) -> bool {
+        self != Self::Candle
+    }
+
+    /// What to do when the fast path does not cover `what`: the candle
+    /// path (`Ok`), or with [`Engine::Fast`] an error.
+    pub fn fallback(self, what: &str) -> Result<()> {
+        if self == Self::Fast {
+            return Err(Error::option(
+                "engine",
+                format!("fast: the training fast path does not cover {what}; use auto or candle"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Options of the loop, shared by every objective.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LoopOptions {
@@ -295,6 +343,10 @@ pub struct LoopOptions {
     /// Options (or `data`, `config`) a resumed run may change; any other
     /// change is refused.
     pub allow_changes: Vec<String>,
+    /// Not part of a run's identity: both engines compute the same steps
+    /// (to fp32 rounding), so a run may resume on the other.
+    #[serde(skip)]
+    pub engine: Engine,
 }
 
 impl LoopOptions {
@@ -321,6 +373,7 @@ impl LoopOptions {
             out: out.into(),
             overwrite: false,
             allow_changes: Vec::new(),
+            engine: Engine::Auto,
         }
     }
 }
