@@ -134,6 +134,12 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
     engine: bertha::training::Engine,
 
+    /// The number format of the matrix products: f32, or bf16 (AVX512-BF16
+    /// products with fp32 sums; weights, AdamW, LayerNorm, softmax and the
+    /// loss stay fp32; needs the fast engine).
+    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    precision: bertha::fast::train::Compute,
+
     #[command(flatten)]
     run: training::RunArgs,
 
@@ -302,6 +308,7 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
             overwrite: a.run.overwrite,
             allow_changes: a.run.allow_changes.clone(),
             engine: a.engine,
+            precision: a.precision,
             ..LoopOptions::new(&a.out)
         },
     };

@@ -154,6 +154,7 @@ impl FinetuneOptions {
             allow_changes: self.allow_changes.clone(),
             // Fine-tuning heads run on the candle modules (for now).
             engine: Engine::Candle,
+            precision: Default::default(),
         }
     }
 }

@@ -15,7 +15,7 @@ use super::trainer::{
 };
 use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
-use crate::fast::train::{MlmBatch, MlmHead};
+use crate::fast::train::{Compute, MlmBatch, MlmHead};
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
     IGNORE_INDEX,
@@ -79,8 +79,9 @@ pub struct Pretraining {
     opts: PretrainOptions,
     pad_id: u32,
     device: Device,
-    /// Whether training steps run on the fast path.
+    /// Whether training steps run on the fast path, and its products.
     fast: bool,
+    compute: Compute,
 }
 
 /// What pre-training reads: the packed corpus, its held-out part, how
@@ -144,15 +145,25 @@ impl Pretrainer {
                 HeadKind::MaskedLM
             };
             let model = BertForTask::load(vb, config.clone(), kind)?;
-            let fast = opts.train.engine.tries_fast() && MlmHead::of(&model)?.is_some();
-            if !fast && opts.train.engine.tries_fast() {
-                opts.train.engine.fallback(&format!(
-                    "{} models (family {:?}, as configured)",
-                    config.model_type, config.family
-                ))?;
+            let engine = opts.train.engine;
+            let fast = engine.tries_fast() && MlmHead::of(&model)?.is_some();
+            let uncovered = format!(
+                "{} models (family {:?}, as configured)",
+                config.model_type, config.family
+            );
+            if !fast && engine.tries_fast() {
+                engine.fallback(&uncovered)?;
+            }
+            let compute = opts.train.precision;
+            if compute != Compute::F32 && !fast {
+                return Err(Error::option(
+                    "precision",
+                    format!("{compute:?} trains on the fast path only, which does not run {uncovered} with engine {engine:?}"),
+                ));
             }
             Ok(Pretraining {
                 fast,
+                compute: compute.on_this_cpu(),
                 model,
                 masker,
                 train,
@@ -242,9 +253,11 @@ impl Pretraining {
             });
         }
         let share = |n: usize, of: f64| if of > 0.0 { n as f64 / of } else { 0.0 };
-        let head = MlmHead::of(&self.model)?.ok_or_else(|| {
-            Error::Input("internal: the fast path no longer covers the model".into())
-        })?;
+        let head = MlmHead::of(&self.model)?
+            .ok_or_else(|| {
+                Error::Input("internal: the fast path no longer covers the model".into())
+            })?
+            .with_compute(self.compute);
         let batch = MlmBatch {
             sequences: ids
                 .iter()

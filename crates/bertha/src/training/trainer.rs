@@ -347,6 +347,9 @@ pub struct LoopOptions {
     /// (to fp32 rounding), so a run may resume on the other.
     #[serde(skip)]
     pub engine: Engine,
+    /// The number format of the fast path's matrix products (bf16 needs
+    /// the fast path).
+    pub precision: crate::fast::train::Compute,
 }
 
 impl LoopOptions {
@@ -374,6 +377,7 @@ impl LoopOptions {
             overwrite: false,
             allow_changes: Vec::new(),
             engine: Engine::Auto,
+            precision: Default::default(),
         }
     }
 }

@@ -4,6 +4,8 @@
 //! products to an fp32 sum, so a tile does twice fp32's work per
 //! instruction.
 
+use rayon::prelude::*;
+
 use super::{check_shapes, for_each_task, SharedOut, NR};
 use crate::fast::cpu::features;
 use crate::fast::kernels::{activate_body, Act};
@@ -36,19 +38,13 @@ impl PackedBf16 {
     /// Rounds and packs `w_t`, row-major `[k, n]`.
     pub fn new(w_t: &[f32], k: usize, n: usize) -> Self {
         assert_eq!(w_t.len(), k * n, "PackedBf16: weight is not [{k}, {n}]");
-        let k2 = k.div_ceil(2);
-        let n_panels = n.div_ceil(NR);
-        let mut panels = vec![0u16; n_panels * k2 * NR * 2];
-        for (p, panel) in panels.chunks_exact_mut(k2 * NR * 2).enumerate() {
-            let cols = NR.min(n - p * NR);
-            for r in 0..k {
-                let (i, half) = (r / 2, r % 2);
-                for c in 0..cols {
-                    panel[(i * NR + c) * 2 + half] = to_bf16(w_t[r * n + p * NR + c]);
-                }
-            }
+        let panels = pack_panels(Strided::rows(w_t, n), k, n);
+        Self {
+            panels,
+            k,
+            k2: k.div_ceil(2),
+            n,
         }
-        Self { panels, k, k2, n }
     }
 
     pub fn in_dim(&self) -> usize {
@@ -106,7 +102,6 @@ impl PackedBf16 {
 /// Rounds each row of `x` `[m, k]` to bf16 pairs `[m, k2]` (low half: the
 /// even input), with AVX512-BF16's conversion when `simd`.
 fn round_rows(simd: bool, x: &[f32], m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
-    use rayon::prelude::*;
     out.clear();
     out.resize(m * k2, 0);
     out.par_chunks_mut(k2)
@@ -182,6 +177,140 @@ unsafe fn tile(
     }
 }
 
+/// A matrix read through strides: element `(r, c)` is `data[r·rs + c·cs]`
+/// (a row-major matrix or its transpose, without a transposed copy).
+#[derive(Debug, Clone, Copy)]
+pub struct Strided<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Strided<'a> {
+    /// Row-major, rows `stride` apart.
+    pub fn rows(data: &'a [f32], stride: usize) -> Self {
+        Self {
+            data,
+            rs: stride,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of row-major `data` with rows `stride` apart.
+    pub fn transposed(data: &'a [f32], stride: usize) -> Self {
+        Self {
+            data,
+            rs: 1,
+            cs: stride,
+        }
+    }
+
+    #[inline(always)]
+    fn at(&self, r: usize, c: usize) -> f32 {
+        self.data[r * self.rs + c * self.cs]
+    }
+
+    fn check(&self, rows: usize, cols: usize, what: &str) {
+        if rows > 0 && cols > 0 {
+            let last = (rows - 1) * self.rs + (cols - 1) * self.cs;
+            assert!(
+                last < self.data.len(),
+                "{what}: a [{rows}, {cols}] view reads past its data"
+            );
+        }
+    }
+}
+
+/// `b` `[k, n]` rounded to bf16 and laid out as [`PackedBf16`]'s panels.
+fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
+    let k2 = k.div_ceil(2);
+    let n_panels = n.div_ceil(NR);
+    let mut panels = vec![0u16; n_panels * k2 * NR * 2];
+    panels
+        .par_chunks_mut((k2 * NR * 2).max(1))
+        .enumerate()
+        .for_each(|(p, panel)| {
+            let cols = NR.min(n - p * NR);
+            for r in 0..k {
+                let (i, half) = (r / 2, r % 2);
+                for c in 0..cols {
+                    panel[(i * NR + c) * 2 + half] = to_bf16(b.at(r, p * NR + c));
+                }
+            }
+        });
+    panels
+}
+
+/// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums, `c`
+/// row-major: both operands rounded (and `b` packed) on this call, for
+/// products whose operands change every call (a training step's).
+pub fn product_bf16(m: usize, n: usize, k: usize, a: Strided, b: Strided, c: &mut [f32]) {
+    product_bf16_on(features().bf16, (m, n, k), a, b, c);
+}
+
+fn product_bf16_on(
+    simd: bool,
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: &mut [f32],
+) {
+    assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
+    a.check(m, k, "product_bf16 left operand");
+    b.check(k, n, "product_bf16 right operand");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let k2 = k.div_ceil(2);
+    let mut pairs = Vec::new();
+    if a.cs == 1 && a.rs == k {
+        round_rows(simd, &a.data[..m * k], m, k, k2, &mut pairs);
+    } else {
+        pairs.resize(m * k2, 0);
+        pairs
+            .par_chunks_mut(k2.max(1))
+            .enumerate()
+            .with_min_len(16)
+            .for_each(|(r, row)| {
+                for (i, pair) in row.iter_mut().enumerate() {
+                    let lo = u32::from(to_bf16(a.at(r, 2 * i)));
+                    let hi = if 2 * i + 1 < k {
+                        u32::from(to_bf16(a.at(r, 2 * i + 1)))
+                    } else {
+                        0
+                    };
+                    *pair = lo | hi << 16;
+                }
+            });
+    }
+    let panels = pack_panels(b, k, n);
+    let zeros = [0f32; NR];
+    let out = SharedOut(c.as_mut_ptr());
+    for_each_task(m, n, |p, rows| {
+        let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
+        let bias = &zeros[..NR.min(n - p * NR)];
+        for r0 in rows.step_by(MR_BF16) {
+            let mr = MR_BF16.min(m - r0);
+            let a = &pairs[r0 * k2..(r0 + mr) * k2];
+            // SAFETY: rows r0..r0+mr, columns of panel p lie inside c
+            // (asserted) and belong to this task only.
+            unsafe {
+                tile(
+                    simd,
+                    a,
+                    k2,
+                    mr,
+                    panel,
+                    out.at(r0 * n + p * NR),
+                    n,
+                    bias,
+                    None,
+                )
+            };
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +354,39 @@ mod tests {
                         (got - want).abs() <= 1e-5 * (k as f64).sqrt() + 1e-6 * want.abs(),
                         "[{m}, {k}] x [{k}, {n}] at ({i}, {j}): {got} vs {want}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Strided operands (transposed either side) multiply as their
+    /// row-major copies, on the SIMD and the scalar tiles.
+    #[test]
+    fn strided_products_equal_the_rounded_operands_sum() {
+        let val = |i: usize| ((i as f32) * 0.618).sin();
+        for (m, n, k) in [(1, 1, 1), (7, 33, 5), (40, 70, 129)] {
+            // a as its transpose's storage [k, m], b row-major [k, n].
+            let at: Vec<f32> = (0..k * m).map(val).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(i + 999)).collect();
+            for simd in [features().bf16, false] {
+                let mut c = vec![0f32; m * n];
+                product_bf16_on(
+                    simd,
+                    (m, n, k),
+                    Strided::transposed(&at, m),
+                    Strided::rows(&b, n),
+                    &mut c,
+                );
+                let r = |v: f32| f64::from(from_bf16(to_bf16(v)));
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k).map(|t| r(at[t * m + i]) * r(b[t * n + j])).sum();
+                        let got = f64::from(c[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (k as f64).sqrt(),
+                            "simd {simd} [{m}, {k}] x [{k}, {n}] at ({i}, {j}): {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

@@ -25,7 +25,7 @@
 
 mod bf16;
 
-pub use bf16::PackedBf16;
+pub use bf16::{product_bf16, PackedBf16, Strided};
 
 use rayon::prelude::*;
 

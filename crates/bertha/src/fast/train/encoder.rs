@@ -11,7 +11,7 @@
 //! keys rather than stored.
 
 use super::attention::{self, Heads};
-use super::products;
+use super::products::Compute;
 use super::Param;
 use crate::config::NormPosition;
 use crate::error::{Error, Result};
@@ -23,17 +23,28 @@ use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
 pub(crate) struct Linear {
     pub w: Param,
     pub b: Param,
+    /// The number format of its products.
+    pub compute: Compute,
 }
 
 impl Linear {
+    /// An fp32 linear layer.
+    pub fn new(w: Param, b: Param) -> Self {
+        Self {
+            w,
+            b,
+            compute: Compute::F32,
+        }
+    }
+
     fn of(dense: &Dense) -> Result<Option<Self>> {
         let Some(bias) = dense.bias() else {
             return Ok(None);
         };
-        Ok(Some(Self {
-            w: Param::of(dense.weight())?,
-            b: Param::of(bias)?,
-        }))
+        Ok(Some(Self::new(
+            Param::of(dense.weight())?,
+            Param::of(bias)?,
+        )))
     }
 
     pub fn out_dim(&self) -> usize {
@@ -42,7 +53,8 @@ impl Linear {
 
     /// `y = x · Wᵀ + b` on `m` rows.
     pub fn forward(&self, x: &[f32], y: &mut [f32], m: usize) {
-        products::forward(x, &self.w.data, Some(&self.b.data), y, m);
+        self.compute
+            .forward(x, &self.w.data, Some(&self.b.data), y, m);
     }
 
     /// Adds the weight and bias gradients of `dy`, the gradient of the
@@ -56,10 +68,10 @@ impl Linear {
         m: usize,
         accumulate: bool,
     ) {
-        products::weight_grad(dy, x, &mut self.w.grad, m);
+        self.compute.weight_grad(dy, x, &mut self.w.grad, m);
         column_sums(dy, &mut self.b.grad);
         if let Some(dx) = dx {
-            products::input_grad(dy, &self.w.data, dx, m, accumulate);
+            self.compute.input_grad(dy, &self.w.data, dx, m, accumulate);
         }
     }
 }
@@ -170,6 +182,7 @@ pub(crate) struct Encoder {
     final_norm: Option<Norm>,
     hidden_dropout: Dropout,
     attention_dropout: Dropout,
+    compute: Compute,
 }
 
 impl Encoder {
@@ -246,11 +259,30 @@ impl Encoder {
                 .transpose()?,
             hidden_dropout: Dropout::new(cfg.hidden_dropout_prob),
             attention_dropout: Dropout::new(cfg.attention_probs_dropout_prob),
+            compute: Compute::F32,
         }))
     }
 
     pub fn hidden(&self) -> usize {
         self.hidden
+    }
+
+    /// Runs the encoder's linear layers' products in `compute` (attention
+    /// products, LayerNorm, softmax and activations stay fp32).
+    pub fn set_compute(&mut self, compute: Compute) {
+        self.compute = compute;
+        for l in &mut self.layers {
+            for lin in [
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.attn_out,
+                &mut l.ffn_in,
+                &mut l.ffn_out,
+            ] {
+                lin.compute = compute;
+            }
+        }
     }
 
     /// The last hidden states `[T, D]` of the packed `sequences`
@@ -361,7 +393,8 @@ impl Encoder {
         }
         t.qkv = vec![0f32; n * 3 * d];
         let attn_in = if pre { &t.attn_in } else { &x };
-        products::forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
+        self.compute
+            .forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
         let (_, total) = attention::probability_offsets(offsets, self.heads);
         t.probs = vec![0f32; total];
         t.ctx = vec![0f32; n * d];
@@ -388,7 +421,8 @@ impl Encoder {
             layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
         }
         t.f = vec![0f32; n * inter];
-        products::forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, n);
+        self.compute
+            .forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, n);
         let mut g = vec![0f32; n * inter];
         bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, self.act);
         let mut o = vec![0f32; n * d];
@@ -487,6 +521,7 @@ fn layer_backward(
 ) -> Vec<f32> {
     let n = offsets.last().copied().unwrap_or(0);
     let inter = layer.ffn_in.out_dim();
+    let compute = layer.ffn_in.compute;
     // d(s1) collects the residual path and the FFN's input gradient.
     let (mut ds1, mut d_o) = if pre {
         (dy.clone(), dy)
@@ -514,9 +549,9 @@ fn layer_backward(
         act,
     );
     drop(dg);
-    products::weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, n);
+    compute.weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, n);
     let mut dffn_x = vec![0f32; n * d];
-    products::input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, n, false);
+    compute.input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, n, false);
     drop(df);
     if pre {
         // ffn_x = LN2(s1)
@@ -555,7 +590,7 @@ fn layer_backward(
     // Q, K, V: one multiply each way on the stacked weights.
     let attn_in = if pre { &t.attn_in } else { &t.x };
     let mut dw = vec![0f32; 3 * d * d];
-    products::weight_grad(&dqkv, attn_in, &mut dw, n);
+    compute.weight_grad(&dqkv, attn_in, &mut dw, n);
     let mut db = vec![0f32; 3 * d];
     column_sums(&dqkv, &mut db);
     for (i, lin) in [&mut layer.q, &mut layer.k, &mut layer.v]
@@ -567,12 +602,12 @@ fn layer_backward(
     }
     if pre {
         let mut dn1 = vec![0f32; n * d];
-        products::input_grad(&dqkv, &layer.qkv_w, &mut dn1, n, false);
+        compute.input_grad(&dqkv, &layer.qkv_w, &mut dn1, n, false);
         let mut tmp = vec![0f32; n * d];
         layer.attn_norm.backward(&t.x, &dn1, &mut tmp);
         add(&mut dx, &tmp);
     } else {
-        products::input_grad(&dqkv, &layer.qkv_w, &mut dx, n, true);
+        compute.input_grad(&dqkv, &layer.qkv_w, &mut dx, n, true);
     }
     dx
 }

@@ -5,7 +5,8 @@ use candle_core::backprop::GradStore;
 
 use super::encoder::{add, Encoder, Linear, Norm};
 use super::losses::cross_entropy;
-use super::{grad_store, products, Param};
+use super::products::Compute;
+use super::{grad_store, Param};
 use crate::error::{Error, Result};
 use crate::fast::kernels::Act;
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums};
@@ -44,16 +45,14 @@ pub struct MlmHead {
     decoder_bias: Param,
     /// Pooler and `seq_relationship` (with NSP).
     nsp: Option<(Linear, Linear)>,
+    compute: Compute,
 }
 
 fn linear(dense: &Dense, what: &str) -> Result<Linear> {
     let b = dense
         .bias()
         .ok_or_else(|| Error::Input(format!("internal: {what} has no bias")))?;
-    Ok(Linear {
-        w: Param::of(dense.weight())?,
-        b: Param::of(b)?,
-    })
+    Ok(Linear::new(Param::of(dense.weight())?, Param::of(b)?))
 }
 
 impl MlmHead {
@@ -100,7 +99,17 @@ impl MlmHead {
             decoder_bias: Param::of(bias)?,
             encoder,
             nsp,
+            compute: Compute::F32,
         }))
+    }
+
+    /// Runs the encoder's and the MLM head's linear products in `compute`
+    /// (the small pooler and NSP classifier stay fp32).
+    pub fn with_compute(mut self, compute: Compute) -> Self {
+        self.compute = compute;
+        self.transform.compute = compute;
+        self.encoder.set_compute(compute);
+        self
     }
 
     /// Forward and backward on `batch` (dropout on with `train`).
@@ -149,14 +158,15 @@ impl MlmHead {
             }
             let width = self.transform.out_dim();
             let mut t = vec![0f32; masked * width];
-            products::forward(&hm, &self.transform.w.data, None, &mut t, masked);
+            self.compute
+                .forward(&hm, &self.transform.w.data, None, &mut t, masked);
             let mut u = vec![0f32; masked * width];
             bias_act_forward(&t, &self.transform.b.data, &mut u, self.act);
             let mut z = vec![0f32; masked * width];
             self.transform_norm.forward(&u, &mut z);
             let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
             let mut logits = vec![0f32; masked * vocab];
-            products::forward(
+            self.compute.forward(
                 &z,
                 &decoder.data,
                 Some(&self.decoder_bias.data),
@@ -170,9 +180,11 @@ impl MlmHead {
             // Backward: logits now hold their gradient.
             let dlogits = logits;
             let mut dz = vec![0f32; masked * width];
-            products::input_grad(&dlogits, &decoder.data, &mut dz, masked, false);
+            self.compute
+                .input_grad(&dlogits, &decoder.data, &mut dz, masked, false);
             let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
-            products::weight_grad(&dlogits, &z, &mut decoder.grad, masked);
+            self.compute
+                .weight_grad(&dlogits, &z, &mut decoder.grad, masked);
             column_sums(&dlogits, &mut self.decoder_bias.grad);
             drop(dlogits);
             let mut du = vec![0f32; masked * width];
@@ -186,9 +198,11 @@ impl MlmHead {
                 &mut self.transform.b.grad,
                 self.act,
             );
-            products::weight_grad(&dt, &hm, &mut self.transform.w.grad, masked);
+            self.compute
+                .weight_grad(&dt, &hm, &mut self.transform.w.grad, masked);
             let mut dhm = vec![0f32; masked * d];
-            products::input_grad(&dt, &self.transform.w.data, &mut dhm, masked, false);
+            self.compute
+                .input_grad(&dt, &self.transform.w.data, &mut dhm, masked, false);
             for (src, &r) in dhm.chunks_exact(d).zip(&rows) {
                 add(&mut dhidden[r * d..(r + 1) * d], src);
             }

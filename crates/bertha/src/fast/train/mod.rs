@@ -23,6 +23,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 
 pub use mlm::{MlmBatch, MlmHead, MlmOutcome};
+pub use products::Compute;
 
 /// One parameter: its variable, its values this step and its gradient.
 pub(crate) struct Param {

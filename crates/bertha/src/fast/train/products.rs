@@ -5,6 +5,99 @@
 //! weight stays in `nn.Linear`'s `[out, in]` layout throughout.
 
 use crate::fast::kernels::parallelism;
+use crate::fast::matmul::{product_bf16, Strided};
+
+/// The number format of a training step's matrix products: fp32, or bf16
+/// operands with fp32 sums (AVX512-BF16's `vdpbf16ps`); whatever the
+/// products, weights, gradients and everything between the products stay
+/// fp32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compute {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl std::str::FromStr for Compute {
+    type Err = crate::error::Error;
+
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        match s {
+            "f32" | "fp32" => Ok(Self::F32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            _ => Err(crate::error::Error::option(
+                "precision",
+                format!("`{s}` is unknown for training (expected f32 or bf16)"),
+            )),
+        }
+    }
+}
+
+impl Compute {
+    /// What this CPU runs: bf16 needs AVX512-BF16, else fp32 with a
+    /// warning.
+    pub fn on_this_cpu(self) -> Self {
+        if self == Self::Bf16 && !crate::fast::cpu::has_bf16() {
+            tracing::warn!("this CPU has no AVX512-BF16 instructions: training runs in fp32");
+            return Self::F32;
+        }
+        self
+    }
+
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`.
+    pub fn forward(self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32], m: usize) {
+        if self == Self::F32 {
+            return forward(x, w, bias, y, m);
+        }
+        let n = bias.map_or_else(|| y.len() / m.max(1), <[f32]>::len);
+        let k = x.len() / m.max(1);
+        check("linear weight", w, n, k);
+        product_bf16(m, n, k, Strided::rows(x, k), Strided::transposed(w, k), y);
+        if let Some(b) = bias {
+            for row in y.chunks_exact_mut(n) {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+        }
+    }
+
+    /// `dx[m, k] (+)= dy[m, n] · w[n, k]`.
+    pub fn input_grad(self, dy: &[f32], w: &[f32], dx: &mut [f32], m: usize, accumulate: bool) {
+        if self == Self::F32 {
+            return input_grad(dy, w, dx, m, accumulate);
+        }
+        let k = dx.len() / m.max(1);
+        let n = dy.len() / m.max(1);
+        let (a, b) = (Strided::rows(dy, n), Strided::rows(w, k));
+        if accumulate {
+            let mut tmp = vec![0f32; m * k];
+            product_bf16(m, k, n, a, b, &mut tmp);
+            dx.iter_mut().zip(&tmp).for_each(|(d, t)| *d += t);
+        } else {
+            product_bf16(m, k, n, a, b, dx);
+        }
+    }
+
+    /// `dw[n, k] += dy[m, n]ᵀ · x[m, k]`.
+    pub fn weight_grad(self, dy: &[f32], x: &[f32], dw: &mut [f32], m: usize) {
+        if self == Self::F32 {
+            return weight_grad(dy, x, dw, m);
+        }
+        let n = dy.len() / m.max(1);
+        let k = x.len() / m.max(1);
+        check("weight gradient", dw, n, k);
+        let mut tmp = vec![0f32; n * k];
+        product_bf16(
+            n,
+            k,
+            m,
+            Strided::transposed(dy, n),
+            Strided::rows(x, k),
+            &mut tmp,
+        );
+        dw.iter_mut().zip(&tmp).for_each(|(d, t)| *d += t);
+    }
+}
 
 /// A matrix operand: its first element, row stride and column stride.
 #[derive(Clone, Copy)]
