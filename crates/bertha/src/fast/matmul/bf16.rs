@@ -221,24 +221,105 @@ impl<'a> Strided<'a> {
     }
 }
 
+/// [`to_bf16`] as branch-free bit arithmetic (round to nearest even; a
+/// NaN stays a quiet NaN), so the packing loops vectorise.
+#[inline(always)]
+fn round_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        (b >> 16) | 0x40
+    } else {
+        (b + 0x7fff + ((b >> 16) & 1)) >> 16
+    }
+}
+
 /// `b` `[k, n]` rounded to bf16 and laid out as [`PackedBf16`]'s panels.
 fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
     let k2 = k.div_ceil(2);
     let n_panels = n.div_ceil(NR);
     let mut panels = vec![0u16; n_panels * k2 * NR * 2];
+    let data = b.data;
     panels
         .par_chunks_mut((k2 * NR * 2).max(1))
         .enumerate()
         .for_each(|(p, panel)| {
-            let cols = NR.min(n - p * NR);
-            for r in 0..k {
-                let (i, half) = (r / 2, r % 2);
+            let (c0, cols) = (p * NR, NR.min(n - p * NR));
+            if b.cs == 1 {
+                // Rows contiguous: two rows give a pair row.
+                for (i, out) in panel.chunks_exact_mut(NR * 2).enumerate() {
+                    let r0 = &data[2 * i * b.rs + c0..][..cols];
+                    for (o, v) in out.chunks_exact_mut(2).zip(r0) {
+                        o[0] = round_bits(*v) as u16;
+                    }
+                    if 2 * i + 1 < k {
+                        let r1 = &data[(2 * i + 1) * b.rs + c0..][..cols];
+                        for (o, v) in out.chunks_exact_mut(2).zip(r1) {
+                            o[1] = round_bits(*v) as u16;
+                        }
+                    }
+                }
+            } else if b.rs == 1 {
+                // Columns contiguous (a transposed matrix): a column's
+                // adjacent inputs are a pair.
                 for c in 0..cols {
-                    panel[(i * NR + c) * 2 + half] = to_bf16(b.at(r, p * NR + c));
+                    let col = &data[(c0 + c) * b.cs..][..k];
+                    for (i, pair) in col.chunks(2).enumerate() {
+                        let at = (i * NR + c) * 2;
+                        panel[at] = round_bits(pair[0]) as u16;
+                        panel[at + 1] = pair.get(1).map_or(0, |v| round_bits(*v) as u16);
+                    }
+                }
+            } else {
+                for r in 0..k {
+                    let (i, half) = (r / 2, r % 2);
+                    for c in 0..cols {
+                        panel[(i * NR + c) * 2 + half] = round_bits(b.at(r, c0 + c)) as u16;
+                    }
                 }
             }
         });
     panels
+}
+
+/// Rows of `a` `[m, k]` rounded to bf16 pairs `[m, k2]` for any strides;
+/// a transposed `a` (columns contiguous) reads two source rows per pair
+/// column, a block of output rows per task.
+fn round_strided(a: Strided, m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
+    const BLOCK: usize = 64;
+    out.clear();
+    out.resize(m * k2, 0);
+    if a.rs == 1 {
+        let data = a.data;
+        out.par_chunks_mut(BLOCK * k2.max(1))
+            .enumerate()
+            .for_each(|(blk, rows)| {
+                let r0 = blk * BLOCK;
+                let nr = rows.len() / k2.max(1);
+                for i in 0..k2 {
+                    let lo = &data[2 * i * a.cs + r0..][..nr];
+                    let hi = (2 * i + 1 < k).then(|| &data[(2 * i + 1) * a.cs + r0..][..nr]);
+                    for (r, &v) in lo.iter().enumerate() {
+                        let h = hi.map_or(0, |h| round_bits(h[r]));
+                        rows[r * k2 + i] = round_bits(v) | h << 16;
+                    }
+                }
+            });
+        return;
+    }
+    out.par_chunks_mut(k2.max(1))
+        .enumerate()
+        .with_min_len(16)
+        .for_each(|(r, row)| {
+            for (i, pair) in row.iter_mut().enumerate() {
+                let lo = round_bits(a.at(r, 2 * i));
+                let hi = if 2 * i + 1 < k {
+                    round_bits(a.at(r, 2 * i + 1))
+                } else {
+                    0
+                };
+                *pair = lo | hi << 16;
+            }
+        });
 }
 
 /// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums, `c`
@@ -266,22 +347,7 @@ fn product_bf16_on(
     if a.cs == 1 && a.rs == k {
         round_rows(simd, &a.data[..m * k], m, k, k2, &mut pairs);
     } else {
-        pairs.resize(m * k2, 0);
-        pairs
-            .par_chunks_mut(k2.max(1))
-            .enumerate()
-            .with_min_len(16)
-            .for_each(|(r, row)| {
-                for (i, pair) in row.iter_mut().enumerate() {
-                    let lo = u32::from(to_bf16(a.at(r, 2 * i)));
-                    let hi = if 2 * i + 1 < k {
-                        u32::from(to_bf16(a.at(r, 2 * i + 1)))
-                    } else {
-                        0
-                    };
-                    *pair = lo | hi << 16;
-                }
-            });
+        round_strided(a, m, k, k2, &mut pairs);
     }
     let panels = pack_panels(b, k, n);
     let zeros = [0f32; NR];
@@ -368,15 +434,19 @@ mod tests {
             // a as its transpose's storage [k, m], b row-major [k, n].
             let at: Vec<f32> = (0..k * m).map(val).collect();
             let b: Vec<f32> = (0..k * n).map(|i| val(i + 999)).collect();
-            for simd in [features().bf16, false] {
+            // b's transpose's storage [n, k]; a row-major copy of a.
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let a: Vec<f32> = (0..m * k).map(|i| at[(i % k) * m + i / k]).collect();
+            let layouts = [
+                (Strided::transposed(&at, m), Strided::rows(&b, n)),
+                (Strided::rows(&a, k), Strided::transposed(&bt, k)),
+            ];
+            for (simd, (sa, sb)) in [features().bf16, false]
+                .into_iter()
+                .flat_map(|s| layouts.map(|l| (s, l)))
+            {
                 let mut c = vec![0f32; m * n];
-                product_bf16_on(
-                    simd,
-                    (m, n, k),
-                    Strided::transposed(&at, m),
-                    Strided::rows(&b, n),
-                    &mut c,
-                );
+                product_bf16_on(simd, (m, n, k), sa, sb, &mut c);
                 let r = |v: f32| f64::from(from_bf16(to_bf16(v)));
                 for i in 0..m {
                     for j in 0..n {
@@ -389,6 +459,30 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The packing loops' rounding is `half`'s, bit for bit.
+    #[test]
+    fn bit_rounding_equals_half() {
+        let mut specials = vec![
+            0.0f32,
+            -0.0,
+            1.0 + 1.0 / 256.0,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE,
+            1e-40,
+        ];
+        specials.extend((0..100_000u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761))));
+        for x in specials {
+            if x.is_nan() {
+                assert!(from_bf16(round_bits(x) as u16).is_nan());
+                continue;
+            }
+            assert_eq!(round_bits(x) as u16, to_bf16(x), "{x:e}");
         }
     }
 
