@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::fast::kernels::{fast_exp, lane_sum};
+use crate::fast::kernels::{fast_exp, lane_sum, multiversion};
 
 /// What a cross-entropy pass gives: the summed loss and the rows whose
 /// largest logit is the target.
@@ -10,6 +10,10 @@ use crate::fast::kernels::{fast_exp, lane_sum};
 pub(crate) struct CrossEntropy {
     pub sum: f64,
     pub correct: usize,
+}
+
+multiversion! {
+    fn ce_rows = ce_rows_body(logits: &mut [f32], c: usize, targets: &[u32], weight: f32, out: &mut [(f64, bool)]);
 }
 
 /// `logits` `[N, C]` against `targets` (each in `0..C`): the summed
@@ -25,30 +29,40 @@ pub(crate) fn cross_entropy(
     if c == 0 {
         return CrossEntropy::default();
     }
-    let rows: Vec<(f64, bool)> = logits
-        .par_chunks_mut(c)
-        .zip(targets.par_iter())
-        .map(|(row, &y)| {
-            let y = y as usize;
-            let (mut max, mut arg) = (f32::NEG_INFINITY, 0);
-            for (j, &v) in row.iter().enumerate() {
-                if v > max {
-                    (max, arg) = (v, j);
-                }
-            }
-            let target = row[y];
-            row.iter_mut().for_each(|v| *v = fast_exp(*v - max));
-            let sum = lane_sum(row);
-            let loss = f64::from(sum.ln()) - f64::from(target - max);
-            let scale = weight / sum;
-            row.iter_mut().for_each(|v| *v *= scale);
-            row[y] -= weight;
-            (loss, arg == y)
-        })
-        .collect();
+    let mut rows = vec![(0f64, false); targets.len()];
+    const ROWS: usize = 4;
+    logits
+        .par_chunks_mut(c * ROWS)
+        .zip(targets.par_chunks(ROWS))
+        .zip(rows.par_chunks_mut(ROWS))
+        .for_each(|((l, t), o)| ce_rows(l, c, t, weight, o));
     CrossEntropy {
         sum: rows.iter().map(|r| r.0).sum(),
         correct: rows.iter().filter(|r| r.1).count(),
+    }
+}
+
+/// Rows of [`cross_entropy`]: each row's loss and whether its largest
+/// logit (the first, on ties) is the target.
+#[inline(always)]
+fn ce_rows_body(
+    logits: &mut [f32],
+    c: usize,
+    targets: &[u32],
+    weight: f32,
+    out: &mut [(f64, bool)],
+) {
+    for ((row, &y), o) in logits.chunks_exact_mut(c).zip(targets).zip(out) {
+        let y = y as usize;
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let arg = row.iter().position(|&v| v == max).unwrap_or(0);
+        let target = row[y];
+        row.iter_mut().for_each(|v| *v = fast_exp(*v - max));
+        let sum = lane_sum(row);
+        let scale = weight / sum;
+        row.iter_mut().for_each(|v| *v *= scale);
+        row[y] -= weight;
+        *o = (f64::from(sum.ln()) - f64::from(target - max), arg == y);
     }
 }
 
