@@ -1,50 +1,83 @@
 #!/usr/bin/env bash
-# Pre-training throughput: `bertha pretrain` against transformers
-# (../shared/bench/anchor_mlm_pretrain.py) on the same corpus, presets and
-# shapes (seq 128, batch 32, 15% masking, AdamW), in one session.
+# MLM pre-training throughput side by side, in one session: `bertha pretrain`
+# on the fast engine in fp32 and bf16 (and the candle engine), then
+# transformers with the decoder on masked rows only in fp32 and under
+# torch.autocast bf16 (../shared/bench/anchor_mlm_strong.py), on the same
+# corpus, presets and shapes (seq 128, batch 32, 15 % masking, AdamW 5e-4);
+# then the ratios and each run's peak RSS.
 #
-#   scripts/bench-train.sh                 # mini and small, bertha and PyTorch
-#   PRESETS="tiny mini" STEPS=20 BERTHA_ONLY=1 scripts/bench-train.sh
+#   scripts/bench-train.sh                      # mini and small
+#   PRESETS=mini STEPS=20 RUNS="fast-f32 fast-bf16" BERTHA_ONLY=1 scripts/bench-train.sh
 #
 # bertha's figure is the median tokens/s of the steps after the first three
-# (as the anchor times the steps after three warm-up steps), read from the
+# (the anchor times the steps after three warm-up steps), read from the
 # run's metrics.jsonl. Needs a release build (made here) and, for the
-# anchor, the Python environment of ../shared/bench/README.md in ~/.refenv.
+# anchors, the Python environment of ../shared/bench/README.md in ~/.refenv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DATA=${DATA:-../shared/data}
-ANCHOR=${ANCHOR:-../shared/bench/anchor_mlm_pretrain.py}
+ANCHOR=${ANCHOR:-../shared/bench/anchor_mlm_strong.py}
 REFENV=${REFENV:-$HOME/.refenv}
 PRESETS=${PRESETS:-mini small}
 STEPS=${STEPS:-10}
+RUNS=${RUNS:-fast-f32 fast-bf16 candle-f32}
+MODES=${MODES:-fp32-sparse bf16-sparse}
 VOCAB=$DATA/vocab/bert-base-uncased
 CORPUS=$DATA/corpus/wiki_vital_en.txt
 OUT=.cache/bench/train
 mkdir -p "$OUT"
 cargo build --release -p bertha-cli --quiet
+BIN=${CARGO_TARGET_DIR:-target}/release/bertha
+# The first 3 MB of the corpus, as the anchor reads.
+head -c 3000000 "$CORPUS" > "$OUT/corpus.txt"
+: > "$OUT/results.tsv"
 
 for preset in $PRESETS; do
-    rm -rf "$OUT/$preset"
-    # The first 3 MB of the corpus, as the anchor reads.
-    head -c 3000000 "$CORPUS" > "$OUT/corpus.txt"
-    target/release/bertha pretrain --corpus "$OUT/corpus.txt" --config "$preset" \
-        --tokenizer "$VOCAB" --out "$OUT/$preset" --steps $((STEPS + 3)) --batch-size 32 \
-        --seq-len 128 --lr 5e-4 --eval-size 0 --eval-every 1000000 2>/dev/null
-    python3 - "$OUT/$preset/metrics.jsonl" "$preset" <<'EOF'
+    for run in $RUNS; do
+        engine=${run%-*} precision=${run#*-}
+        dir=$OUT/$preset-$run
+        rm -rf "$dir"
+        /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" pretrain --corpus "$OUT/corpus.txt" \
+            --config "$preset" --tokenizer "$VOCAB" --out "$dir" --steps $((STEPS + 3)) \
+            --batch-size 32 --seq-len 128 --lr 5e-4 --eval-size 0 --eval-every 1000000 \
+            --engine "$engine" --precision "$precision" 2>/dev/null
+        python3 - "$dir/metrics.jsonl" "$preset" "bertha $run" "$(cat "$OUT/rss")" >> "$OUT/results.tsv" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 tps = [r["tokens_per_s"] for r in rows[3:]] or [r["tokens_per_s"] for r in rows]
-print(f"bertha MLM {sys.argv[2]}: {len(tps)} timed steps of 32x128, median {statistics.median(tps):.0f} tokens/s, "
-      f"last loss {rows[-1]['loss']:.2f}")
+print(f"{sys.argv[2]}\t{sys.argv[3]}\t{statistics.median(tps):.0f}\t{int(sys.argv[4]) / 1e6:.2f}\t{rows[-1]['loss']:.3f}")
 EOF
+        tail -1 "$OUT/results.tsv"
+    done
+    if [ -z "${BERTHA_ONLY:-}" ] && [ -x "$REFENV/bin/python" ]; then
+        for mode in $MODES; do
+            line=$(/usr/bin/time -f "%M" -o "$OUT/rss" "$REFENV/bin/python" "$ANCHOR" "$VOCAB" \
+                "$CORPUS" "$preset" "$STEPS" "$mode" 2>/dev/null | tail -1) || {
+                echo "anchor $mode failed" >&2
+                continue
+            }
+            # "pytorch MLM mini fp32-sparse: 10 steps ... in Xs, N tokens/s, last loss L"
+            python3 - "$line" "$preset" "pytorch $mode" "$(cat "$OUT/rss")" >> "$OUT/results.tsv" <<'EOF'
+import re, sys
+m = re.search(r"([\d.]+) tokens/s, last loss ([\d.]+)", sys.argv[1])
+print(f"{sys.argv[2]}\t{sys.argv[3]}\t{float(m.group(1)):.0f}\t{int(sys.argv[4]) / 1e6:.2f}\t{float(m.group(2)):.3f}")
+EOF
+            tail -1 "$OUT/results.tsv"
+        done
+    elif [ -z "${BERTHA_ONLY:-}" ]; then
+        echo "no Python anchor: set up $REFENV as ../shared/bench/README.md says" >&2
+    fi
 done
 
-if [ -n "${BERTHA_ONLY:-}" ]; then exit 0; fi
-if [ ! -x "$REFENV/bin/python" ]; then
-    echo "no Python anchor: set up $REFENV as ../shared/bench/README.md says" >&2
-    exit 0
-fi
-for preset in $PRESETS; do
-    "$REFENV/bin/python" "$ANCHOR" "$VOCAB" "$CORPUS" "$preset" "$STEPS" 2>/dev/null
-done
+python3 - "$OUT/results.tsv" <<'EOF'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+print("\n| preset | run | tokens/s | peak RSS GB | last loss | vs PyTorch bf16-sparse | vs PyTorch fp32-sparse |")
+print("|---|---|---|---|---|---|---|")
+anchor = {(p, r): float(t) for p, r, t, *_ in rows}
+for p, r, t, rss, loss in rows:
+    ratio = lambda mode: (f"{float(t) / anchor[(p, 'pytorch ' + mode)]:.2f}x"
+                          if (p, "pytorch " + mode) in anchor else "-")
+    print(f"| {p} | {r} | {float(t):,.0f} | {rss} | {loss} | {ratio('bf16-sparse')} | {ratio('fp32-sparse')} |")
+EOF
