@@ -14,6 +14,7 @@ pub mod predict;
 pub mod prepare_corpus;
 pub mod pretrain;
 pub mod qa;
+pub mod quantize;
 pub mod serve;
 pub mod similarity;
 pub mod tokenize;
@@ -95,6 +96,11 @@ pub struct EmbedArgs {
     /// the older name.
     #[arg(long, alias = "quantize", default_value = "f32")]
     pub precision: bertha::fast::Precision,
+
+    /// int8 calibration texts, one per line (default: built-in English
+    /// sentences); also recalibrates a `bertha quantize` folder.
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
 }
 
 /// What `embed` and `similarity` take: the embedding options, the texts
@@ -157,6 +163,7 @@ impl EmbedArgs {
             normalize,
             max_length: self.max_length,
             precision: self.precision,
+            calibration: self.calibration.clone(),
         };
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1");

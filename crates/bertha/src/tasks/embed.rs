@@ -4,13 +4,14 @@
 //! sentence-transformers' SparseEncoder and TEI's `/embed_sparse`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
 use crate::fast::{PackedBert, PackedStates, Precision};
+use crate::io::quantized::{self, PackedCheckpoint};
 use crate::io::st_folder::{known_names, SentenceTransformerSpec};
 use crate::io::tokenizer::{Encoded, Tokenizer};
 use crate::io::ModelDir;
@@ -26,7 +27,14 @@ pub struct EmbedOptions {
     pub normalize: Option<bool>,
     pub max_length: Option<usize>,
     /// Number format of the CPU fast path (`Int8`: faster, approximate).
+    /// A folder written by `bertha quantize` runs its stored weights when
+    /// this is the precision it was written for (another reduced precision
+    /// is refused; `F32` runs the folder's fp32 weights).
     pub precision: Precision,
+    /// int8 calibration texts, one per line (default: built-in English
+    /// sentences). Given, it also overrides a quantised folder's stored
+    /// int8 weights: they are calibrated again at load.
+    pub calibration: Option<PathBuf>,
 }
 
 /// What one embedding call asks beyond its texts: sentence-transformers'
@@ -76,6 +84,11 @@ pub struct Embedder {
     max_batch_tokens: usize,
     /// The MLM head and SPLADE settings (pooling `splade` only).
     splade: Option<SpladeHead>,
+    /// int8 calibration texts (`None`: the built-in set).
+    calibration: Option<Vec<String>>,
+    /// A quantised folder's packed file and the hash of its config.json:
+    /// loaded instead of packing when the precision asked is the file's.
+    packed_file: Option<(PathBuf, String)>,
 }
 
 /// Calibration texts of int8 quantization: 256 sentences from the lead
@@ -130,6 +143,20 @@ impl Embedder {
         if let Some(spec) = spec {
             embedder.set_prompts(spec.prompts, spec.default_prompt_name)?;
             embedder.include_prompt = spec.include_prompt;
+        }
+        if let Some(path) = &opts.calibration {
+            embedder.set_calibration(read_calibration(path)?)?;
+        }
+        if let Some(file) = quantized::packed_file(dir) {
+            if opts.calibration.is_some() {
+                tracing::info!(
+                    "{}: not used, int8 is calibrated again on the --calibration texts",
+                    file.display()
+                );
+            } else {
+                let hash = quantized::config_hash(&folder.config_path())?;
+                embedder.packed_file = Some((file, hash));
+            }
         }
         if opts.precision != Precision::F32 {
             embedder.set_precision(opts.precision)?;
@@ -204,7 +231,22 @@ impl Embedder {
             include_prompt: true,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             splade,
+            calibration: None,
+            packed_file: None,
         })
+    }
+
+    /// Calibrates int8 on `texts` instead of the built-in set (from the
+    /// next [`Embedder::set_precision`] on); at least one text.
+    pub fn set_calibration(&mut self, texts: Vec<String>) -> Result<()> {
+        if texts.iter().all(|t| t.trim().is_empty()) {
+            return Err(Error::option(
+                "calibration",
+                "has no texts: give at least one non-empty text",
+            ));
+        }
+        self.calibration = Some(texts);
+        Ok(())
     }
 
     /// Sets the prompts a call can name, and the one used when a call
@@ -386,32 +428,91 @@ impl Embedder {
         self.precision
     }
 
-    /// The fast path in `precision`; int8 calibrates on a built-in set
-    /// of English sentences (lead sentences of Wikipedia articles, not
-    /// from any evaluation set).
+    /// The fast path in `precision`: a quantised folder's stored weights
+    /// when they are in `precision`; else packed here, int8 calibrated on
+    /// the calibration texts (by default a built-in set of English
+    /// sentences: lead sentences of Wikipedia articles, not from any
+    /// evaluation set). bf16 needs AVX512-BF16 (else fp32, with a notice).
     fn packed_model(&self, precision: Precision) -> Result<Option<PackedBert>> {
+        if precision == Precision::Bf16 && !crate::fast::cpu::has_bf16() {
+            tracing::warn!(
+                "this CPU has no AVX512-BF16 instructions: --precision bf16 runs in fp32"
+            );
+            return PackedBert::from_model(&self.model);
+        }
+        self.pack(precision)
+    }
+
+    /// The fast path packed in `precision` (bf16 whatever the CPU).
+    fn pack(&self, precision: Precision) -> Result<Option<PackedBert>> {
         let Some(mut packed) = PackedBert::from_model(&self.model)? else {
             return Ok(None);
         };
-        if precision == Precision::Bf16 {
-            if crate::fast::cpu::has_bf16() {
-                packed.to_bf16();
-            } else {
-                tracing::warn!(
-                    "this CPU has no AVX512-BF16 instructions: --precision bf16 runs in fp32"
-                );
+        match (precision, &self.packed_file) {
+            (Precision::F32, _) => {}
+            (_, Some((file, hash))) => {
+                let stored = PackedCheckpoint::read(file, precision.name(), hash)?;
+                packed.load_packed(&stored.linears, file)?;
+            }
+            (Precision::Bf16, None) => packed.to_bf16(),
+            (Precision::Int8, None) => {
+                let texts: Vec<&str> = match &self.calibration {
+                    Some(t) => t.iter().map(String::as_str).collect(),
+                    None => CALIBRATION_EN.lines().collect(),
+                };
+                let encs = self.tokenizer.encode_batch(&texts)?;
+                let seqs: Vec<(&[u32], &[u32])> = encs
+                    .iter()
+                    .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+                    .collect();
+                packed.quantize_int8(&seqs)?;
             }
         }
-        if precision == Precision::Int8 {
-            let texts: Vec<&str> = CALIBRATION_EN.lines().collect();
-            let encs = self.tokenizer.encode_batch(&texts)?;
-            let seqs: Vec<(&[u32], &[u32])> = encs
-                .iter()
-                .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
-                .collect();
-            packed.quantize_int8(&seqs)?;
-        }
         Ok(Some(packed))
+    }
+
+    /// Writes the quantised folder `out`: a copy of the model folder
+    /// `src` (this embedder's) with its fast path packed in `precision`
+    /// (int8 calibrated as [`Embedder::set_calibration`] says), so that
+    /// loading it skips calibration and packing. `calibration` names the
+    /// calibration texts in the file's metadata.
+    pub fn write_quantized(
+        &self,
+        src: &Path,
+        out: &Path,
+        precision: Precision,
+        calibration: &str,
+    ) -> Result<()> {
+        if precision == Precision::F32 {
+            return Err(Error::option(
+                "precision",
+                "f32 has nothing to pack: choose int8 or bf16",
+            ));
+        }
+        if let Some(file) = quantized::packed_file(src) {
+            return Err(Error::ModelDir {
+                path: src.to_path_buf(),
+                reason: format!(
+                    "already quantised ({} is there): quantize the original folder",
+                    file.display()
+                ),
+            });
+        }
+        let Some(packed) = self.pack(precision)? else {
+            return Err(Error::Input(format!(
+                "{precision:?} runs only on the CPU fast path, which this model ({:?} on {:?}) \
+                 does not take",
+                self.model.config().family,
+                self.model.device()
+            )));
+        };
+        let checkpoint = PackedCheckpoint {
+            precision: precision.name().to_string(),
+            config_hash: quantized::config_hash(&ModelDir::open(src)?.config_path())?,
+            calibration: calibration.to_string(),
+            linears: packed.packed_linears(),
+        };
+        quantized::write_folder(src, out, &checkpoint)
     }
 
     pub fn uses_fast_path(&self) -> bool {
@@ -931,6 +1032,22 @@ fn load_mlm_head(
         });
     }
     BertForMaskedLM::from_weights(weights, config, HeadInit::FromCheckpoint, device)
+}
+
+/// The non-blank lines of a calibration file; an error naming the file
+/// when it is missing, not UTF-8 or has no text.
+pub fn read_calibration(path: &Path) -> Result<Vec<String>> {
+    let texts: Vec<String> = crate::io::texts::read_lines_from_file(path)?
+        .into_iter()
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    if texts.is_empty() {
+        return Err(Error::Input(format!(
+            "{}: no calibration texts (expected one text per line)",
+            path.display()
+        )));
+    }
+    Ok(texts)
 }
 
 fn check_max_length(max_length: usize, config: &BertConfig) -> Result<()> {
