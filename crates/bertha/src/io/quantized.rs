@@ -187,10 +187,9 @@ impl PackedCheckpoint {
             meta.get(name).cloned().ok_or_else(|| {
                 bad(
                     name,
-                    format!(
-                        "missing from the metadata: not a bertha packed file (write one with \
-                         `bertha quantize`)"
-                    ),
+                    "missing from the metadata: not a bertha packed file (write one with \
+                     `bertha quantize`)"
+                        .to_string(),
                 )
             })
         };
@@ -307,7 +306,7 @@ fn read_linear(st: &SafeTensors, path: &Path, name: String) -> Result<PackedLine
         }
     };
     let data = if group > 0 {
-        if group % 4 != 0 {
+        if !group.is_multiple_of(4) {
             return Err(wrong(format!(
                 "layout`: group {group} is not a multiple of 4"
             )));

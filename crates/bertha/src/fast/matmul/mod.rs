@@ -224,7 +224,7 @@ impl PackedI8 {
     pub fn new(w_t: &[f32], k: usize, n: usize, act_max: Option<&[f32]>, scheme: I8Scheme) -> Self {
         assert_eq!(w_t.len(), k * n, "PackedI8: weight is not [{k}, {n}]");
         assert!(
-            scheme.group > 0 && scheme.group % 4 == 0,
+            scheme.group > 0 && scheme.group.is_multiple_of(4),
             "PackedI8: group {} is not a positive multiple of 4",
             scheme.group
         );
@@ -298,7 +298,7 @@ impl PackedI8 {
                 .then_some(())
                 .ok_or(format!("{what} has {got} values, expected {want}"))
         };
-        if group == 0 || group % 4 != 0 {
+        if group == 0 || !group.is_multiple_of(4) {
             return Err(format!("group {group} is not a positive multiple of 4"));
         }
         let n_groups = groups(k, group);
