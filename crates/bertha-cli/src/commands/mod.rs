@@ -91,9 +91,11 @@ pub struct EmbedArgs {
 
     /// Number format of the matrix multiplies: `f32` (exact); `bf16`
     /// (bf16 weights and multiply inputs, fp32 sums, on AVX512-BF16; fp32
-    /// with a notice elsewhere); `int8` (int8 weights per output column,
-    /// activations per token; AVX-512 VNNI where present). `--quantize` is
-    /// the older name.
+    /// with a notice elsewhere); `int8` (all four encoder linears: int8
+    /// weights per output column and channel group, activations per token
+    /// and channel group, calibrated SmoothQuant factors; AVX-512 VNNI
+    /// where present). A `bertha quantize` folder runs its stored weights
+    /// when this names its precision. `--quantize` is the older name.
     #[arg(long, alias = "quantize", default_value = "f32")]
     pub precision: bertha::fast::Precision,
 
