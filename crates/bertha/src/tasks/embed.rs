@@ -139,7 +139,9 @@ impl Embedder {
             (None, Pooling::None) => false,
             (None, _) => spec.as_ref().is_some_and(|s| s.normalize),
         };
-        let mut embedder = Self::build(model, tokenizer, pooling, normalize, splade)?;
+        // A reduced precision packs below (set_precision): not twice.
+        let pack_f32 = opts.precision == Precision::F32;
+        let mut embedder = Self::build(model, tokenizer, pooling, normalize, splade, pack_f32)?;
         if let Some(spec) = spec {
             embedder.set_prompts(spec.prompts, spec.default_prompt_name)?;
             embedder.include_prompt = spec.include_prompt;
@@ -172,7 +174,7 @@ impl Embedder {
         pooling: Pooling,
         normalize: bool,
     ) -> Result<Self> {
-        Self::build(model, tokenizer, pooling, normalize, None)
+        Self::build(model, tokenizer, pooling, normalize, None, true)
     }
 
     /// A SPLADE embedder: `head`'s encoder and MLM head, pooled as
@@ -191,15 +193,19 @@ impl Embedder {
             Pooling::Splade,
             normalize,
             Some(splade),
+            true,
         )
     }
 
+    /// The embedder, with the fp32 fast path packed when `pack_f32` (a
+    /// caller that sets another precision next packs once, then).
     fn build(
         model: BertModel,
         tokenizer: Tokenizer,
         pooling: Pooling,
         normalize: bool,
         splade: Option<SpladeHead>,
+        pack_f32: bool,
     ) -> Result<Self> {
         if pooling == Pooling::Splade && splade.is_none() {
             return Err(Error::Input(
@@ -218,7 +224,11 @@ impl Embedder {
                 "pooling `pooler` needs a model with pooler weights".into(),
             ));
         }
-        let packed = PackedBert::from_model(&model)?;
+        let packed = if pack_f32 {
+            PackedBert::from_model(&model)?
+        } else {
+            None
+        };
         Ok(Self {
             model,
             packed,
