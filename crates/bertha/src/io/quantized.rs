@@ -431,3 +431,80 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint() -> PackedCheckpoint {
+        PackedCheckpoint {
+            precision: "int8".into(),
+            config_hash: "0123456789abcdef".into(),
+            calibration: "built-in".into(),
+            linears: vec![
+                PackedLinear {
+                    name: "layers.0.qkv".into(),
+                    in_dim: 8,
+                    out_dim: 3,
+                    data: PackedData::I8 {
+                        panels: (0..256).map(|i| ((i % 255) as i16 - 127) as i8).collect(),
+                        w_scales: vec![0.5, 0.25, 0.125],
+                        x_scales: (0..8).map(|i| i as f32 + 0.5).collect(),
+                        group: 4,
+                    },
+                },
+                PackedLinear {
+                    name: "layers.0.attn_out".into(),
+                    in_dim: 3,
+                    out_dim: 2,
+                    data: PackedData::Bf16 {
+                        panels: vec![0x3f80, 0xbf80, 0x0001, 0xffff],
+                    },
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(PACKED_FILE);
+        let want = checkpoint();
+        std::fs::write(&path, want.to_bytes().unwrap()).unwrap();
+        let got = PackedCheckpoint::read(&path, "int8", "0123456789abcdef").unwrap();
+        // Read back sorted by name.
+        let mut sorted = want.clone();
+        sorted.linears.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(got, sorted);
+        let err = PackedCheckpoint::read(&path, "bf16", "0123456789abcdef").unwrap_err();
+        assert!(err.to_string().contains("`precision`"), "{err}");
+    }
+
+    #[test]
+    fn other_safetensors_files_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(PACKED_FILE);
+        // A plain safetensors file (as a model's weights): no metadata.
+        let raw = f32_raw(&[1.0, 2.0]);
+        let bytes = safetensors::serialize([("w", &raw)], None).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        let err = PackedCheckpoint::read(&path, "int8", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(PACKED_FILE) && err.contains("`format`"),
+            "{err}"
+        );
+        // A linear whose panels have the wrong type.
+        let mut c = checkpoint();
+        c.linears.truncate(1);
+        let mut bytes = c.to_bytes().unwrap();
+        let at = bytes.windows(4).position(|w| w == b"\"I8\"").unwrap();
+        bytes[at..at + 4].copy_from_slice(b"\"U8\"");
+        std::fs::write(&path, bytes).unwrap();
+        let err = PackedCheckpoint::read(&path, "int8", "0123456789abcdef")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("layers.0.qkv.packed"), "{err}");
+    }
+}
