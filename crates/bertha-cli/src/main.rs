@@ -63,6 +63,8 @@ enum Command {
     Similarity(commands::similarity::Args),
     /// Embedding throughput on a text file: texts/s and tokens/s.
     Bench(commands::bench::Args),
+    /// A model folder with its fast path packed in int8 or bf16, so start-up skips calibration.
+    Quantize(commands::quantize::Args),
     /// HTTP server: TEI- and OpenAI-compatible routes, task routes, a web playground.
     Serve(commands::serve::Args),
     /// Fill in [MASK] tokens: the top-k tokens per mask (a masked-LM checkpoint).
@@ -157,6 +159,7 @@ fn main() {
         Command::Attention(a) => commands::attention::run(a),
         Command::Similarity(a) => commands::similarity::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Quantize(a) => commands::quantize::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::FillMask(a) => commands::fill_mask::run(a),
         Command::Classify(a) => commands::classify::run(a),

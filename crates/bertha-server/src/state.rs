@@ -38,6 +38,8 @@ pub struct ServerConfig {
     /// Number format of the embedding model's multiplies (`/info`'s
     /// `model_dtype` says what runs).
     pub precision: bertha::fast::Precision,
+    /// int8 calibration texts, one per line (default: built-in).
+    pub calibration: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -60,6 +62,7 @@ impl ServerConfig {
             similarity_root: false,
             connections: ConnectionLimits::default(),
             precision: Default::default(),
+            calibration: None,
         }
     }
 }
@@ -167,6 +170,7 @@ impl AppState {
             normalize: Some(false),
             max_length: config.max_input_length,
             precision: config.precision,
+            calibration: config.calibration.clone(),
         };
         let mut embedder = Embedder::from_dir(dir, &Device::Cpu, &opts)?;
         embedder.set_max_batch_tokens(config.max_batch_tokens);

@@ -14,6 +14,7 @@ pub mod predict;
 pub mod prepare_corpus;
 pub mod pretrain;
 pub mod qa;
+pub mod quantize;
 pub mod serve;
 pub mod similarity;
 pub mod tokenize;
@@ -90,6 +91,11 @@ pub struct EmbedArgs {
 
     #[command(flatten)]
     pub precision: PrecisionArgs,
+
+    /// int8 calibration texts, one per line (default: built-in English
+    /// sentences); also recalibrates a `bertha quantize` folder.
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
 }
 
 /// The encoder's number format, for every command that runs a model.
@@ -97,10 +103,12 @@ pub struct EmbedArgs {
 pub struct PrecisionArgs {
     /// Number format of the matrix multiplies: `f32` (exact); `bf16`
     /// (bf16 weights and multiply inputs, fp32 sums, on AVX512-BF16; fp32
-    /// with a notice elsewhere); `int8` (int8 weights per output column,
-    /// activations per token; AVX-512 VNNI where present). Task heads stay
-    /// fp32; bf16 and int8 need a BERT on the CPU. `--quantize` is the
-    /// older name.
+    /// with a notice elsewhere); `int8` (all four encoder linears: int8
+    /// weights per output column and channel group, activations per token
+    /// and channel group, calibrated SmoothQuant factors; AVX-512 VNNI
+    /// where present). Task heads stay fp32; bf16 and int8 need a BERT on
+    /// the CPU. A `bertha quantize` folder runs its stored weights when
+    /// this names its precision. `--quantize` is the older name.
     #[arg(long, alias = "quantize", default_value = "f32")]
     pub precision: bertha::fast::Precision,
 }
@@ -174,6 +182,7 @@ impl EmbedArgs {
             normalize,
             max_length: self.max_length,
             precision: self.precision.precision,
+            calibration: self.calibration.clone(),
         };
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1");

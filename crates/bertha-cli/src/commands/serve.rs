@@ -59,6 +59,11 @@ pub struct Args {
     #[arg(long, alias = "quantize", default_value = "f32")]
     precision: bertha::fast::Precision,
 
+    /// int8 calibration texts, one per line (default: built-in English
+    /// sentences).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<std::path::PathBuf>,
+
     /// Pooling for /embed (default: the folder's, else mean); `splade` on a
     /// masked-LM checkpoint serves TEI's /embed_sparse (and `POST /`).
     #[arg(long)]
@@ -111,6 +116,7 @@ pub fn run(a: Args) -> Result<()> {
         config.model_id = name.clone();
         config.pooling = pooling;
         config.precision = a.precision;
+        config.calibration = a.calibration.clone();
         config.max_batch_tokens = a.max_batch_tokens.max(1);
         config.max_concurrent_requests = a.max_concurrent_requests.max(1);
         config.max_client_batch_size = a.max_client_batch_size.max(1);

@@ -2,6 +2,7 @@
 //! and tokenizer, and the user's texts and tables.
 
 pub mod model_dir;
+pub mod quantized;
 pub mod st_folder;
 pub mod texts;
 pub mod tokenizer;

@@ -4,13 +4,14 @@
 //! sentence-transformers' SparseEncoder and TEI's `/embed_sparse`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
 use crate::fast::{PackedBert, PackedStates, Precision};
+use crate::io::quantized::{self, PackedCheckpoint};
 use crate::io::st_folder::{known_names, SentenceTransformerSpec};
 use crate::io::tokenizer::{Encoded, Tokenizer};
 use crate::io::ModelDir;
@@ -26,7 +27,14 @@ pub struct EmbedOptions {
     pub normalize: Option<bool>,
     pub max_length: Option<usize>,
     /// Number format of the CPU fast path (`Int8`: faster, approximate).
+    /// A folder written by `bertha quantize` runs its stored weights when
+    /// this is the precision it was written for (another reduced precision
+    /// is refused; `F32` runs the folder's fp32 weights).
     pub precision: Precision,
+    /// int8 calibration texts, one per line (default: built-in English
+    /// sentences). Given, it also overrides a quantised folder's stored
+    /// int8 weights: they are calibrated again at load.
+    pub calibration: Option<PathBuf>,
 }
 
 /// What one embedding call asks beyond its texts: sentence-transformers'
@@ -76,6 +84,11 @@ pub struct Embedder {
     max_batch_tokens: usize,
     /// The MLM head and SPLADE settings (pooling `splade` only).
     splade: Option<SpladeHead>,
+    /// int8 calibration texts (`None`: the built-in set).
+    calibration: Option<Vec<String>>,
+    /// A quantised folder's packed file and the hash of its config.json:
+    /// loaded instead of packing when the precision asked is the file's.
+    packed_file: Option<(PathBuf, String)>,
 }
 
 /// Default cap on the tokens of one batch: bounds memory for long texts
@@ -121,10 +134,26 @@ impl Embedder {
             (None, Pooling::None) => false,
             (None, _) => spec.as_ref().is_some_and(|s| s.normalize),
         };
-        let mut embedder = Self::build(model, tokenizer, pooling, normalize, splade)?;
+        // A reduced precision packs below (set_precision): not twice.
+        let pack_f32 = opts.precision == Precision::F32;
+        let mut embedder = Self::build(model, tokenizer, pooling, normalize, splade, pack_f32)?;
         if let Some(spec) = spec {
             embedder.set_prompts(spec.prompts, spec.default_prompt_name)?;
             embedder.include_prompt = spec.include_prompt;
+        }
+        if let Some(path) = &opts.calibration {
+            embedder.set_calibration(read_calibration(path)?)?;
+        }
+        if let Some(file) = quantized::packed_file(dir) {
+            if opts.calibration.is_some() {
+                tracing::info!(
+                    "{}: not used, int8 is calibrated again on the --calibration texts",
+                    file.display()
+                );
+            } else {
+                let hash = quantized::config_hash(&folder.config_path())?;
+                embedder.packed_file = Some((file, hash));
+            }
         }
         if opts.precision != Precision::F32 {
             embedder.set_precision(opts.precision)?;
@@ -140,7 +169,7 @@ impl Embedder {
         pooling: Pooling,
         normalize: bool,
     ) -> Result<Self> {
-        Self::build(model, tokenizer, pooling, normalize, None)
+        Self::build(model, tokenizer, pooling, normalize, None, true)
     }
 
     /// A SPLADE embedder: `head`'s encoder and MLM head, pooled as
@@ -159,15 +188,19 @@ impl Embedder {
             Pooling::Splade,
             normalize,
             Some(splade),
+            true,
         )
     }
 
+    /// The embedder, with the fp32 fast path packed when `pack_f32` (a
+    /// caller that sets another precision next packs once, then).
     fn build(
         model: BertModel,
         tokenizer: Tokenizer,
         pooling: Pooling,
         normalize: bool,
         splade: Option<SpladeHead>,
+        pack_f32: bool,
     ) -> Result<Self> {
         if pooling == Pooling::Splade && splade.is_none() {
             return Err(Error::Input(
@@ -186,7 +219,11 @@ impl Embedder {
                 "pooling `pooler` needs a model with pooler weights".into(),
             ));
         }
-        let packed = PackedBert::from_model(&model)?;
+        let packed = if pack_f32 {
+            PackedBert::from_model(&model)?
+        } else {
+            None
+        };
         Ok(Self {
             model,
             packed,
@@ -199,7 +236,22 @@ impl Embedder {
             include_prompt: true,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             splade,
+            calibration: None,
+            packed_file: None,
         })
+    }
+
+    /// Calibrates int8 on `texts` instead of the built-in set (from the
+    /// next [`Embedder::set_precision`] on); at least one text.
+    pub fn set_calibration(&mut self, texts: Vec<String>) -> Result<()> {
+        if texts.iter().all(|t| t.trim().is_empty()) {
+            return Err(Error::option(
+                "calibration",
+                "has no texts: give at least one non-empty text",
+            ));
+        }
+        self.calibration = Some(texts);
+        Ok(())
     }
 
     /// Sets the prompts a call can name, and the one used when a call
@@ -376,9 +428,77 @@ impl Embedder {
         self.precision
     }
 
-    /// The fast path in `precision` (see [`super::precision::packed_model`]).
+    /// The fast path in `precision` as this CPU runs it (bf16 without
+    /// AVX512-BF16: fp32, with a notice).
     fn packed_model(&self, precision: Precision) -> Result<Option<PackedBert>> {
-        super::precision::packed_model(&self.model, &self.tokenizer, precision)
+        self.pack(super::precision::runnable(precision))
+    }
+
+    /// The fast path packed in `precision` (bf16 whatever the CPU): a
+    /// quantised folder's stored weights when they are in `precision`;
+    /// else packed here, int8 calibrated on the calibration texts (by
+    /// default a built-in set of English sentences).
+    fn pack(&self, precision: Precision) -> Result<Option<PackedBert>> {
+        match (precision, &self.packed_file) {
+            (Precision::F32, _) | (_, None) => super::precision::pack(
+                &self.model,
+                &self.tokenizer,
+                precision,
+                self.calibration.as_deref(),
+            ),
+            (_, Some((file, hash))) => {
+                let Some(mut packed) = PackedBert::from_model(&self.model)? else {
+                    return Ok(None);
+                };
+                let stored = PackedCheckpoint::read(file, precision.name(), hash)?;
+                packed.load_packed(&stored.linears, file)?;
+                Ok(Some(packed))
+            }
+        }
+    }
+
+    /// Writes the quantised folder `out`: a copy of the model folder
+    /// `src` (this embedder's) with its fast path packed in `precision`
+    /// (int8 calibrated as [`Embedder::set_calibration`] says), so that
+    /// loading it skips calibration and packing. `calibration` names the
+    /// calibration texts in the file's metadata.
+    pub fn write_quantized(
+        &self,
+        src: &Path,
+        out: &Path,
+        precision: Precision,
+        calibration: &str,
+    ) -> Result<()> {
+        if precision == Precision::F32 {
+            return Err(Error::option(
+                "precision",
+                "f32 has nothing to pack: choose int8 or bf16",
+            ));
+        }
+        if let Some(file) = quantized::packed_file(src) {
+            return Err(Error::ModelDir {
+                path: src.to_path_buf(),
+                reason: format!(
+                    "already quantised ({} is there): quantize the original folder",
+                    file.display()
+                ),
+            });
+        }
+        let Some(packed) = self.pack(precision)? else {
+            return Err(Error::Input(format!(
+                "{precision:?} runs only on the CPU fast path, which this model ({:?} on {:?}) \
+                 does not take",
+                self.model.config().family,
+                self.model.device()
+            )));
+        };
+        let checkpoint = PackedCheckpoint {
+            precision: precision.name().to_string(),
+            config_hash: quantized::config_hash(&ModelDir::open(src)?.config_path())?,
+            calibration: calibration.to_string(),
+            linears: packed.packed_linears(),
+        };
+        quantized::write_folder(src, out, &checkpoint)
     }
 
     pub fn uses_fast_path(&self) -> bool {
@@ -898,6 +1018,22 @@ fn load_mlm_head(
         });
     }
     BertForMaskedLM::from_weights(weights, config, HeadInit::FromCheckpoint, device)
+}
+
+/// The non-blank lines of a calibration file; an error naming the file
+/// when it is missing, not UTF-8 or has no text.
+pub fn read_calibration(path: &Path) -> Result<Vec<String>> {
+    let texts: Vec<String> = crate::io::texts::read_lines_from_file(path)?
+        .into_iter()
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    if texts.is_empty() {
+        return Err(Error::Input(format!(
+            "{}: no calibration texts (expected one text per line)",
+            path.display()
+        )));
+    }
+    Ok(texts)
 }
 
 fn check_max_length(max_length: usize, config: &BertConfig) -> Result<()> {

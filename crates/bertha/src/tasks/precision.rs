@@ -36,23 +36,38 @@ pub(crate) fn runnable(precision: Precision) -> Precision {
     precision
 }
 
-/// The fast path of `model` in `precision` (`None` when the model cannot
-/// take it: not a plain BERT, or not on the CPU). int8 calibrates on a
-/// built-in set of English sentences (lead sentences of Wikipedia
-/// articles, not from any evaluation set), tokenized by `tokenizer`.
+/// The fast path of `model` in `precision` as this CPU runs it (`None`
+/// when the model cannot take it: not a plain BERT, or not on the CPU);
+/// int8 calibrates on the built-in texts (see [`pack`]).
 pub(crate) fn packed_model(
     model: &BertModel,
     tokenizer: &Tokenizer,
     precision: Precision,
 ) -> Result<Option<PackedBert>> {
+    pack(model, tokenizer, runnable(precision), None)
+}
+
+/// The fast path of `model` packed in `precision` (bf16 whatever the
+/// CPU); int8 calibrates on `calibration`, by default a built-in set of
+/// English sentences (lead sentences of Wikipedia articles, not from any
+/// evaluation set), tokenized by `tokenizer`.
+pub(crate) fn pack(
+    model: &BertModel,
+    tokenizer: &Tokenizer,
+    precision: Precision,
+    calibration: Option<&[String]>,
+) -> Result<Option<PackedBert>> {
     let Some(mut packed) = PackedBert::from_model(model)? else {
         return Ok(None);
     };
-    match runnable(precision) {
+    match precision {
         Precision::F32 => {}
         Precision::Bf16 => packed.to_bf16(),
         Precision::Int8 => {
-            let texts: Vec<&str> = CALIBRATION_EN.lines().collect();
+            let texts: Vec<&str> = match calibration {
+                Some(t) => t.iter().map(String::as_str).collect(),
+                None => CALIBRATION_EN.lines().collect(),
+            };
             let encs = tokenizer.encode_batch(&texts)?;
             let seqs: Vec<(&[u32], &[u32])> = encs
                 .iter()

@@ -1,7 +1,7 @@
 //! The AVX-512 micro-kernels of [`super`]: fp32 tiles and int8 VNNI
 //! products, and the activation quantizer, in registers.
 
-use super::{GroupQuant, I8Tile, NR, QGROUP};
+use super::{group_quads, GroupQuant, I8Tile, NR};
 
 /// How far ahead (panel rows: 128 bytes each, in both kernels) the
 /// kernels prefetch.
@@ -96,7 +96,7 @@ pub(super) unsafe fn tile_i8<const R: usize>(
     let (ap, bp) = (qa.as_ptr(), t.panel.as_ptr());
     for g in 0..n_groups {
         let mut iacc = [[_mm512_setzero_si512(); 2]; R];
-        for q in g * QGROUP / 4..((g + 1) * QGROUP / 4).min(k4 / 4) {
+        for q in group_quads(g, t.group, k4) {
             let ahead = bp.wrapping_add((q + PREFETCH_ROWS) * 4 * NR);
             _mm_prefetch::<_MM_HINT_T0>(ahead);
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
@@ -110,32 +110,19 @@ pub(super) unsafe fn tile_i8<const R: usize>(
         }
         let s0 = _mm512_loadu_ps(t.group_sums.as_ptr().add(g * NR));
         let s1 = _mm512_loadu_ps(t.group_sums.as_ptr().add(g * NR + 16));
+        let w0 = _mm512_loadu_ps(t.w_scales.as_ptr().add(g * NR));
+        let w1 = _mm512_loadu_ps(t.w_scales.as_ptr().add(g * NR + 16));
         for (r, (acc, iacc)) in acc.iter_mut().zip(&iacc).enumerate() {
             let GroupQuant { step, min } = quants[r * n_groups + g];
             let (step, min) = (_mm512_set1_ps(step), _mm512_set1_ps(min));
-            acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[0]), step, acc[0]);
+            let (step0, step1) = (_mm512_mul_ps(step, w0), _mm512_mul_ps(step, w1));
+            acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[0]), step0, acc[0]);
             acc[0] = _mm512_fmadd_ps(min, s0, acc[0]);
-            acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[1]), step, acc[1]);
+            acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[1]), step1, acc[1]);
             acc[1] = _mm512_fmadd_ps(min, s1, acc[1]);
         }
     }
-    let (m0, m1) = masks(t.cols());
-    let scale0 = _mm512_maskz_loadu_ps(m0, t.scales.as_ptr());
-    let scale1 = _mm512_maskz_loadu_ps(m1, t.scales.as_ptr().wrapping_add(16));
-    let bias0 = _mm512_maskz_loadu_ps(m0, t.bias.as_ptr());
-    let bias1 = _mm512_maskz_loadu_ps(m1, t.bias.as_ptr().wrapping_add(16));
-    for (r, acc) in acc.iter().enumerate() {
-        let dst = c.add(r * ldc);
-        _mm512_mask_storeu_ps(dst, m0, _mm512_fmadd_ps(acc[0], scale0, bias0));
-        _mm512_mask_storeu_ps(
-            dst.wrapping_add(16),
-            m1,
-            _mm512_fmadd_ps(acc[1], scale1, bias1),
-        );
-        if let Some(act) = t.act {
-            activate_body(std::slice::from_raw_parts_mut(dst, t.cols()), act);
-        }
-    }
+    store_tile(&acc, c, ldc, t.bias, t.act);
 }
 
 /// Mask of the `k - i` (at most 16) lanes left from `i`.

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use super::{check_shapes, for_each_task, SharedOut, NR};
 use crate::fast::cpu::features;
 use crate::fast::kernels::{activate_body, Act};
+use crate::io::quantized::PackedData;
 
 /// Output rows per register tile (as fp32's: 12 × 2 accumulators).
 const MR_BF16: usize = 12;
@@ -49,6 +50,27 @@ impl PackedBf16 {
 
     pub fn in_dim(&self) -> usize {
         self.k
+    }
+
+    /// The stored form (what [`PackedBf16::from_parts`] takes back).
+    pub fn to_parts(&self) -> PackedData {
+        PackedData::Bf16 {
+            panels: self.panels.clone(),
+        }
+    }
+
+    /// A `[k, n]` multiply from its stored panels; `Err` when their size
+    /// does not fit.
+    pub fn from_parts(panels: Vec<u16>, k: usize, n: usize) -> std::result::Result<Self, String> {
+        let k2 = k.div_ceil(2);
+        let want = n.div_ceil(NR) * k2 * NR * 2;
+        if panels.len() != want {
+            return Err(format!(
+                "packed has {} values, expected {want}",
+                panels.len()
+            ));
+        }
+        Ok(Self { panels, k, k2, n })
     }
 
     /// `y[m, n] = act(bf16(x)[m, k] · W + bias)`, `x` rounded into

@@ -9,9 +9,10 @@
 //! - [`PackedF32`]: fp32, panels of [`NR`] columns, each `k` rows of `NR`
 //!   floats; the AVX-512 kernel keeps an 8 × 32 tile of the output in
 //!   registers.
-//! - [`PackedI8`]: int8 weights with one scale per output column, for
-//!   `--quantize int8`. Activations are quantized on the fly, per row and
-//!   group of [`QGROUP`] input channels, to unsigned bytes between the
+//! - [`PackedI8`]: int8 weights with one scale per output column and
+//!   group of input channels, for `--precision int8`. Activations are
+//!   quantized on the fly, per row and group of input channels
+//!   ([`QGROUP`] by default), to unsigned bytes between the
 //!   group's minimum and maximum (asymmetric: a one-sided range keeps all
 //!   256 levels), after dividing each input channel
 //!   by a smoothing factor that was multiplied into the weights instead
@@ -31,6 +32,7 @@ use rayon::prelude::*;
 
 use super::cpu::features;
 use super::kernels::{activate_body, Act};
+use crate::io::quantized::PackedData;
 
 /// Output columns per panel: two 16-float AVX-512 registers.
 pub const NR: usize = 32;
@@ -42,10 +44,31 @@ const MR: usize = 8;
 /// Rows per parallel task (a multiple of both tile heights): a task reuses
 /// one weight panel over these.
 const ROWS_PER_TASK: usize = 96;
-/// Input channels sharing one activation scale in int8 products (a
-/// multiple of 4, the `vpdpbusd` depth): finer groups track the ranges of
-/// different channels better, at one float multiply-add per group.
+/// Input channels sharing one activation scale in int8 products, by
+/// default (a multiple of 4, the `vpdpbusd` depth): finer groups track the
+/// ranges of different channels better, at two float multiply-adds per
+/// group and row.
 pub const QGROUP: usize = 64;
+
+/// How one int8 multiply quantizes: the activation channel group and the
+/// SmoothQuant migration strength.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct I8Scheme {
+    /// Input channels per activation scale (a multiple of 4).
+    pub group: usize,
+    /// Smoothing factor of channel `j`: `max|x_j|^alpha / max|w_j|^(1 - alpha)`
+    /// (0: none; 0.5 evens the two ranges).
+    pub alpha: f32,
+}
+
+impl Default for I8Scheme {
+    fn default() -> Self {
+        Self {
+            group: QGROUP,
+            alpha: 0.5,
+        }
+    }
+}
 
 /// fp32 weights `[k, n]`: in column panels for the AVX-512 tile kernel;
 /// row-major for the gemm crate on other CPUs, whose AVX2 / NEON kernels
@@ -155,17 +178,20 @@ impl PackedF32 {
     }
 }
 
-/// int8 weights `[k, n]` with one scale per output column.
+/// int8 weights `[k, n]` with one scale per output column and channel
+/// group: smoothing makes some input rows of the weights large, and a
+/// scale per group keeps them from coarsening every other row's steps.
 #[derive(Debug, Clone)]
 pub struct PackedI8 {
     /// Panel `p`, quad `g` (inputs 4g..4g+4): `NR` columns × 4 bytes, each
     /// column's four weights adjacent (the `vpdpbusd` operand layout).
     panels: Vec<i8>,
-    /// Dequantisation scale of each column (`max |w| / 127`).
-    scales: Vec<f32>,
-    /// Per panel and channel group, `NR` sums Σ_k q[k, c] of the quantized
-    /// weights: a group's activation bytes count up from its minimum, and
-    /// `minimum · sum` adds it back.
+    /// Per panel and channel group, the `NR` columns' dequantisation
+    /// scales (`max |w| / 127` over the group's rows).
+    w_scales: Vec<f32>,
+    /// Per panel and channel group, `NR` sums `scale · Σ_k q[k, c]` of the
+    /// quantized weights: a group's activation bytes count up from its
+    /// minimum, and `minimum · sum` adds it back.
     group_sums: Vec<f32>,
     /// What each input channel is multiplied by before quantization (the
     /// inverse of the smoothing factor folded into the weights).
@@ -174,21 +200,34 @@ pub struct PackedI8 {
     /// `k` rounded up to a multiple of 4.
     k4: usize,
     n: usize,
+    /// Input channels per activation scale (a multiple of 4).
+    group: usize,
 }
 
-/// Channel groups of `k` inputs.
-fn groups(k: usize) -> usize {
-    k.div_ceil(QGROUP)
+/// Channel groups of `k` inputs, `group` each.
+fn groups(k: usize, group: usize) -> usize {
+    k.div_ceil(group)
+}
+
+/// The quads (4-input steps) of channel group `g`.
+fn group_quads(g: usize, group: usize, k4: usize) -> std::ops::Range<usize> {
+    g * group / 4..((g + 1) * group / 4).min(k4 / 4)
 }
 
 impl PackedI8 {
     /// Quantizes and packs `w_t`, row-major `[k, n]`. `act_max`, the
     /// largest |activation| seen on each input channel (calibration),
     /// turns on smoothing: channel `j` is scaled by
-    /// `sqrt(act_max[j] / max_c |w[j, c]|)` in the weights and by its
-    /// inverse in the activations, which evens out the two ranges.
-    pub fn new(w_t: &[f32], k: usize, n: usize, act_max: Option<&[f32]>) -> Self {
+    /// `act_max[j]^α / max_c |w[j, c]|^(1 − α)` in the weights and by its
+    /// inverse in the activations, which moves range from the activations
+    /// to the weights (α = 0.5 evens the two).
+    pub fn new(w_t: &[f32], k: usize, n: usize, act_max: Option<&[f32]>, scheme: I8Scheme) -> Self {
         assert_eq!(w_t.len(), k * n, "PackedI8: weight is not [{k}, {n}]");
+        assert!(
+            scheme.group > 0 && scheme.group.is_multiple_of(4),
+            "PackedI8: group {} is not a positive multiple of 4",
+            scheme.group
+        );
         let smooth: Vec<f32> = match act_max {
             Some(a) => {
                 assert_eq!(a.len(), k, "PackedI8: act_max is not [{k}]");
@@ -197,42 +236,101 @@ impl PackedI8 {
                         let wmax = w_t[j * n..(j + 1) * n]
                             .iter()
                             .fold(0f32, |m, v| m.max(v.abs()));
-                        (a[j].max(1e-5) / wmax.max(1e-5)).sqrt()
+                        a[j].max(1e-5).powf(scheme.alpha) / wmax.max(1e-5).powf(1.0 - scheme.alpha)
                     })
                     .collect()
             }
             None => vec![1.0; k],
         };
+        let x_scales = smooth.iter().map(|s| 1.0 / s).collect();
         let k4 = k.div_ceil(4) * 4;
-        let (n_panels, n_groups) = (n.div_ceil(NR), groups(k));
-        let mut scales = vec![1f32; n];
-        let mut group_sums = vec![0f32; n_panels * n_groups * NR];
+        let group = scheme.group;
+        let (n_panels, n_groups) = (n.div_ceil(NR), groups(k, group));
+        let mut w_scales = vec![1f32; n_panels * n_groups * NR];
         let mut panels = vec![0i8; n_panels * k4 * NR];
         for c in 0..n {
             let w = |r: usize| w_t[r * n + c] * smooth[r];
-            let amax = (0..k).map(|r| w(r).abs()).fold(0f32, f32::max);
-            let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-            scales[c] = scale;
             let (p, lane) = (c / NR, c % NR);
-            for r in 0..k {
-                let q = (w(r) / scale).round().clamp(-127.0, 127.0) as i8;
-                group_sums[(p * n_groups + r / QGROUP) * NR + lane] += f32::from(q);
-                panels[p * k4 * NR + (r / 4) * 4 * NR + lane * 4 + r % 4] = q;
+            for g in 0..n_groups {
+                let rows = g * group..((g + 1) * group).min(k);
+                let amax = rows.clone().map(|r| w(r).abs()).fold(0f32, f32::max);
+                let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                w_scales[(p * n_groups + g) * NR + lane] = scale;
+                for r in rows {
+                    let q = (w(r) / scale).round().clamp(-127.0, 127.0) as i8;
+                    panels[p * k4 * NR + (r / 4) * 4 * NR + lane * 4 + r % 4] = q;
+                }
             }
         }
-        Self {
-            panels,
-            scales,
-            group_sums,
-            x_scales: smooth.iter().map(|s| 1.0 / s).collect(),
-            k,
-            k4,
-            n,
-        }
+        Self::from_parts(panels, w_scales, x_scales, group, k, n)
+            .expect("the parts are packed to fit")
     }
 
     pub fn in_dim(&self) -> usize {
         self.k
+    }
+
+    /// The stored form: panels, weight scales, inverse smoothing factors
+    /// and group (what [`PackedI8::from_parts`] takes back).
+    pub fn to_parts(&self) -> PackedData {
+        PackedData::I8 {
+            panels: self.panels.clone(),
+            w_scales: self.w_scales.clone(),
+            x_scales: self.x_scales.clone(),
+            group: self.group,
+        }
+    }
+
+    /// A `[k, n]` multiply from its stored parts (the group sums are
+    /// recomputed: exact integer sums); `Err` says which part does not fit.
+    pub fn from_parts(
+        panels: Vec<i8>,
+        w_scales: Vec<f32>,
+        x_scales: Vec<f32>,
+        group: usize,
+        k: usize,
+        n: usize,
+    ) -> std::result::Result<Self, String> {
+        let k4 = k.div_ceil(4) * 4;
+        let n_panels = n.div_ceil(NR);
+        let fits = |what: &str, got: usize, want: usize| {
+            (got == want)
+                .then_some(())
+                .ok_or(format!("{what} has {got} values, expected {want}"))
+        };
+        if group == 0 || !group.is_multiple_of(4) {
+            return Err(format!("group {group} is not a positive multiple of 4"));
+        }
+        let n_groups = groups(k, group);
+        fits("packed", panels.len(), n_panels * k4 * NR)?;
+        fits("w_scales", w_scales.len(), n_panels * n_groups * NR)?;
+        fits("x_scales", x_scales.len(), k)?;
+        let mut group_sums = vec![0f32; n_panels * n_groups * NR];
+        for (p, panel) in panels.chunks_exact(k4 * NR).enumerate() {
+            for (q, quad) in panel.chunks_exact(4 * NR).enumerate() {
+                for (lane, w) in quad.chunks_exact(4).enumerate() {
+                    for (i, &w) in w.iter().enumerate() {
+                        let r = 4 * q + i;
+                        if r < k {
+                            group_sums[(p * n_groups + r / group) * NR + lane] += f32::from(w);
+                        }
+                    }
+                }
+            }
+        }
+        for (s, w) in group_sums.iter_mut().zip(&w_scales) {
+            *s *= w;
+        }
+        Ok(Self {
+            panels,
+            w_scales,
+            group_sums,
+            x_scales,
+            k,
+            k4,
+            n,
+            group,
+        })
     }
 
     /// `y[m, n] ≈ x[m, k] · W + bias`, with `x` quantized into `scratch`
@@ -248,17 +346,18 @@ impl PackedI8 {
     ) {
         let (k, k4, n) = (self.k, self.k4, self.n);
         check_shapes(x, bias, y, m, k, n);
-        scratch.quantize(x, m, k, k4, &self.x_scales);
+        scratch.quantize(x, m, k, k4, self.group, &self.x_scales);
         let QuantScratch { bytes, quants, .. } = &*scratch;
-        let n_groups = groups(k);
+        let n_groups = groups(k, self.group);
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, |p, block| {
             let cs = p * NR..(p * NR + NR).min(n);
             let tile = I8Tile {
                 k4,
+                group: self.group,
                 panel: &self.panels[p * k4 * NR..(p + 1) * k4 * NR],
                 group_sums: &self.group_sums[p * n_groups * NR..(p + 1) * n_groups * NR],
-                scales: &self.scales[cs.clone()],
+                w_scales: &self.w_scales[p * n_groups * NR..(p + 1) * n_groups * NR],
                 bias: &bias[cs],
                 act,
             };
@@ -283,9 +382,10 @@ impl PackedI8 {
 /// One column panel of a [`PackedI8`] multiply.
 struct I8Tile<'a> {
     k4: usize,
+    group: usize,
     panel: &'a [i8],
     group_sums: &'a [f32],
-    scales: &'a [f32],
+    w_scales: &'a [f32],
     bias: &'a [f32],
     act: Option<Act>,
 }
@@ -295,7 +395,7 @@ impl I8Tile<'_> {
         self.bias.len()
     }
 
-    /// `c[r, j] = scale[j] · Σ_g (step[r, g] · Σ_{i∈g} qa[r, i] · w[i, j]
+    /// `c[r, j] = Σ_g (step[r, g] · scale[g, j] · Σ_{i∈g} qa[r, i] · w[i, j]
     /// + min[r, g] · sum[g, j]) + bias[j]` for `r < mr`, `j < cols`; `c`
     /// has row stride `ldc`.
     ///
@@ -324,17 +424,17 @@ impl I8Tile<'_> {
             let row = &qa[r * self.k4..(r + 1) * self.k4];
             let mut acc = [0f32; NR];
             for (g, quant) in quants[r * n_groups..(r + 1) * n_groups].iter().enumerate() {
-                let quads = g * QGROUP / 4..((g + 1) * QGROUP / 4).min(self.k4 / 4);
-                let sums = int_sums(row, self.panel, quads);
+                let sums = int_sums(row, self.panel, group_quads(g, self.group, self.k4));
                 let gsum = &self.group_sums[g * NR..(g + 1) * NR];
-                for ((a, s), w) in acc.iter_mut().zip(sums).zip(gsum) {
-                    *a += s as f32 * quant.step + quant.min * w;
+                let scales = &self.w_scales[g * NR..(g + 1) * NR];
+                for (((a, s), w), ws) in acc.iter_mut().zip(sums).zip(gsum).zip(scales) {
+                    *a += s as f32 * (quant.step * ws) + quant.min * w;
                 }
             }
             // SAFETY: row r < mr, columns < cols of the caller's tile.
             let out = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), self.cols()) };
-            for (((y, a), s), b) in out.iter_mut().zip(acc).zip(self.scales).zip(self.bias) {
-                *y = a * s + b;
+            for ((y, a), b) in out.iter_mut().zip(acc).zip(self.bias) {
+                *y = a + b;
             }
             if let Some(act) = self.act {
                 activate_body(out, act);
@@ -386,8 +486,16 @@ impl QuantScratch {
         &mut self.pairs
     }
 
-    fn quantize(&mut self, x: &[f32], m: usize, k: usize, k4: usize, x_scales: &[f32]) {
-        let n_groups = groups(k);
+    fn quantize(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        k4: usize,
+        group: usize,
+        x_scales: &[f32],
+    ) {
+        let n_groups = groups(k, group);
         self.bytes.clear();
         self.bytes.resize(m * k4, 0);
         self.quants.clear();
@@ -398,9 +506,9 @@ impl QuantScratch {
             .zip(x.par_chunks(k))
             .with_min_len(16)
             .for_each(|((bytes, quants), row)| {
-                for ((g, x), q) in row.chunks(QGROUP).enumerate().zip(quants) {
-                    let xs = &x_scales[g * QGROUP..][..x.len()];
-                    *q = quantize_group(x, xs, &mut bytes[g * QGROUP..][..x.len()]);
+                for ((g, x), q) in row.chunks(group).enumerate().zip(quants) {
+                    let xs = &x_scales[g * group..][..x.len()];
+                    *q = quantize_group(x, xs, &mut bytes[g * group..][..x.len()]);
                 }
             });
     }
@@ -582,7 +690,7 @@ mod tests {
         act_max: Option<&[f32]>,
     ) -> (f32, f32) {
         let want = reference(x, w, b, m, k, n);
-        let packed = PackedI8::new(w, k, n, act_max);
+        let packed = PackedI8::new(w, k, n, act_max, I8Scheme::default());
         let mut y = vec![f32::NAN; m * n];
         packed.matmul(x, b, &mut y, m, &mut QuantScratch::default(), None);
         let err: Vec<f32> = y.iter().zip(&want).map(|(g, w)| g - w).collect();
@@ -626,15 +734,16 @@ mod tests {
         // k spans two full channel groups and a ragged third.
         let (m, k, n) = (5, 2 * QGROUP + 18, 40);
         let (x, w, b) = (data(m * k, 8), data(k * n, 9), data(n, 10));
-        let packed = PackedI8::new(&w, k, n, None);
+        let packed = PackedI8::new(&w, k, n, None, I8Scheme::default());
         let mut scratch = QuantScratch::default();
-        scratch.quantize(&x, m, k, packed.k4, &packed.x_scales);
-        let n_groups = groups(k);
+        scratch.quantize(&x, m, k, packed.k4, packed.group, &packed.x_scales);
+        let n_groups = groups(k, packed.group);
         let tile = I8Tile {
             k4: packed.k4,
+            group: packed.group,
             panel: &packed.panels[..packed.k4 * NR],
             group_sums: &packed.group_sums[..n_groups * NR],
-            scales: &packed.scales[..NR],
+            w_scales: &packed.w_scales[..n_groups * NR],
             bias: &b[..NR],
             act: None,
         };
@@ -646,17 +755,14 @@ mod tests {
             let mut want = [0f32; NR];
             for g in 0..n_groups {
                 let q = scratch.quants[r * n_groups + g];
-                let sums = int_sums(
-                    row,
-                    tile.panel,
-                    g * QGROUP / 4..((g + 1) * QGROUP / 4).min(packed.k4 / 4),
-                );
+                let sums = int_sums(row, tile.panel, group_quads(g, packed.group, packed.k4));
                 for j in 0..NR {
-                    want[j] += sums[j] as f32 * q.step + q.min * tile.group_sums[g * NR + j];
+                    let (ws, gs) = (tile.w_scales[g * NR + j], tile.group_sums[g * NR + j]);
+                    want[j] += sums[j] as f32 * (q.step * ws) + q.min * gs;
                 }
             }
             for j in 0..NR {
-                let want = want[j] * tile.scales[j] + b[j];
+                let want = want[j] + b[j];
                 let got = fast[r * NR + j];
                 // Fused multiply-adds round once where the loop rounds twice.
                 assert!(
@@ -668,10 +774,81 @@ mod tests {
     }
 
     #[test]
+    fn stored_parts_give_back_the_same_multiply() {
+        let (m, k, n) = (7, 2 * QGROUP + 20, 45);
+        let (x, w, b) = (data(m * k, 14), data(k * n, 15), data(n, 16));
+        let act_max: Vec<f32> = (0..k).map(|j| 0.5 + (j % 7) as f32).collect();
+        let scheme = I8Scheme {
+            group: 32,
+            alpha: 0.6,
+        };
+        let packed = PackedI8::new(&w, k, n, Some(&act_max), scheme);
+        let PackedData::I8 {
+            panels,
+            w_scales,
+            x_scales,
+            group,
+        } = packed.to_parts()
+        else {
+            panic!("int8 weights store as int8");
+        };
+        assert_eq!(group, 32);
+        let back =
+            PackedI8::from_parts(panels.clone(), w_scales.clone(), x_scales, group, k, n).unwrap();
+        assert_eq!(back.group_sums, packed.group_sums);
+        let mut scratch = QuantScratch::default();
+        let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+        packed.matmul(&x, &b, &mut want, m, &mut scratch, None);
+        back.matmul(&x, &b, &mut got, m, &mut scratch, None);
+        assert_eq!(want, got);
+        // Parts of the wrong size are refused, naming the part.
+        let short = PackedI8::from_parts(panels, w_scales[1..].to_vec(), vec![1.0; k], 32, k, n);
+        assert!(short.unwrap_err().contains("w_scales"));
+        let bf = PackedBf16::new(&w, k, n);
+        let PackedData::Bf16 { panels } = bf.to_parts() else {
+            panic!("bf16 weights store as bf16");
+        };
+        let back = PackedBf16::from_parts(panels.clone(), k, n).unwrap();
+        let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+        bf.matmul(&x, &b, &mut want, m, scratch.bf16_pairs(), None);
+        back.matmul(&x, &b, &mut got, m, scratch.bf16_pairs(), None);
+        assert_eq!(want, got);
+        assert!(PackedBf16::from_parts(panels, k + 2, n).is_err());
+    }
+
+    #[test]
+    fn group_weight_scales_keep_small_rows_fine() {
+        // One input row of the weights 50x the others (what smoothing an
+        // outlier channel makes): with a scale per column it would set the
+        // step of every row (50/127); per group, only of its own group.
+        let (k, n) = (4 * QGROUP, 40);
+        let mut w = data(k * n, 18);
+        for v in &mut w[5 * n..6 * n] {
+            *v *= 50.0;
+        }
+        let packed = PackedI8::new(&w, k, n, None, I8Scheme::default());
+        let n_groups = groups(k, QGROUP);
+        for r in 0..k {
+            for c in 0..n {
+                let (p, lane) = (c / NR, c % NR);
+                let q = packed.panels[p * packed.k4 * NR + (r / 4) * 4 * NR + lane * 4 + r % 4];
+                let scale = packed.w_scales[(p * n_groups + r / QGROUP) * NR + lane];
+                let err = (f32::from(q) * scale - w[r * n + c]).abs();
+                let bound = if r < QGROUP {
+                    25.0 / 127.0
+                } else {
+                    0.5 / 127.0
+                };
+                assert!(err <= bound * 1.001, "row {r}, column {c}: error {err}");
+            }
+        }
+    }
+
+    #[test]
     fn a_constant_row_quantizes_exactly() {
         let (m, k, n) = (2, 8, 3);
         let w = data(k * n, 7);
-        let packed = PackedI8::new(&w, k, n, None);
+        let packed = PackedI8::new(&w, k, n, None, I8Scheme::default());
         let mut y = vec![f32::NAN; m * n];
         let x = vec![0.0; m * k];
         packed.matmul(
@@ -689,7 +866,10 @@ mod tests {
     fn the_fused_activation_is_the_activation_of_the_product() {
         let (m, k, n) = (11, 40, 50);
         let (x, w, b) = (data(m * k, 11), data(k * n, 12), data(n, 13));
-        let (f, q) = (PackedF32::new(&w, k, n), PackedI8::new(&w, k, n, None));
+        let (f, q) = (
+            PackedF32::new(&w, k, n),
+            PackedI8::new(&w, k, n, None, I8Scheme::default()),
+        );
         let row_major = PackedF32::with_panels(&w, k, n, false);
         let mut scratch = QuantScratch::default();
         for act in [Act::Relu, Act::GeluErf, Act::GeluTanh] {
