@@ -5,16 +5,17 @@ mod common;
 
 use std::collections::HashMap;
 
-use bertha::fast::train::{MlmBatch, MlmHead};
+use bertha::fast::train::{FinetuneHead, HeadBatch, HeadTargets, MlmBatch, MlmHead};
 use bertha::model::{seed_dropout, BertForTask, BertInput, HeadKind, HeadLabels, HeadOptions};
 use bertha::model::{ForwardOptions, TaskOutput, IGNORE_INDEX};
-use bertha::{BertConfig, NormPosition};
+use bertha::{BertConfig, NormPosition, ProblemType};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use common::{fixtures, load_safetensors, read_json};
 
 /// Rows of ids / types / labels, unpadded.
+#[derive(Clone)]
 struct Rows {
     ids: Vec<Vec<u32>>,
     types: Vec<Vec<u32>>,
@@ -268,6 +269,311 @@ fn dropout_steps_equal_the_candle_path_in_both_norm_placements() {
                 checked += 1;
             }
             assert!(checked >= 30, "{what}: only {checked} gradients compared");
+        }
+    }
+}
+
+/// A fine-tuning fixture's unpadded sequences and its `labels` object.
+fn fixture_sequences(dir: &std::path::Path) -> (Vec<Vec<u32>>, Vec<Vec<u32>>, serde_json::Value) {
+    let inputs = read_json(&dir.join("inputs.json"));
+    let get =
+        |k: &str| -> Vec<Vec<u32>> { serde_json::from_value(inputs["inputs"][k].clone()).unwrap() };
+    let mask = get("attention_mask");
+    let cut = |rows: Vec<Vec<u32>>| -> Vec<Vec<u32>> {
+        rows.into_iter()
+            .zip(&mask)
+            .map(|(r, m)| r[..m.iter().filter(|&&x| x == 1).count()].to_vec())
+            .collect()
+    };
+    (
+        cut(get("input_ids")),
+        cut(get("token_type_ids")),
+        inputs["labels"].clone(),
+    )
+}
+
+fn sequences<'a>(ids: &'a [Vec<u32>], types: &'a [Vec<u32>]) -> Vec<(&'a [u32], &'a [u32])> {
+    ids.iter()
+        .zip(types)
+        .map(|(i, t)| (&i[..], &t[..]))
+        .collect()
+}
+
+/// The fast path's loss and gradients against transformers' for each
+/// fine-tuning head of the tiny fixtures.
+#[test]
+fn classification_heads_match_transformers() {
+    for (name, kind) in [
+        ("bert-seqcls", HeadKind::SequenceClassification),
+        ("bert-tokcls", HeadKind::TokenClassification),
+    ] {
+        let dir = fixtures().join("tiny").join(name);
+        let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+        let mut varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let model = BertForTask::load(vb, config, kind).unwrap();
+        varmap.load(dir.join("model.safetensors")).unwrap();
+        let (ids, types, labels) = fixture_sequences(&dir);
+        let classes: Vec<i64>;
+        let tokens: Vec<Vec<i64>>;
+        let targets = if kind == HeadKind::SequenceClassification {
+            classes = serde_json::from_value(labels["labels"].clone()).unwrap();
+            HeadTargets::Classes(&classes)
+        } else {
+            let padded: Vec<Vec<i64>> = serde_json::from_value(labels["labels"].clone()).unwrap();
+            tokens = padded
+                .into_iter()
+                .zip(&ids)
+                .map(|(l, i)| l[..i.len()].to_vec())
+                .collect();
+            HeadTargets::Tokens(tokens.iter().map(|l| &l[..]).collect())
+        };
+        let batch = HeadBatch {
+            sequences: sequences(&ids, &types),
+            targets,
+        };
+        let head = FinetuneHead::of(&model).unwrap().expect("covered");
+        let out = head.step(&batch, 1.0, false).unwrap();
+        let expected = load_safetensors(&dir.join("expected.safetensors"));
+        let want = expected["loss"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0] as f64;
+        assert!(
+            (out.loss - want).abs() <= 1e-5 * want.abs(),
+            "{name}: loss {} vs transformers {want}",
+            out.loss
+        );
+        let logits = expected["logits"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let c = expected["logits"].dims().last().copied().unwrap();
+        // Per-token logits: the fixture's rows are padded to its longest input.
+        let t = expected["logits"].dims()[1];
+        for (s, seq) in ids.iter().enumerate() {
+            let rows = if kind == HeadKind::SequenceClassification {
+                (s * c..(s + 1) * c, s * c..(s + 1) * c)
+            } else {
+                let first: usize = ids[..s].iter().map(Vec::len).sum();
+                (
+                    first * c..(first + seq.len()) * c,
+                    s * t * c..(s * t + seq.len()) * c,
+                )
+            };
+            for (g, w) in out.logits[rows.0].iter().zip(&logits[rows.1]) {
+                assert!(
+                    (g - w).abs() <= 1e-4,
+                    "{name}: logits of sequence {s}: {g} vs {w}"
+                );
+            }
+        }
+        let inputs = read_json(&dir.join("inputs.json"));
+        let vars = vars(&varmap);
+        let params = inputs["grad_params"].as_array().unwrap();
+        assert!(params.len() >= 7, "{name}: {} gradients", params.len());
+        for p in params {
+            let p = p.as_str().unwrap();
+            let g = common::grad_of(&out.gradients, &vars, p, name);
+            let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
+            println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
+            assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
+        }
+    }
+}
+
+/// Labels of every kind for the rows of `random_rows`.
+struct HeadLabelsOf {
+    classes: Vec<i64>,
+    values: Vec<f32>,
+    tokens: Vec<Vec<i64>>,
+}
+
+fn head_labels(rows: &Rows, c: usize) -> HeadLabelsOf {
+    let n = rows.ids.len();
+    HeadLabelsOf {
+        // One sequence without a label.
+        classes: (0..n)
+            .map(|s| {
+                if s == 2 {
+                    IGNORE_INDEX
+                } else {
+                    ((s * 7) % c) as i64
+                }
+            })
+            .collect(),
+        values: (0..n * c).map(|i| ((i * 5) % 3) as f32 * 0.5).collect(),
+        tokens: rows
+            .labels
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|&y| if y == IGNORE_INDEX { y } else { y % c as i64 })
+                    .collect()
+            })
+            .collect(),
+    }
+}
+
+/// The candle head's loss and gradients on `rows`, padded, with `labels`.
+fn candle_head_step(
+    model: &BertForTask,
+    rows: &Rows,
+    labels: &Tensor,
+    seed: u64,
+) -> (f64, GradStore) {
+    let input = BertInput::from_ids(&rows.ids, &rows.types, 0, &Device::Cpu).unwrap();
+    let opts = HeadOptions::from(ForwardOptions {
+        train: true,
+        ..ForwardOptions::default()
+    });
+    seed_dropout(seed, 0);
+    let out = model
+        .forward(&input, &HeadLabels::labels(Some(labels)), opts)
+        .unwrap();
+    let loss = out.loss().unwrap();
+    (
+        loss.to_scalar::<f32>().unwrap() as f64,
+        loss.backward().unwrap(),
+    )
+}
+
+/// Every gradient of `want` (the candle path's) in `got`, within 1e-4
+/// relative; returns how many were compared.
+fn assert_same_gradients(what: &str, varmap: &VarMap, got: &GradStore, want: &GradStore) -> usize {
+    let mut checked = 0;
+    for (name, var) in vars(varmap) {
+        let Some(w) = want.get(var.as_tensor()) else {
+            continue;
+        };
+        let g = got
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+        let (rel, scale) = rel_diff(g, w);
+        if scale < 1e-6 {
+            assert!(common::max_abs(g) <= 1e-6, "{what} {name}: should be 0");
+            continue;
+        }
+        assert!(
+            rel <= 1e-4,
+            "{what} {name}: {rel:e} relative (max {scale:e})"
+        );
+        checked += 1;
+    }
+    checked
+}
+
+#[test]
+fn classification_dropout_steps_equal_the_candle_path() {
+    for norm in [NormPosition::Post, NormPosition::Pre] {
+        let cases = [
+            (HeadKind::SequenceClassification, None),
+            (
+                HeadKind::SequenceClassification,
+                Some(ProblemType::Regression),
+            ),
+            (
+                HeadKind::SequenceClassification,
+                Some(ProblemType::MultiLabelClassification),
+            ),
+            (HeadKind::TokenClassification, None),
+        ];
+        for (kind, problem) in cases {
+            let what = format!("{norm:?} {kind:?} {problem:?}");
+            let fixture = if kind == HeadKind::TokenClassification {
+                "bert-tokcls"
+            } else {
+                "bert-seqcls"
+            };
+            let mut cfg =
+                BertConfig::from_file(&fixtures().join("tiny").join(fixture).join("config.json"))
+                    .unwrap();
+            cfg.hidden_dropout_prob = 0.1;
+            cfg.attention_probs_dropout_prob = 0.15;
+            // The classifier's own rate in one case, the hidden one's in the others.
+            cfg.classifier_dropout = problem.is_some().then_some(0.3);
+            cfg.norm_position = norm;
+            cfg.final_layer_norm = norm == NormPosition::Pre;
+            cfg.problem_type = problem;
+            let c = cfg.num_labels();
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
+            let rows = random_rows(cfg.vocab_size as u32, false);
+            let l = head_labels(&rows, c);
+            let n = rows.ids.len();
+            let dev = Device::Cpu;
+            let (targets, labels) = match (kind, problem) {
+                (HeadKind::TokenClassification, _) => {
+                    let (_, padded, _) = Rows {
+                        labels: l.tokens.clone(),
+                        ..rows.clone()
+                    }
+                    .padded();
+                    (
+                        HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),
+                        padded,
+                    )
+                }
+                (_, None) => (
+                    HeadTargets::Classes(&l.classes),
+                    Tensor::from_vec(l.classes.clone(), n, &dev).unwrap(),
+                ),
+                _ => (
+                    HeadTargets::Values(&l.values),
+                    Tensor::from_vec(l.values.clone(), (n, c), &dev).unwrap(),
+                ),
+            };
+            let (want_loss, want) = candle_head_step(&model, &rows, &labels, 7);
+            let batch = HeadBatch {
+                sequences: sequences(&rows.ids, &rows.types),
+                targets,
+            };
+            seed_dropout(7, 0);
+            let out = FinetuneHead::of(&model)
+                .unwrap()
+                .expect("covered")
+                .step(&batch, 1.0, true)
+                .unwrap();
+            assert!(
+                (out.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+                "{what}: loss {} vs candle {want_loss}",
+                out.loss
+            );
+            // Without the same masks the losses would differ by far more.
+            seed_dropout(8, 0);
+            let other = FinetuneHead::of(&model)
+                .unwrap()
+                .unwrap()
+                .step(&batch, 1.0, true)
+                .unwrap();
+            assert!(
+                (other.loss - want_loss).abs() > 1e-4,
+                "{what}: masks make no difference"
+            );
+            let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
+            assert!(checked >= 30, "{what}: only {checked} gradients compared");
+            // The weight scales the gradients, not the loss.
+            seed_dropout(7, 0);
+            let half = FinetuneHead::of(&model)
+                .unwrap()
+                .unwrap()
+                .step(&batch, 0.5, true)
+                .unwrap();
+            assert_eq!(half.loss, out.loss);
+            let vars = vars(&varmap);
+            let w = &vars["classifier.weight"];
+            let (full, halved) = (
+                out.gradients.get(w.as_tensor()).unwrap(),
+                half.gradients.get(w.as_tensor()).unwrap(),
+            );
+            let (rel, _) = rel_diff(&(halved * 2.0).unwrap(), full);
+            assert!(
+                rel <= 1e-6,
+                "{what}: weight 0.5 gives {rel:e} off half the gradient"
+            );
         }
     }
 }

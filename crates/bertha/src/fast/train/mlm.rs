@@ -46,7 +46,7 @@ pub struct MlmHead {
     nsp: Option<(Linear, Linear)>,
 }
 
-fn linear(dense: &Dense, what: &str) -> Result<Linear> {
+pub(super) fn linear(dense: &Dense, what: &str) -> Result<Linear> {
     let b = dense
         .bias()
         .ok_or_else(|| Error::Input(format!("internal: {what} has no bias")))?;
