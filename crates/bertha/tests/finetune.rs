@@ -14,9 +14,9 @@ use bertha::metrics::{normalize_answer, squad_f1};
 use bertha::tasks::{
     Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
 };
-use bertha::training::{Event, FinetuneOptions, Finetuner, StepMetrics, EVAL_RESULTS_FILE};
+use bertha::training::{Engine, Event, FinetuneOptions, Finetuner, StepMetrics, EVAL_RESULTS_FILE};
 use bertha::{BertConfig, Device, Tensor};
-use common::runs::{squad_json, CONLL};
+use common::runs::{squad_json, tiny_copy, CONLL};
 use common::{fixtures, load_safetensors};
 
 fn tiny(name: &str) -> PathBuf {
@@ -462,6 +462,93 @@ fn with_dropout(dir: &Path, p: f64) -> PathBuf {
     config["attention_probs_dropout_prob"] = p.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     dir.to_path_buf()
+}
+
+/// The fast path and the candle modules fine-tune the same run: the same
+/// losses and gradient norms step by step (dropout on, gradient
+/// accumulation, a short last batch), the same dev scores and the same
+/// final weights; QA stays on candle (its loss reads padding rows).
+#[test]
+fn fast_and_candle_engines_finetune_the_same_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sst2 = fixtures().join("finetune/sst2-dev-head.tsv");
+    let conll = write(tmp.path(), "train.conll", CONLL);
+    for (task, fixture, data, batch_size) in [
+        (Task::Classification, "bert-seqcls", &sst2, 3),
+        (Task::Ner, "bert-tokcls", &conll, 2),
+    ] {
+        let model = tiny_copy(&tiny(fixture), &tmp.path().join(fixture), 0.1, None);
+        let run_with = |engine: Engine| {
+            let mut o = options(&tmp.path().join(format!("{task}-{engine:?}")));
+            (o.batch_size, o.grad_accum, o.epochs) = (batch_size, 2, 3.0);
+            o.engine = engine;
+            let mut t = trainer(task, &model, data, o);
+            let (steps, _) = run(&mut t);
+            (steps, t.evaluate().unwrap().unwrap())
+        };
+        let (fast, fast_eval) = run_with(Engine::Fast);
+        let (candle, candle_eval) = run_with(Engine::Candle);
+        assert!(fast.len() >= 4, "{task}: {} steps", fast.len());
+        assert_eq!(fast.len(), candle.len());
+        for (f, c) in fast.iter().zip(&candle) {
+            let close = |a: f64, b: f64, what: &str| {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+                    "{task} step {}: {what} {a} (fast) vs {b} (candle)",
+                    f.step
+                )
+            };
+            close(f.loss, c.loss, "loss");
+            close(f.grad_norm, c.grad_norm, "gradient norm");
+        }
+        for (name, v) in &candle_eval.scores {
+            let f = fast_eval.scores[name];
+            assert!((f - v).abs() <= 1e-9, "{task} dev {name}: {f} vs {v}");
+        }
+        let dir = |e: &str| {
+            tmp.path()
+                .join(format!("{task}-{e}"))
+                .join("model.safetensors")
+        };
+        let (a, b) = (
+            load_safetensors(&dir("Fast")),
+            load_safetensors(&dir("Candle")),
+        );
+        assert_eq!(a.len(), b.len());
+        for (name, t) in &a {
+            let d = (t - &b[name]).unwrap().abs().unwrap().max_all().unwrap();
+            let d = d.to_scalar::<f32>().unwrap();
+            // The key bias's true gradient is 0 (a shift of every score
+            // of a query by q·b cancels in the softmax): both engines give
+            // it rounding noise, which AdamW normalises into steps of up to
+            // the learning rate in either direction.
+            let tol = if name.ends_with("key.bias") {
+                1e-2
+            } else {
+                1e-4
+            };
+            assert!(d <= tol, "{task} {name}: weights differ by {d:e}");
+        }
+    }
+    // QA: `fast` says what it does not cover; `auto` falls back.
+    let squad = write(tmp.path(), "squad.json", &squad_json());
+    let mut o = options(&tmp.path().join("qa"));
+    o.engine = Engine::Fast;
+    let err = Finetuner::new(
+        Task::Qa,
+        &tiny("bert-qa"),
+        &squad,
+        None,
+        &DataOptions::default(),
+        o,
+    )
+    .err()
+    .expect("QA is not on the fast path")
+    .to_string();
+    assert!(
+        err.contains("engine") && err.contains("BertForQuestionAnswering"),
+        "{err}"
+    );
 }
 
 #[test]

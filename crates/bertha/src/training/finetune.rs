@@ -27,10 +27,11 @@ use crate::data::{
     TaskInputs,
 };
 use crate::error::{Error, Result};
+use crate::fast::train::{FinetuneHead, HeadBatch, HeadTargets};
 use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
 use crate::io::ModelDir;
-use crate::model::HeadKind;
+use crate::model::{HeadKind, IGNORE_INDEX};
 use crate::tasks::finetuned::{
     check_family, infer_batches, length_batches, Scorer, TaskHead, TRAINING_ARGS_FILE,
 };
@@ -88,6 +89,11 @@ pub struct FinetuneOptions {
     /// Options (or `data`, `config`) a resumed run may change.
     #[serde(default)]
     pub allow_changes: Vec<String>,
+    /// What runs the training steps. Not part of a run's identity (both
+    /// engines compute the same steps), so not written with the options:
+    /// older `training_args.json` files read as `Auto`.
+    #[serde(skip)]
+    pub engine: Engine,
 }
 
 impl Default for FinetuneOptions {
@@ -114,6 +120,7 @@ impl Default for FinetuneOptions {
             out: PathBuf::from("finetuned"),
             overwrite: false,
             allow_changes: Vec::new(),
+            engine: Engine::Auto,
         }
     }
 }
@@ -152,8 +159,7 @@ impl FinetuneOptions {
             out: self.out.clone(),
             overwrite: self.overwrite,
             allow_changes: self.allow_changes.clone(),
-            // Fine-tuning heads run on the candle modules (for now).
-            engine: Engine::Candle,
+            engine: self.engine,
         }
     }
 }
@@ -170,6 +176,8 @@ pub struct Finetuning {
     dev: Option<(TaskData, TaskInputs)>,
     opts: FinetuneOptions,
     device: Device,
+    /// Whether training steps run on the fast path.
+    fast: bool,
 }
 
 impl Finetuner {
@@ -354,6 +362,16 @@ impl Finetuner {
                 },
                 other => other,
             })?;
+            let engine = opts.engine;
+            let fast = engine.tries_fast() && FinetuneHead::of(head.model())?.is_some();
+            if !fast && engine.tries_fast() {
+                engine.fallback(&format!(
+                    "{} heads on {} models (family {:?}, as configured)",
+                    task.head(),
+                    config.model_type,
+                    config.family
+                ))?;
+            }
             Ok(Finetuning {
                 task,
                 config,
@@ -365,6 +383,7 @@ impl Finetuner {
                 dev,
                 opts,
                 device: Device::Cpu,
+                fast,
             })
         })
     }
@@ -474,6 +493,82 @@ impl Finetuning {
         self.scorer().score(data, prepared, run.outputs, loss)
     }
 
+    /// A training micro-batch on the fast path. The loss's weight (this
+    /// process's share of the micro-batch's targets) needs the counts of
+    /// every process first, so every process takes part even with no rows.
+    fn train_batch_fast(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
+        let items: Vec<&TaskInput> = batch.iter().map(|&i| &self.train.items[i]).collect();
+        let tokens = items.iter().map(|i| i.input_ids.len()).sum();
+        let (classes, tags): (Vec<i64>, Vec<Vec<i64>>) = match self.task {
+            Task::Classification => {
+                let classes = items
+                    .iter()
+                    .map(|i| match i.target {
+                        Target::Class(y) => y,
+                        _ => IGNORE_INDEX,
+                    })
+                    .collect();
+                (classes, Vec::new())
+            }
+            _ => {
+                // A tag per token, as the candle path cuts them to its rows.
+                let tags = items
+                    .iter()
+                    .map(|i| {
+                        let mut row = vec![IGNORE_INDEX; i.input_ids.len()];
+                        if let Target::Tokens(l) = &i.target {
+                            let n = l.len().min(row.len());
+                            row[..n].copy_from_slice(&l[..n]);
+                        }
+                        row
+                    })
+                    .collect();
+                (Vec::new(), tags)
+            }
+        };
+        let targets = classes
+            .iter()
+            .chain(tags.iter().flatten())
+            .filter(|&&y| y != IGNORE_INDEX)
+            .count();
+        let mut all = [targets as f64];
+        if slice.group.size() > 1 {
+            slice.group.sum_f64(&mut all)?;
+        }
+        if all[0] == 0.0 {
+            return Ok(MicroStep {
+                tokens,
+                ..MicroStep::empty()
+            });
+        }
+        if batch.is_empty() {
+            return Ok(MicroStep {
+                gradients: Gradients::Computed(Default::default()),
+                ..MicroStep::empty()
+            });
+        }
+        let head = FinetuneHead::of(self.head.model())?.ok_or_else(|| {
+            Error::Input("internal: the fast path no longer covers the model".into())
+        })?;
+        let batch = HeadBatch {
+            sequences: items
+                .iter()
+                .map(|i| (&i.input_ids[..], &i.token_type_ids[..]))
+                .collect(),
+            targets: match self.task {
+                Task::Classification => HeadTargets::Classes(&classes),
+                _ => HeadTargets::Tokens(tags.iter().map(|t| &t[..]).collect()),
+            },
+        };
+        let out = head.step(&batch, targets as f64 / all[0], true)?;
+        Ok(MicroStep {
+            loss: out.loss,
+            gradients: Gradients::Computed(out.gradients),
+            tokens,
+            tally: MeanLoss::of(out.loss, out.targets),
+        })
+    }
+
     fn evaluate_dev(&self, group: &dyn ProcessGroup) -> Result<Option<Evaluation>> {
         self.dev
             .as_ref()
@@ -509,6 +604,9 @@ impl Objective for Finetuning {
     }
 
     fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
+        if self.fast {
+            return self.train_batch_fast(batch, slice);
+        }
         if batch.is_empty() {
             return Ok(MicroStep::empty());
         }
