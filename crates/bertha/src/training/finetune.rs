@@ -493,44 +493,56 @@ impl Finetuning {
         self.scorer().score(data, prepared, run.outputs, loss)
     }
 
+    /// The rows a training slice is padded to. QA's loss takes its softmax
+    /// over every position, padding included (as transformers'), so a
+    /// process pads its slice as one process pads the whole micro-batch;
+    /// the other heads ignore padding.
+    fn pad_to(&self, slice: &Slice) -> usize {
+        if self.task != Task::Qa {
+            return 0;
+        }
+        let items = &self.train.items;
+        slice
+            .micro_batch
+            .iter()
+            .map(|&i| items[i].input_ids.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// A training micro-batch on the fast path. The loss's weight (this
     /// process's share of the micro-batch's targets) needs the counts of
     /// every process first, so every process takes part even with no rows.
     fn train_batch_fast(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
         let items: Vec<&TaskInput> = batch.iter().map(|&i| &self.train.items[i]).collect();
         let tokens = items.iter().map(|i| i.input_ids.len()).sum();
-        let (classes, tags): (Vec<i64>, Vec<Vec<i64>>) = match self.task {
-            Task::Classification => {
-                let classes = items
-                    .iter()
-                    .map(|i| match i.target {
-                        Target::Class(y) => y,
-                        _ => IGNORE_INDEX,
-                    })
-                    .collect();
-                (classes, Vec::new())
+        // The targets as the candle path builds them.
+        let (mut classes, mut tags, mut spans) = (Vec::new(), Vec::new(), Vec::new());
+        for item in &items {
+            match (self.task, &item.target) {
+                (Task::Classification, &Target::Class(y)) => classes.push(y),
+                (Task::Classification, _) => classes.push(IGNORE_INDEX),
+                (Task::Ner, target) => {
+                    // A tag per token, cut to the input as the candle path cuts.
+                    let mut row = vec![IGNORE_INDEX; item.input_ids.len()];
+                    if let Target::Tokens(l) = target {
+                        let n = l.len().min(row.len());
+                        row[..n].copy_from_slice(&l[..n]);
+                    }
+                    tags.push(row);
+                }
+                (Task::Qa, &Target::Span(s, e)) => spans.push((s, e)),
+                (Task::Qa, _) => spans.push((0, 0)),
             }
-            _ => {
-                // A tag per token, as the candle path cuts them to its rows.
-                let tags = items
-                    .iter()
-                    .map(|i| {
-                        let mut row = vec![IGNORE_INDEX; i.input_ids.len()];
-                        if let Target::Tokens(l) = &i.target {
-                            let n = l.len().min(row.len());
-                            row[..n].copy_from_slice(&l[..n]);
-                        }
-                        row
-                    })
-                    .collect();
-                (Vec::new(), tags)
-            }
+        }
+        let targets = match self.task {
+            Task::Qa => spans.len(),
+            _ => classes
+                .iter()
+                .chain(tags.iter().flatten())
+                .filter(|&&y| y != IGNORE_INDEX)
+                .count(),
         };
-        let targets = classes
-            .iter()
-            .chain(tags.iter().flatten())
-            .filter(|&&y| y != IGNORE_INDEX)
-            .count();
         let mut all = [targets as f64];
         if slice.group.size() > 1 {
             slice.group.sum_f64(&mut all)?;
@@ -557,8 +569,10 @@ impl Finetuning {
                 .collect(),
             targets: match self.task {
                 Task::Classification => HeadTargets::Classes(&classes),
-                _ => HeadTargets::Tokens(tags.iter().map(|t| &t[..]).collect()),
+                Task::Ner => HeadTargets::Tokens(tags.iter().map(|t| &t[..]).collect()),
+                Task::Qa => HeadTargets::Spans(&spans),
             },
+            pad_to: self.pad_to(slice),
         };
         let out = head.step(&batch, targets as f64 / all[0], true)?;
         Ok(MicroStep {
@@ -611,23 +625,9 @@ impl Objective for Finetuning {
             return Ok(MicroStep::empty());
         }
         let batch: Vec<&TaskInput> = batch.iter().map(|&i| &self.train.items[i]).collect();
-        // QA's loss takes its softmax over every position, padding included
-        // (as transformers'), so a process pads its slice as one process
-        // pads the whole micro-batch; the other heads ignore padding.
-        let pad_to = if self.task == Task::Qa {
-            let items = &self.train.items;
-            slice
-                .micro_batch
-                .iter()
-                .map(|&i| items[i].input_ids.len())
-                .max()
-                .unwrap_or(0)
-        } else {
-            0
-        };
         let out = self.head.forward(
             &batch,
-            (self.inputs.tokenizer.pad_id(), pad_to),
+            (self.inputs.tokenizer.pad_id(), self.pad_to(slice)),
             &self.device,
             true,
             false,

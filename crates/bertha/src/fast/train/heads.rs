@@ -1,7 +1,9 @@
 //! Fine-tuning heads on the fast path: sequence classification (pooler →
-//! dropout → classifier, with the loss its `problem_type` says) and token
-//! classification (dropout → classifier on every token, -100 ignored),
-//! each with the loss and the dropout masks of its candle head.
+//! dropout → classifier, with the loss its `problem_type` says), token
+//! classification (dropout → classifier on every token, -100 ignored) and
+//! extractive QA (`qa_outputs` → start / end cross-entropy over every row,
+//! padding rows included as transformers' loss has them), each with the
+//! loss and the dropout masks of its candle head.
 
 use candle_core::backprop::GradStore;
 
@@ -23,12 +25,21 @@ pub enum HeadTargets<'a> {
     /// Token classification: a class id per token of each sequence
     /// (-100: none).
     Tokens(Vec<&'a [i64]>),
+    /// Question answering: each sequence's answer `(start, end)` rows;
+    /// rows outside the (padded) sequence are clamped to its row count and
+    /// then ignored, as transformers does.
+    Spans(&'a [(i64, i64)]),
 }
 
 /// One micro-batch: packed sequences `(ids, token types)` and the targets.
 pub struct HeadBatch<'a> {
     pub sequences: Vec<(&'a [u32], &'a [u32])>,
     pub targets: HeadTargets<'a>,
+    /// Run every sequence padded to `max(pad_to, longest)` rows, as a
+    /// padded batch runs (0: unpadded). Only QA's loss reads padding rows
+    /// (its softmax covers them), so only QA needs it to equal the candle
+    /// path; the other heads give the same step either way.
+    pub pad_to: usize,
 }
 
 /// A step's mean loss and the gradients of `weight · loss`.
@@ -37,7 +48,8 @@ pub struct HeadOutcome {
     pub loss: f64,
     /// Labelled sequences or tokens (regression, multi-label: sequences).
     pub targets: usize,
-    /// `[N, C]` per sequence, or `[T, C]` per packed token.
+    /// `[N, C]` per sequence, or `[T, C]` per packed row (QA: `[T, 2]`,
+    /// start and end), padding rows included.
     pub logits: Vec<f32>,
     pub gradients: GradStore,
 }
@@ -54,10 +66,13 @@ enum Top {
         classifier: Linear,
         dropout: Dropout,
     },
+    Answer {
+        qa_outputs: Linear,
+    },
 }
 
-/// `BertForSequenceClassification` / `BertForTokenClassification` on the
-/// fast path.
+/// `BertForSequenceClassification`, `BertForTokenClassification` and
+/// `BertForQuestionAnswering` on the fast path.
 pub struct FinetuneHead {
     encoder: Encoder,
     top: Top,
@@ -65,8 +80,8 @@ pub struct FinetuneHead {
 
 impl FinetuneHead {
     /// The current weights of `model`, when the fast path covers it (a
-    /// classification head on an encoder it runs; sequence classification
-    /// needs the pooler).
+    /// classification or QA head on an encoder it runs; sequence
+    /// classification needs the pooler).
     pub fn of(model: &BertForTask) -> Result<Option<Self>> {
         let top = match model {
             BertForTask::SequenceClassification(m) => {
@@ -94,6 +109,14 @@ impl FinetuneHead {
                     dropout,
                 }
             }
+            BertForTask::QuestionAnswering(m) => {
+                if m.qa_outputs().bias().is_none() {
+                    return Ok(None);
+                }
+                Top::Answer {
+                    qa_outputs: linear(m.qa_outputs(), "qa_outputs")?,
+                }
+            }
             _ => return Ok(None),
         };
         let Some(encoder) = Encoder::of(model.bert())? else {
@@ -105,7 +128,9 @@ impl FinetuneHead {
     /// Forward and backward on `batch` (dropout on with `train`): the mean
     /// loss, and the gradients of `weight` times it.
     pub fn step(mut self, batch: &HeadBatch, weight: f64, train: bool) -> Result<HeadOutcome> {
-        let (hidden, tape) = self.encoder.forward(&batch.sequences, train)?;
+        let (hidden, tape) = self
+            .encoder
+            .forward_padded(&batch.sequences, batch.pad_to, train)?;
         let d = self.encoder.hidden();
         let offsets = tape.offsets();
         let mut dhidden = vec![0f32; hidden.len()];
@@ -138,8 +163,22 @@ impl FinetuneHead {
                 token_step(
                     classifier,
                     (&hidden, offsets, d),
-                    labels,
+                    (&batch.sequences, labels),
                     mask.as_ref(),
+                    weight,
+                    &mut dhidden,
+                )?
+            }
+            Top::Answer { qa_outputs } => {
+                let HeadTargets::Spans(spans) = &batch.targets else {
+                    return Err(Error::Input(
+                        "start_positions / end_positions: question answering needs an answer span per sequence".into(),
+                    ));
+                };
+                answer_step(
+                    qa_outputs,
+                    (&hidden, offsets, d),
+                    spans,
                     weight,
                     &mut dhidden,
                 )?
@@ -154,6 +193,7 @@ impl FinetuneHead {
                 pooler, classifier, ..
             } => params.extend([&pooler.w, &pooler.b, &classifier.w, &classifier.b]),
             Top::Token { classifier, .. } => params.extend([&classifier.w, &classifier.b]),
+            Top::Answer { qa_outputs } => params.extend([&qa_outputs.w, &qa_outputs.b]),
         }
         Ok(HeadOutcome {
             gradients: grad_store(params)?,
@@ -285,9 +325,9 @@ fn sequence_loss(
         }
         (_, HeadTargets::Classes(y)) => y.iter().map(|&v| v as f32).collect(),
         (_, HeadTargets::Values(v)) => v.to_vec(),
-        (_, HeadTargets::Tokens(_)) => {
+        (_, HeadTargets::Tokens(_) | HeadTargets::Spans(_)) => {
             return Err(Error::Input(
-                "labels: sequence classification needs labels per sequence, not per token".into(),
+                "labels: sequence classification needs labels per sequence".into(),
             ))
         }
     };
@@ -358,7 +398,7 @@ fn class_loss(
 fn token_step(
     classifier: &mut Linear,
     (hidden, offsets, d): (&[f32], &[usize], usize),
-    labels: &[&[i64]],
+    (sequences, labels): (&[(&[u32], &[u32])], &[&[i64]]),
     mask: Option<&DropoutMask>,
     weight: f64,
     dhidden: &mut [f32],
@@ -372,7 +412,7 @@ fn token_step(
     }
     let mut rows = Vec::new();
     for (s, l) in labels.iter().enumerate() {
-        let len = offsets[s + 1] - offsets[s];
+        let len = sequences[s].0.len();
         if l.len() != len {
             return Err(Error::Input(format!(
                 "labels: sequence {s} has {} labels for {len} tokens",
@@ -410,4 +450,60 @@ fn token_step(
         drop_rows(m, dhidden, offsets, d);
     }
     Ok(outcome(mean, targets, out))
+}
+
+/// QA: `qa_outputs` on every row, then the mean of the start and the end
+/// cross-entropies, each over its sequences' rows (padding rows included)
+/// and averaged over the sequences whose position is inside them;
+/// backward into `dhidden`.
+fn answer_step(
+    qa_outputs: &mut Linear,
+    (hidden, offsets, d): (&[f32], &[usize], usize),
+    spans: &[(i64, i64)],
+    weight: f64,
+    dhidden: &mut [f32],
+) -> Result<HeadOutcome> {
+    let n = offsets.len() - 1;
+    if spans.len() != n {
+        return Err(Error::Input(format!(
+            "start_positions / end_positions: {} answers for {n} sequences",
+            spans.len()
+        )));
+    }
+    let t = hidden.len() / d;
+    let mut logits = vec![0f32; t * 2];
+    qa_outputs.forward(hidden, &mut logits, t);
+    let out = logits.clone();
+    let mut dlogits = vec![0f32; t * 2];
+    let mut loss = 0.0;
+    // Column 0: start, 1: end; positions clamped to 0..=rows, rows ignored.
+    for column in 0..2 {
+        let kept: Vec<(usize, usize)> = spans
+            .iter()
+            .enumerate()
+            .filter_map(|(s, &(start, end))| {
+                let rows = offsets[s + 1] - offsets[s];
+                let y = if column == 0 { start } else { end };
+                let y = y.clamp(0, rows as i64) as usize;
+                (y < rows).then_some((s, y))
+            })
+            .collect();
+        if kept.is_empty() {
+            continue;
+        }
+        let w = (weight / 2.0 / kept.len() as f64) as f32;
+        let mut sum = 0.0;
+        for &(s, y) in &kept {
+            let rows = offsets[s]..offsets[s + 1];
+            let mut row: Vec<f32> = rows.clone().map(|r| logits[r * 2 + column]).collect();
+            let c = row.len();
+            sum += cross_entropy(&mut row, c, &[y as u32], w).sum;
+            for (r, g) in rows.zip(row) {
+                dlogits[r * 2 + column] = g;
+            }
+        }
+        loss += sum / kept.len() as f64 / 2.0;
+    }
+    qa_outputs.backward(hidden, &dlogits, Some(dhidden), t, false);
+    Ok(outcome(loss, n, out))
 }
