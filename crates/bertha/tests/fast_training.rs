@@ -100,6 +100,16 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> (f32, f32) {
     (common::max_abs_diff(a, b) / scale.max(1e-12), scale)
 }
 
+/// The fixture's model as head `kind` on trainable variables.
+fn fixture_model(dir: &std::path::Path, kind: HeadKind) -> (VarMap, BertForTask) {
+    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let mut varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = BertForTask::load(vb, config, kind).unwrap();
+    varmap.load(dir.join("model.safetensors")).unwrap();
+    (varmap, model)
+}
+
 #[test]
 fn mlm_and_nsp_match_transformers() {
     for (name, kind) in [
@@ -107,11 +117,7 @@ fn mlm_and_nsp_match_transformers() {
         ("bert-pretraining", HeadKind::PreTraining),
     ] {
         let dir = fixtures().join("tiny").join(name);
-        let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
-        let mut varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let model = BertForTask::load(vb, config, kind).unwrap();
-        varmap.load(dir.join("model.safetensors")).unwrap();
+        let (varmap, model) = fixture_model(&dir, kind);
         let rows = fixture_rows(&dir);
         let head = MlmHead::of(&model)
             .unwrap()
@@ -128,21 +134,34 @@ fn mlm_and_nsp_match_transformers() {
             (got - want).abs() <= 1e-5 * want.abs(),
             "{name}: loss {got} vs transformers {want}"
         );
-        let inputs = read_json(&dir.join("inputs.json"));
-        let vars = vars(&varmap);
-        for p in inputs["grad_params"].as_array().unwrap() {
-            let p = p.as_str().unwrap();
-            let g = common::grad_of(&out.gradients, &vars, p, name);
-            let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
-            println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
-            if scale < 1e-6 {
-                // A gradient that is 0 but for rounding (QA's last
-                // LayerNorm bias: each softmax's gradient sums to 0).
-                assert!(common::max_abs(g) <= 1e-6, "{name} grad.{p} should be 0");
-                continue;
-            }
-            assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
+        assert_fixture_gradients(name, &dir, &varmap, &out.gradients, &expected);
+    }
+}
+
+/// The gradients of the fixture's `grad_params` against transformers', to
+/// 1e-4 relative (0, but for rounding, where transformers' are: e.g. QA's
+/// last LayerNorm bias, as each softmax's gradient sums to 0).
+fn assert_fixture_gradients(
+    name: &str,
+    dir: &std::path::Path,
+    varmap: &VarMap,
+    grads: &GradStore,
+    expected: &HashMap<String, Tensor>,
+) {
+    let inputs = read_json(&dir.join("inputs.json"));
+    let vars = vars(varmap);
+    let params = inputs["grad_params"].as_array().unwrap();
+    assert!(params.len() >= 7, "{name}: {} gradients", params.len());
+    for p in params {
+        let p = p.as_str().unwrap();
+        let g = common::grad_of(grads, &vars, p, name);
+        let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
+        println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
+        if scale < 1e-6 {
+            assert!(common::max_abs(g) <= 1e-6, "{name} grad.{p} should be 0");
+            continue;
         }
+        assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
     }
 }
 
@@ -254,26 +273,7 @@ fn dropout_steps_equal_the_candle_path_in_both_norm_placements() {
                 .step(&rows.batch(), [1.0, 1.0], true)
                 .unwrap();
             assert!((other.mlm_loss + other.nsp_loss - want_loss).abs() > 1e-3);
-            let mut checked = 0;
-            for (name, var) in vars(&varmap) {
-                let Some(w) = want.get(var.as_tensor()) else {
-                    continue;
-                };
-                let g = out
-                    .gradients
-                    .get(var.as_tensor())
-                    .unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
-                let (rel, scale) = rel_diff(g, w);
-                if scale < 1e-6 {
-                    assert!(common::max_abs(g) <= 1e-6, "{what} {name}: should be 0");
-                    continue;
-                }
-                assert!(
-                    rel <= 1e-4,
-                    "{what} {name}: {rel:e} relative (max {scale:e})"
-                );
-                checked += 1;
-            }
+            let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
             assert!(checked >= 30, "{what}: only {checked} gradients compared");
         }
     }
@@ -316,11 +316,7 @@ fn finetuning_heads_match_transformers() {
         ("bert-qa", HeadKind::QuestionAnswering),
     ] {
         let dir = fixtures().join("tiny").join(name);
-        let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
-        let mut varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let model = BertForTask::load(vb, config, kind).unwrap();
-        varmap.load(dir.join("model.safetensors")).unwrap();
+        let (varmap, model) = fixture_model(&dir, kind);
         let (ids, types, labels) = fixture_sequences(&dir);
         let expected = load_safetensors(&dir.join("expected.safetensors"));
         let flat = |k: &str| expected[k].flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -396,23 +392,7 @@ fn finetuning_heads_match_transformers() {
         for (i, (g, w)) in pairs.into_iter().enumerate() {
             assert!((g - w).abs() <= 1e-4, "{name}: logit {i}: {g} vs {w}");
         }
-        let inputs = read_json(&dir.join("inputs.json"));
-        let vars = vars(&varmap);
-        let params = inputs["grad_params"].as_array().unwrap();
-        assert!(params.len() >= 7, "{name}: {} gradients", params.len());
-        for p in params {
-            let p = p.as_str().unwrap();
-            let g = common::grad_of(&out.gradients, &vars, p, name);
-            let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
-            println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
-            if scale < 1e-6 {
-                // A gradient that is 0 but for rounding (QA's last
-                // LayerNorm bias: each softmax's gradient sums to 0).
-                assert!(common::max_abs(g) <= 1e-6, "{name} grad.{p} should be 0");
-                continue;
-            }
-            assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
-        }
+        assert_fixture_gradients(name, &dir, &varmap, &out.gradients, &expected);
     }
 }
 
