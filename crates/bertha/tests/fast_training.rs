@@ -320,7 +320,9 @@ fn finetuning_heads_match_transformers() {
         let (ids, types, labels) = fixture_sequences(&dir);
         let expected = load_safetensors(&dir.join("expected.safetensors"));
         let flat = |k: &str| expected[k].flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let (classes, tokens, spans): (Vec<i64>, Vec<Vec<i64>>, Vec<(i64, i64)>);
+        let classes: Vec<i64>;
+        let tokens: Vec<Vec<i64>>;
+        let spans: Vec<(i64, i64)>;
         let padded: usize = expected["hidden_states"].dims()[2];
         let targets = match kind {
             HeadKind::SequenceClassification => {

@@ -163,7 +163,7 @@ impl FinetuneHead {
                 token_step(
                     classifier,
                     (&hidden, offsets, d),
-                    (&batch.sequences, labels),
+                    (batch, labels),
                     mask.as_ref(),
                     weight,
                     &mut dhidden,
@@ -398,7 +398,7 @@ fn class_loss(
 fn token_step(
     classifier: &mut Linear,
     (hidden, offsets, d): (&[f32], &[usize], usize),
-    (sequences, labels): (&[(&[u32], &[u32])], &[&[i64]]),
+    (batch, labels): (&HeadBatch, &[&[i64]]),
     mask: Option<&DropoutMask>,
     weight: f64,
     dhidden: &mut [f32],
@@ -412,7 +412,7 @@ fn token_step(
     }
     let mut rows = Vec::new();
     for (s, l) in labels.iter().enumerate() {
-        let len = sequences[s].0.len();
+        let len = batch.sequences[s].0.len();
         if l.len() != len {
             return Err(Error::Input(format!(
                 "labels: sequence {s} has {} labels for {len} tokens",
