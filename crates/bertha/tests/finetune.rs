@@ -485,6 +485,7 @@ fn fast_and_candle_engines_finetune_the_same_run() {
             (o.batch_size, o.grad_accum, o.epochs) = (batch_size, 2, 3.0);
             o.engine = engine;
             let mut t = trainer(task, &model, data, o);
+            assert_eq!(t.on_fast_path(), engine == Engine::Fast);
             let (steps, _) = run(&mut t);
             (steps, t.evaluate().unwrap().unwrap())
         };

@@ -264,14 +264,19 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
     training::resume(&mut trainer, a.run.resume.as_deref())?;
     if say {
         eprintln!(
-            "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch)",
+            "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch) on the {}",
             trainer.config().architectures.join(", "),
             trainer.config().num_hidden_layers,
             trainer.config().hidden_size,
             trainer.params().num_values(),
             trainer.total_steps(),
             a.batch_size,
-            trainer.steps_per_epoch()
+            trainer.steps_per_epoch(),
+            if trainer.on_fast_path() {
+                "fast path"
+            } else {
+                "candle modules"
+            }
         );
     }
 

@@ -415,6 +415,12 @@ impl Finetuner {
         (o.train_examples, o.train.items.len())
     }
 
+    /// Whether training steps run on the fast path (see
+    /// [`FinetuneOptions::engine`]).
+    pub fn on_fast_path(&self) -> bool {
+        self.objective().fast
+    }
+
     pub fn dev_size(&self) -> Option<usize> {
         self.objective().dev.as_ref().map(|(d, _)| d.len())
     }
