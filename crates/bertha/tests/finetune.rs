@@ -606,6 +606,45 @@ fn resumed_run_repeats_the_uninterrupted_one() {
     assert_eq!(steps_of(&a), steps_of(&b));
 }
 
+/// The engine is not part of a run's identity: a run checkpointed on the
+/// fast path resumes on the candle modules and continues as an
+/// uninterrupted candle run does (to fp32 rounding).
+#[test]
+fn a_run_resumes_on_the_other_engine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = with_dropout(&tmp.path().join("model"), 0.1);
+    let data = fixtures().join("finetune/sst2-dev-head.tsv");
+    let trainer = |out: &Path, engine: Engine| {
+        let mut o = options(out);
+        (o.batch_size, o.epochs, o.engine) = (8, 2.0, engine);
+        trainer(Task::Classification, &model, &data, o)
+    };
+    let (want, _) = run(&mut trainer(&tmp.path().join("a"), Engine::Candle));
+    let b = tmp.path().join("b");
+    let mut first = trainer(&b, Engine::Fast);
+    first.run_until(4, |_| {}).unwrap();
+    first.save_checkpoint(&b.join("checkpoint-4")).unwrap();
+    drop(first);
+    let mut resumed = trainer(&b, Engine::Candle);
+    resumed.resume(&b.join("checkpoint-4")).unwrap();
+    assert!(!resumed.on_fast_path());
+    let (after, _) = run(&mut resumed);
+    assert_eq!(after.len(), 6);
+    for (got, want) in after.iter().zip(&want[4..]) {
+        assert_eq!(got.step, want.step);
+        for (g, w, what) in [
+            (got.loss, want.loss, "loss"),
+            (got.grad_norm, want.grad_norm, "gradient norm"),
+        ] {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs(),
+                "step {}: {what} {g} vs {w}",
+                got.step
+            );
+        }
+    }
+}
+
 #[test]
 fn dropout_is_on_in_training_and_off_in_evaluation() {
     let tmp = tempfile::tempdir().unwrap();
