@@ -223,6 +223,45 @@ fn qa_predictions_are_squads_predictions_file() {
     );
 }
 
+/// `--engine fast` and `--engine candle` train the same steps (a tiny BERT
+/// with dropout off: the fixture's config), each saying which ran; an
+/// unknown engine is refused.
+#[test]
+fn finetune_engines_train_the_same_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    let tiny = repo().join("tests/fixtures/tiny/bert-seqcls");
+    let losses = |engine: &str| -> Vec<f64> {
+        let out = tmp.path().join(engine);
+        let o = finetune_sst2(&tiny, &data, &out, &["--engine", engine]);
+        ok(&o);
+        let on = if engine == "fast" {
+            "fast path"
+        } else {
+            "candle modules"
+        };
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.contains(&format!("on the {on}")), "{stderr}");
+        with_key(&read_jsonl(&out.join("metrics.jsonl")), "loss")
+            .iter()
+            .map(|m| m["loss"].as_f64().unwrap())
+            .collect()
+    };
+    let (fast, candle) = (losses("fast"), losses("candle"));
+    assert_eq!(fast.len(), 10);
+    assert_eq!(fast.len(), candle.len());
+    for (step, (f, c)) in fast.iter().zip(&candle).enumerate() {
+        assert!((f - c).abs() <= 1e-5 * c.abs(), "step {step}: {f} vs {c}");
+    }
+    let err = failure(&finetune_classifier(
+        &tiny,
+        &data,
+        &tmp.path().join("x"),
+        &["--engine", "gpu"],
+    ));
+    assert!(err.contains("--engine") && err.contains("gpu"), "{err}");
+}
+
 #[test]
 fn bad_input_is_a_one_line_error() {
     let tmp = tempfile::tempdir().unwrap();

@@ -5,16 +5,17 @@ mod common;
 
 use std::collections::HashMap;
 
-use bertha::fast::train::{MlmBatch, MlmHead};
+use bertha::fast::train::{FinetuneHead, HeadBatch, HeadTargets, MlmBatch, MlmHead};
 use bertha::model::{seed_dropout, BertForTask, BertInput, HeadKind, HeadLabels, HeadOptions};
 use bertha::model::{ForwardOptions, TaskOutput, IGNORE_INDEX};
-use bertha::{BertConfig, NormPosition};
+use bertha::{BertConfig, NormPosition, ProblemType};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use common::{fixtures, load_safetensors, read_json};
 
 /// Rows of ids / types / labels, unpadded.
+#[derive(Clone)]
 struct Rows {
     ids: Vec<Vec<u32>>,
     types: Vec<Vec<u32>>,
@@ -99,6 +100,16 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> (f32, f32) {
     (common::max_abs_diff(a, b) / scale.max(1e-12), scale)
 }
 
+/// The fixture's model as head `kind` on trainable variables.
+fn fixture_model(dir: &std::path::Path, kind: HeadKind) -> (VarMap, BertForTask) {
+    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let mut varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = BertForTask::load(vb, config, kind).unwrap();
+    varmap.load(dir.join("model.safetensors")).unwrap();
+    (varmap, model)
+}
+
 #[test]
 fn mlm_and_nsp_match_transformers() {
     for (name, kind) in [
@@ -106,11 +117,7 @@ fn mlm_and_nsp_match_transformers() {
         ("bert-pretraining", HeadKind::PreTraining),
     ] {
         let dir = fixtures().join("tiny").join(name);
-        let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
-        let mut varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let model = BertForTask::load(vb, config, kind).unwrap();
-        varmap.load(dir.join("model.safetensors")).unwrap();
+        let (varmap, model) = fixture_model(&dir, kind);
         let rows = fixture_rows(&dir);
         let head = MlmHead::of(&model)
             .unwrap()
@@ -127,15 +134,34 @@ fn mlm_and_nsp_match_transformers() {
             (got - want).abs() <= 1e-5 * want.abs(),
             "{name}: loss {got} vs transformers {want}"
         );
-        let inputs = read_json(&dir.join("inputs.json"));
-        let vars = vars(&varmap);
-        for p in inputs["grad_params"].as_array().unwrap() {
-            let p = p.as_str().unwrap();
-            let g = common::grad_of(&out.gradients, &vars, p, name);
-            let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
-            println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
-            assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
+        assert_fixture_gradients(name, &dir, &varmap, &out.gradients, &expected);
+    }
+}
+
+/// The gradients of the fixture's `grad_params` against transformers', to
+/// 1e-4 relative (0, but for rounding, where transformers' are: e.g. QA's
+/// last LayerNorm bias, as each softmax's gradient sums to 0).
+fn assert_fixture_gradients(
+    name: &str,
+    dir: &std::path::Path,
+    varmap: &VarMap,
+    grads: &GradStore,
+    expected: &HashMap<String, Tensor>,
+) {
+    let inputs = read_json(&dir.join("inputs.json"));
+    let vars = vars(varmap);
+    let params = inputs["grad_params"].as_array().unwrap();
+    assert!(params.len() >= 7, "{name}: {} gradients", params.len());
+    for p in params {
+        let p = p.as_str().unwrap();
+        let g = common::grad_of(grads, &vars, p, name);
+        let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
+        println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
+        if scale < 1e-6 {
+            assert!(common::max_abs(g) <= 1e-6, "{name} grad.{p} should be 0");
+            continue;
         }
+        assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
     }
 }
 
@@ -247,26 +273,7 @@ fn dropout_steps_equal_the_candle_path_in_both_norm_placements() {
                 .step(&rows.batch(), [1.0, 1.0], true)
                 .unwrap();
             assert!((other.mlm_loss + other.nsp_loss - want_loss).abs() > 1e-3);
-            let mut checked = 0;
-            for (name, var) in vars(&varmap) {
-                let Some(w) = want.get(var.as_tensor()) else {
-                    continue;
-                };
-                let g = out
-                    .gradients
-                    .get(var.as_tensor())
-                    .unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
-                let (rel, scale) = rel_diff(g, w);
-                if scale < 1e-6 {
-                    assert!(common::max_abs(g) <= 1e-6, "{what} {name}: should be 0");
-                    continue;
-                }
-                assert!(
-                    rel <= 1e-4,
-                    "{what} {name}: {rel:e} relative (max {scale:e})"
-                );
-                checked += 1;
-            }
+            let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
             assert!(checked >= 30, "{what}: only {checked} gradients compared");
         }
     }
@@ -328,4 +335,357 @@ fn bf16_steps_track_the_fp32_step() {
         checked += 1;
     }
     assert!(checked >= 30, "only {checked} gradients compared");
+}
+
+/// A fine-tuning fixture's unpadded sequences and its `labels` object.
+fn fixture_sequences(dir: &std::path::Path) -> (Vec<Vec<u32>>, Vec<Vec<u32>>, serde_json::Value) {
+    let inputs = read_json(&dir.join("inputs.json"));
+    let get =
+        |k: &str| -> Vec<Vec<u32>> { serde_json::from_value(inputs["inputs"][k].clone()).unwrap() };
+    let mask = get("attention_mask");
+    let cut = |rows: Vec<Vec<u32>>| -> Vec<Vec<u32>> {
+        rows.into_iter()
+            .zip(&mask)
+            .map(|(r, m)| r[..m.iter().filter(|&&x| x == 1).count()].to_vec())
+            .collect()
+    };
+    (
+        cut(get("input_ids")),
+        cut(get("token_type_ids")),
+        inputs["labels"].clone(),
+    )
+}
+
+fn sequences<'a>(ids: &'a [Vec<u32>], types: &'a [Vec<u32>]) -> Vec<(&'a [u32], &'a [u32])> {
+    ids.iter()
+        .zip(types)
+        .map(|(i, t)| (&i[..], &t[..]))
+        .collect()
+}
+
+/// The fast path's loss, logits and gradients against transformers' for
+/// each fine-tuning head of the tiny fixtures (QA with the fixture's
+/// padding rows, which its loss reads).
+#[test]
+fn finetuning_heads_match_transformers() {
+    for (name, kind) in [
+        ("bert-seqcls", HeadKind::SequenceClassification),
+        ("bert-tokcls", HeadKind::TokenClassification),
+        ("bert-qa", HeadKind::QuestionAnswering),
+    ] {
+        let dir = fixtures().join("tiny").join(name);
+        let (varmap, model) = fixture_model(&dir, kind);
+        let (ids, types, labels) = fixture_sequences(&dir);
+        let expected = load_safetensors(&dir.join("expected.safetensors"));
+        let flat = |k: &str| expected[k].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let classes: Vec<i64>;
+        let tokens: Vec<Vec<i64>>;
+        let spans: Vec<(i64, i64)>;
+        let padded: usize = expected["hidden_states"].dims()[2];
+        let targets = match kind {
+            HeadKind::SequenceClassification => {
+                classes = serde_json::from_value(labels["labels"].clone()).unwrap();
+                HeadTargets::Classes(&classes)
+            }
+            HeadKind::TokenClassification => {
+                let rows: Vec<Vec<i64>> = serde_json::from_value(labels["labels"].clone()).unwrap();
+                tokens = rows
+                    .into_iter()
+                    .zip(&ids)
+                    .map(|(l, i)| l[..i.len()].to_vec())
+                    .collect();
+                HeadTargets::Tokens(tokens.iter().map(|l| &l[..]).collect())
+            }
+            _ => {
+                let get =
+                    |k: &str| -> Vec<i64> { serde_json::from_value(labels[k].clone()).unwrap() };
+                spans = get("start_positions")
+                    .into_iter()
+                    .zip(get("end_positions"))
+                    .collect();
+                HeadTargets::Spans(&spans)
+            }
+        };
+        let qa = kind == HeadKind::QuestionAnswering;
+        let batch = HeadBatch {
+            sequences: sequences(&ids, &types),
+            targets,
+            pad_to: if qa { padded } else { 0 },
+        };
+        let head = FinetuneHead::of(&model).unwrap().expect("covered");
+        let out = head.step(&batch, 1.0, false).unwrap();
+        let want = flat("loss")[0] as f64;
+        assert!(
+            (out.loss - want).abs() <= 1e-5 * want.abs(),
+            "{name}: loss {} vs transformers {want}",
+            out.loss
+        );
+        // The fast path's logits against the fixture's (padded) ones: per
+        // sequence, per real token, or (QA) per row, padding included.
+        let pairs: Vec<(f32, f32)> = match kind {
+            HeadKind::SequenceClassification => {
+                out.logits.iter().copied().zip(flat("logits")).collect()
+            }
+            HeadKind::TokenClassification => {
+                let (want, c) = (flat("logits"), 5);
+                let mut first = 0;
+                let mut v = Vec::new();
+                for (s, seq) in ids.iter().enumerate() {
+                    let got = &out.logits[first * c..(first + seq.len()) * c];
+                    v.extend(
+                        got.iter()
+                            .copied()
+                            .zip(want[s * padded * c..].iter().copied()),
+                    );
+                    first += seq.len();
+                }
+                v
+            }
+            _ => {
+                assert_eq!(out.logits.len(), ids.len() * padded * 2);
+                let (start, end) = (flat("start_logits"), flat("end_logits"));
+                let got = |col: usize| out.logits.iter().skip(col).step_by(2).copied();
+                got(0).zip(start).chain(got(1).zip(end)).collect()
+            }
+        };
+        assert!(pairs.len() >= 6, "{name}: {} logits", pairs.len());
+        for (i, (g, w)) in pairs.into_iter().enumerate() {
+            assert!((g - w).abs() <= 1e-4, "{name}: logit {i}: {g} vs {w}");
+        }
+        assert_fixture_gradients(name, &dir, &varmap, &out.gradients, &expected);
+    }
+}
+
+/// Labels of every kind for the rows of `random_rows`.
+struct HeadLabelsOf {
+    classes: Vec<i64>,
+    values: Vec<f32>,
+    tokens: Vec<Vec<i64>>,
+}
+
+fn head_labels(rows: &Rows, c: usize) -> HeadLabelsOf {
+    let n = rows.ids.len();
+    HeadLabelsOf {
+        // One sequence without a label.
+        classes: (0..n)
+            .map(|s| {
+                if s == 2 {
+                    IGNORE_INDEX
+                } else {
+                    ((s * 7) % c) as i64
+                }
+            })
+            .collect(),
+        values: (0..n * c).map(|i| ((i * 5) % 3) as f32 * 0.5).collect(),
+        tokens: rows
+            .labels
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|&y| if y == IGNORE_INDEX { y } else { y % c as i64 })
+                    .collect()
+            })
+            .collect(),
+    }
+}
+
+/// The candle head's loss and gradients on `rows`, padded, with `labels`.
+fn candle_head_step(
+    model: &BertForTask,
+    rows: &Rows,
+    labels: &HeadLabels,
+    seed: u64,
+) -> (f64, GradStore) {
+    let input = BertInput::from_ids(&rows.ids, &rows.types, 0, &Device::Cpu).unwrap();
+    let opts = HeadOptions::from(ForwardOptions {
+        train: true,
+        ..ForwardOptions::default()
+    });
+    seed_dropout(seed, 0);
+    let out = model.forward(&input, labels, opts).unwrap();
+    let loss = out.loss().unwrap();
+    (
+        loss.to_scalar::<f32>().unwrap() as f64,
+        loss.backward().unwrap(),
+    )
+}
+
+/// Every gradient of `want` (the candle path's) in `got`, within 1e-4
+/// relative; returns how many were compared.
+fn assert_same_gradients(what: &str, varmap: &VarMap, got: &GradStore, want: &GradStore) -> usize {
+    let mut checked = 0;
+    for (name, var) in vars(varmap) {
+        let Some(w) = want.get(var.as_tensor()) else {
+            continue;
+        };
+        let g = got
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+        let (rel, scale) = rel_diff(g, w);
+        if scale < 1e-6 {
+            assert!(common::max_abs(g) <= 1e-6, "{what} {name}: should be 0");
+            continue;
+        }
+        assert!(
+            rel <= 1e-4,
+            "{what} {name}: {rel:e} relative (max {scale:e})"
+        );
+        checked += 1;
+    }
+    checked
+}
+
+/// Each fine-tuning head's step with dropout on equals the candle head's
+/// (QA on padding rows as the candle path pads; the other heads with and
+/// without them).
+#[test]
+fn finetuning_dropout_steps_equal_the_candle_path() {
+    for norm in [NormPosition::Post, NormPosition::Pre] {
+        let cases = [
+            (HeadKind::SequenceClassification, None),
+            (
+                HeadKind::SequenceClassification,
+                Some(ProblemType::Regression),
+            ),
+            (
+                HeadKind::SequenceClassification,
+                Some(ProblemType::MultiLabelClassification),
+            ),
+            (HeadKind::TokenClassification, None),
+            (HeadKind::QuestionAnswering, None),
+        ];
+        for (kind, problem) in cases {
+            let what = format!("{norm:?} {kind:?} {problem:?}");
+            let fixture = match kind {
+                HeadKind::TokenClassification => "bert-tokcls",
+                HeadKind::QuestionAnswering => "bert-qa",
+                _ => "bert-seqcls",
+            };
+            let mut cfg =
+                BertConfig::from_file(&fixtures().join("tiny").join(fixture).join("config.json"))
+                    .unwrap();
+            cfg.hidden_dropout_prob = 0.1;
+            cfg.attention_probs_dropout_prob = 0.15;
+            // The classifier's own rate in one case, the hidden one's in the others.
+            cfg.classifier_dropout = problem.is_some().then_some(0.3);
+            cfg.norm_position = norm;
+            cfg.final_layer_norm = norm == NormPosition::Pre;
+            cfg.problem_type = problem;
+            let c = cfg.num_labels();
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
+            let rows = random_rows(cfg.vocab_size as u32, false);
+            let l = head_labels(&rows, c);
+            let n = rows.ids.len();
+            let dev = Device::Cpu;
+            // Answers at a token, at a padding row and past the padded end
+            // (clamped, then ignored), as (start, end).
+            let spans: Vec<(i64, i64)> = (0..n as i64)
+                .map(|s| match s {
+                    1 => (20, 3),
+                    3 => (0, 100),
+                    _ => (s, s + 2),
+                })
+                .collect();
+            let (starts, ends): (Vec<i64>, Vec<i64>) = spans.iter().copied().unzip();
+            let (starts, ends) = (
+                Tensor::from_vec(starts, n, &dev).unwrap(),
+                Tensor::from_vec(ends, n, &dev).unwrap(),
+            );
+            let (targets, labels) = match (kind, problem) {
+                (HeadKind::QuestionAnswering, _) => (
+                    HeadTargets::Spans(&spans),
+                    Tensor::zeros(1, DType::F32, &dev).unwrap(),
+                ),
+                (HeadKind::TokenClassification, _) => {
+                    let (_, padded, _) = Rows {
+                        labels: l.tokens.clone(),
+                        ..rows.clone()
+                    }
+                    .padded();
+                    (
+                        HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),
+                        padded,
+                    )
+                }
+                (_, None) => (
+                    HeadTargets::Classes(&l.classes),
+                    Tensor::from_vec(l.classes.clone(), n, &dev).unwrap(),
+                ),
+                _ => (
+                    HeadTargets::Values(&l.values),
+                    Tensor::from_vec(l.values.clone(), (n, c), &dev).unwrap(),
+                ),
+            };
+            let qa = kind == HeadKind::QuestionAnswering;
+            let head_labels = if qa {
+                HeadLabels {
+                    start_positions: Some(&starts),
+                    end_positions: Some(&ends),
+                    ..HeadLabels::default()
+                }
+            } else {
+                HeadLabels::labels(Some(&labels))
+            };
+            let (want_loss, want) = candle_head_step(&model, &rows, &head_labels, 7);
+            let longest = rows.ids.iter().map(Vec::len).max().unwrap();
+            let batch = HeadBatch {
+                sequences: sequences(&rows.ids, &rows.types),
+                targets,
+                pad_to: if qa || norm == NormPosition::Pre {
+                    longest
+                } else {
+                    0
+                },
+            };
+            seed_dropout(7, 0);
+            let out = FinetuneHead::of(&model)
+                .unwrap()
+                .expect("covered")
+                .step(&batch, 1.0, true)
+                .unwrap();
+            assert!(
+                (out.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+                "{what}: loss {} vs candle {want_loss}",
+                out.loss
+            );
+            // Without the same masks the losses would differ by far more.
+            seed_dropout(8, 0);
+            let other = FinetuneHead::of(&model)
+                .unwrap()
+                .unwrap()
+                .step(&batch, 1.0, true)
+                .unwrap();
+            assert!(
+                (other.loss - want_loss).abs() > 1e-4,
+                "{what}: masks make no difference"
+            );
+            let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
+            assert!(checked >= 30, "{what}: only {checked} gradients compared");
+            // The weight scales the gradients, not the loss.
+            seed_dropout(7, 0);
+            let half = FinetuneHead::of(&model)
+                .unwrap()
+                .unwrap()
+                .step(&batch, 0.5, true)
+                .unwrap();
+            assert_eq!(half.loss, out.loss);
+            let vars = vars(&varmap);
+            let w = &vars[if qa {
+                "qa_outputs.weight"
+            } else {
+                "classifier.weight"
+            }];
+            let (full, halved) = (
+                out.gradients.get(w.as_tensor()).unwrap(),
+                half.gradients.get(w.as_tensor()).unwrap(),
+            );
+            let (rel, _) = rel_diff(&(halved * 2.0).unwrap(), full);
+            assert!(
+                rel <= 1e-6,
+                "{what}: weight 0.5 gives {rel:e} off half the gradient"
+            );
+        }
+    }
 }

@@ -14,9 +14,9 @@ use bertha::metrics::{normalize_answer, squad_f1};
 use bertha::tasks::{
     Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
 };
-use bertha::training::{Event, FinetuneOptions, Finetuner, StepMetrics, EVAL_RESULTS_FILE};
+use bertha::training::{Engine, Event, FinetuneOptions, Finetuner, StepMetrics, EVAL_RESULTS_FILE};
 use bertha::{BertConfig, Device, Tensor};
-use common::runs::{squad_json, CONLL};
+use common::runs::{squad_json, tiny_copy, CONLL};
 use common::{fixtures, load_safetensors};
 
 fn tiny(name: &str) -> PathBuf {
@@ -464,6 +464,80 @@ fn with_dropout(dir: &Path, p: f64) -> PathBuf {
     dir.to_path_buf()
 }
 
+/// The fast path and the candle modules fine-tune the same run: the same
+/// losses and gradient norms step by step (dropout on, gradient
+/// accumulation, a short last batch; QA's padding rows), the same dev
+/// scores and the same final weights.
+#[test]
+fn fast_and_candle_engines_finetune_the_same_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sst2 = fixtures().join("finetune/sst2-dev-head.tsv");
+    let conll = write(tmp.path(), "train.conll", CONLL);
+    let squad = write(tmp.path(), "squad.json", &squad_json());
+    for (task, fixture, data, batch_size) in [
+        (Task::Classification, "bert-seqcls", &sst2, 3),
+        (Task::Ner, "bert-tokcls", &conll, 2),
+        (Task::Qa, "bert-qa", &squad, 2),
+    ] {
+        let model = tiny_copy(&tiny(fixture), &tmp.path().join(fixture), 0.1, None);
+        let run_with = |engine: Engine| {
+            let mut o = options(&tmp.path().join(format!("{task}-{engine:?}")));
+            (o.batch_size, o.grad_accum, o.epochs) = (batch_size, 2, 3.0);
+            o.engine = engine;
+            let mut t = trainer(task, &model, data, o);
+            assert_eq!(t.on_fast_path(), engine == Engine::Fast);
+            let (steps, _) = run(&mut t);
+            (steps, t.evaluate().unwrap().unwrap())
+        };
+        let (fast, fast_eval) = run_with(Engine::Fast);
+        let (candle, candle_eval) = run_with(Engine::Candle);
+        assert!(fast.len() >= 4, "{task}: {} steps", fast.len());
+        assert_eq!(fast.len(), candle.len());
+        for (f, c) in fast.iter().zip(&candle) {
+            let close = |a: f64, b: f64, what: &str| {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+                    "{task} step {}: {what} {a} (fast) vs {b} (candle)",
+                    f.step
+                )
+            };
+            close(f.loss, c.loss, "loss");
+            close(f.grad_norm, c.grad_norm, "gradient norm");
+        }
+        for (name, v) in &candle_eval.scores {
+            let f = fast_eval.scores[name];
+            assert!((f - v).abs() <= 1e-9, "{task} dev {name}: {f} vs {v}");
+        }
+        let dir = |e: &str| {
+            tmp.path()
+                .join(format!("{task}-{e}"))
+                .join("model.safetensors")
+        };
+        let (a, b) = (
+            load_safetensors(&dir("Fast")),
+            load_safetensors(&dir("Candle")),
+        );
+        assert_eq!(a.len(), b.len());
+        for (name, t) in &a {
+            let d = (t - &b[name]).unwrap().abs().unwrap().max_all().unwrap();
+            let d = d.to_scalar::<f32>().unwrap();
+            // Weights whose true gradient is 0 get rounding noise from
+            // both engines, which AdamW normalises into steps of up to the
+            // learning rate either way: the key biases (a shift of every
+            // score of a query by q·b cancels in the softmax) and, under
+            // QA, the biases after the last layer's FFN (each softmax's
+            // gradient sums to 0 over its rows, and qa_outputs is linear).
+            let zero_gradient = name.ends_with("key.bias")
+                || (task == Task::Qa
+                    && ["layer.1.output.LayerNorm.bias", "qa_outputs.bias"]
+                        .iter()
+                        .any(|n| name.ends_with(n)));
+            let tol = if zero_gradient { 1e-2 } else { 1e-4 };
+            assert!(d <= tol, "{task} {name}: weights differ by {d:e}");
+        }
+    }
+}
+
 #[test]
 fn resumed_run_repeats_the_uninterrupted_one() {
     let tmp = tempfile::tempdir().unwrap();
@@ -530,6 +604,45 @@ fn resumed_run_repeats_the_uninterrupted_one() {
             .collect()
     };
     assert_eq!(steps_of(&a), steps_of(&b));
+}
+
+/// The engine is not part of a run's identity: a run checkpointed on the
+/// fast path resumes on the candle modules and continues as an
+/// uninterrupted candle run does (to fp32 rounding).
+#[test]
+fn a_run_resumes_on_the_other_engine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = with_dropout(&tmp.path().join("model"), 0.1);
+    let data = fixtures().join("finetune/sst2-dev-head.tsv");
+    let trainer = |out: &Path, engine: Engine| {
+        let mut o = options(out);
+        (o.batch_size, o.epochs, o.engine) = (8, 2.0, engine);
+        trainer(Task::Classification, &model, &data, o)
+    };
+    let (want, _) = run(&mut trainer(&tmp.path().join("a"), Engine::Candle));
+    let b = tmp.path().join("b");
+    let mut first = trainer(&b, Engine::Fast);
+    first.run_until(4, |_| {}).unwrap();
+    first.save_checkpoint(&b.join("checkpoint-4")).unwrap();
+    drop(first);
+    let mut resumed = trainer(&b, Engine::Candle);
+    resumed.resume(&b.join("checkpoint-4")).unwrap();
+    assert!(!resumed.on_fast_path());
+    let (after, _) = run(&mut resumed);
+    assert_eq!(after.len(), 6);
+    for (got, want) in after.iter().zip(&want[4..]) {
+        assert_eq!(got.step, want.step);
+        for (g, w, what) in [
+            (got.loss, want.loss, "loss"),
+            (got.grad_norm, want.grad_norm, "gradient norm"),
+        ] {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs(),
+                "step {}: {what} {g} vs {w}",
+                got.step
+            );
+        }
+    }
 }
 
 #[test]

@@ -165,6 +165,12 @@ pub struct Args {
     #[arg(long)]
     pub(crate) group_by_length: bool,
 
+    /// What runs the training steps: `fast` (packed tokens, fused kernels:
+    /// BERT classification and NER heads on the CPU), `candle` (any family,
+    /// head or device) or `auto` (fast where it covers the model and head).
+    #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
+    pub(crate) engine: bertha::training::Engine,
+
     #[command(flatten)]
     pub(crate) run: training::RunArgs,
 
@@ -201,6 +207,7 @@ impl Args {
             out: a.out.clone(),
             overwrite: a.run.overwrite,
             allow_changes: a.run.allow_changes.clone(),
+            engine: a.engine,
         }
     }
 }
@@ -257,14 +264,19 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
     training::resume(&mut trainer, a.run.resume.as_deref())?;
     if say {
         eprintln!(
-            "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch)",
+            "model: {} ({} layers, hidden {}, {} parameters); {} steps of {} ({} per epoch) on the {}",
             trainer.config().architectures.join(", "),
             trainer.config().num_hidden_layers,
             trainer.config().hidden_size,
             trainer.params().num_values(),
             trainer.total_steps(),
             a.batch_size,
-            trainer.steps_per_epoch()
+            trainer.steps_per_epoch(),
+            if trainer.on_fast_path() {
+                "fast path"
+            } else {
+                "candle modules"
+            }
         );
     }
 

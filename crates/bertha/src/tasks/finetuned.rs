@@ -129,6 +129,11 @@ impl TaskHead {
         self.model.config()
     }
 
+    /// The head and its encoder (training reads their current weights).
+    pub(crate) fn model(&self) -> &BertForTask {
+        &self.model
+    }
+
     /// Runs a batch padded to its longest input (at least `pad_to` tokens),
     /// with the loss against the targets, and (with `outputs`) the
     /// per-input predictions.

@@ -27,10 +27,11 @@ use crate::data::{
     TaskInputs,
 };
 use crate::error::{Error, Result};
+use crate::fast::train::{FinetuneHead, HeadBatch, HeadTargets};
 use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
 use crate::io::ModelDir;
-use crate::model::HeadKind;
+use crate::model::{HeadKind, IGNORE_INDEX};
 use crate::tasks::finetuned::{
     check_family, infer_batches, length_batches, Scorer, TaskHead, TRAINING_ARGS_FILE,
 };
@@ -88,6 +89,11 @@ pub struct FinetuneOptions {
     /// Options (or `data`, `config`) a resumed run may change.
     #[serde(default)]
     pub allow_changes: Vec<String>,
+    /// What runs the training steps. Not part of a run's identity (both
+    /// engines compute the same steps), so not written with the options:
+    /// older `training_args.json` files read as `Auto`.
+    #[serde(skip)]
+    pub engine: Engine,
 }
 
 impl Default for FinetuneOptions {
@@ -114,6 +120,7 @@ impl Default for FinetuneOptions {
             out: PathBuf::from("finetuned"),
             overwrite: false,
             allow_changes: Vec::new(),
+            engine: Engine::Auto,
         }
     }
 }
@@ -152,8 +159,8 @@ impl FinetuneOptions {
             out: self.out.clone(),
             overwrite: self.overwrite,
             allow_changes: self.allow_changes.clone(),
-            // Fine-tuning heads run on the candle modules (for now).
-            engine: Engine::Candle,
+            engine: self.engine,
+            // bf16 fine-tuning is not wired yet: fp32.
             precision: Default::default(),
         }
     }
@@ -171,6 +178,8 @@ pub struct Finetuning {
     dev: Option<(TaskData, TaskInputs)>,
     opts: FinetuneOptions,
     device: Device,
+    /// Whether training steps run on the fast path.
+    fast: bool,
 }
 
 impl Finetuner {
@@ -355,6 +364,16 @@ impl Finetuner {
                 },
                 other => other,
             })?;
+            let engine = opts.engine;
+            let fast = engine.tries_fast() && FinetuneHead::of(head.model())?.is_some();
+            if !fast && engine.tries_fast() {
+                engine.fallback(&format!(
+                    "{} heads on {} models (family {:?}, as configured)",
+                    task.head(),
+                    config.model_type,
+                    config.family
+                ))?;
+            }
             Ok(Finetuning {
                 task,
                 config,
@@ -366,6 +385,7 @@ impl Finetuner {
                 dev,
                 opts,
                 device: Device::Cpu,
+                fast,
             })
         })
     }
@@ -395,6 +415,12 @@ impl Finetuner {
     pub fn train_size(&self) -> (usize, usize) {
         let o = self.objective();
         (o.train_examples, o.train.items.len())
+    }
+
+    /// Whether training steps run on the fast path (see
+    /// [`FinetuneOptions::engine`]).
+    pub fn on_fast_path(&self) -> bool {
+        self.objective().fast
     }
 
     pub fn dev_size(&self) -> Option<usize> {
@@ -475,6 +501,96 @@ impl Finetuning {
         self.scorer().score(data, prepared, run.outputs, loss)
     }
 
+    /// The rows a training slice is padded to. QA's loss takes its softmax
+    /// over every position, padding included (as transformers'), so a
+    /// process pads its slice as one process pads the whole micro-batch;
+    /// the other heads ignore padding.
+    fn pad_to(&self, slice: &Slice) -> usize {
+        if self.task != Task::Qa {
+            return 0;
+        }
+        let items = &self.train.items;
+        slice
+            .micro_batch
+            .iter()
+            .map(|&i| items[i].input_ids.len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// A training micro-batch on the fast path. The loss's weight (this
+    /// process's share of the micro-batch's targets) needs the counts of
+    /// every process first, so every process takes part even with no rows.
+    fn train_batch_fast(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
+        let items: Vec<&TaskInput> = batch.iter().map(|&i| &self.train.items[i]).collect();
+        let tokens = items.iter().map(|i| i.input_ids.len()).sum();
+        // The targets as the candle path builds them.
+        let (mut classes, mut tags, mut spans) = (Vec::new(), Vec::new(), Vec::new());
+        for item in &items {
+            match (self.task, &item.target) {
+                (Task::Classification, &Target::Class(y)) => classes.push(y),
+                (Task::Classification, _) => classes.push(IGNORE_INDEX),
+                (Task::Ner, target) => {
+                    // A tag per token, cut to the input as the candle path cuts.
+                    let mut row = vec![IGNORE_INDEX; item.input_ids.len()];
+                    if let Target::Tokens(l) = target {
+                        let n = l.len().min(row.len());
+                        row[..n].copy_from_slice(&l[..n]);
+                    }
+                    tags.push(row);
+                }
+                (Task::Qa, &Target::Span(s, e)) => spans.push((s, e)),
+                (Task::Qa, _) => spans.push((0, 0)),
+            }
+        }
+        let targets = match self.task {
+            Task::Qa => spans.len(),
+            _ => classes
+                .iter()
+                .chain(tags.iter().flatten())
+                .filter(|&&y| y != IGNORE_INDEX)
+                .count(),
+        };
+        let mut all = [targets as f64];
+        if slice.group.size() > 1 {
+            slice.group.sum_f64(&mut all)?;
+        }
+        if all[0] == 0.0 {
+            return Ok(MicroStep {
+                tokens,
+                ..MicroStep::empty()
+            });
+        }
+        if batch.is_empty() {
+            return Ok(MicroStep {
+                gradients: Gradients::Computed(Default::default()),
+                ..MicroStep::empty()
+            });
+        }
+        let head = FinetuneHead::of(self.head.model())?.ok_or_else(|| {
+            Error::Input("internal: the fast path no longer covers the model".into())
+        })?;
+        let batch = HeadBatch {
+            sequences: items
+                .iter()
+                .map(|i| (&i.input_ids[..], &i.token_type_ids[..]))
+                .collect(),
+            targets: match self.task {
+                Task::Classification => HeadTargets::Classes(&classes),
+                Task::Ner => HeadTargets::Tokens(tags.iter().map(|t| &t[..]).collect()),
+                Task::Qa => HeadTargets::Spans(&spans),
+            },
+            pad_to: self.pad_to(slice),
+        };
+        let out = head.step(&batch, targets as f64 / all[0], true)?;
+        Ok(MicroStep {
+            loss: out.loss,
+            gradients: Gradients::Computed(out.gradients),
+            tokens,
+            tally: MeanLoss::of(out.loss, out.targets),
+        })
+    }
+
     fn evaluate_dev(&self, group: &dyn ProcessGroup) -> Result<Option<Evaluation>> {
         self.dev
             .as_ref()
@@ -510,27 +626,16 @@ impl Objective for Finetuning {
     }
 
     fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
+        if self.fast {
+            return self.train_batch_fast(batch, slice);
+        }
         if batch.is_empty() {
             return Ok(MicroStep::empty());
         }
         let batch: Vec<&TaskInput> = batch.iter().map(|&i| &self.train.items[i]).collect();
-        // QA's loss takes its softmax over every position, padding included
-        // (as transformers'), so a process pads its slice as one process
-        // pads the whole micro-batch; the other heads ignore padding.
-        let pad_to = if self.task == Task::Qa {
-            let items = &self.train.items;
-            slice
-                .micro_batch
-                .iter()
-                .map(|&i| items[i].input_ids.len())
-                .max()
-                .unwrap_or(0)
-        } else {
-            0
-        };
         let out = self.head.forward(
             &batch,
-            (self.inputs.tokenizer.pad_id(), pad_to),
+            (self.inputs.tokenizer.pad_id(), self.pad_to(slice)),
             &self.device,
             true,
             false,

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use bertha::data::{Corpus, CorpusOptions, DataOptions, MaskSplit, Masker, Task};
 use bertha::training::{
-    FinetuneOptions, Finetuner, LoopOptions, ModelSetup, PretrainData, PretrainOptions, Pretrainer,
-    RunLength, Warmup,
+    Engine, FinetuneOptions, Finetuner, LoopOptions, ModelSetup, PretrainData, PretrainOptions,
+    Pretrainer, RunLength, Warmup,
 };
 use bertha::{BertConfig, Tensor, Tokenizer, Weights};
 use serde_json::{json, Value};
@@ -28,6 +28,7 @@ pub struct Tweak {
     pub poison: Option<&'static str>,
     pub overwrite: bool,
     pub allow_changes: Vec<String>,
+    pub engine: Engine,
 }
 
 impl Default for Tweak {
@@ -44,6 +45,7 @@ impl Default for Tweak {
             poison: None,
             overwrite: false,
             allow_changes: Vec::new(),
+            engine: Engine::Auto,
         }
     }
 }
@@ -109,6 +111,7 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
             early_stop: t.early_stop,
             overwrite: t.overwrite,
             allow_changes: t.allow_changes.clone(),
+            engine: t.engine,
             ..LoopOptions::new(out)
         },
     };
@@ -201,6 +204,7 @@ pub fn finetuner(out: &Path, task: Task, t: &Tweak) -> Finetuner {
         out: out.to_path_buf(),
         overwrite: t.overwrite,
         allow_changes: t.allow_changes.clone(),
+        engine: t.engine,
         ..FinetuneOptions::default()
     };
     Finetuner::new(

@@ -1,5 +1,8 @@
 //! Self-attention over packed sequences with its backward pass: one task
 //! per (sequence, head), each sequence attending over its own tokens only.
+//! A sequence may end in padding rows that attend to its tokens but that
+//! no row attends to (`keys`: the rows of each sequence that are keys), as
+//! in a padded batch.
 //!
 //! The forward keeps each task's probabilities (before dropout) for the
 //! backward; the dropout mask is recomputed from its key, not stored.
@@ -24,19 +27,29 @@ impl Heads {
     }
 }
 
-/// Where each (sequence, head)'s `len × len` probabilities start in the
-/// probabilities buffer, and its total length.
-pub(crate) fn probability_offsets(offsets: &[usize], heads: Heads) -> (Vec<usize>, usize) {
+/// Where each (sequence, head)'s `len × keys` probabilities start in the
+/// probabilities buffer, and its total length. `keys`: the leading rows of
+/// each sequence that are keys (empty: all of them).
+pub(crate) fn probability_offsets(
+    offsets: &[usize],
+    keys: &[usize],
+    heads: Heads,
+) -> (Vec<usize>, usize) {
     let mut at = Vec::with_capacity(offsets.len().saturating_sub(1) * heads.count);
     let mut total = 0;
-    for w in offsets.windows(2) {
+    for (s, w) in offsets.windows(2).enumerate() {
         let len = w[1] - w[0];
         for _ in 0..heads.count {
             at.push(total);
-            total += len * len;
+            total += len * key_count(keys, s, len);
         }
     }
     (at, total)
+}
+
+/// Sequence `s`'s keys: its first `keys[s]` rows, or all `len`.
+fn key_count(keys: &[usize], s: usize, len: usize) -> usize {
+    keys.get(s).map_or(len, |&k| k.min(len))
 }
 
 /// A pointer tasks share, each writing its own disjoint elements.
@@ -53,25 +66,28 @@ impl Shared {
     }
 }
 
-/// One task: sequence `s` (rows `start..start + len`), head `h`, its
-/// probabilities at `p_at`.
+/// One task: sequence `s` (rows `start..start + len`, the first `keys`
+/// of them keys), head `h`, its probabilities at `p_at`.
 #[derive(Clone, Copy)]
 struct Task {
     s: usize,
     start: usize,
     len: usize,
+    keys: usize,
     h: usize,
     p_at: usize,
 }
 
-fn tasks(offsets: &[usize], heads: Heads, p_offsets: &[usize]) -> Vec<Task> {
+fn tasks(offsets: &[usize], keys: &[usize], heads: Heads, p_offsets: &[usize]) -> Vec<Task> {
     let mut out = Vec::with_capacity(p_offsets.len());
     for (s, w) in offsets.windows(2).enumerate() {
+        let len = w[1] - w[0];
         for h in 0..heads.count {
             out.push(Task {
                 s,
                 start: w[0],
-                len: w[1] - w[0],
+                len,
+                keys: key_count(keys, s, len),
                 h,
                 p_at: p_offsets[s * heads.count + h],
             });
@@ -86,7 +102,7 @@ pub(crate) fn forward(
     qkv: &[f32],
     ctx: &mut [f32],
     probs: &mut [f32],
-    offsets: &[usize],
+    (offsets, keys): (&[usize], &[usize]),
     heads: Heads,
     dropout: Option<&DropoutMask>,
 ) {
@@ -103,14 +119,14 @@ pub(crate) fn forward(
         tokens * d,
         "attention: ctx is not [{tokens}, {d}]"
     );
-    let (p_offsets, total) = probability_offsets(offsets, heads);
+    let (p_offsets, total) = probability_offsets(offsets, keys, heads);
     assert_eq!(probs.len(), total, "attention: probabilities buffer");
     let scale = 1.0 / (heads.dim as f32).sqrt();
     let (ctx_out, p_out) = (Shared(ctx.as_mut_ptr()), Shared(probs.as_mut_ptr()));
-    tasks(offsets, heads, &p_offsets)
+    tasks(offsets, keys, heads, &p_offsets)
         .into_par_iter()
         .for_each_init(Vec::new, |dropped: &mut Vec<f32>, t| {
-            let (len, hd) = (t.len, heads.dim);
+            let (len, hd, nk) = (t.len, heads.dim, t.keys);
             let q = &qkv[t.start * 3 * d + t.h * hd..];
             let k = &q[d..];
             let v = &q[2 * d..];
@@ -118,25 +134,25 @@ pub(crate) fn forward(
             // its rows lie inside qkv (asserted lengths); its ctx rows and
             // head columns are written by no other task.
             unsafe {
-                let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), len * len);
+                let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), len * nk);
                 product(
-                    (len, len, hd),
+                    (len, nk, hd),
                     p.as_mut_ptr(),
-                    len,
+                    nk,
                     false,
                     Operand::rows(q, 3 * d),
                     Operand::transposed(k, 3 * d),
                     scale,
                     false,
                 );
-                for row in p.chunks_exact_mut(len.max(1)) {
+                for row in p.chunks_exact_mut(nk.max(1)) {
                     softmax_row(row);
                 }
                 let used: &[f32] = match dropout {
                     Some(mask) => {
                         dropped.clear();
                         dropped.extend_from_slice(p);
-                        for (i, row) in dropped.chunks_exact_mut(len.max(1)).enumerate() {
+                        for (i, row) in dropped.chunks_exact_mut(nk.max(1)).enumerate() {
                             mask.apply_row(mask.row_key(&[t.s, t.h, i]), row);
                         }
                         dropped
@@ -144,11 +160,11 @@ pub(crate) fn forward(
                     None => p,
                 };
                 product(
-                    (len, hd, len),
+                    (len, hd, nk),
                     ctx_out.at(t.start * d + t.h * hd),
                     d,
                     false,
-                    Operand::rows(used, len),
+                    Operand::rows(used, nk),
                     Operand::rows(v, 3 * d),
                     1.0,
                     false,
@@ -172,7 +188,7 @@ pub(crate) fn backward(
     probs: &[f32],
     dctx: &[f32],
     dqkv: &mut [f32],
-    offsets: &[usize],
+    (offsets, keys): (&[usize], &[usize]),
     heads: Heads,
     dropout: Option<&DropoutMask>,
 ) {
@@ -181,27 +197,27 @@ pub(crate) fn backward(
     assert_eq!(qkv.len(), tokens * 3 * d, "attention backward: qkv");
     assert_eq!(dqkv.len(), tokens * 3 * d, "attention backward: dqkv");
     assert_eq!(dctx.len(), tokens * d, "attention backward: dctx");
-    let (p_offsets, total) = probability_offsets(offsets, heads);
+    let (p_offsets, total) = probability_offsets(offsets, keys, heads);
     assert_eq!(probs.len(), total, "attention backward: probabilities");
     let scale = 1.0 / (heads.dim as f32).sqrt();
     let out = Shared(dqkv.as_mut_ptr());
-    tasks(offsets, heads, &p_offsets)
+    tasks(offsets, keys, heads, &p_offsets)
         .into_par_iter()
         .for_each_init(Scratch::default, |sc, t| {
-            let (len, hd) = (t.len, heads.dim);
-            let p = &probs[t.p_at..t.p_at + len * len];
+            let (len, hd, nk) = (t.len, heads.dim, t.keys);
+            let p = &probs[t.p_at..t.p_at + len * nk];
             let q = &qkv[t.start * 3 * d + t.h * hd..];
             let k = &q[d..];
             let v = &q[2 * d..];
             let dc = &dctx[t.start * d + t.h * hd..];
-            let keys = |i: usize| dropout.map(|m| (m, m.row_key(&[t.s, t.h, i])));
+            let mask_keys = |i: usize| dropout.map(|m| (m, m.row_key(&[t.s, t.h, i])));
             // The probabilities the forward multiplied V by.
             let used: &[f32] = match dropout {
                 Some(_) => {
                     sc.dropped.clear();
                     sc.dropped.extend_from_slice(p);
-                    for (i, row) in sc.dropped.chunks_exact_mut(len.max(1)).enumerate() {
-                        if let Some((m, key)) = keys(i) {
+                    for (i, row) in sc.dropped.chunks_exact_mut(nk.max(1)).enumerate() {
+                        if let Some((m, key)) = mask_keys(i) {
                             m.apply_row(key, row);
                         }
                     }
@@ -209,29 +225,29 @@ pub(crate) fn backward(
                 }
                 None => p,
             };
-            sc.dp.resize(len * len, 0.0);
-            sc.ds.resize(len * len, 0.0);
+            sc.dp.resize(len * nk, 0.0);
+            sc.ds.resize(len * nk, 0.0);
             let base = t.start * 3 * d + t.h * hd;
             // SAFETY: the operands lie inside qkv / dctx / the scratch
             // (asserted lengths); the task's rows and head columns of dqkv
             // are written by no other task.
             unsafe {
-                // dV = usedᵀ · dctx
+                // dV = usedᵀ · dctx (key rows only; padding rows are no keys)
                 product(
-                    (len, hd, len),
+                    (nk, hd, len),
                     out.at(base + 2 * d),
                     3 * d,
                     false,
-                    Operand::transposed(used, len),
+                    Operand::transposed(used, nk),
                     Operand::rows(dc, d),
                     1.0,
                     false,
                 );
                 // d(used) = dctx · Vᵀ, then through the mask.
                 product(
-                    (len, len, hd),
+                    (len, nk, hd),
                     sc.dp.as_mut_ptr(),
-                    len,
+                    nk,
                     false,
                     Operand::rows(dc, d),
                     Operand::transposed(v, 3 * d),
@@ -239,32 +255,32 @@ pub(crate) fn backward(
                     false,
                 );
             }
-            for (i, row) in sc.dp.chunks_exact_mut(len.max(1)).enumerate() {
-                if let Some((m, key)) = keys(i) {
+            for (i, row) in sc.dp.chunks_exact_mut(nk.max(1)).enumerate() {
+                if let Some((m, key)) = mask_keys(i) {
                     m.apply_row(key, row);
                 }
             }
-            softmax_backward(p, &sc.dp, &mut sc.ds, len.max(1));
+            softmax_backward(p, &sc.dp, &mut sc.ds, nk.max(1));
             // SAFETY: as above.
             unsafe {
                 // dQ = scale · dS · K
                 product(
-                    (len, hd, len),
+                    (len, hd, nk),
                     out.at(base),
                     3 * d,
                     false,
-                    Operand::rows(&sc.ds, len),
+                    Operand::rows(&sc.ds, nk),
                     Operand::rows(k, 3 * d),
                     scale,
                     false,
                 );
-                // dK = scale · dSᵀ · Q
+                // dK = scale · dSᵀ · Q (key rows only)
                 product(
-                    (len, hd, len),
+                    (nk, hd, len),
                     out.at(base + d),
                     3 * d,
                     false,
-                    Operand::transposed(&sc.ds, len),
+                    Operand::transposed(&sc.ds, nk),
                     Operand::rows(q, 3 * d),
                     scale,
                     false,

@@ -149,6 +149,9 @@ struct LayerTape {
 /// A forward pass's tape.
 pub(crate) struct Tape {
     offsets: Vec<usize>,
+    /// Each sequence's real tokens, the keys of its attention, when it
+    /// ends in padding rows (empty: no padding).
+    keys: Vec<usize>,
     ids: Vec<u32>,
     types: Vec<u32>,
     positions: Vec<usize>,
@@ -290,9 +293,38 @@ impl Encoder {
     /// dropout draws its masks in the order the candle modules do, so both
     /// drop the same elements.
     pub fn forward(&self, sequences: &[(&[u32], &[u32])], train: bool) -> Result<(Vec<f32>, Tape)> {
+        self.forward_padded(sequences, 0, train)
+    }
+
+    /// [`forward`](Self::forward) with every sequence padded to
+    /// `max(pad_to, longest)` rows, as a padded batch runs (none with
+    /// `pad_to` 0): `[PAD]` tokens at the next positions, type 0, that
+    /// attend to the sequence's tokens and that nothing attends to. Their
+    /// states are what a padded batch gives at those rows (QA's loss reads
+    /// them).
+    pub fn forward_padded(
+        &self,
+        sequences: &[(&[u32], &[u32])],
+        pad_to: usize,
+        train: bool,
+    ) -> Result<(Vec<f32>, Tape)> {
         let d = self.hidden;
         let mut offsets = vec![0];
         let (mut ids, mut types, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        let rows = match pad_to {
+            0 => 0,
+            _ => sequences.iter().map(|s| s.0.len()).fold(pad_to, usize::max),
+        };
+        if rows > self.max_positions {
+            return Err(Error::Input(format!(
+                "padded to {rows} tokens, more than max_position_embeddings ({})",
+                self.max_positions
+            )));
+        }
+        let keys: Vec<usize> = match rows {
+            0 => Vec::new(),
+            _ => sequences.iter().map(|s| s.0.len()).collect(),
+        };
         let vocab = self.word.data.len() / d;
         let n_types = self.token_type.as_ref().map_or(0, |t| t.data.len() / d);
         for (s, (seq, tt)) in sequences.iter().enumerate() {
@@ -317,6 +349,11 @@ impl Encoder {
                 }
                 ids.push(id);
                 types.push(t);
+                positions.push(p);
+            }
+            for p in seq.len()..rows {
+                ids.push(self.pad_id);
+                types.push(0);
                 positions.push(p);
             }
             offsets.push(ids.len());
@@ -351,7 +388,7 @@ impl Encoder {
         }
         let mut tapes = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let (y, tape) = self.layer_forward(layer, x, &offsets, &mask_of);
+            let (y, tape) = self.layer_forward(layer, x, (&offsets, &keys), &mask_of);
             tapes.push(tape);
             x = y;
         }
@@ -365,6 +402,7 @@ impl Encoder {
             x,
             Tape {
                 offsets,
+                keys,
                 ids,
                 types,
                 positions,
@@ -380,7 +418,7 @@ impl Encoder {
         &self,
         layer: &Layer,
         x: Vec<f32>,
-        offsets: &[usize],
+        (offsets, keys): (&[usize], &[usize]),
         mask_of: &dyn Fn(&Dropout) -> Option<DropoutMask>,
     ) -> (Vec<f32>, LayerTape) {
         let (d, n) = (self.hidden, offsets.last().copied().unwrap_or(0));
@@ -395,7 +433,7 @@ impl Encoder {
         let attn_in = if pre { &t.attn_in } else { &x };
         self.compute
             .forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
-        let (_, total) = attention::probability_offsets(offsets, self.heads);
+        let (_, total) = attention::probability_offsets(offsets, keys, self.heads);
         t.probs = vec![0f32; total];
         t.ctx = vec![0f32; n * d];
         t.masks[0] = mask_of(&self.attention_dropout);
@@ -403,7 +441,7 @@ impl Encoder {
             &t.qkv,
             &mut t.ctx,
             &mut t.probs,
-            offsets,
+            (offsets, keys),
             self.heads,
             t.masks[0].as_ref(),
         );
@@ -460,7 +498,8 @@ impl Encoder {
             self.norm_position == NormPosition::Pre,
         );
         for (layer, t) in self.layers.iter_mut().zip(&tape.layers).rev() {
-            dy = layer_backward(layer, t, dy, &tape.offsets, (d, heads, act, pre));
+            let packing = (&tape.offsets[..], &tape.keys[..]);
+            dy = layer_backward(layer, t, dy, packing, (d, heads, act, pre));
         }
         if let Some(m) = &tape.embed_mask {
             drop_rows(m, &mut dy, &tape.offsets, d);
@@ -516,7 +555,7 @@ fn layer_backward(
     layer: &mut Layer,
     t: &LayerTape,
     dy: Vec<f32>,
-    offsets: &[usize],
+    (offsets, keys): (&[usize], &[usize]),
     (d, heads, act, pre): (usize, Heads, Act, bool),
 ) -> Vec<f32> {
     let n = offsets.last().copied().unwrap_or(0);
@@ -582,7 +621,7 @@ fn layer_backward(
         &t.probs,
         &dctx,
         &mut dqkv,
-        offsets,
+        (offsets, keys),
         heads,
         t.masks[0].as_ref(),
     );

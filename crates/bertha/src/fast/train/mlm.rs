@@ -48,7 +48,7 @@ pub struct MlmHead {
     compute: Compute,
 }
 
-fn linear(dense: &Dense, what: &str) -> Result<Linear> {
+pub(super) fn linear(dense: &Dense, what: &str) -> Result<Linear> {
     let b = dense
         .bias()
         .ok_or_else(|| Error::Input(format!("internal: {what} has no bias")))?;

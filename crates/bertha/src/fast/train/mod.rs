@@ -13,6 +13,7 @@
 
 mod attention;
 mod encoder;
+mod heads;
 mod losses;
 mod mlm;
 mod products;
@@ -22,6 +23,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 
+pub use heads::{FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
 pub use mlm::{MlmBatch, MlmHead, MlmOutcome};
 pub use products::Compute;
 

@@ -311,6 +311,12 @@ impl Classifier {
         self.outputs
     }
 
+    /// The linear layer and the dropout before it (the training fast path
+    /// runs them on its own buffers).
+    fn parts(&self) -> (&Dense, Dropout) {
+        (&self.dense, self.dropout)
+    }
+
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let x = self.dropout.forward(x, train)?;
         Ok(self.dense.forward(&x)?)

@@ -66,6 +66,11 @@ impl QuestionAnsweringModule {
 }
 
 impl BertForQuestionAnswering {
+    /// `qa_outputs`: [D] → (start, end) logits per token.
+    pub fn qa_outputs(&self) -> &Dense {
+        &self.module.qa_outputs
+    }
+
     /// [`BertHead::forward`] with the answer positions.
     pub fn forward(
         &self,

@@ -7,6 +7,7 @@ use super::loss::{bce_with_logits, class_cross_entropy, float_labels};
 use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::config::{BertConfig, ProblemType};
 use crate::error::Result;
+use crate::model::nn::{Dense, Dropout};
 
 super::declare_head! {
     /// `BertForSequenceClassification`'s module: the classifier on the
@@ -35,6 +36,11 @@ impl SequenceClassificationModule {
 impl BertForSequenceClassification {
     pub fn num_labels(&self) -> usize {
         self.module.classifier.outputs()
+    }
+
+    /// The classifier on the pooled output and the dropout before it.
+    pub fn classifier(&self) -> (&Dense, Dropout) {
+        self.module.classifier.parts()
     }
 
     /// The loss transformers would use for these labels: the config's

@@ -5,6 +5,7 @@ use candle_core::Result as CResult;
 use super::loss::token_cross_entropy;
 use super::{Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::error::Result;
+use crate::model::nn::{Dense, Dropout};
 
 super::declare_head! {
     /// `BertForTokenClassification`'s module: the classifier on every token.
@@ -31,5 +32,10 @@ impl TokenClassificationModule {
 impl BertForTokenClassification {
     pub fn num_labels(&self) -> usize {
         self.module.classifier.outputs()
+    }
+
+    /// The classifier on every token and the dropout before it.
+    pub fn classifier(&self) -> (&Dense, Dropout) {
+        self.module.classifier.parts()
     }
 }

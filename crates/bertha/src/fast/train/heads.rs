@@ -1,0 +1,509 @@
+//! Fine-tuning heads on the fast path: sequence classification (pooler →
+//! dropout → classifier, with the loss its `problem_type` says), token
+//! classification (dropout → classifier on every token, -100 ignored) and
+//! extractive QA (`qa_outputs` → start / end cross-entropy over every row,
+//! padding rows included as transformers' loss has them), each with the
+//! loss and the dropout masks of its candle head.
+
+use candle_core::backprop::GradStore;
+
+use super::encoder::{add, drop_rows, Encoder, Linear};
+use super::grad_store;
+use super::losses::cross_entropy;
+use super::mlm::linear;
+use crate::config::ProblemType;
+use crate::error::{Error, Result};
+use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
+
+/// What a head's loss is computed against.
+pub enum HeadTargets<'a> {
+    /// Sequence classification: a class id per sequence (-100: none).
+    Classes(&'a [i64]),
+    /// Sequence classification as regression or multi-label: `[N,
+    /// num_labels]` values, row-major (0/1 for multi-label).
+    Values(&'a [f32]),
+    /// Token classification: a class id per token of each sequence
+    /// (-100: none).
+    Tokens(Vec<&'a [i64]>),
+    /// Question answering: each sequence's answer `(start, end)` rows;
+    /// rows outside the (padded) sequence are clamped to its row count and
+    /// then ignored, as transformers does.
+    Spans(&'a [(i64, i64)]),
+}
+
+/// One micro-batch: packed sequences `(ids, token types)` and the targets.
+pub struct HeadBatch<'a> {
+    pub sequences: Vec<(&'a [u32], &'a [u32])>,
+    pub targets: HeadTargets<'a>,
+    /// Run every sequence padded to `max(pad_to, longest)` rows, as a
+    /// padded batch runs (0: unpadded). Only QA's loss reads padding rows
+    /// (its softmax covers them), so only QA needs it to equal the candle
+    /// path; the other heads give the same step either way.
+    pub pad_to: usize,
+}
+
+/// A step's mean loss and the gradients of `weight · loss`.
+pub struct HeadOutcome {
+    /// The head's mean loss over `targets` (0 without any).
+    pub loss: f64,
+    /// Labelled sequences or tokens (regression, multi-label: sequences).
+    pub targets: usize,
+    /// `[N, C]` per sequence, or `[T, C]` per packed row (QA: `[T, 2]`,
+    /// start and end), padding rows included.
+    pub logits: Vec<f32>,
+    pub gradients: GradStore,
+}
+
+/// The layers above the encoder.
+enum Top {
+    Sequence {
+        pooler: Linear,
+        classifier: Linear,
+        dropout: Dropout,
+        problem: Option<ProblemType>,
+    },
+    Token {
+        classifier: Linear,
+        dropout: Dropout,
+    },
+    Answer {
+        qa_outputs: Linear,
+    },
+}
+
+/// `BertForSequenceClassification`, `BertForTokenClassification` and
+/// `BertForQuestionAnswering` on the fast path.
+pub struct FinetuneHead {
+    encoder: Encoder,
+    top: Top,
+}
+
+impl FinetuneHead {
+    /// The current weights of `model`, when the fast path covers it (a
+    /// classification or QA head on an encoder it runs; sequence
+    /// classification needs the pooler).
+    pub fn of(model: &BertForTask) -> Result<Option<Self>> {
+        let top = match model {
+            BertForTask::SequenceClassification(m) => {
+                let Some(pooler) = &model.bert().pooler else {
+                    return Ok(None);
+                };
+                let (dense, dropout) = m.classifier();
+                if dropout.rate() >= 1.0 || dense.bias().is_none() {
+                    return Ok(None);
+                }
+                Top::Sequence {
+                    pooler: linear(&pooler.dense, "the pooler")?,
+                    classifier: linear(dense, "the classifier")?,
+                    dropout,
+                    problem: model.config().problem_type,
+                }
+            }
+            BertForTask::TokenClassification(m) => {
+                let (dense, dropout) = m.classifier();
+                if dropout.rate() >= 1.0 || dense.bias().is_none() {
+                    return Ok(None);
+                }
+                Top::Token {
+                    classifier: linear(dense, "the classifier")?,
+                    dropout,
+                }
+            }
+            BertForTask::QuestionAnswering(m) => {
+                if m.qa_outputs().bias().is_none() {
+                    return Ok(None);
+                }
+                Top::Answer {
+                    qa_outputs: linear(m.qa_outputs(), "qa_outputs")?,
+                }
+            }
+            _ => return Ok(None),
+        };
+        let Some(encoder) = Encoder::of(model.bert())? else {
+            return Ok(None);
+        };
+        Ok(Some(Self { encoder, top }))
+    }
+
+    /// Forward and backward on `batch` (dropout on with `train`): the mean
+    /// loss, and the gradients of `weight` times it.
+    pub fn step(mut self, batch: &HeadBatch, weight: f64, train: bool) -> Result<HeadOutcome> {
+        let (hidden, tape) = self
+            .encoder
+            .forward_padded(&batch.sequences, batch.pad_to, train)?;
+        let d = self.encoder.hidden();
+        let offsets = tape.offsets();
+        let mut dhidden = vec![0f32; hidden.len()];
+        let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
+        let step = match &mut self.top {
+            Top::Sequence {
+                pooler,
+                classifier,
+                dropout,
+                problem,
+            } => {
+                let mask = mask_of(dropout);
+                let (targets, problem) = (&batch.targets, *problem);
+                let loss = |logits: &mut [f32], c: usize| {
+                    sequence_loss(logits, c, targets, problem, weight)
+                };
+                let parts = Pooled { pooler, classifier };
+                parts.step(&hidden, offsets, d, mask.as_ref(), &mut dhidden, loss)?
+            }
+            Top::Token {
+                classifier,
+                dropout,
+            } => {
+                let HeadTargets::Tokens(labels) = &batch.targets else {
+                    return Err(Error::Input(
+                        "labels: token classification needs a class id per token".into(),
+                    ));
+                };
+                let mask = mask_of(dropout);
+                token_step(
+                    classifier,
+                    (&hidden, offsets, d),
+                    (batch, labels),
+                    mask.as_ref(),
+                    weight,
+                    &mut dhidden,
+                )?
+            }
+            Top::Answer { qa_outputs } => {
+                let HeadTargets::Spans(spans) = &batch.targets else {
+                    return Err(Error::Input(
+                        "start_positions / end_positions: question answering needs an answer span per sequence".into(),
+                    ));
+                };
+                answer_step(
+                    qa_outputs,
+                    (&hidden, offsets, d),
+                    spans,
+                    weight,
+                    &mut dhidden,
+                )?
+            }
+        };
+        if step.targets > 0 {
+            self.encoder.backward(&tape, dhidden);
+        }
+        let mut params = self.encoder.params();
+        match &self.top {
+            Top::Sequence {
+                pooler, classifier, ..
+            } => params.extend([&pooler.w, &pooler.b, &classifier.w, &classifier.b]),
+            Top::Token { classifier, .. } => params.extend([&classifier.w, &classifier.b]),
+            Top::Answer { qa_outputs } => params.extend([&qa_outputs.w, &qa_outputs.b]),
+        }
+        Ok(HeadOutcome {
+            gradients: grad_store(params)?,
+            ..step
+        })
+    }
+}
+
+/// A head's loss, logits and target count, before the gradients are
+/// gathered.
+fn outcome(loss: f64, targets: usize, logits: Vec<f32>) -> HeadOutcome {
+    HeadOutcome {
+        loss,
+        targets,
+        logits,
+        gradients: GradStore::default(),
+    }
+}
+
+/// The pooler (dense + tanh on each `[CLS]` row) and the classifier on it.
+struct Pooled<'a> {
+    pooler: &'a mut Linear,
+    classifier: &'a mut Linear,
+}
+
+impl Pooled<'_> {
+    /// Forward, the loss (`loss` turns the logits `[N, C]` into their
+    /// gradient, giving the mean loss and its target count) and backward
+    /// into `dhidden`; dropout (`mask`, rows keyed by sequence) between
+    /// pooler and classifier.
+    fn step(
+        self,
+        hidden: &[f32],
+        offsets: &[usize],
+        d: usize,
+        mask: Option<&DropoutMask>,
+        dhidden: &mut [f32],
+        loss: impl FnOnce(&mut [f32], usize) -> Result<(f64, usize)>,
+    ) -> Result<HeadOutcome> {
+        let n = offsets.len() - 1;
+        let mut cls = vec![0f32; n * d];
+        for (s, dst) in cls.chunks_exact_mut(d).enumerate() {
+            if offsets[s + 1] == offsets[s] {
+                return Err(Error::Input(format!(
+                    "sequence {s} is empty: the pooler reads its first token"
+                )));
+            }
+            let r = offsets[s];
+            dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
+        }
+        let mut pooled = vec![0f32; n * d];
+        self.pooler.forward(&cls, &mut pooled, n);
+        pooled.iter_mut().for_each(|v| *v = v.tanh());
+        let mut x = pooled.clone();
+        if let Some(m) = mask {
+            drop_sequences(m, &mut x, d);
+        }
+        let c = self.classifier.out_dim();
+        let mut logits = vec![0f32; n * c];
+        self.classifier.forward(&x, &mut logits, n);
+        let out = logits.clone();
+        let (mean, targets) = loss(&mut logits, c)?;
+        if targets == 0 {
+            return Ok(outcome(mean, targets, out));
+        }
+        let mut dx = vec![0f32; n * d];
+        self.classifier
+            .backward(&x, &logits, Some(&mut dx), n, false);
+        if let Some(m) = mask {
+            drop_sequences(m, &mut dx, d);
+        }
+        for (g, p) in dx.iter_mut().zip(&pooled) {
+            *g *= 1.0 - p * p;
+        }
+        let mut dcls = vec![0f32; n * d];
+        self.pooler.backward(&cls, &dx, Some(&mut dcls), n, false);
+        for (src, &r) in dcls.chunks_exact(d).zip(offsets) {
+            add(&mut dhidden[r * d..(r + 1) * d], src);
+        }
+        Ok(outcome(mean, targets, out))
+    }
+}
+
+/// Dropout on one row per sequence `[N, D]`, row `s` keyed as the candle
+/// modules key batch row `s`.
+fn drop_sequences(mask: &DropoutMask, x: &mut [f32], d: usize) {
+    for (s, row) in x.chunks_exact_mut(d).enumerate() {
+        mask.apply_row(mask.row_key(&[s]), row);
+    }
+}
+
+/// Sequence classification's loss on `logits` `[N, C]`, as
+/// `SequenceClassificationModule` picks it: the config's `problem_type`,
+/// else regression for one label, single-label for class ids, multi-label
+/// otherwise. Replaces the logits by the gradient of `weight · loss`.
+fn sequence_loss(
+    logits: &mut [f32],
+    c: usize,
+    targets: &HeadTargets,
+    problem: Option<ProblemType>,
+    weight: f64,
+) -> Result<(f64, usize)> {
+    let n = logits.len() / c.max(1);
+    let problem = problem.unwrap_or(match targets {
+        _ if c == 1 => ProblemType::Regression,
+        HeadTargets::Classes(_) => ProblemType::SingleLabelClassification,
+        _ => ProblemType::MultiLabelClassification,
+    });
+    let values: Vec<f32> = match (problem, targets) {
+        (ProblemType::SingleLabelClassification, HeadTargets::Classes(y)) => {
+            if y.len() != n {
+                return Err(Error::Input(format!(
+                    "labels: expected {n} labels, got {}",
+                    y.len()
+                )));
+            }
+            let rows: Vec<(usize, i64)> = y
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|&(_, y)| y != IGNORE_INDEX)
+                .collect();
+            return class_loss(logits, c, &rows, weight, "labels");
+        }
+        (ProblemType::SingleLabelClassification, _) => {
+            return Err(Error::Input(
+                "labels: single-label classification needs a class id per sequence".into(),
+            ))
+        }
+        (_, HeadTargets::Classes(y)) => y.iter().map(|&v| v as f32).collect(),
+        (_, HeadTargets::Values(v)) => v.to_vec(),
+        (_, HeadTargets::Tokens(_) | HeadTargets::Spans(_)) => {
+            return Err(Error::Input(
+                "labels: sequence classification needs labels per sequence".into(),
+            ))
+        }
+    };
+    if values.len() != logits.len() {
+        return Err(Error::Input(format!(
+            "labels: expected [{n}, {c}] values, got {}",
+            values.len()
+        )));
+    }
+    let m = logits.len() as f64;
+    let mut sum = 0f64;
+    let scale = (weight / m) as f32;
+    for (x, &y) in logits.iter_mut().zip(&values) {
+        let v = *x;
+        if problem == ProblemType::Regression {
+            // mean((x - y)²)
+            sum += f64::from(v - y).powi(2);
+            *x = scale * 2.0 * (v - y);
+        } else {
+            // BCEWithLogits: max(x, 0) - x·y + log(1 + exp(-|x|)).
+            let e = (-v.abs()).exp();
+            sum += f64::from(v.max(0.0) - v * y + e.ln_1p());
+            let sigmoid = if v >= 0.0 {
+                1.0 / (1.0 + e)
+            } else {
+                e / (1.0 + e)
+            };
+            *x = scale * (sigmoid - y);
+        }
+    }
+    Ok((sum / m, n))
+}
+
+/// Mean cross-entropy of the `rows` `(row, class id)` of `logits` `[N,
+/// C]`; `logits` become the gradient of `weight ·` it (0 on other rows).
+fn class_loss(
+    logits: &mut [f32],
+    c: usize,
+    rows: &[(usize, i64)],
+    weight: f64,
+    what: &str,
+) -> Result<(f64, usize)> {
+    let mut picked = Vec::with_capacity(rows.len() * c);
+    let mut targets = Vec::with_capacity(rows.len());
+    for &(r, y) in rows {
+        if !(0..c as i64).contains(&y) {
+            return Err(Error::Input(format!(
+                "{what}: label {y} at position {r} is not a class id in 0..{c} (use {IGNORE_INDEX} to ignore a position)"
+            )));
+        }
+        picked.extend_from_slice(&logits[r * c..(r + 1) * c]);
+        targets.push(y as u32);
+    }
+    logits.fill(0.0);
+    let count = rows.len();
+    if count == 0 {
+        return Ok((0.0, 0));
+    }
+    let ce = cross_entropy(&mut picked, c, &targets, (weight / count as f64) as f32);
+    for (&(r, _), g) in rows.iter().zip(picked.chunks_exact(c)) {
+        logits[r * c..(r + 1) * c].copy_from_slice(g);
+    }
+    Ok((ce.sum / count as f64, count))
+}
+
+/// Token classification: dropout on every hidden row, the classifier, the
+/// cross-entropy of the labelled tokens; backward into `dhidden`.
+fn token_step(
+    classifier: &mut Linear,
+    (hidden, offsets, d): (&[f32], &[usize], usize),
+    (batch, labels): (&HeadBatch, &[&[i64]]),
+    mask: Option<&DropoutMask>,
+    weight: f64,
+    dhidden: &mut [f32],
+) -> Result<HeadOutcome> {
+    let n_seq = offsets.len() - 1;
+    if labels.len() != n_seq {
+        return Err(Error::Input(format!(
+            "labels: {} label rows for {n_seq} sequences",
+            labels.len()
+        )));
+    }
+    let mut rows = Vec::new();
+    for (s, l) in labels.iter().enumerate() {
+        let len = batch.sequences[s].0.len();
+        if l.len() != len {
+            return Err(Error::Input(format!(
+                "labels: sequence {s} has {} labels for {len} tokens",
+                l.len()
+            )));
+        }
+        for (p, &y) in l.iter().enumerate() {
+            if y == IGNORE_INDEX {
+                continue;
+            }
+            if !(0..classifier.out_dim() as i64).contains(&y) {
+                return Err(Error::Input(format!(
+                    "labels: label {y} at sequence {s}, position {p} is not a class id in 0..{} (use {IGNORE_INDEX} to ignore a token)",
+                    classifier.out_dim()
+                )));
+            }
+            rows.push((offsets[s] + p, y));
+        }
+    }
+    let t = hidden.len() / d;
+    let mut x = hidden.to_vec();
+    if let Some(m) = mask {
+        drop_rows(m, &mut x, offsets, d);
+    }
+    let c = classifier.out_dim();
+    let mut logits = vec![0f32; t * c];
+    classifier.forward(&x, &mut logits, t);
+    let out = logits.clone();
+    let (mean, targets) = class_loss(&mut logits, c, &rows, weight, "labels")?;
+    if targets == 0 {
+        return Ok(outcome(mean, targets, out));
+    }
+    classifier.backward(&x, &logits, Some(dhidden), t, false);
+    if let Some(m) = mask {
+        drop_rows(m, dhidden, offsets, d);
+    }
+    Ok(outcome(mean, targets, out))
+}
+
+/// QA: `qa_outputs` on every row, then the mean of the start and the end
+/// cross-entropies, each over its sequences' rows (padding rows included)
+/// and averaged over the sequences whose position is inside them;
+/// backward into `dhidden`.
+fn answer_step(
+    qa_outputs: &mut Linear,
+    (hidden, offsets, d): (&[f32], &[usize], usize),
+    spans: &[(i64, i64)],
+    weight: f64,
+    dhidden: &mut [f32],
+) -> Result<HeadOutcome> {
+    let n = offsets.len() - 1;
+    if spans.len() != n {
+        return Err(Error::Input(format!(
+            "start_positions / end_positions: {} answers for {n} sequences",
+            spans.len()
+        )));
+    }
+    let t = hidden.len() / d;
+    let mut logits = vec![0f32; t * 2];
+    qa_outputs.forward(hidden, &mut logits, t);
+    let out = logits.clone();
+    let mut dlogits = vec![0f32; t * 2];
+    let mut loss = 0.0;
+    // Column 0: start, 1: end; positions clamped to 0..=rows, rows ignored.
+    for column in 0..2 {
+        let kept: Vec<(usize, usize)> = spans
+            .iter()
+            .enumerate()
+            .filter_map(|(s, &(start, end))| {
+                let rows = offsets[s + 1] - offsets[s];
+                let y = if column == 0 { start } else { end };
+                let y = y.clamp(0, rows as i64) as usize;
+                (y < rows).then_some((s, y))
+            })
+            .collect();
+        if kept.is_empty() {
+            continue;
+        }
+        let w = (weight / 2.0 / kept.len() as f64) as f32;
+        let mut sum = 0.0;
+        for &(s, y) in &kept {
+            let rows = offsets[s]..offsets[s + 1];
+            let mut row: Vec<f32> = rows.clone().map(|r| logits[r * 2 + column]).collect();
+            let c = row.len();
+            sum += cross_entropy(&mut row, c, &[y as u32], w).sum;
+            for (r, g) in rows.zip(row) {
+                dlogits[r * 2 + column] = g;
+            }
+        }
+        loss += sum / kept.len() as f64 / 2.0;
+    }
+    qa_outputs.backward(hidden, &dlogits, Some(dhidden), t, false);
+    Ok(outcome(loss, n, out))
+}
