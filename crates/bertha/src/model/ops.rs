@@ -339,10 +339,7 @@ impl CustomOp3 for LayerNormBwd {
         }
         let mut out = vec![0f32; (rows + 2) * d];
         let (dx, sums) = out.split_at_mut(rows * d);
-        rows_with_sums(dx, sums, d, |at, dx, part| {
-            let n = dx.len();
-            norm_bwd_rows(&x[at..at + n], gamma, &dy[at..at + n], dx, part, self.eps);
-        });
+        layer_norm_backward(x, gamma, dy, dx, sums.split_at_mut(d), self.eps);
         Ok((CpuStorage::F32(out), Shape::from((rows + 2, d))))
     }
 }
@@ -604,10 +601,7 @@ impl CustomOp3 for BiasActBwd {
         }
         let mut out = vec![0f32; (rows + 1) * d];
         let (dz, dbias) = out.split_at_mut(rows * d);
-        rows_with_sums(dz, dbias, d, |at, dz, part| {
-            let n = dz.len();
-            bias_act_bwd_rows(&x[at..at + n], bias, &dy[at..at + n], dz, part, self.act);
-        });
+        bias_act_backward(x, bias, dy, dz, dbias, self.act);
         Ok((CpuStorage::F32(out), Shape::from((rows + 1, d))))
     }
 }

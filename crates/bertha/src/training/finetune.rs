@@ -17,8 +17,8 @@ use super::optim::AdamWConfig;
 use super::plan::{RunLength, Warmup};
 use super::run_dir::Fingerprint;
 use super::trainer::{
-    Chart, Engine, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
-    Objective, Scores, Slice, Streams, Trainer,
+    target_shares, Chart, Engine, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss,
+    MicroStep, ModelSetup, Objective, Scores, Slice, Streams, Trainer,
 };
 use super::ScheduleKind;
 use crate::config::{BertConfig, ProblemType};
@@ -551,22 +551,10 @@ impl Finetuning {
                 .filter(|&&y| y != IGNORE_INDEX)
                 .count(),
         };
-        let mut all = [targets as f64];
-        if slice.group.size() > 1 {
-            slice.group.sum_f64(&mut all)?;
-        }
-        if all[0] == 0.0 {
-            return Ok(MicroStep {
-                tokens,
-                ..MicroStep::empty()
-            });
-        }
-        if batch.is_empty() {
-            return Ok(MicroStep {
-                gradients: Gradients::Computed(Default::default()),
-                ..MicroStep::empty()
-            });
-        }
+        let share = match target_shares(&[targets], batch.len(), tokens, slice.group)? {
+            Ok(shares) => shares[0],
+            Err(done) => return Ok(done),
+        };
         let head = FinetuneHead::of(self.head.model())?.ok_or_else(|| {
             Error::Input("internal: the fast path no longer covers the model".into())
         })?;
@@ -582,7 +570,7 @@ impl Finetuning {
             },
             pad_to: self.pad_to(slice),
         };
-        let out = head.step(&batch, targets as f64 / all[0], true)?;
+        let out = head.step(&batch, share, true)?;
         Ok(MicroStep {
             loss: out.loss,
             gradients: Gradients::Computed(out.gradients),

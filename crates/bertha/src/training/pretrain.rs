@@ -10,8 +10,8 @@ use candle_core::{Device, Tensor, D};
 use super::distributed::{deals, ProcessGroup};
 use super::run_dir::Fingerprint;
 use super::trainer::{
-    Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep, ModelSetup,
-    Objective, Scores, Slice, Streams, Tally, Trainer,
+    target_shares, Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep,
+    ModelSetup, Objective, Scores, Slice, Streams, Tally, Trainer,
 };
 use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
@@ -235,24 +235,11 @@ impl Pretraining {
         let pairs = next_sentence
             .as_ref()
             .map_or(0, |n| n.iter().filter(|&&y| y != IGNORE_INDEX).count());
-        let mut all = [masked as f64, pairs as f64];
-        if slice.group.size() > 1 {
-            slice.group.sum_f64(&mut all)?;
-        }
         let tokens = ids.iter().map(Vec::len).sum();
-        if all == [0.0, 0.0] {
-            return Ok(MicroStep {
-                tokens,
-                ..MicroStep::empty()
-            });
-        }
-        if batch.is_empty() {
-            return Ok(MicroStep {
-                gradients: Gradients::Computed(Default::default()),
-                ..MicroStep::empty()
-            });
-        }
-        let share = |n: usize, of: f64| if of > 0.0 { n as f64 / of } else { 0.0 };
+        let shares = match target_shares(&[masked, pairs], batch.len(), tokens, slice.group)? {
+            Ok(shares) => shares,
+            Err(done) => return Ok(done),
+        };
         let head = MlmHead::of(&self.model)?
             .ok_or_else(|| {
                 Error::Input("internal: the fast path no longer covers the model".into())
@@ -267,7 +254,7 @@ impl Pretraining {
             labels: labels.iter().map(|l| &l[..]).collect(),
             next_sentence,
         };
-        let out = head.step(&batch, [share(masked, all[0]), share(pairs, all[1])], true)?;
+        let out = head.step(&batch, [shares[0], shares[1]], true)?;
         let tally = MlmTally {
             mlm: MeanLoss::of(out.mlm_loss, out.masked),
             correct: out.correct as f64,

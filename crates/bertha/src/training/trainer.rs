@@ -61,6 +61,41 @@ impl<T: Default> MicroStep<T> {
     }
 }
 
+/// This process's share of each loss term's targets (its count over every
+/// process's), for an objective computing its own gradients
+/// ([`Gradients::Computed`]): every process takes part in the count, even
+/// one without rows. `Err` with the micro-step to return when the
+/// micro-batch ends there: no process has a target (nothing learned), or
+/// this process has no row (an empty gradient store: it adds nothing).
+pub fn target_shares<T: Default>(
+    counts: &[usize],
+    rows: usize,
+    tokens: usize,
+    group: &dyn ProcessGroup,
+) -> Result<std::result::Result<Vec<f64>, MicroStep<T>>> {
+    let mut all: Vec<f64> = counts.iter().map(|&c| c as f64).collect();
+    if group.size() > 1 {
+        group.sum_f64(&mut all)?;
+    }
+    if all.iter().all(|&a| a == 0.0) {
+        return Ok(Err(MicroStep {
+            tokens,
+            ..MicroStep::empty()
+        }));
+    }
+    if rows == 0 {
+        return Ok(Err(MicroStep {
+            gradients: Gradients::Computed(GradStore::default()),
+            ..MicroStep::empty()
+        }));
+    }
+    Ok(Ok(counts
+        .iter()
+        .zip(&all)
+        .map(|(&c, &a)| if a > 0.0 { c as f64 / a } else { 0.0 })
+        .collect()))
+}
+
 /// Where a process's rows sit in their micro-batch: draws per row count
 /// rows from the micro-batch's start, so they do not depend on the number
 /// of processes.
