@@ -171,6 +171,13 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
     pub(crate) engine: bertha::training::Engine,
 
+    /// The number format of the matrix products: f32, or bf16 (AVX512-BF16
+    /// products with fp32 sums in the encoder's linear layers; weights,
+    /// AdamW, LayerNorm, softmax, the head and the loss stay fp32; needs the
+    /// fast engine).
+    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    pub(crate) precision: bertha::fast::train::Compute,
+
     #[command(flatten)]
     pub(crate) run: training::RunArgs,
 
@@ -208,6 +215,7 @@ impl Args {
             overwrite: a.run.overwrite,
             allow_changes: a.run.allow_changes.clone(),
             engine: a.engine,
+            precision: a.precision,
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::data::{
     TaskInputs,
 };
 use crate::error::{Error, Result};
-use crate::fast::train::{FinetuneHead, HeadBatch, HeadTargets};
+use crate::fast::train::{Compute, FinetuneHead, HeadBatch, HeadTargets};
 use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
 use crate::io::ModelDir;
@@ -94,6 +94,10 @@ pub struct FinetuneOptions {
     /// older `training_args.json` files read as `Auto`.
     #[serde(skip)]
     pub engine: Engine,
+    /// The number format of the fast path's matrix products (bf16 needs
+    /// the fast path); older `training_args.json` files read as f32.
+    #[serde(default)]
+    pub precision: Compute,
 }
 
 impl Default for FinetuneOptions {
@@ -121,6 +125,7 @@ impl Default for FinetuneOptions {
             overwrite: false,
             allow_changes: Vec::new(),
             engine: Engine::Auto,
+            precision: Compute::F32,
         }
     }
 }
@@ -160,8 +165,7 @@ impl FinetuneOptions {
             overwrite: self.overwrite,
             allow_changes: self.allow_changes.clone(),
             engine: self.engine,
-            // bf16 fine-tuning is not wired yet: fp32.
-            precision: Default::default(),
+            precision: self.precision,
         }
     }
 }
@@ -178,8 +182,9 @@ pub struct Finetuning {
     dev: Option<(TaskData, TaskInputs)>,
     opts: FinetuneOptions,
     device: Device,
-    /// Whether training steps run on the fast path.
+    /// Whether training steps run on the fast path, and its products.
     fast: bool,
+    compute: Compute,
 }
 
 impl Finetuner {
@@ -374,6 +379,16 @@ impl Finetuner {
                     config.family
                 ))?;
             }
+            if opts.precision != Compute::F32 && !fast {
+                return Err(Error::option(
+                    "precision",
+                    format!(
+                        "{:?} trains on the fast path only, which this run does not take (engine {engine:?})",
+                        opts.precision
+                    ),
+                ));
+            }
+            let compute = opts.precision.on_this_cpu();
             Ok(Finetuning {
                 task,
                 config,
@@ -386,6 +401,7 @@ impl Finetuner {
                 opts,
                 device: Device::Cpu,
                 fast,
+                compute,
             })
         })
     }
@@ -558,6 +574,7 @@ impl Finetuning {
         let head = FinetuneHead::of(self.head.model())?.ok_or_else(|| {
             Error::Input("internal: the fast path no longer covers the model".into())
         })?;
+        let head = head.with_compute(self.compute);
         let batch = HeadBatch {
             sequences: items
                 .iter()

@@ -11,6 +11,7 @@ use super::encoder::{add, drop_rows, Encoder, Linear};
 use super::grad_store;
 use super::losses::cross_entropy;
 use super::mlm::linear;
+use super::products::Compute;
 use crate::config::ProblemType;
 use crate::error::{Error, Result};
 use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
@@ -79,6 +80,13 @@ pub struct FinetuneHead {
 }
 
 impl FinetuneHead {
+    /// Runs the encoder's linear products in `compute` (the head's small
+    /// products stay fp32).
+    pub fn with_compute(mut self, compute: Compute) -> Self {
+        self.encoder.set_compute(compute);
+        self
+    }
+
     /// The current weights of `model`, when the fast path covers it (a
     /// classification or QA head on an encoder it runs; sequence
     /// classification needs the pooler).

@@ -11,7 +11,7 @@ use crate::fast::matmul::{product_bf16, Strided};
 /// operands with fp32 sums (AVX512-BF16's `vdpbf16ps`); whatever the
 /// products, weights, gradients and everything between the products stay
 /// fp32.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compute {
     #[default]
