@@ -10,6 +10,8 @@
 //! buffer less per layer), and dropout masks are recomputed from their
 //! keys rather than stored.
 
+use rayon::prelude::*;
+
 use super::attention::{self, Heads};
 use super::products::Compute;
 use super::Param;
@@ -653,12 +655,18 @@ fn layer_backward(
 
 /// Dropout on hidden rows `[T, D]` of packed sequences: row `(s, p)` keyed
 /// as the candle modules key row `p` of batch row `s`.
+/// Rows in parallel: a hash per element is a few percent of a step.
 pub(crate) fn drop_rows(mask: &DropoutMask, x: &mut [f32], offsets: &[usize], d: usize) {
-    for (s, w) in offsets.windows(2).enumerate() {
-        for (p, row) in x[w[0] * d..w[1] * d].chunks_exact_mut(d).enumerate() {
-            mask.apply_row(mask.row_key(&[s, p]), row);
-        }
-    }
+    let rows = offsets.last().copied().unwrap_or(0);
+    x[..rows * d]
+        .par_chunks_mut(d.max(1))
+        .enumerate()
+        .with_min_len(64)
+        .for_each(|(r, row)| {
+            // The sequence holding row r, and the row's place in it.
+            let s = offsets.partition_point(|&o| o <= r) - 1;
+            mask.apply_row(mask.row_key(&[s, r - offsets[s]]), row);
+        });
 }
 
 pub(crate) fn add(acc: &mut [f32], x: &[f32]) {
