@@ -37,7 +37,7 @@ const VERSION: &str = concat!(
         Train (one training loop for every objective): pretrain (MLM, NSP), finetune (classification, \
         NER, QA), evaluate, predict.\n\
         Serve: serve (TEI- and OpenAI-compatible HTTP).\n\
-        Show: attention (heatmaps), embed-map (t-SNE / PCA maps).\n\n\
+        Show: attention (heatmaps), embed-map (t-SNE / PCA maps), curves (metrics of runs).\n\n\
         Outputs match transformers / sentence-transformers; results are JSON Lines on stdout."
 )]
 struct Cli {
@@ -57,6 +57,8 @@ enum Command {
     Embed(commands::embed::Args),
     /// A t-SNE / PCA map of sentence vectors coloured by label, as PNG or SVG.
     EmbedMap(commands::embed_map::Args),
+    /// One chart of a metric (e.g. eval_mlm_loss) from several runs' metrics.jsonl, PNG or SVG.
+    Curves(commands::curves::Args),
     /// Attention heatmap of one text (one head, or [CLS] across layers), PNG/SVG or JSON.
     Attention(commands::attention::Args),
     /// Cosine similarity matrix of the given texts' embeddings.
@@ -156,6 +158,7 @@ fn main() {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Embed(a) => commands::embed::run(a),
         Command::EmbedMap(a) => commands::embed_map::run(a),
+        Command::Curves(a) => commands::curves::run(a),
         Command::Attention(a) => commands::attention::run(a),
         Command::Similarity(a) => commands::similarity::run(a),
         Command::Bench(a) => commands::bench::run(a),

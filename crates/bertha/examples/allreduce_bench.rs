@@ -45,8 +45,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vb.get_with_hints_dtype(n, "w", Init::Const(0.5), DType::F32)?;
         params.freeze()?;
         // Zeros: the sums stay zeros however often they are taken.
-        let mut acc = GradAccumulator::default();
-        acc.set("w", vec![0f32; n]);
+        let mut acc = GradAccumulator::new(&params);
+        acc.set_from("w", &vec![0f32; n])?;
         acc.set_micro_batches(1);
         let iters = if bytes >= 4 << 20 { 20 } else { 200 };
         let mut reducer = GradientReducer::new(bucket).with_compression(compression);

@@ -1,6 +1,7 @@
 pub mod attention;
 pub mod bench;
 pub mod classify;
+pub mod curves;
 pub mod embed;
 pub mod embed_map;
 pub mod evaluate;

@@ -99,6 +99,12 @@ pub struct Args {
     #[arg(long, default_value = "80,10,10")]
     mask_split: String,
 
+    /// The split that masks the held-out sequences (default: --mask-split).
+    /// Runs trained with different splits are compared on one scoring
+    /// split, e.g. 80,10,10.
+    #[arg(long)]
+    eval_mask_split: Option<String>,
+
     /// Choose whole words (a word and its ## pieces) for masking.
     #[arg(long)]
     whole_word_mask: bool,
@@ -283,6 +289,13 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
         MaskSplit::parse(&a.mask_split)?,
         a.whole_word_mask,
     )?;
+    let eval_masker = match &a.eval_mask_split {
+        Some(split) => Some(Masker {
+            split: MaskSplit::parse(split).context("--eval-mask-split")?,
+            ..masker.clone()
+        }),
+        None => None,
+    };
 
     let opts = PretrainOptions {
         nsp: a.nsp,
@@ -322,6 +335,7 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
             train,
             eval,
             masker,
+            eval_masker,
             pad_id: tokenizer.pad_id(),
         },
         opts,

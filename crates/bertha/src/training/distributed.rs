@@ -263,7 +263,7 @@ impl GradientReducer {
         let mut at = 0;
         for ((name, len), &p) in names.iter().zip(&present) {
             if p > 0.0 {
-                acc.set_from(name, &self.recv[at..at + len]);
+                acc.set_from(name, &self.recv[at..at + len])?;
                 at += len;
             }
         }

@@ -1,12 +1,13 @@
 //! AdamW (decoupled weight decay, as `torch.optim.AdamW`) with global-norm
-//! gradient clipping, on flat f32 buffers updated in parallel.
+//! gradient clipping: the gradients and both moments each one contiguous
+//! f32 buffer over all parameters, updated in parallel chunks.
 //!
 //! The moments live in plain vectors so a checkpoint stores them exactly
 //! and resuming continues bit for bit.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-use candle_core::{backprop::GradStore, Tensor};
+use candle_core::{backprop::GradStore, CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::params::ParamStore;
@@ -45,46 +46,125 @@ pub fn decays(name: &str) -> bool {
         || name.contains("layernorm"))
 }
 
-#[derive(Debug, Clone)]
-struct Moments {
-    m: Vec<f32>,
-    v: Vec<f32>,
+/// Where each parameter's values lie in the flat buffers: the parameters
+/// in name order (the order the norm sums and an all-reduce walks), one
+/// after another.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FlatLayout {
+    segments: Vec<Segment>,
+    len: usize,
 }
 
-/// The optimiser: its config, the number of steps taken and per-parameter
-/// moments.
-#[derive(Debug, Clone)]
-pub struct AdamW {
-    pub config: AdamWConfig,
-    pub step: u64,
-    moments: HashMap<String, Moments>,
+/// One parameter's place in a [`FlatLayout`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    pub name: String,
+    pub offset: usize,
+    pub len: usize,
 }
 
-/// Gradients summed over micro-batches, by parameter name.
-#[derive(Debug, Default)]
+impl Segment {
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len
+    }
+}
+
+impl FlatLayout {
+    /// The layout of `params`' variables.
+    pub fn of(params: &ParamStore) -> Self {
+        let mut segments = Vec::with_capacity(params.len());
+        let mut len = 0;
+        for (name, var) in params.vars() {
+            let n = var.elem_count();
+            segments.push(Segment {
+                name: name.to_string(),
+                offset: len,
+                len: n,
+            });
+            len += n;
+        }
+        Self { segments, len }
+    }
+
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// Values over all parameters.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The index of parameter `name` (the segments are in name order).
+    fn find(&self, name: &str) -> Option<usize> {
+        self.segments
+            .binary_search_by(|s| s.name.as_str().cmp(name))
+            .ok()
+    }
+}
+
+/// Values per norm task: the chunks are fixed, and their sums added in
+/// order, so the norm has the same bits on every run (a rayon reduction's
+/// tree depends on work stealing).
+const NORM_CHUNK: usize = 1 << 14;
+
+/// Gradients summed over micro-batches: one contiguous buffer over all
+/// parameters ([`FlatLayout`]), and which parameters have one.
+#[derive(Debug)]
 pub struct GradAccumulator {
-    /// Name order, so the global norm sums in the same order every run.
-    grads: BTreeMap<String, Vec<f32>>,
+    layout: FlatLayout,
+    values: Vec<f32>,
+    present: Vec<bool>,
     micro_batches: usize,
 }
 
 impl GradAccumulator {
+    /// An empty sum for `params`.
+    pub fn new(params: &ParamStore) -> Self {
+        let layout = FlatLayout::of(params);
+        Self {
+            values: vec![0.0; layout.len()],
+            present: vec![false; layout.segments.len()],
+            layout,
+            micro_batches: 0,
+        }
+    }
+
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+
     /// Adds one backward pass's gradients.
     pub fn add(&mut self, params: &ParamStore, grads: &GradStore) -> Result<()> {
         for (name, var) in params.vars() {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            let g = g.flatten_all()?.to_vec1::<f32>()?;
-            match self.grads.get_mut(name) {
-                Some(acc) => acc.par_iter_mut().zip(&g).for_each(|(a, b)| *a += b),
-                None => {
-                    self.grads.insert(name.to_string(), g);
-                }
-            }
+            let i = self.index(name, g.elem_count())?;
+            let dst = &mut self.values[self.layout.segments[i].range()];
+            add_tensor(g, dst, self.present[i])?;
+            self.present[i] = true;
         }
         self.micro_batches += 1;
         Ok(())
+    }
+
+    /// The segment of parameter `name`, checked to hold `len` values.
+    fn index(&self, name: &str, len: usize) -> Result<usize> {
+        let i = self.layout.find(name).ok_or_else(|| {
+            Error::Input(format!("a gradient for `{name}`, which is not a parameter"))
+        })?;
+        let want = self.layout.segments[i].len;
+        if len != want {
+            return Err(Error::Input(format!(
+                "parameter `{name}`: {want} values but a gradient of {len}"
+            )));
+        }
+        Ok(i)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -98,24 +178,17 @@ impl GradAccumulator {
 
     /// The summed gradient of parameter `name`, if it has one.
     pub fn get(&self, name: &str) -> Option<&[f32]> {
-        self.grads.get(name).map(Vec::as_slice)
-    }
-
-    /// Replaces (or gives) parameter `name`'s summed gradient, e.g. by the
-    /// sum over data-parallel processes.
-    pub fn set(&mut self, name: &str, grad: Vec<f32>) {
-        self.grads.insert(name.to_string(), grad);
+        let i = self.layout.find(name)?;
+        self.present[i].then(|| &self.values[self.layout.segments[i].range()])
     }
 
     /// Replaces (or gives) parameter `name`'s summed gradient by `grad`,
-    /// reusing its buffer.
-    pub fn set_from(&mut self, name: &str, grad: &[f32]) {
-        match self.grads.get_mut(name) {
-            Some(g) if g.len() == grad.len() => g.copy_from_slice(grad),
-            _ => {
-                self.grads.insert(name.to_string(), grad.to_vec());
-            }
-        }
+    /// e.g. by the sum over data-parallel processes.
+    pub fn set_from(&mut self, name: &str, grad: &[f32]) -> Result<()> {
+        let i = self.index(name, grad.len())?;
+        self.values[self.layout.segments[i].range()].copy_from_slice(grad);
+        self.present[i] = true;
+        Ok(())
     }
 
     /// Sets how many micro-batches the update averages over (in a
@@ -128,9 +201,149 @@ impl GradAccumulator {
     /// The summed gradients by parameter name, in name order (the same on
     /// every process: what an all-reduce walks).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut [f32])> {
-        self.grads
-            .iter_mut()
-            .map(|(name, g)| (name.as_str(), g.as_mut_slice()))
+        let mut rest = self.values.as_mut_slice();
+        let mut out = Vec::new();
+        for (seg, &present) in self.layout.segments.iter().zip(&self.present) {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(seg.len);
+            rest = tail;
+            if present {
+                out.push((seg.name.as_str(), head));
+            }
+        }
+        out.into_iter()
+    }
+
+    /// The global L2 norm of the sums scaled by `scale`, over the
+    /// parameters with a gradient, in fixed chunks (see [`NORM_CHUNK`]).
+    fn norm(&self, scale: f64) -> f64 {
+        let chunks: Vec<(usize, &[f32])> = self
+            .layout
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.present[*i])
+            .flat_map(|(i, seg)| {
+                self.values[seg.range()]
+                    .chunks(NORM_CHUNK)
+                    .map(move |c| (i, c))
+            })
+            .collect();
+        let sums: Vec<f64> = chunks
+            .par_iter()
+            .map(|(_, c)| c.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>())
+            .collect();
+        // Per parameter, then over parameters: the order the sums had when
+        // each parameter had its own buffer (runs resume bit for bit).
+        let mut total = 0.0f64;
+        let mut k = 0;
+        while k < chunks.len() {
+            let i = chunks[k].0;
+            let mut param = 0.0f64;
+            while k < chunks.len() && chunks[k].0 == i {
+                param += sums[k];
+                k += 1;
+            }
+            total += param;
+        }
+        total * scale * scale
+    }
+}
+
+/// `dst = t` (or `dst += t` with `accumulate`), reading a CPU tensor's
+/// values in place.
+fn add_tensor(t: &Tensor, dst: &mut [f32], accumulate: bool) -> Result<()> {
+    let combine = |src: &[f32], dst: &mut [f32]| {
+        if accumulate {
+            dst.par_chunks_mut(NORM_CHUNK)
+                .zip(src.par_chunks(NORM_CHUNK))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(a, b)| *a += b));
+        } else {
+            dst.copy_from_slice(src);
+        }
+    };
+    let (storage, layout) = t.storage_and_layout();
+    if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) =
+        (&*storage, layout.contiguous_offsets())
+    {
+        combine(&v[a..b], dst);
+        return Ok(());
+    }
+    drop(storage);
+    combine(&t.flatten_all()?.to_vec1::<f32>()?, dst);
+    Ok(())
+}
+
+/// The optimiser: its config, the number of steps taken and the moments,
+/// each one contiguous buffer in the gradients' [`FlatLayout`].
+#[derive(Debug, Clone)]
+pub struct AdamW {
+    pub config: AdamWConfig,
+    pub step: u64,
+    layout: FlatLayout,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    /// Per segment: whether its moments exist (a parameter that never had
+    /// a gradient has none, and a checkpoint leaves it out).
+    started: Vec<bool>,
+    /// Moments read from a checkpoint, by name, until the first step
+    /// places them (and any of a name that is not a parameter).
+    pending: HashMap<String, (Vec<f32>, Vec<f32>)>,
+}
+
+/// One step's AdamW coefficients, the same for every value.
+#[derive(Debug, Clone, Copy)]
+struct Coeffs {
+    /// Gradient scale: the mean over micro-batches, then the clip.
+    gscale: f32,
+    b1: f32,
+    b2: f32,
+    eps: f32,
+    /// `1 - lr·wd` for decayed parameters, else 1.
+    decay: f32,
+    step_size: f32,
+    bc2_sqrt: f32,
+}
+
+/// torch's AdamW on one parameter's values, in parallel chunks:
+/// `p -= lr·wd·p; p -= (lr / bc1) · m / (sqrt(v)/sqrt(bc2) + eps)`.
+fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Coeffs) {
+    p.par_chunks_mut(NORM_CHUNK)
+        .zip(m.par_chunks_mut(NORM_CHUNK))
+        .zip(v.par_chunks_mut(NORM_CHUNK))
+        .zip(g.par_chunks(NORM_CHUNK))
+        .for_each(|(((p, m), v), g)| {
+            for (((p, m), v), g) in p.iter_mut().zip(m).zip(v).zip(g) {
+                let g = g * k.gscale;
+                *m = k.b1 * *m + (1.0 - k.b1) * g;
+                *v = k.b2 * *v + (1.0 - k.b2) * g * g;
+                *p *= k.decay;
+                *p -= k.step_size * *m / (v.sqrt() / k.bc2_sqrt + k.eps);
+            }
+        });
+}
+
+/// [`update`] on a variable's own storage (no copy of the weights).
+struct InPlace<'a> {
+    m: std::sync::Mutex<&'a mut [f32]>,
+    v: std::sync::Mutex<&'a mut [f32]>,
+    g: &'a [f32],
+    k: Coeffs,
+}
+
+impl InplaceOp1 for InPlace<'_> {
+    fn name(&self) -> &'static str {
+        "adamw"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let (CpuStorage::F32(data), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
+            candle_core::bail!("adamw: a contiguous f32 parameter expected");
+        };
+        let lock_err = || candle_core::Error::Msg("adamw: moments lock poisoned".into());
+        let mut m = self.m.lock().map_err(|_| lock_err())?;
+        let mut v = self.v.lock().map_err(|_| lock_err())?;
+        update(&mut data[a..b], &mut m, &mut v, self.g, self.k);
+        Ok(())
     }
 }
 
@@ -139,31 +352,62 @@ impl AdamW {
         Self {
             config,
             step: 0,
-            moments: HashMap::new(),
+            layout: FlatLayout::default(),
+            m: Vec::new(),
+            v: Vec::new(),
+            started: Vec::new(),
+            pending: HashMap::new(),
         }
+    }
+
+    /// Takes the gradients' layout at the first step (placing moments
+    /// read from a checkpoint); refuses a different one later.
+    fn adopt(&mut self, layout: &FlatLayout) -> Result<()> {
+        if self.layout == *layout {
+            return Ok(());
+        }
+        if !self.layout.segments.is_empty() {
+            return Err(Error::Input(
+                "the parameters changed between optimiser steps".into(),
+            ));
+        }
+        self.layout = layout.clone();
+        self.m = vec![0.0; layout.len()];
+        self.v = vec![0.0; layout.len()];
+        self.started = vec![false; layout.segments.len()];
+        let pending = std::mem::take(&mut self.pending);
+        for (name, (m, v)) in pending {
+            match layout.find(&name) {
+                Some(i) => {
+                    let seg = &layout.segments[i];
+                    if m.len() != seg.len || v.len() != seg.len {
+                        return Err(Error::Input(format!(
+                            "optimizer state: `{name}` has {} / {} moments for {} values",
+                            m.len(),
+                            v.len(),
+                            seg.len
+                        )));
+                    }
+                    self.m[seg.range()].copy_from_slice(&m);
+                    self.v[seg.range()].copy_from_slice(&v);
+                    self.started[i] = true;
+                }
+                None => {
+                    self.pending.insert(name, (m, v));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Applies one update at rate `lr` from the accumulated gradients
     /// (averaged over micro-batches); returns the global gradient norm
-    /// before clipping.
+    /// before clipping. The moments and gradients are each one flat
+    /// buffer; the weights are updated in their variables' storage.
     pub fn step(&mut self, params: &ParamStore, acc: GradAccumulator, lr: f64) -> Result<f64> {
+        self.adopt(&acc.layout)?;
         let scale_acc = 1.0 / acc.micro_batches.max(1) as f64;
-        let mut grads = acc.grads;
-        // Fixed chunks, summed in order: the same bits on every run
-        // (a rayon reduction's tree depends on work stealing).
-        let norm_sq: f64 = grads
-            .values()
-            .map(|g| {
-                g.par_chunks(1 << 14)
-                    .map(|c| c.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>())
-                    .collect::<Vec<f64>>()
-                    .iter()
-                    .sum::<f64>()
-            })
-            .sum::<f64>()
-            * scale_acc
-            * scale_acc;
-        let norm = norm_sq.sqrt();
+        let norm = acc.norm(scale_acc).sqrt();
         if !norm.is_finite() {
             return Err(Error::Diverged {
                 what: "gradient norm",
@@ -176,53 +420,57 @@ impl AdamW {
             Some(max) if norm > max => max / (norm + 1e-6),
             _ => 1.0,
         };
-        let gscale = (scale_acc * clip) as f32;
         self.step += 1;
         let c = self.config;
         let t = self.step as i32;
         let bc1 = 1.0 - c.beta1.powi(t);
         let bc2 = 1.0 - c.beta2.powi(t);
-        // torch: p -= lr·wd·p; p -= (lr / bc1) · m / (sqrt(v)/sqrt(bc2) + eps)
-        let step_size = (lr / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
-        for (name, var) in params.vars() {
-            let Some(g) = grads.remove(name) else {
+        let coeffs = Coeffs {
+            gscale: (scale_acc * clip) as f32,
+            b1: c.beta1 as f32,
+            b2: c.beta2 as f32,
+            eps: c.eps as f32,
+            decay: 1.0,
+            step_size: (lr / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+        };
+        for (i, ((name, var), seg)) in params.vars().zip(&self.layout.segments).enumerate() {
+            if !acc.present[i] {
                 continue;
-            };
-            let tensor = var.as_tensor();
-            let mut p = tensor.flatten_all()?.to_vec1::<f32>()?;
-            if p.len() != g.len() {
+            }
+            if name != seg.name {
                 return Err(Error::Input(format!(
-                    "parameter `{name}`: {} values but a gradient of {}",
-                    p.len(),
-                    g.len()
+                    "the optimiser's parameter {i} is `{}`, the model's `{name}`",
+                    seg.name
                 )));
             }
-            let mo = self
-                .moments
-                .entry(name.to_string())
-                .or_insert_with(|| Moments {
-                    m: vec![0.0; p.len()],
-                    v: vec![0.0; p.len()],
-                });
-            let decay = if decays(name) {
-                (1.0 - lr * c.weight_decay) as f32
-            } else {
-                1.0
+            self.started[i] = true;
+            let k = Coeffs {
+                decay: if decays(name) {
+                    (1.0 - lr * c.weight_decay) as f32
+                } else {
+                    1.0
+                },
+                ..coeffs
             };
-            p.par_iter_mut()
-                .zip(mo.m.par_iter_mut())
-                .zip(mo.v.par_iter_mut())
-                .zip(g.par_iter())
-                .for_each(|(((p, m), v), g)| {
-                    let g = g * gscale;
-                    *m = b1 * *m + (1.0 - b1) * g;
-                    *v = b2 * *v + (1.0 - b2) * g * g;
-                    *p *= decay;
-                    *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
-                });
-            var.set(&Tensor::from_vec(p, tensor.shape(), tensor.device())?)?;
+            let (m, v, g) = (
+                &mut self.m[seg.range()],
+                &mut self.v[seg.range()],
+                &acc.values[seg.range()],
+            );
+            let tensor = var.as_tensor();
+            if tensor.device().is_cpu() && tensor.dtype() == DType::F32 {
+                tensor.inplace_op1(&InPlace {
+                    m: std::sync::Mutex::new(m),
+                    v: std::sync::Mutex::new(v),
+                    g,
+                    k,
+                })?;
+            } else {
+                let mut p = tensor.flatten_all()?.to_vec1::<f32>()?;
+                update(&mut p, m, v, g, k);
+                var.set(&Tensor::from_vec(p, tensor.shape(), tensor.device())?)?;
+            }
         }
         Ok(norm)
     }
@@ -230,25 +478,43 @@ impl AdamW {
     /// The moments as tensors (`{name}.exp_avg`, `{name}.exp_avg_sq`) for a
     /// checkpoint.
     pub fn state_tensors(&self) -> Result<HashMap<String, Tensor>> {
+        let dev = &candle_core::Device::Cpu;
         let mut out = HashMap::new();
-        for (name, mo) in &self.moments {
-            let dev = &candle_core::Device::Cpu;
+        let mut put = |name: &str, m: &[f32], v: &[f32]| -> Result<()> {
             out.insert(
                 format!("{name}.exp_avg"),
-                Tensor::from_slice(&mo.m, mo.m.len(), dev)?,
+                Tensor::from_slice(m, m.len(), dev)?,
             );
             out.insert(
                 format!("{name}.exp_avg_sq"),
-                Tensor::from_slice(&mo.v, mo.v.len(), dev)?,
+                Tensor::from_slice(v, v.len(), dev)?,
             );
+            Ok(())
+        };
+        for (seg, _) in self
+            .layout
+            .segments
+            .iter()
+            .zip(&self.started)
+            .filter(|(_, s)| **s)
+        {
+            put(&seg.name, &self.m[seg.range()], &self.v[seg.range()])?;
+        }
+        for (name, (m, v)) in &self.pending {
+            put(name, m, v)?;
         }
         Ok(out)
     }
 
-    /// Restores the moments written by [`AdamW::state_tensors`].
+    /// Restores the moments written by [`AdamW::state_tensors`] (placed in
+    /// the flat buffers at the next step).
     pub fn load_state(&mut self, step: u64, tensors: &HashMap<String, Tensor>) -> Result<()> {
         self.step = step;
-        self.moments.clear();
+        self.layout = FlatLayout::default();
+        self.m.clear();
+        self.v.clear();
+        self.started.clear();
+        self.pending.clear();
         for (key, m) in tensors {
             let Some(name) = key.strip_suffix(".exp_avg") else {
                 continue;
@@ -256,12 +522,9 @@ impl AdamW {
             let v = tensors.get(&format!("{name}.exp_avg_sq")).ok_or_else(|| {
                 Error::Input(format!("optimizer state: `{name}.exp_avg_sq` is missing"))
             })?;
-            self.moments.insert(
+            self.pending.insert(
                 name.to_string(),
-                Moments {
-                    m: m.flatten_all()?.to_vec1()?,
-                    v: v.flatten_all()?.to_vec1()?,
-                },
+                (m.flatten_all()?.to_vec1()?, v.flatten_all()?.to_vec1()?),
             );
         }
         Ok(())

@@ -74,6 +74,7 @@ pub struct Pretraining {
     /// `BertForMaskedLM`, or `BertForPreTraining` with NSP.
     model: BertForTask,
     masker: Masker,
+    eval_masker: Masker,
     train: Sequences,
     eval: Sequences,
     opts: PretrainOptions,
@@ -90,6 +91,10 @@ pub struct PretrainData {
     pub train: Sequences,
     pub eval: Sequences,
     pub masker: Masker,
+    /// How held-out sequences are masked; `None`: as `masker` does. A
+    /// fixed scoring masker (80/10/10) makes runs trained with different
+    /// corruption splits comparable.
+    pub eval_masker: Option<Masker>,
     pub pad_id: u32,
 }
 
@@ -107,8 +112,10 @@ impl Pretrainer {
             train,
             eval,
             masker,
+            eval_masker,
             pad_id,
         } = data;
+        let eval_masker = eval_masker.unwrap_or_else(|| masker.clone());
         if train.is_empty() {
             return Err(Error::Input("the training corpus gave no sequences".into()));
         }
@@ -166,6 +173,7 @@ impl Pretrainer {
                 compute: compute.on_this_cpu(),
                 model,
                 masker,
+                eval_masker,
                 train,
                 eval,
                 opts,
@@ -189,19 +197,26 @@ struct Masked {
 }
 
 impl Pretraining {
-    /// Masks each row with its own generator.
+    /// Masks each row with its own generator: as training does, or as
+    /// held-out scoring does.
     fn mask(
         &self,
         batch: &[&Example],
         mask_rng_of: impl Fn(usize) -> rand::rngs::StdRng,
+        train: bool,
     ) -> Masked {
+        let masker = if train {
+            &self.masker
+        } else {
+            &self.eval_masker
+        };
         let mut m = Masked {
             ids: Vec::with_capacity(batch.len()),
             types: Vec::with_capacity(batch.len()),
             labels: Vec::with_capacity(batch.len()),
         };
         for (i, ex) in batch.iter().enumerate() {
-            let masked = self.masker.mask(&ex.input_ids, &mut mask_rng_of(i));
+            let masked = masker.mask(&ex.input_ids, &mut mask_rng_of(i));
             m.ids.push(masked.input_ids);
             m.types.push(ex.token_type_ids.clone());
             m.labels.push(masked.labels);
@@ -218,9 +233,11 @@ impl Pretraining {
         let owned: Vec<_> = batch.iter().map(|&i| self.train.example(i)).collect();
         let examples: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
         let seed = self.opts.train.seed;
-        let Masked { ids, types, labels } = self.mask(&examples, |i| {
-            rng_for(seed, MASK, micro * 1_000_003 + (first + i) as u64)
-        });
+        let Masked { ids, types, labels } = self.mask(
+            &examples,
+            |i| rng_for(seed, MASK, micro * 1_000_003 + (first + i) as u64),
+            true,
+        );
         let next_sentence = (self.model.kind() == HeadKind::PreTraining).then(|| {
             examples
                 .iter()
@@ -277,7 +294,7 @@ impl Pretraining {
         mask_rng_of: impl Fn(usize) -> rand::rngs::StdRng,
         train: bool,
     ) -> Result<(Vec<LossPart>, MlmTally)> {
-        let Masked { ids, types, labels } = self.mask(batch, mask_rng_of);
+        let Masked { ids, types, labels } = self.mask(batch, mask_rng_of, train);
         let t = ids.iter().map(Vec::len).max().unwrap_or(0);
         let input = BertInput::from_ids(&ids, &types, self.pad_id, &self.device)?;
         // [B, T] labels, -100 on padding; the targets in the batch-major

@@ -822,7 +822,7 @@ impl<O: Objective> Trainer<O> {
         let t0 = Instant::now();
         let ga = self.opts.grad_accum;
         let (rank, size) = (self.group.rank(), self.group.size());
-        let mut acc = GradAccumulator::default();
+        let mut acc = GradAccumulator::new(&self.params);
         let mut tallies = Vec::with_capacity(ga);
         let mut tokens = 0;
         // Micro-batches with targets on some process: the update's average.

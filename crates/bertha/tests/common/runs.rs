@@ -126,6 +126,7 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
             train: train.into(),
             eval: eval.into(),
             masker,
+            eval_masker: None,
             pad_id: tok.pad_id(),
         },
         opts,
