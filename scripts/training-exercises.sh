@@ -9,7 +9,8 @@
 #             that fine-tuning (seed 0, fp32), with silhouette and 10-NN figures
 #   ablation  `mini` pre-trained 1,000 steps with --mask-split 80/10/10, 100/0/0,
 #             0/0/100 and 50/50/0, held-out MLM loss scored with 80/10/10 masks
-#             at one seed; one chart of the four curves
+#             at one seed (every ABLATION_EVAL_EVERY=200 steps); one chart of
+#             the four curves
 #
 #   scripts/training-exercises.sh
 #   PARTS="bf16 sst2" scripts/training-exercises.sh
@@ -90,7 +91,7 @@ for part in $PARTS; do
         corpus
         for split in 80,10,10 100,0,0 0,0,100 50,50,0; do
             name=ablation-${split//,/-}
-            pretrain "$name" 1000 100 --mask-split "$split" --eval-mask-split 80,10,10
+            pretrain "$name" 1000 "${ABLATION_EVAL_EVERY:-200}" --mask-split "$split" --eval-mask-split 80,10,10
             echo "{\"part\":\"ablation\",\"split\":\"$split\",\"eval\":$(last_eval "$OUT/$name")}" | tee -a "$OUT/results.jsonl"
         done
         "$BIN" curves --metric eval_mlm_loss --out docs/masking-ablation.png \
