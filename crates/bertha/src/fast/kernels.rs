@@ -223,17 +223,25 @@ pub fn fast_exp(x: f32) -> f32 {
     // Round to nearest with the 1.5·2^23 trick: `f32::round` is a libm
     // call on baseline x86-64 and would stop the loop from vectorising.
     const SHIFT: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + SHIFT) - SHIFT;
+    let shifted = x * std::f32::consts::LOG2_E + SHIFT;
+    let n = shifted - SHIFT;
     // ln 2 split in two so n·ln2 is exact in the first part.
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // n is in [-126, 128] after the clamp, so the add cannot overflow;
-    // `wrapping_add` keeps debug builds' overflow check (a branch to a
-    // panic) out of the loop, which would stop it from vectorising.
-    let bits = ((n as i32).wrapping_add(127) as u32) << 23;
+    // 2^n from the bits of `shifted` (1.5·2^23 + n: the integer n sits in
+    // the low mantissa bits), not from `n as i32`: Rust's saturating
+    // float-to-int cast is done one lane at a time, which made the
+    // softmax and GELU loops half scalar. n is in [-126, 128] after the
+    // clamp; wrapping ops keep debug builds' overflow checks (a branch to
+    // a panic) out of the loop.
+    let bits = shifted
+        .to_bits()
+        .wrapping_sub(SHIFT.to_bits())
+        .wrapping_add(127)
+        << 23;
     p * f32::from_bits(bits)
 }
 
@@ -383,8 +391,16 @@ pub(crate) fn softmax_row(scores: &mut [f32]) {
     scores.iter_mut().for_each(|s| *s *= inv);
 }
 
+/// Query rows per block of a long sequence's attention: the scores held at
+/// once are `QUERY_BLOCK × len` (128 KB at 512 tokens) rather than
+/// `len × len` (1 MB), so they stay in L2 beside the head's K and V while
+/// the softmax and the second product read them back.
+const QUERY_BLOCK: usize = 64;
+
 /// One (sequence, head) as `softmax(scale · Q Kᵀ) V` with two gemm calls
-/// reading Q, K and V in place from the packed QKV rows.
+/// per block of query rows, reading Q, K and V in place from the packed
+/// QKV rows. Each row's softmax sees all its keys, so blocking changes no
+/// result.
 #[inline(always)]
 fn attend_gemm(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
     let AttentionJob {
@@ -395,68 +411,75 @@ fn attend_gemm(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
         ..
     } = *job;
     let scores = &mut scratch.scores;
-    scores.resize(len * len, 0.0);
+    scores.resize(QUERY_BLOCK.min(len) * len, 0.0);
     let base = start * 3 * d + h * head_dim;
     assert!(
         base + (len - 1) * 3 * d + 2 * d + head_dim <= qkv.len(),
         "attention rows lie inside qkv"
     );
-    let (rs, q) = (3 * d as isize, qkv[base..].as_ptr());
-    // SAFETY: Q, K and V of rows start..start+len, columns of head h, lie
-    // inside qkv (asserted above); scores is [len, len]; the output rows
-    // start..start+len, columns of head h, lie inside ctx (asserted by
-    // packed_attention) and no other task writes them.
-    unsafe {
-        let (k, v) = (q.add(d), q.add(2 * d));
-        // scores[i, j] = scale · Σ_c Q[i, c] K[j, c]
-        gemm::gemm(
-            len,
-            len,
-            head_dim,
-            scores.as_mut_ptr(),
-            1,
-            len as isize,
-            false,
-            q,
-            1,
-            rs,
-            k,
-            rs,
-            1,
-            0.0,
-            scale,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
-        // A plain loop: a function passed to `for_each` would be compiled
-        // without this function's target features.
-        for row in scores.chunks_exact_mut(len) {
-            softmax_row(row);
+    let rs = 3 * d as isize;
+    for first in (0..len).step_by(QUERY_BLOCK) {
+        let rows = QUERY_BLOCK.min(len - first);
+        let scores = &mut scores[..rows * len];
+        // SAFETY: Q rows start+first..start+first+rows and K, V rows
+        // start..start+len, columns of head h, lie inside qkv (asserted
+        // above); scores is [rows, len]; the output rows
+        // start+first..start+first+rows, columns of head h, lie inside ctx
+        // (asserted by packed_attention) and no other task writes them.
+        unsafe {
+            let q = qkv[base..].as_ptr();
+            let (k, v) = (q.add(d), q.add(2 * d));
+            let q = q.offset(first as isize * rs);
+            // scores[i, j] = scale · Σ_c Q[first + i, c] K[j, c]
+            gemm::gemm(
+                rows,
+                len,
+                head_dim,
+                scores.as_mut_ptr(),
+                1,
+                len as isize,
+                false,
+                q,
+                1,
+                rs,
+                k,
+                rs,
+                1,
+                0.0,
+                scale,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+            // A plain loop: a function passed to `for_each` would be
+            // compiled without this function's target features.
+            for row in scores.chunks_exact_mut(len) {
+                softmax_row(row);
+            }
+            let out = job.out.0.add((start + first) * d + h * head_dim);
+            gemm::gemm(
+                rows,
+                head_dim,
+                len,
+                out,
+                1,
+                d as isize,
+                false,
+                scores.as_ptr(),
+                1,
+                len as isize,
+                v,
+                1,
+                rs,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
         }
-        let out = job.out.0.add(start * d + h * head_dim);
-        gemm::gemm(
-            len,
-            head_dim,
-            len,
-            out,
-            1,
-            d as isize,
-            false,
-            scores.as_ptr(),
-            1,
-            len as isize,
-            v,
-            1,
-            rs,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
     }
 }
 
@@ -535,6 +558,75 @@ pub fn matmul_gflops(size: usize, reps: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Packed attention against softmax(scale · Q Kᵀ) V in f64, for a
+    /// short sequence (plain loops) and a long one (gemm over query
+    /// blocks, the last one partial).
+    #[test]
+    fn packed_attention_matches_the_definition() {
+        let (heads, hd) = (3, 8);
+        let d = heads * hd;
+        let lens = [5usize, 2 * QUERY_BLOCK + 22];
+        let offsets = [0, lens[0], lens[0] + lens[1]];
+        let tokens = offsets[2];
+        let qkv: Vec<f32> = (0..tokens * 3 * d)
+            .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 2.0)
+            .collect();
+        let mut ctx = vec![0f32; tokens * d];
+        packed_attention(&qkv, &mut ctx, &offsets, heads, hd);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let at = |t: usize, part: usize, h: usize, c: usize| {
+            qkv[t * 3 * d + part * d + h * hd + c] as f64
+        };
+        let mut worst = 0f64;
+        for s in 0..2 {
+            let (a, n) = (offsets[s], lens[s]);
+            for h in 0..heads {
+                for i in 0..n {
+                    let scores: Vec<f64> = (0..n)
+                        .map(|j| {
+                            (0..hd)
+                                .map(|c| at(a + i, 0, h, c) * at(a + j, 1, h, c))
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for c in 0..hd {
+                        let want: f64 = (0..n).map(|j| e[j] / z * at(a + j, 2, h, c)).sum();
+                        let got = ctx[(a + i) * d + h * hd + c] as f64;
+                        worst = worst.max((got - want).abs());
+                    }
+                }
+            }
+        }
+        assert!(worst < 1e-5, "largest difference {worst}");
+    }
+
+    /// The bit trick for 2^n gives what `n as i32` gave, for every input
+    /// in the clamped range (sampled densely) and beyond it.
+    #[test]
+    fn fast_exp_scale_bits_equal_the_integer_cast() {
+        let old = |x: f32| {
+            let x = x.clamp(-87.3, 88.7);
+            const SHIFT: f32 = 12_582_912.0;
+            let n = (x * std::f32::consts::LOG2_E + SHIFT) - SHIFT;
+            let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+            let p = 1.0
+                + r * (1.0
+                    + r * (0.5
+                        + r * (1.0 / 6.0
+                            + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+            p * f32::from_bits(((n as i32).wrapping_add(127) as u32) << 23)
+        };
+        let mut x = -100.0f32;
+        while x < 100.0 {
+            assert_eq!(fast_exp(x).to_bits(), old(x).to_bits(), "x = {x}");
+            x += 0.000_37;
+        }
+    }
 
     #[test]
     fn fast_exp_is_accurate() {
