@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::{check_shapes, for_each_task, SharedOut, NR};
-use crate::fast::cpu::features;
+use crate::fast::cpu::{features, multiversion};
 use crate::fast::kernels::{activate_body, Act};
 use crate::io::quantized::PackedData;
 
@@ -260,71 +260,140 @@ fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
     let k2 = k.div_ceil(2);
     let n_panels = n.div_ceil(NR);
     let mut panels = vec![0u16; n_panels * k2 * NR * 2];
-    let data = b.data;
     panels
         .par_chunks_mut((k2 * NR * 2).max(1))
         .enumerate()
         .for_each(|(p, panel)| {
             let (c0, cols) = (p * NR, NR.min(n - p * NR));
-            if b.cs == 1 {
-                // Rows contiguous: two rows give a pair row.
-                for (i, out) in panel.chunks_exact_mut(NR * 2).enumerate() {
-                    let r0 = &data[2 * i * b.rs + c0..][..cols];
-                    for (o, v) in out.chunks_exact_mut(2).zip(r0) {
-                        o[0] = round_bits(*v) as u16;
+            pack_panel(&b, k, c0, cols, panel)
+        });
+    panels
+}
+
+multiversion! {
+    fn pack_panel = pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mut [u16]);
+}
+
+/// Columns `c0..c0 + cols` of `b` into one panel (see [`PackedBf16`]),
+/// compiled per instruction set ([`multiversion!`]): a training step packs
+/// every weight and activation it multiplies, so this loop is hot.
+#[inline(always)]
+fn pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mut [u16]) {
+    let data = b.data;
+    if b.cs == 1 {
+        // Rows contiguous: two rows give a pair row, written as one u32
+        // per column (low half the even row) so the loop vectorises.
+        // SAFETY: any two u16 are a valid u32.
+        let (head, words, _) = unsafe { panel.align_to_mut::<u32>() };
+        if head.is_empty() {
+            for (i, out) in words.chunks_exact_mut(NR).enumerate() {
+                let r0 = &data[2 * i * b.rs + c0..][..cols];
+                if 2 * i + 1 < k {
+                    let r1 = &data[(2 * i + 1) * b.rs + c0..][..cols];
+                    for ((o, lo), hi) in out.iter_mut().zip(r0).zip(r1) {
+                        *o = round_bits(*lo) | round_bits(*hi) << 16;
                     }
-                    if 2 * i + 1 < k {
-                        let r1 = &data[(2 * i + 1) * b.rs + c0..][..cols];
-                        for (o, v) in out.chunks_exact_mut(2).zip(r1) {
-                            o[1] = round_bits(*v) as u16;
-                        }
-                    }
-                }
-            } else if b.rs == 1 {
-                // Columns contiguous (a transposed matrix): a column's
-                // adjacent inputs are a pair.
-                for c in 0..cols {
-                    let col = &data[(c0 + c) * b.cs..][..k];
-                    for (i, pair) in col.chunks(2).enumerate() {
-                        let at = (i * NR + c) * 2;
-                        panel[at] = round_bits(pair[0]) as u16;
-                        panel[at + 1] = pair.get(1).map_or(0, |v| round_bits(*v) as u16);
-                    }
-                }
-            } else {
-                for r in 0..k {
-                    let (i, half) = (r / 2, r % 2);
-                    for c in 0..cols {
-                        panel[(i * NR + c) * 2 + half] = round_bits(b.at(r, c0 + c)) as u16;
+                } else {
+                    for (o, lo) in out.iter_mut().zip(r0) {
+                        *o = round_bits(*lo);
                     }
                 }
             }
-        });
-    panels
+            return;
+        }
+        for (i, out) in panel.chunks_exact_mut(NR * 2).enumerate() {
+            let r0 = &data[2 * i * b.rs + c0..][..cols];
+            for (o, v) in out.chunks_exact_mut(2).zip(r0) {
+                o[0] = round_bits(*v) as u16;
+            }
+            if 2 * i + 1 < k {
+                let r1 = &data[(2 * i + 1) * b.rs + c0..][..cols];
+                for (o, v) in out.chunks_exact_mut(2).zip(r1) {
+                    o[1] = round_bits(*v) as u16;
+                }
+            }
+        }
+    } else if b.rs == 1 {
+        // Columns contiguous (a transposed matrix): a column's adjacent
+        // inputs are a pair.
+        for c in 0..cols {
+            let col = &data[(c0 + c) * b.cs..][..k];
+            for (i, pair) in col.chunks(2).enumerate() {
+                let at = (i * NR + c) * 2;
+                panel[at] = round_bits(pair[0]) as u16;
+                panel[at + 1] = pair.get(1).map_or(0, |v| round_bits(*v) as u16);
+            }
+        }
+    } else {
+        for r in 0..k {
+            let (i, half) = (r / 2, r % 2);
+            for c in 0..cols {
+                panel[(i * NR + c) * 2 + half] = round_bits(b.at(r, c0 + c)) as u16;
+            }
+        }
+    }
+}
+
+/// Output rows per task of [`round_strided`] on a transposed operand.
+const ROUND_BLOCK: usize = 64;
+
+multiversion! {
+    fn round_transposed_block = round_transposed_block_body(data: &[f32], cs: usize, k: usize, k2: usize, r0: usize, rows: &mut [u32]);
+}
+
+/// Output rows `r0..` (as many as `rows` holds) of a transposed operand
+/// (`a[r, c] = data[c·cs + r]`) as bf16 pairs: 16 pair columns at a time
+/// are rounded from contiguous source runs into a small tile, then
+/// written out row by row. Writing each value straight to its row would
+/// touch a new cache line per value (rows are `k2` pairs long: a weight
+/// gradient's `k` is every token of the batch).
+#[inline(always)]
+fn round_transposed_block_body(
+    data: &[f32],
+    cs: usize,
+    k: usize,
+    k2: usize,
+    r0: usize,
+    rows: &mut [u32],
+) {
+    const T: usize = 16;
+    let nr = rows.len() / k2.max(1);
+    let mut tile = [[0u32; ROUND_BLOCK]; T];
+    for i0 in (0..k2).step_by(T) {
+        let ni = T.min(k2 - i0);
+        for (t, dst) in tile.iter_mut().enumerate().take(ni) {
+            let i = i0 + t;
+            let lo = &data[2 * i * cs + r0..][..nr];
+            if 2 * i + 1 < k {
+                let hi = &data[(2 * i + 1) * cs + r0..][..nr];
+                for ((d, l), h) in dst.iter_mut().zip(lo).zip(hi) {
+                    *d = round_bits(*l) | round_bits(*h) << 16;
+                }
+            } else {
+                for (d, l) in dst.iter_mut().zip(lo) {
+                    *d = round_bits(*l);
+                }
+            }
+        }
+        for r in 0..nr {
+            for (t, o) in rows[r * k2 + i0..][..ni].iter_mut().enumerate() {
+                *o = tile[t][r];
+            }
+        }
+    }
 }
 
 /// Rows of `a` `[m, k]` rounded to bf16 pairs `[m, k2]` for any strides;
 /// a transposed `a` (columns contiguous) reads two source rows per pair
 /// column, a block of output rows per task.
 fn round_strided(a: Strided, m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
-    const BLOCK: usize = 64;
     out.clear();
     out.resize(m * k2, 0);
     if a.rs == 1 {
-        let data = a.data;
-        out.par_chunks_mut(BLOCK * k2.max(1))
+        out.par_chunks_mut(ROUND_BLOCK * k2.max(1))
             .enumerate()
             .for_each(|(blk, rows)| {
-                let r0 = blk * BLOCK;
-                let nr = rows.len() / k2.max(1);
-                for i in 0..k2 {
-                    let lo = &data[2 * i * a.cs + r0..][..nr];
-                    let hi = (2 * i + 1 < k).then(|| &data[(2 * i + 1) * a.cs + r0..][..nr]);
-                    for (r, &v) in lo.iter().enumerate() {
-                        let h = hi.map_or(0, |h| round_bits(h[r]));
-                        rows[r * k2 + i] = round_bits(v) | h << 16;
-                    }
-                }
+                round_transposed_block(a.data, a.cs, k, k2, blk * ROUND_BLOCK, rows)
             });
         return;
     }
@@ -452,7 +521,7 @@ mod tests {
     #[test]
     fn strided_products_equal_the_rounded_operands_sum() {
         let val = |i: usize| ((i as f32) * 0.618).sin();
-        for (m, n, k) in [(1, 1, 1), (7, 33, 5), (40, 70, 129)] {
+        for (m, n, k) in [(1, 1, 1), (7, 33, 5), (40, 70, 129), (130, 20, 37)] {
             // a as its transpose's storage [k, m], b row-major [k, n].
             let at: Vec<f32> = (0..k * m).map(val).collect();
             let b: Vec<f32> = (0..k * n).map(|i| val(i + 999)).collect();
