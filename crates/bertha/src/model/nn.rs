@@ -8,6 +8,7 @@ use rand::Rng;
 
 use super::ops;
 use crate::config::Activation;
+use crate::fast::cpu::multiversion;
 
 /// `y = x Wᵀ + b` over the last dimension, for inputs of any rank.
 ///
@@ -193,7 +194,7 @@ impl Dropout {
         Some(DropoutMask {
             key,
             first_row,
-            keep,
+            threshold: keep_threshold(keep),
             scale: if keep > 0.0 { (1.0 / keep) as f32 } else { 0.0 },
         })
     }
@@ -209,8 +210,18 @@ pub(crate) struct DropoutMask {
     key: u64,
     /// Added to the first (batch) coordinate.
     first_row: u64,
-    keep: f64,
+    /// An element keeps when its hash's top 53 bits are below this
+    /// ([`keep_threshold`]).
+    threshold: u64,
     scale: f32,
+}
+
+/// The integer form of "the hash's top 53 bits as a uniform number in
+/// [0, 1) are below `keep`": for an integer x, `x · 2⁻⁵³ < keep` exactly
+/// when `x < ⌈keep · 2⁵³⌉` (both scalings by 2⁵³ are exact), so the masks
+/// are those of the float comparison, with integer ops that vectorise.
+fn keep_threshold(keep: f64) -> u64 {
+    (keep.clamp(0.0, 1.0) * (1u64 << 53) as f64).ceil() as u64
 }
 
 impl DropoutMask {
@@ -231,26 +242,27 @@ impl DropoutMask {
     /// zeroed.
     #[inline]
     pub(crate) fn apply_row(&self, row_key: u64, row: &mut [f32]) {
-        for (j, v) in row.iter_mut().enumerate() {
-            *v *= self.element(row_key, j);
-        }
+        mask_row(row_key, self.threshold, self.scale, row);
     }
+}
 
-    /// The mask's value (0 or 1 / keep) at element `j` of a row.
-    #[inline]
-    fn element(&self, row_key: u64, j: usize) -> f32 {
-        let u = (mix(row_key ^ (j as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)) >> 11) as f64
-            * (1.0 / (1u64 << 53) as f64);
-        if u < self.keep {
-            self.scale
-        } else {
-            0.0
-        }
+multiversion! {
+    fn mask_row = mask_row_body(row_key: u64, threshold: u64, scale: f32, row: &mut [f32]);
+}
+
+/// [`DropoutMask::apply_row`]'s loop, compiled per instruction set: one
+/// hash per element, every step of training.
+#[inline(always)]
+fn mask_row_body(row_key: u64, threshold: u64, scale: f32, row: &mut [f32]) {
+    for (j, v) in row.iter_mut().enumerate() {
+        let h = mix(row_key ^ (j as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)) >> 11;
+        *v *= if h < threshold { scale } else { 0.0 };
     }
 }
 
 /// The splitmix64 finaliser: a bijection whose outputs look independent
 /// for nearby inputs.
+#[inline(always)]
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -328,6 +340,27 @@ pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// The integer threshold keeps exactly the elements the float
+    /// comparison `(h >> 11) · 2⁻⁵³ < keep` keeps.
+    #[test]
+    fn integer_keep_threshold_equals_the_float_comparison() {
+        for keep in [0.9, 0.5, 0.1, 1.0 / 3.0, 0.999_999, 1e-9] {
+            let t = keep_threshold(keep);
+            let mut x = 0x1234_5678_9abc_def0u64;
+            for _ in 0..200_000 {
+                x = mix(x);
+                let h = x >> 11;
+                let float = (h as f64) * (1.0 / (1u64 << 53) as f64) < keep;
+                assert_eq!(h < t, float, "keep {keep}, h {h}");
+                // Around the boundary too.
+                for h in [t.saturating_sub(1), t, t + 1] {
+                    let float = (h as f64) * (1.0 / (1u64 << 53) as f64) < keep;
+                    assert_eq!(h < t, float, "keep {keep}, h {h} at the threshold");
+                }
+            }
+        }
+    }
 
     /// The masks of one dropout call on `[b, heads, t, t]` ones.
     fn masks(b: usize, t: usize, seed: u64, first_row: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
