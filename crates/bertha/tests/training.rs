@@ -331,6 +331,31 @@ fn adamw_state_round_trips_through_its_flat_buffers() {
     assert_eq!(acc.get("a.weight"), None);
 }
 
+/// Held-out scoring masks with `eval_mask_split` when given: a model
+/// trained with 100/0/0 corruption scored with 80/10/10 gets the score of
+/// the same weights under an 80/10/10 run's own evaluation, and a
+/// different one under its own 100/0/0 evaluation.
+#[test]
+fn held_out_scoring_takes_its_own_mask_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let all_mask = MaskSplit::parse("100,0,0").unwrap();
+    let eval_loss = |name: &str, split: MaskSplit, eval_split: Option<MaskSplit>| {
+        let t = common::runs::Tweak {
+            mask_split: split,
+            eval_mask_split: eval_split,
+            ..common::runs::Tweak::default()
+        };
+        let trainer = common::runs::pretrainer(&dir.path().join(name), false, &t);
+        trainer.evaluate().unwrap().unwrap().eval_loss
+    };
+    let standard = eval_loss("a", MaskSplit::default(), None);
+    let scored_standard = eval_loss("b", all_mask, Some(MaskSplit::default()));
+    let own = eval_loss("c", all_mask, None);
+    assert!(standard.is_finite() && standard > 0.0);
+    assert_eq!(standard.to_bits(), scored_standard.to_bits());
+    assert!((own - standard).abs() > 1e-6, "{own} vs {standard}");
+}
+
 fn tokenizer() -> (Tokenizer, PathBuf) {
     let dir = fixtures().join("minilm-tokenizer");
     (Tokenizer::from_dir(&dir, 512).unwrap(), dir)

@@ -29,6 +29,10 @@ pub struct Tweak {
     pub overwrite: bool,
     pub allow_changes: Vec<String>,
     pub engine: Engine,
+    /// The corruption split of training, and of held-out scoring when
+    /// given (`PretrainData::eval_masker`).
+    pub mask_split: MaskSplit,
+    pub eval_mask_split: Option<MaskSplit>,
 }
 
 impl Default for Tweak {
@@ -46,6 +50,8 @@ impl Default for Tweak {
             overwrite: false,
             allow_changes: Vec::new(),
             engine: Engine::Auto,
+            mask_split: MaskSplit::default(),
+            eval_mask_split: None,
         }
     }
 }
@@ -94,7 +100,11 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
     let corpus = fixtures().join("corpus-wiki-slice.txt");
     let mut train = Corpus::read(&[corpus], &tok, &corpus_opts).unwrap();
     let eval = train.split_off_last(6);
-    let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
+    let masker = Masker::for_tokenizer(&tok, 0.15, t.mask_split, false).unwrap();
+    let eval_masker = t.eval_mask_split.map(|split| Masker {
+        split,
+        ..masker.clone()
+    });
     let opts = PretrainOptions {
         nsp,
         train: LoopOptions {
@@ -126,7 +136,7 @@ pub fn pretrainer(out: &Path, nsp: bool, t: &Tweak) -> Pretrainer {
             train: train.into(),
             eval: eval.into(),
             masker,
-            eval_masker: None,
+            eval_masker,
             pad_id: tok.pad_id(),
         },
         opts,
