@@ -3,7 +3,7 @@
 # --task qa` on the fast engine (fp32, bf16) and the candle engine, then
 # transformers (scripts/anchor_qa_finetune.py) in fp32 and under
 # torch.autocast bf16; tokens/s (real tokens, the steps after the first
-# three) and each run's peak RSS, on the first ARTICLES (2) articles of
+# three) and each run's peak RSS, on the first ARTICLES (1) articles of
 # SQuAD v1.1 dev with all-MiniLM-L6-v2.
 #
 #   scripts/bench-qa.sh
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
 MODEL=${MODEL:-.cache/models/all-MiniLM-L6-v2}
 REFENV=${REFENV:-$HOME/.refenv}
-ARTICLES=${ARTICLES:-2}
+ARTICLES=${ARTICLES:-1}
 RUNS=${RUNS:-fast-f32 fast-bf16 candle-f32}
 MODES=${MODES:-fp32 bf16}
 OUT=.cache/bench/qa
