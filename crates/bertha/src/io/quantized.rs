@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
+use super::weights::RawTensor;
 use crate::error::{Error, Result};
 
 /// The packed file's name inside a model folder.
@@ -76,43 +77,10 @@ pub fn config_hash(config_path: &Path) -> Result<String> {
     Ok(format!("{hash:016x}"))
 }
 
-/// A tensor to write: its type, shape and little-endian bytes.
-struct Raw {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl safetensors::View for &Raw {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.bytes)
-    }
-
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-fn f32_raw(v: &[f32]) -> Raw {
-    Raw {
-        dtype: Dtype::F32,
-        shape: vec![v.len()],
-        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
 impl PackedCheckpoint {
     /// The file's bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let mut tensors: Vec<(String, Raw)> = Vec::new();
+        let mut tensors: Vec<(String, RawTensor)> = Vec::new();
         for l in &self.linears {
             let group = match &l.data {
                 PackedData::I8 { group, .. } => *group,
@@ -121,7 +89,7 @@ impl PackedCheckpoint {
             let layout = [l.in_dim, l.out_dim, group].map(|v| v as i32);
             tensors.push((
                 format!("{}.layout", l.name),
-                Raw {
+                RawTensor {
                     dtype: Dtype::I32,
                     shape: vec![3],
                     bytes: layout.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -136,18 +104,24 @@ impl PackedCheckpoint {
                 } => {
                     tensors.push((
                         format!("{}.packed", l.name),
-                        Raw {
+                        RawTensor {
                             dtype: Dtype::I8,
                             shape: vec![panels.len()],
                             bytes: panels.iter().map(|&q| q as u8).collect(),
                         },
                     ));
-                    tensors.push((format!("{}.w_scales", l.name), f32_raw(w_scales)));
-                    tensors.push((format!("{}.x_scales", l.name), f32_raw(x_scales)));
+                    tensors.push((
+                        format!("{}.w_scales", l.name),
+                        RawTensor::f32(vec![w_scales.len()], w_scales),
+                    ));
+                    tensors.push((
+                        format!("{}.x_scales", l.name),
+                        RawTensor::f32(vec![x_scales.len()], x_scales),
+                    ));
                 }
                 PackedData::Bf16 { panels } => tensors.push((
                     format!("{}.packed", l.name),
-                    Raw {
+                    RawTensor {
                         dtype: Dtype::BF16,
                         shape: vec![panels.len()],
                         bytes: panels.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -485,7 +459,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(PACKED_FILE);
         // A plain safetensors file (as a model's weights): no metadata.
-        let raw = f32_raw(&[1.0, 2.0]);
+        let raw = RawTensor::f32(vec![2], &[1.0, 2.0]);
         let bytes = safetensors::serialize([("w", &raw)], None).unwrap();
         std::fs::write(&path, bytes).unwrap();
         let err = PackedCheckpoint::read(&path, "int8", "x")

@@ -20,6 +20,43 @@ use rand::{Rng, SeedableRng};
 
 use crate::error::{Error, Result};
 
+/// A tensor's little-endian bytes with its safetensors dtype and shape:
+/// what `safetensors::serialize` writes (checkpoints, packed folders).
+pub(crate) struct RawTensor {
+    pub dtype: safetensors::Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+impl RawTensor {
+    /// f32 values of the given shape.
+    pub fn f32(shape: Vec<usize>, values: &[f32]) -> Self {
+        Self {
+            dtype: safetensors::Dtype::F32,
+            shape,
+            bytes: values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
+
+impl safetensors::View for &RawTensor {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
 enum Source {
     Safetensors(MmapedSafetensors),
     Pth(PthTensors),

@@ -7,12 +7,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::optim::AdamW;
 use super::params::ParamStore;
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
+use crate::io::weights::RawTensor;
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -183,9 +184,12 @@ fn write_files(dir: &Path, parts: &CheckpointParts) -> Result<()> {
 /// safetensors with `{"format": "pt"}` metadata, which transformers'
 /// loader expects.
 pub fn save_safetensors(path: &Path, tensors: &HashMap<String, Tensor>) -> Result<()> {
-    let mut views: Vec<(String, RawView)> = tensors
+    let mut views: Vec<(String, RawTensor)> = tensors
         .iter()
-        .map(|(n, t)| Ok((n.clone(), RawView::of(t)?)))
+        .map(|(n, t)| {
+            let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            Ok((n.clone(), RawTensor::f32(t.dims().to_vec(), &values)))
+        })
         .collect::<Result<_>>()?;
     views.sort_by(|a, b| a.0.cmp(&b.0));
     let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
@@ -195,43 +199,6 @@ pub fn save_safetensors(path: &Path, tensors: &HashMap<String, Tensor>) -> Resul
             reason: format!("serialising: {e}"),
         })?;
     write_atomic(path, &bytes)
-}
-
-/// An f32 tensor's little-endian bytes, as the safetensors writer wants.
-struct RawView {
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl RawView {
-    fn of(t: &Tensor) -> Result<Self> {
-        let values = t
-            .to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        Ok(Self {
-            shape: t.dims().to_vec(),
-            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        })
-    }
-}
-
-impl safetensors::View for &RawView {
-    fn dtype(&self) -> safetensors::Dtype {
-        safetensors::Dtype::F32
-    }
-
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.bytes)
-    }
-
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
 }
 
 /// Writes a temporary file beside `path`, then renames it over `path`.

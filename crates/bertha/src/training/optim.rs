@@ -50,28 +50,28 @@ pub fn decays(name: &str) -> bool {
 /// in name order (the order the norm sums and an all-reduce walks), one
 /// after another.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct FlatLayout {
+struct FlatLayout {
     segments: Vec<Segment>,
     len: usize,
 }
 
 /// One parameter's place in a [`FlatLayout`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct Segment {
-    pub name: String,
-    pub offset: usize,
-    pub len: usize,
+struct Segment {
+    name: String,
+    offset: usize,
+    len: usize,
 }
 
 impl Segment {
-    pub fn range(&self) -> std::ops::Range<usize> {
+    fn range(&self) -> std::ops::Range<usize> {
         self.offset..self.offset + self.len
     }
 }
 
 impl FlatLayout {
     /// The layout of `params`' variables.
-    pub fn of(params: &ParamStore) -> Self {
+    fn of(params: &ParamStore) -> Self {
         let mut segments = Vec::with_capacity(params.len());
         let mut len = 0;
         for (name, var) in params.vars() {
@@ -86,17 +86,9 @@ impl FlatLayout {
         Self { segments, len }
     }
 
-    pub fn segments(&self) -> &[Segment] {
-        &self.segments
-    }
-
     /// Values over all parameters.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The index of parameter `name` (the segments are in name order).
@@ -132,10 +124,6 @@ impl GradAccumulator {
             layout,
             micro_batches: 0,
         }
-    }
-
-    pub fn layout(&self) -> &FlatLayout {
-        &self.layout
     }
 
     /// Adds one backward pass's gradients.
