@@ -291,6 +291,8 @@ struct AttentionJob<'a> {
     d: usize,
     head_dim: usize,
     scale: f32,
+    /// `None`: gemm from [`ATTENTION_GEMM_MIN_LEN`] tokens, else loops.
+    path: Option<AttentionPath>,
 }
 
 /// Per-thread buffers of the attention tasks.
@@ -299,6 +301,21 @@ struct Scratch {
     kt: Vec<f32>,
     scores: Vec<f32>,
     acc: Vec<f32>,
+    /// Q of one head, scaled, `[len, head_dim]` (register-tile path).
+    q: Vec<f32>,
+    /// V of one head in column panels (register-tile path).
+    v: Vec<f32>,
+}
+
+/// How a (sequence, head) is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AttentionPath {
+    /// The fp32 register tiles of the packed multiplies (AVX-512).
+    Tiles,
+    /// Two gemm-crate products per block of query rows.
+    Gemm,
+    /// Plain loops (short sequences without AVX-512).
+    Loops,
 }
 
 /// Self-attention over packed sequences.
@@ -308,6 +325,18 @@ struct Scratch {
 /// spent on padding. Writes the context [tokens, D] into `ctx`. One task
 /// per (sequence, head), so even a single text uses every core.
 pub fn packed_attention(
+    qkv: &[f32],
+    ctx: &mut [f32],
+    offsets: &[usize],
+    num_heads: usize,
+    head_dim: usize,
+) {
+    let path = crate::fast::matmul::has_f32_tiles().then_some(AttentionPath::Tiles);
+    packed_attention_on(path, qkv, ctx, offsets, num_heads, head_dim);
+}
+
+fn packed_attention_on(
+    path: Option<AttentionPath>,
     qkv: &[f32],
     ctx: &mut [f32],
     offsets: &[usize],
@@ -333,6 +362,7 @@ pub fn packed_attention(
         d,
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
+        path,
     };
     let tasks: Vec<(usize, usize, usize)> = offsets
         .windows(2)
@@ -363,10 +393,101 @@ const ATTENTION_GEMM_MIN_LEN: usize = 24;
 
 #[inline(always)]
 fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
-    if len >= ATTENTION_GEMM_MIN_LEN {
-        attend_gemm(job, scratch, start, len, h);
+    let path = job.path.unwrap_or(if len >= ATTENTION_GEMM_MIN_LEN {
+        AttentionPath::Gemm
     } else {
-        attend_loops(job, scratch, start, len, h);
+        AttentionPath::Loops
+    });
+    match path {
+        AttentionPath::Tiles => attend_tiles(job, scratch, start, len, h),
+        AttentionPath::Gemm => attend_gemm(job, scratch, start, len, h),
+        AttentionPath::Loops => attend_loops(job, scratch, start, len, h),
+    }
+}
+
+/// One (sequence, head) on the packed multiplies' fp32 register tiles:
+/// Q scaled into a contiguous block, K laid out as column panels of
+/// [`NR`](crate::fast::matmul::NR) keys and V as panels of `NR` of its
+/// columns, once per head; then per block of query rows, scores = Q·Kᵀ,
+/// softmax, and P·V written straight into the context rows. At sentence
+/// lengths (~25 tokens) the gemm crate's packing and dispatch cost more
+/// than these products, and plain loops leave most lanes idle.
+#[inline(always)]
+fn attend_tiles(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
+    use crate::fast::matmul::{tile_f32, F32_TILE_ROWS as TR, NR};
+    const ZEROS: [f32; NR] = [0.0; NR];
+    let AttentionJob {
+        qkv,
+        d,
+        head_dim: hd,
+        scale,
+        ..
+    } = *job;
+    let Scratch {
+        kt, scores, q, v, ..
+    } = scratch;
+    let row = |t: usize, part: usize| &qkv[(start + t) * 3 * d + part * d + h * hd..][..hd];
+    q.resize(len * hd, 0.0);
+    for (i, out) in q.chunks_exact_mut(hd).take(len).enumerate() {
+        for (o, x) in out.iter_mut().zip(row(i, 0)) {
+            *o = x * scale;
+        }
+    }
+    // Panel p of Kᵀ: hd rows of NR keys (columns past len are never
+    // stored: the tile masks them).
+    let key_panels = len.div_ceil(NR);
+    kt.resize(key_panels * hd * NR, 0.0);
+    for j in 0..len {
+        let panel = &mut kt[(j / NR) * hd * NR..];
+        for (c, x) in row(j, 1).iter().enumerate() {
+            panel[c * NR + j % NR] = *x;
+        }
+    }
+    // Panel p of V: len rows of its columns p·NR.. (zero past hd).
+    let v_panels = hd.div_ceil(NR);
+    v.resize(v_panels * len * NR, 0.0);
+    for j in 0..len {
+        for (c, x) in row(j, 2).iter().enumerate() {
+            v[((c / NR) * len + j) * NR + c % NR] = *x;
+        }
+    }
+    scores.resize(QUERY_BLOCK.min(len) * len, 0.0);
+    for first in (0..len).step_by(QUERY_BLOCK) {
+        let rows = QUERY_BLOCK.min(len - first);
+        let s = &mut scores[..rows * len];
+        for r0 in (0..rows).step_by(TR) {
+            let mr = TR.min(rows - r0);
+            let a = &q[(first + r0) * hd..(first + r0 + mr) * hd];
+            for p in 0..key_panels {
+                let cols = NR.min(len - p * NR);
+                // SAFETY: rows r0..r0+mr, columns p·NR..p·NR+cols of s
+                // ([rows, len]); a holds mr rows of hd, the panel hd rows.
+                unsafe {
+                    let c = s.as_mut_ptr().add(r0 * len + p * NR);
+                    let panel = &kt[p * hd * NR..(p + 1) * hd * NR];
+                    tile_f32(a, hd, mr, panel, c, len, cols, &ZEROS, None);
+                }
+            }
+        }
+        for r in s.chunks_exact_mut(len) {
+            softmax_row(r);
+        }
+        for r0 in (0..rows).step_by(TR) {
+            let mr = TR.min(rows - r0);
+            let a = &s[r0 * len..(r0 + mr) * len];
+            for p in 0..v_panels {
+                let cols = NR.min(hd - p * NR);
+                // SAFETY: context rows start+first+r0.., columns of head h
+                // (panel p) lie inside ctx (asserted by packed_attention)
+                // and no other task writes them; a holds mr rows of len,
+                // the panel len rows.
+                unsafe {
+                    let c = job.out.0.add((start + first + r0) * d + h * hd + p * NR);
+                    let panel = &v[p * len * NR..(p + 1) * len * NR];
+                    tile_f32(a, len, mr, panel, c, d, cols, &ZEROS, None);
+                }
+            }
+        }
     }
 }
 
@@ -493,7 +614,9 @@ fn attend_loops(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: us
         scale,
         ..
     } = *job;
-    let Scratch { kt, scores, acc } = scratch;
+    let Scratch {
+        kt, scores, acc, ..
+    } = scratch;
     kt.resize(head_dim * len, 0.0);
     scores.resize(len, 0.0);
     acc.resize(head_dim, 0.0);
@@ -564,22 +687,43 @@ mod tests {
     /// blocks, the last one partial).
     #[test]
     fn packed_attention_matches_the_definition() {
-        let (heads, hd) = (3, 8);
+        let mut paths = vec![None, Some(AttentionPath::Gemm), Some(AttentionPath::Loops)];
+        if crate::fast::matmul::has_f32_tiles() {
+            paths.push(Some(AttentionPath::Tiles));
+        }
+        // Head widths below, at and above a panel of 32; lengths short,
+        // spanning two key panels, and past two query blocks.
+        for (heads, hd) in [(3, 8), (2, 32), (2, 40)] {
+            let d = heads * hd;
+            let offsets = [0, 5, 5 + 33, 5 + 33 + 2 * QUERY_BLOCK + 22];
+            let tokens = offsets[3];
+            let qkv: Vec<f32> = (0..tokens * 3 * d)
+                .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 2.0)
+                .collect();
+            for &path in &paths {
+                let mut ctx = vec![0f32; tokens * d];
+                packed_attention_on(path, &qkv, &mut ctx, &offsets, heads, hd);
+                let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
+                assert!(worst < 1e-5, "{path:?}, head_dim {hd}: largest difference {worst}");
+            }
+        }
+    }
+
+    fn worst_attention_error(
+        qkv: &[f32],
+        ctx: &[f32],
+        offsets: &[usize],
+        heads: usize,
+        hd: usize,
+    ) -> f64 {
         let d = heads * hd;
-        let lens = [5usize, 2 * QUERY_BLOCK + 22];
-        let offsets = [0, lens[0], lens[0] + lens[1]];
-        let tokens = offsets[2];
-        let qkv: Vec<f32> = (0..tokens * 3 * d)
-            .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 2.0)
-            .collect();
-        let mut ctx = vec![0f32; tokens * d];
-        packed_attention(&qkv, &mut ctx, &offsets, heads, hd);
+        let lens: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
         let scale = 1.0 / (hd as f64).sqrt();
         let at = |t: usize, part: usize, h: usize, c: usize| {
             qkv[t * 3 * d + part * d + h * hd + c] as f64
         };
         let mut worst = 0f64;
-        for s in 0..2 {
+        for s in 0..lens.len() {
             let (a, n) = (offsets[s], lens[s]);
             for h in 0..heads {
                 for i in 0..n {
@@ -602,7 +746,7 @@ mod tests {
                 }
             }
         }
-        assert!(worst < 1e-5, "largest difference {worst}");
+        worst
     }
 
     /// The bit trick for 2^n gives what `n as i32` gave, for every input

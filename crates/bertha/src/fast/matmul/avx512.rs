@@ -6,7 +6,7 @@ use super::{group_quads, GroupQuant, I8Tile, NR};
 /// How far ahead (panel rows: 128 bytes each, in both kernels) the
 /// kernels prefetch.
 const PREFETCH_ROWS: usize = 24;
-use crate::fast::kernels::{activate_body, Act};
+use crate::fast::kernels::Act;
 use std::arch::x86_64::*;
 
 /// `R` rows × 32 columns of fp32 products, accumulated in registers.
@@ -44,8 +44,10 @@ pub(super) unsafe fn tile_f32<const R: usize>(
 }
 
 /// Stores `R` rows × `bias.len()` (≤ 32) columns of fp32 sums at `c`
-/// (row stride `ldc`), adding the bias and applying `act` while the rows
-/// are in cache.
+/// (row stride `ldc`), adding the bias and applying `act` in registers.
+/// (Applying it to the stored row instead read back what a masked store
+/// had just written, which the CPU cannot forward: that stall cost more
+/// than the GELU itself.)
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn store_tile<const R: usize>(
@@ -61,13 +63,88 @@ unsafe fn store_tile<const R: usize>(
     let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
     for (r, acc) in acc.iter().enumerate() {
         let dst = c.add(r * ldc);
-        _mm512_mask_storeu_ps(dst, m0, _mm512_add_ps(acc[0], bias0));
-        _mm512_mask_storeu_ps(dst.wrapping_add(16), m1, _mm512_add_ps(acc[1], bias1));
+        let (mut v0, mut v1) = (_mm512_add_ps(acc[0], bias0), _mm512_add_ps(acc[1], bias1));
         if let Some(act) = act {
-            // Inlined here, so compiled for AVX-512 too.
-            activate_body(std::slice::from_raw_parts_mut(dst, cols), act);
+            (v0, v1) = (activate(v0, act), activate(v1, act));
+        }
+        _mm512_mask_storeu_ps(dst, m0, v0);
+        _mm512_mask_storeu_ps(dst.wrapping_add(16), m1, v1);
+    }
+}
+
+/// [`activate_body`] on 16 lanes: the same operations in the same order,
+/// so the same bits (a test sweeps both).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn activate(x: __m512, act: Act) -> __m512 {
+    let half = _mm512_set1_ps(0.5);
+    let one = _mm512_set1_ps(1.0);
+    match act {
+        Act::Relu => _mm512_max_ps(x, _mm512_setzero_ps()),
+        Act::GeluErf => {
+            let e = erf(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2)));
+            _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, e))
+        }
+        Act::GeluTanh => {
+            // tanh(u) = 1 - 2 / (e^{2u} + 1), u = √(2/π)·(x + 0.044715·x³)
+            let cube = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044_715), x), x);
+            let cube = _mm512_mul_ps(cube, x);
+            let inner = _mm512_mul_ps(_mm512_set1_ps(0.797_884_6), _mm512_add_ps(x, cube));
+            let e = exp(_mm512_mul_ps(_mm512_set1_ps(2.0), inner));
+            let tanh = _mm512_sub_ps(
+                one,
+                _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
+            );
+            _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, tanh))
         }
     }
+}
+
+/// [`crate::fast::kernels::erf`] on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn erf(x: __m512) -> __m512 {
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let xi = _mm512_castps_si512(x);
+    let a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, xi));
+    let one = _mm512_set1_ps(1.0);
+    let t = _mm512_div_ps(one, _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(0.327_591_1), a)));
+    let c = |v: f32| _mm512_set1_ps(v);
+    let mut poly = _mm512_add_ps(c(-1.453_152_1), _mm512_mul_ps(t, c(1.061_405_4)));
+    poly = _mm512_add_ps(c(1.421_413_7), _mm512_mul_ps(t, poly));
+    poly = _mm512_add_ps(c(-0.284_496_74), _mm512_mul_ps(t, poly));
+    poly = _mm512_add_ps(c(0.254_829_6), _mm512_mul_ps(t, poly));
+    poly = _mm512_mul_ps(t, poly);
+    let neg_a = _mm512_castsi512_ps(_mm512_xor_si512(sign, _mm512_castps_si512(a)));
+    let y = _mm512_sub_ps(one, _mm512_mul_ps(poly, exp(_mm512_mul_ps(neg_a, a))));
+    // y.copysign(x)
+    let y = _mm512_andnot_si512(sign, _mm512_castps_si512(y));
+    _mm512_castsi512_ps(_mm512_or_si512(y, _mm512_and_si512(sign, xi)))
+}
+
+/// [`crate::fast::kernels::fast_exp`] on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp(x: __m512) -> __m512 {
+    const SHIFT: f32 = 12_582_912.0;
+    let c = |v: f32| _mm512_set1_ps(v);
+    // x.clamp(-87.3, 88.7), the bound second so a NaN passes through.
+    let x = _mm512_min_ps(c(88.7), _mm512_max_ps(c(-87.3), x));
+    let shifted = _mm512_add_ps(_mm512_mul_ps(x, c(std::f32::consts::LOG2_E)), c(SHIFT));
+    let n = _mm512_sub_ps(shifted, c(SHIFT));
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(x, _mm512_mul_ps(n, c(0.693_145_75))),
+        _mm512_mul_ps(n, c(1.428_606_8e-6)),
+    );
+    let mut p = _mm512_add_ps(c(1.0 / 120.0), _mm512_mul_ps(r, c(1.0 / 720.0)));
+    for coef in [1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_add_ps(c(coef), _mm512_mul_ps(r, p));
+    }
+    let bits = _mm512_add_epi32(
+        _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(SHIFT.to_bits() as i32)),
+        _mm512_set1_epi32(127),
+    );
+    _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits)))
 }
 
 /// Masks of the valid lanes of the two halves of a 32-column tile.

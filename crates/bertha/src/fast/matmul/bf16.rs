@@ -103,7 +103,7 @@ impl PackedBf16 {
         let (k, k2, n) = (self.k, self.k2, self.n);
         check_shapes(x, bias, y, m, k, n);
         round_rows(simd, x, m, k, k2, scratch);
-        let pairs = &scratch[..];
+        let pairs = &scratch[..m * k2];
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, |p, rows| {
             let panel = &self.panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
@@ -124,9 +124,12 @@ impl PackedBf16 {
 /// Rounds each row of `x` `[m, k]` to bf16 pairs `[m, k2]` (low half: the
 /// even input), with AVX512-BF16's conversion when `simd`.
 fn round_rows(simd: bool, x: &[f32], m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
-    out.clear();
-    out.resize(m * k2, 0);
-    out.par_chunks_mut(k2)
+    // Every pair is written below: grow the buffer, never zero it again.
+    if out.len() < m * k2 {
+        out.resize(m * k2, 0);
+    }
+    out[..m * k2]
+        .par_chunks_mut(k2)
         .zip(x.par_chunks(k))
         .with_min_len(16)
         .for_each(|(pairs, row)| {

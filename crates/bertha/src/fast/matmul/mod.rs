@@ -39,6 +39,14 @@ pub const NR: usize = 32;
 /// Output rows per fp32 register tile: 12 × 2 accumulators leave room
 /// for the two weight vectors and a broadcast in AVX-512's 32 registers.
 const MR_F32: usize = 12;
+/// The most rows one [`tile_f32`] call takes.
+pub(crate) const F32_TILE_ROWS: usize = MR_F32;
+
+/// Whether [`tile_f32`] runs on AVX-512 register tiles here (else a
+/// scalar loop, which callers with their own fallback should not use).
+pub(crate) fn has_f32_tiles() -> bool {
+    features().avx512_bw
+}
 /// Output rows per int8 register tile.
 const MR: usize = 8;
 /// Rows per parallel task (a multiple of both tile heights): a task reuses
@@ -586,7 +594,7 @@ fn for_each_task(m: usize, n: usize, f: impl Fn(usize, std::ops::Range<usize>) +
 /// `c` must address an `mr` × `cols` tile (row stride `ldc`) that no one
 /// else reads or writes meanwhile.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_f32(
+pub(crate) unsafe fn tile_f32(
     a: &[f32],
     k: usize,
     mr: usize,
@@ -888,6 +896,50 @@ mod tests {
             }
         }
         assert!(fused_has_negatives_clipped(&f, &x, &b, m));
+    }
+
+    /// The tile store's activations in registers give the bits of the
+    /// scalar loops, over a dense sweep and at the extremes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_activations_equal_the_scalar_ones() {
+        use std::arch::x86_64::{_mm512_loadu_ps, _mm512_storeu_ps};
+        if !features().avx512_bw {
+            return;
+        }
+        let mut xs: Vec<f32> = (-200_000..200_000).map(|i| i as f32 * 1e-4).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            1e30,
+            -1e30,
+            f32::MAX,
+            f32::MIN,
+            88.0,
+            -88.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        xs.resize(xs.len().next_multiple_of(16), 3.0);
+        for act in [Act::Relu, Act::GeluErf, Act::GeluTanh] {
+            let mut want = xs.clone();
+            activate_body(&mut want, act);
+            let mut got = vec![0f32; xs.len()];
+            for (x, y) in xs.chunks_exact(16).zip(got.chunks_exact_mut(16)) {
+                // SAFETY: the CPU has AVX-512F (checked); 16 lanes each.
+                unsafe {
+                    _mm512_storeu_ps(
+                        y.as_mut_ptr(),
+                        avx512::activate(_mm512_loadu_ps(x.as_ptr()), act),
+                    )
+                };
+            }
+            for ((x, w), g) in xs.iter().zip(&want).zip(&got) {
+                assert_eq!(w.to_bits(), g.to_bits(), "{act:?}({x}): {w} vs {g}");
+            }
+        }
     }
 
     /// ReLU really ran: the plain product has negatives, the fused none.
