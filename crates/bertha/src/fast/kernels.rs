@@ -704,7 +704,10 @@ mod tests {
                 let mut ctx = vec![0f32; tokens * d];
                 packed_attention_on(path, &qkv, &mut ctx, &offsets, heads, hd);
                 let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
-                assert!(worst < 1e-5, "{path:?}, head_dim {hd}: largest difference {worst}");
+                assert!(
+                    worst < 1e-5,
+                    "{path:?}, head_dim {hd}: largest difference {worst}"
+                );
             }
         }
     }

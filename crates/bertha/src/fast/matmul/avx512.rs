@@ -9,6 +9,40 @@ const PREFETCH_ROWS: usize = 24;
 use crate::fast::kernels::Act;
 use std::arch::x86_64::*;
 
+/// Stores `R` rows × `bias.len()` (≤ 32) columns of fp32 sums at `c`
+/// (row stride `ldc`), adding the bias and applying `act` in registers.
+/// A macro, expanded in each kernel: a function taking the accumulators
+/// by reference was not inlined, which put them on the stack (zeroed by a
+/// `memset` per tile). Applying `act` to the stored row instead read back
+/// what a masked store had just written, which the CPU cannot forward:
+/// that stall cost more than the GELU itself.
+macro_rules! store_tile {
+    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr) => {{
+        let (c, ldc, bias, act): (*mut f32, usize, &[f32], Option<Act>) = ($c, $ldc, $bias, $act);
+        let (m0, m1) = masks(bias.len());
+        let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
+        let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
+        // Rows by constant index (a loop over 11 or 12 rows is not
+        // unrolled, and indexing by a variable keeps the array in memory).
+        assert!($acc.len() <= 12, "store_tile! stores at most 12 rows");
+        store_tile!(@rows $acc, c, ldc, bias0, bias1, m0, m1, act; 0 1 2 3 4 5 6 7 8 9 10 11);
+    }};
+    (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $m0:ident, $m1:ident,
+     $act:ident; $($r:literal)*) => {
+        $(
+            if let Some(acc) = $acc.get($r) {
+                let dst = $c.add($r * $ldc);
+                let (mut v0, mut v1) = (_mm512_add_ps(acc[0], $b0), _mm512_add_ps(acc[1], $b1));
+                if let Some(act) = $act {
+                    (v0, v1) = (activate(v0, act), activate(v1, act));
+                }
+                _mm512_mask_storeu_ps(dst, $m0, v0);
+                _mm512_mask_storeu_ps(dst.wrapping_add(16), $m1, v1);
+            }
+        )*
+    };
+}
+
 /// `R` rows × 32 columns of fp32 products, accumulated in registers.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -40,36 +74,7 @@ pub(super) unsafe fn tile_f32<const R: usize>(
             acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
         }
     }
-    store_tile(&acc, c, ldc, &bias[..cols], act);
-}
-
-/// Stores `R` rows × `bias.len()` (≤ 32) columns of fp32 sums at `c`
-/// (row stride `ldc`), adding the bias and applying `act` in registers.
-/// (Applying it to the stored row instead read back what a masked store
-/// had just written, which the CPU cannot forward: that stall cost more
-/// than the GELU itself.)
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn store_tile<const R: usize>(
-    acc: &[[__m512; 2]; R],
-    c: *mut f32,
-    ldc: usize,
-    bias: &[f32],
-    act: Option<Act>,
-) {
-    let cols = bias.len();
-    let (m0, m1) = masks(cols);
-    let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
-    let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
-    for (r, acc) in acc.iter().enumerate() {
-        let dst = c.add(r * ldc);
-        let (mut v0, mut v1) = (_mm512_add_ps(acc[0], bias0), _mm512_add_ps(acc[1], bias1));
-        if let Some(act) = act {
-            (v0, v1) = (activate(v0, act), activate(v1, act));
-        }
-        _mm512_mask_storeu_ps(dst, m0, v0);
-        _mm512_mask_storeu_ps(dst.wrapping_add(16), m1, v1);
-    }
+    store_tile!(acc, c, ldc, &bias[..cols], act);
 }
 
 /// [`activate_body`] on 16 lanes: the same operations in the same order,
@@ -82,7 +87,10 @@ pub(crate) unsafe fn activate(x: __m512, act: Act) -> __m512 {
     match act {
         Act::Relu => _mm512_max_ps(x, _mm512_setzero_ps()),
         Act::GeluErf => {
-            let e = erf(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2)));
+            let e = erf(_mm512_mul_ps(
+                x,
+                _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
+            ));
             _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, e))
         }
         Act::GeluTanh => {
@@ -108,7 +116,10 @@ unsafe fn erf(x: __m512) -> __m512 {
     let xi = _mm512_castps_si512(x);
     let a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, xi));
     let one = _mm512_set1_ps(1.0);
-    let t = _mm512_div_ps(one, _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(0.327_591_1), a)));
+    let t = _mm512_div_ps(
+        one,
+        _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(0.327_591_1), a)),
+    );
     let c = |v: f32| _mm512_set1_ps(v);
     let mut poly = _mm512_add_ps(c(-1.453_152_1), _mm512_mul_ps(t, c(1.061_405_4)));
     poly = _mm512_add_ps(c(1.421_413_7), _mm512_mul_ps(t, poly));
@@ -141,7 +152,10 @@ unsafe fn exp(x: __m512) -> __m512 {
         p = _mm512_add_ps(c(coef), _mm512_mul_ps(r, p));
     }
     let bits = _mm512_add_epi32(
-        _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(SHIFT.to_bits() as i32)),
+        _mm512_sub_epi32(
+            _mm512_castps_si512(shifted),
+            _mm512_set1_epi32(SHIFT.to_bits() as i32),
+        ),
         _mm512_set1_epi32(127),
     );
     _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits)))
@@ -199,7 +213,7 @@ pub(super) unsafe fn tile_i8<const R: usize>(
             acc[1] = _mm512_fmadd_ps(min, s1, acc[1]);
         }
     }
-    store_tile(&acc, c, ldc, t.bias, t.act);
+    store_tile!(acc, c, ldc, t.bias, t.act);
 }
 
 /// Mask of the `k - i` (at most 16) lanes left from `i`.
@@ -272,7 +286,7 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
             acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
         }
     }
-    store_tile(&acc, c, ldc, bias, act);
+    store_tile!(acc, c, ldc, bias, act);
 }
 
 /// One row of `x` rounded to bf16 pairs in `out` (`x.len()` rounded up to
