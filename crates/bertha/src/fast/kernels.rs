@@ -414,7 +414,7 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
 /// than these products, and plain loops leave most lanes idle.
 #[inline(always)]
 fn attend_tiles(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
-    use crate::fast::matmul::{tile_f32, F32_TILE_ROWS as TR, NR};
+    use crate::fast::matmul::{tile_f32, transpose16, F32_TILE_ROWS as TR, NR};
     const ZEROS: [f32; NR] = [0.0; NR];
     let AttentionJob {
         qkv,
@@ -434,21 +434,26 @@ fn attend_tiles(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: us
         }
     }
     // Panel p of Kᵀ: hd rows of NR keys (columns past len are never
-    // stored: the tile masks them).
+    // stored: the tile masks them), transposed 16 × 16 at a time.
     let key_panels = len.div_ceil(NR);
     kt.resize(key_panels * hd * NR, 0.0);
-    for j in 0..len {
-        let panel = &mut kt[(j / NR) * hd * NR..];
-        for (c, x) in row(j, 1).iter().enumerate() {
-            panel[c * NR + j % NR] = *x;
+    for j in (0..len).step_by(16) {
+        let panel = (j / NR) * hd * NR + j % NR;
+        for c in (0..hd).step_by(16) {
+            let src = &qkv[(start + j) * 3 * d + d + h * hd + c..];
+            let (rows, cols) = (16.min(len - j), 16.min(hd - c));
+            transpose16(src, 3 * d, rows, cols, &mut kt[panel + c * NR..], NR);
         }
     }
-    // Panel p of V: len rows of its columns p·NR.. (zero past hd).
+    // Panel p of V: len rows of its columns p·NR.. (past hd: stale
+    // values in columns the tile masks).
     let v_panels = hd.div_ceil(NR);
     v.resize(v_panels * len * NR, 0.0);
     for j in 0..len {
-        for (c, x) in row(j, 2).iter().enumerate() {
-            v[((c / NR) * len + j) * NR + c % NR] = *x;
+        let src = row(j, 2);
+        for p in 0..v_panels {
+            let cols = NR.min(hd - p * NR);
+            v[(p * len + j) * NR..][..cols].copy_from_slice(&src[p * NR..][..cols]);
         }
     }
     scores.resize(QUERY_BLOCK.min(len) * len, 0.0);

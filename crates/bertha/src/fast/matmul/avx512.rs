@@ -77,6 +77,56 @@ pub(super) unsafe fn tile_f32<const R: usize>(
     store_tile!(acc, c, ldc, &bias[..cols], act);
 }
 
+/// `dst[c · dst_stride + r] = src[r · src_stride + c]` for `c < cols`, all
+/// `r < 16` (rows from `rows` on are written as 0): a 16 × 16 block
+/// transposed in registers (four rounds of shuffles), where element-wise
+/// stores would each touch another row.
+///
+/// # Safety
+/// `rows` and `cols` ≤ 16; `src` rows `r < rows` hold `cols` readable
+/// floats, `dst` rows `c < cols` 16 writable ones.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transpose16(
+    src: *const f32,
+    src_stride: usize,
+    rows: usize,
+    cols: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    let mask: __mmask16 = if cols >= 16 { u16::MAX } else { (1u16 << cols) - 1 };
+    let mut r = [_mm512_setzero_ps(); 16];
+    for (i, row) in r.iter_mut().enumerate().take(rows) {
+        *row = _mm512_maskz_loadu_ps(mask, src.add(i * src_stride));
+    }
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for i in 0..4 {
+        let b = 4 * i;
+        r[b] = _mm512_shuffle_ps::<0x44>(t[b], t[b + 2]);
+        r[b + 1] = _mm512_shuffle_ps::<0xEE>(t[b], t[b + 2]);
+        r[b + 2] = _mm512_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+        r[b + 3] = _mm512_shuffle_ps::<0xEE>(t[b + 1], t[b + 3]);
+    }
+    for h in 0..2 {
+        let b = 8 * h;
+        for i in 0..4 {
+            t[b + i] = _mm512_shuffle_f32x4::<0x88>(r[b + i], r[b + 4 + i]);
+            t[b + 4 + i] = _mm512_shuffle_f32x4::<0xDD>(r[b + i], r[b + 4 + i]);
+        }
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[8 + i]);
+        r[8 + i] = _mm512_shuffle_f32x4::<0xDD>(t[i], t[8 + i]);
+    }
+    for (c, row) in r.iter().enumerate().take(cols) {
+        _mm512_storeu_ps(dst.add(c * dst_stride), *row);
+    }
+}
+
 /// [`activate_body`] on 16 lanes: the same operations in the same order,
 /// so the same bits (a test sweeps both).
 #[inline]

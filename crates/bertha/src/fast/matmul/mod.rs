@@ -587,6 +587,42 @@ fn for_each_task(m: usize, n: usize, f: impl Fn(usize, std::ops::Range<usize>) +
     }
 }
 
+/// `dst[c · dst_stride + r] = src[r · src_stride + c]` for `r < 16`,
+/// `c < cols` (≤ 16), reading rows `r < rows` (≤ 16) and writing 0 for the
+/// rest: a block of a matrix transposed into a column panel.
+pub(crate) fn transpose16(
+    src: &[f32],
+    src_stride: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+    dst_stride: usize,
+) {
+    assert!(rows <= 16 && cols <= 16, "transpose16: block larger than 16 × 16");
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(
+        src.len() >= (rows - 1) * src_stride + cols,
+        "transpose16: source too short"
+    );
+    assert!(
+        dst.len() >= (cols - 1) * dst_stride + 16,
+        "transpose16: destination too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if features().avx512_bw {
+        // SAFETY: the CPU has AVX-512F (checked); the sizes are asserted.
+        unsafe { avx512::transpose16(src.as_ptr(), src_stride, rows, cols, dst.as_mut_ptr(), dst_stride) };
+        return;
+    }
+    for c in 0..cols {
+        for r in 0..16 {
+            dst[c * dst_stride + r] = if r < rows { src[r * src_stride + c] } else { 0.0 };
+        }
+    }
+}
+
 /// One output tile: `c[r, j] = Σ_i a[r, i] · panel[i, j] + bias[j]` for
 /// `r < mr`, `j < cols`; `c` has row stride `ldc`.
 ///
@@ -938,6 +974,27 @@ mod tests {
             }
             for ((x, w), g) in xs.iter().zip(&want).zip(&got) {
                 assert_eq!(w.to_bits(), g.to_bits(), "{act:?}({x}): {w} vs {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn transpose16_transposes_partial_blocks() {
+        let (ss, ds) = (21, 19);
+        let src: Vec<f32> = (0..16 * ss).map(|i| i as f32 + 0.5).collect();
+        for (rows, cols) in [(16, 16), (9, 16), (16, 7), (1, 1), (13, 11)] {
+            let mut dst = vec![-1f32; 15 * ds + 16];
+            transpose16(&src, ss, rows, cols, &mut dst, ds);
+            for c in 0..16 {
+                for r in 0..16 {
+                    let got = dst[c * ds + r];
+                    let want = match (c < cols, r < rows) {
+                        (false, _) => -1.0,
+                        (true, false) => 0.0,
+                        (true, true) => src[r * ss + c],
+                    };
+                    assert_eq!(got, want, "{rows} × {cols} block, [{c}, {r}]");
+                }
             }
         }
     }
