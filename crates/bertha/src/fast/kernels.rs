@@ -305,6 +305,13 @@ struct Scratch {
     q: Vec<f32>,
     /// V of one head in column panels (register-tile path).
     v: Vec<f32>,
+    /// bf16 path: Q, then the probabilities, as pairs.
+    pairs: Vec<u32>,
+    /// bf16 path: K as pairs `[len, head_dim / 2]`, then its panels.
+    k_pairs: Vec<u32>,
+    k_panels: Vec<u32>,
+    /// bf16 path: V's panels.
+    v_panels: Vec<u16>,
 }
 
 /// How a (sequence, head) is computed.
@@ -312,6 +319,9 @@ struct Scratch {
 enum AttentionPath {
     /// The fp32 register tiles of the packed multiplies (AVX-512).
     Tiles,
+    /// The bf16 register tiles (AVX512-BF16): Q, K, V and the
+    /// probabilities rounded to bf16, sums in fp32.
+    TilesBf16,
     /// Two gemm-crate products per block of query rows.
     Gemm,
     /// Plain loops (short sequences without AVX-512).
@@ -324,14 +334,22 @@ enum AttentionPath {
 /// each); sequence `s` owns rows `offsets[s]..offsets[s+1]`, so no work is
 /// spent on padding. Writes the context [tokens, D] into `ctx`. One task
 /// per (sequence, head), so even a single text uses every core.
+///
+/// `bf16_products`: both products on bf16 tiles where the CPU has
+/// AVX512-BF16 (the softmax stays fp32), for the bf16 precision.
 pub fn packed_attention(
     qkv: &[f32],
     ctx: &mut [f32],
     offsets: &[usize],
     num_heads: usize,
     head_dim: usize,
+    bf16_products: bool,
 ) {
-    let path = crate::fast::matmul::has_f32_tiles().then_some(AttentionPath::Tiles);
+    let path = if bf16_products && crate::fast::cpu::features().bf16 {
+        Some(AttentionPath::TilesBf16)
+    } else {
+        crate::fast::matmul::has_f32_tiles().then_some(AttentionPath::Tiles)
+    };
     packed_attention_on(path, qkv, ctx, offsets, num_heads, head_dim);
 }
 
@@ -400,9 +418,132 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
     });
     match path {
         AttentionPath::Tiles => attend_tiles(job, scratch, start, len, h),
+        AttentionPath::TilesBf16 => attend_tiles_bf16(job, scratch, start, len, h),
         AttentionPath::Gemm => attend_gemm(job, scratch, start, len, h),
         AttentionPath::Loops => attend_loops(job, scratch, start, len, h),
     }
+}
+
+/// [`attend_tiles`] on bf16 tiles: Q (scaled), K, V and each row of
+/// probabilities rounded to bf16 at the products' inputs, sums and softmax
+/// in fp32. K's pairs (two adjacent head dimensions of one key) are
+/// transposed into panels as 32-bit words, V is packed as a weight is.
+#[inline(always)]
+fn attend_tiles_bf16(
+    job: &AttentionJob,
+    scratch: &mut Scratch,
+    start: usize,
+    len: usize,
+    h: usize,
+) {
+    use crate::fast::matmul::{
+        pack_panels_into, round_row, tile_bf16, transpose16, Strided, BF16_TILE_ROWS as TR, NR,
+    };
+    let AttentionJob {
+        qkv,
+        d,
+        head_dim: hd,
+        scale,
+        ..
+    } = *job;
+    let Scratch {
+        scores,
+        q,
+        pairs,
+        k_pairs,
+        k_panels,
+        v_panels,
+        ..
+    } = scratch;
+    let (hd2, len2) = (hd.div_ceil(2), len.div_ceil(2));
+    let row = |t: usize, part: usize| &qkv[(start + t) * 3 * d + part * d + h * hd..][..hd];
+    // Q scaled, as pairs [len, hd2]; behind them, room for one query
+    // block's probabilities as pairs.
+    q.resize(hd, 0.0);
+    pairs.resize(len * hd2 + QUERY_BLOCK.min(len) * len2, 0);
+    let (q_pairs, p_pairs) = pairs.split_at_mut(len * hd2);
+    for (i, out) in q_pairs.chunks_exact_mut(hd2).enumerate() {
+        for (o, x) in q.iter_mut().zip(row(i, 0)) {
+            *o = x * scale;
+        }
+        round_row(q, out);
+    }
+    k_pairs.resize(len * hd2, 0);
+    for (j, out) in k_pairs.chunks_exact_mut(hd2).enumerate() {
+        round_row(row(j, 1), out);
+    }
+    // Panel p: hd2 pair rows of NR keys, one 32-bit pair per key.
+    let key_panels = len.div_ceil(NR);
+    k_panels.resize(key_panels * hd2 * NR, 0);
+    for j in (0..len).step_by(16) {
+        let panel = (j / NR) * hd2 * NR + j % NR;
+        for c in (0..hd2).step_by(16) {
+            let (rows, cols) = (16.min(len - j), 16.min(hd2 - c));
+            transpose16(
+                as_f32(&k_pairs[j * hd2 + c..]),
+                hd2,
+                rows,
+                cols,
+                as_f32_mut(&mut k_panels[panel + c * NR..]),
+                NR,
+            );
+        }
+    }
+    // SAFETY: any two u16 are one u32 (little-endian: the low half first,
+    // as the tiles read a pair), same allocation, twice the count.
+    let k_panels: &[u16] =
+        unsafe { std::slice::from_raw_parts(k_panels.as_ptr().cast(), k_panels.len() * 2) };
+    let v = Strided::rows(&qkv[start * 3 * d + 2 * d + h * hd..], 3 * d);
+    pack_panels_into(v, len, hd, v_panels);
+    scores.resize(QUERY_BLOCK.min(len) * len, 0.0);
+    for first in (0..len).step_by(QUERY_BLOCK) {
+        let rows = QUERY_BLOCK.min(len - first);
+        let s = &mut scores[..rows * len];
+        for r0 in (0..rows).step_by(TR) {
+            let mr = TR.min(rows - r0);
+            let a = &q_pairs[(first + r0) * hd2..(first + r0 + mr) * hd2];
+            for p in 0..key_panels {
+                let panel = &k_panels[p * hd2 * NR * 2..(p + 1) * hd2 * NR * 2];
+                // SAFETY: rows r0..r0+mr, columns p·NR.. (at most NR, up
+                // to len) of s ([rows, len]).
+                unsafe {
+                    let c = s.as_mut_ptr().add(r0 * len + p * NR);
+                    tile_bf16(a, hd2, mr, panel, c, len, NR.min(len - p * NR));
+                }
+            }
+        }
+        let p_pairs = &mut p_pairs[..rows * len2];
+        for (r, out) in s.chunks_exact_mut(len).zip(p_pairs.chunks_exact_mut(len2)) {
+            softmax_row(r);
+            round_row(r, out);
+        }
+        for r0 in (0..rows).step_by(TR) {
+            let mr = TR.min(rows - r0);
+            let a = &p_pairs[r0 * len2..(r0 + mr) * len2];
+            for p in 0..hd.div_ceil(NR) {
+                let panel = &v_panels[p * len2 * NR * 2..(p + 1) * len2 * NR * 2];
+                // SAFETY: context rows start+first+r0.., columns of head h
+                // (panel p) lie inside ctx (asserted by packed_attention)
+                // and no other task writes them.
+                unsafe {
+                    let c = job.out.0.add((start + first + r0) * d + h * hd + p * NR);
+                    tile_bf16(a, len2, mr, panel, c, d, NR.min(hd - p * NR));
+                }
+            }
+        }
+    }
+}
+
+/// bf16 pairs seen as the f32 bit patterns [`transpose16`] moves.
+fn as_f32(x: &[u32]) -> &[f32] {
+    // SAFETY: u32 and f32 have one size and alignment, and every bit
+    // pattern is an f32; the values are only moved, never computed on.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
+}
+
+fn as_f32_mut(x: &mut [u32]) -> &mut [f32] {
+    // SAFETY: as in `as_f32`.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
 }
 
 /// One (sequence, head) on the packed multiplies' fp32 register tiles:
@@ -713,6 +854,19 @@ mod tests {
                     worst < 1e-5,
                     "{path:?}, head_dim {hd}: largest difference {worst}"
                 );
+            }
+            if crate::fast::cpu::features().bf16 {
+                // Inputs rounded to 8 significant bits: errors of a few
+                // 2^-9 of the values (|v| ≤ 1), far above fp32's.
+                let mut ctx = vec![0f32; tokens * d];
+                let path = Some(AttentionPath::TilesBf16);
+                packed_attention_on(path, &qkv, &mut ctx, &offsets, heads, hd);
+                let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
+                assert!(
+                    worst < 1e-2,
+                    "bf16, head_dim {hd}: largest difference {worst}"
+                );
+                assert!(worst > 1e-5, "bf16 rounding shows ({worst})");
             }
         }
     }

@@ -94,7 +94,11 @@ pub(super) unsafe fn transpose16(
     dst: *mut f32,
     dst_stride: usize,
 ) {
-    let mask: __mmask16 = if cols >= 16 { u16::MAX } else { (1u16 << cols) - 1 };
+    let mask: __mmask16 = if cols >= 16 {
+        u16::MAX
+    } else {
+        (1u16 << cols) - 1
+    };
     let mut r = [_mm512_setzero_ps(); 16];
     for (i, row) in r.iter_mut().enumerate().take(rows) {
         *row = _mm512_maskz_loadu_ps(mask, src.add(i * src_stride));

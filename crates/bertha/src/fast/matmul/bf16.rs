@@ -202,6 +202,72 @@ unsafe fn tile(
     }
 }
 
+/// Output rows per [`tile_bf16`] call.
+pub(crate) const BF16_TILE_ROWS: usize = MR_BF16;
+
+/// One row rounded to bf16 pairs (`out`: `x.len()` rounded up to even,
+/// halved), on the calling thread.
+pub(crate) fn round_row(x: &[f32], out: &mut [u32]) {
+    assert_eq!(out.len(), x.len().div_ceil(2), "round_row: output length");
+    #[cfg(target_arch = "x86_64")]
+    if features().bf16 {
+        // SAFETY: the CPU has AVX512-BF16; out holds ceil(len / 2) pairs.
+        unsafe { super::avx512::round_row_bf16(x, out) };
+        return;
+    }
+    for (pair, xs) in out.iter_mut().zip(x.chunks(2)) {
+        *pair = u32::from(to_bf16(xs[0])) | xs.get(1).map_or(0, |&v| u32::from(to_bf16(v))) << 16;
+    }
+}
+
+/// `b` `[k, n]` packed as [`PackedBf16`]'s panels into `panels`, on the
+/// calling thread (for small per-head operands).
+pub(crate) fn pack_panels_into(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>) {
+    b.check(k, n, "pack_panels_into");
+    let k2 = k.div_ceil(2);
+    panels.clear();
+    panels.resize(n.div_ceil(NR) * k2 * NR * 2, 0);
+    for (p, panel) in panels.chunks_exact_mut((k2 * NR * 2).max(1)).enumerate() {
+        pack_panel(&b, k, p * NR, NR.min(n - p * NR), panel);
+    }
+}
+
+/// One bf16 register tile: `c[r, j] = Σ_i a[r, i] · panel[i, j]` over
+/// `k2` pairs, `r < mr` (≤ [`BF16_TILE_ROWS`]), `j < cols` (≤ 32), no
+/// bias.
+///
+/// # Safety
+/// `c` must address an `mr` × `cols` tile (row stride `ldc`) that no one
+/// else reads or writes meanwhile; `a` holds `mr` rows of `k2` pairs and
+/// `panel` `k2` pair rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_bf16(
+    a: &[u32],
+    k2: usize,
+    mr: usize,
+    panel: &[u16],
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+) {
+    const ZEROS: [f32; NR] = [0.0; NR];
+    assert!(a.len() >= mr * k2 && panel.len() >= k2 * NR * 2 && cols <= NR);
+    // SAFETY: as the caller promised; sizes asserted above.
+    unsafe {
+        tile(
+            features().bf16,
+            a,
+            k2,
+            mr,
+            panel,
+            c,
+            ldc,
+            &ZEROS[..cols],
+            None,
+        )
+    }
+}
+
 /// A matrix read through strides: element `(r, c)` is `data[r·rs + c·cs]`
 /// (a row-major matrix or its transpose, without a transposed copy).
 #[derive(Debug, Clone, Copy)]

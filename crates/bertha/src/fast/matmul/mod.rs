@@ -26,6 +26,7 @@
 
 mod bf16;
 
+pub(crate) use bf16::{pack_panels_into, round_row, tile_bf16, BF16_TILE_ROWS};
 pub use bf16::{product_bf16, PackedBf16, Strided};
 
 use rayon::prelude::*;
@@ -598,7 +599,10 @@ pub(crate) fn transpose16(
     dst: &mut [f32],
     dst_stride: usize,
 ) {
-    assert!(rows <= 16 && cols <= 16, "transpose16: block larger than 16 × 16");
+    assert!(
+        rows <= 16 && cols <= 16,
+        "transpose16: block larger than 16 × 16"
+    );
     if rows == 0 || cols == 0 {
         return;
     }
@@ -613,12 +617,25 @@ pub(crate) fn transpose16(
     #[cfg(target_arch = "x86_64")]
     if features().avx512_bw {
         // SAFETY: the CPU has AVX-512F (checked); the sizes are asserted.
-        unsafe { avx512::transpose16(src.as_ptr(), src_stride, rows, cols, dst.as_mut_ptr(), dst_stride) };
+        unsafe {
+            avx512::transpose16(
+                src.as_ptr(),
+                src_stride,
+                rows,
+                cols,
+                dst.as_mut_ptr(),
+                dst_stride,
+            )
+        };
         return;
     }
     for c in 0..cols {
         for r in 0..16 {
-            dst[c * dst_stride + r] = if r < rows { src[r * src_stride + c] } else { 0.0 };
+            dst[c * dst_stride + r] = if r < rows {
+                src[r * src_stride + c]
+            } else {
+                0.0
+            };
         }
     }
 }
