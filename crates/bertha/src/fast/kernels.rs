@@ -411,6 +411,11 @@ const ATTENTION_GEMM_MIN_LEN: usize = 24;
 
 #[inline(always)]
 fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
+    if len == 0 {
+        // An empty sequence has no rows to write (and its start may be
+        // the end of qkv).
+        return;
+    }
     let path = job.path.unwrap_or(if len >= ATTENTION_GEMM_MIN_LEN {
         AttentionPath::Gemm
     } else {
@@ -841,8 +846,15 @@ mod tests {
         // spanning two key panels, and past two query blocks.
         for (heads, hd) in [(3, 8), (2, 32), (2, 40)] {
             let d = heads * hd;
-            let offsets = [0, 5, 5 + 33, 5 + 33 + 2 * QUERY_BLOCK + 22];
-            let tokens = offsets[3];
+            // The last sequence is empty: it starts at the end of qkv.
+            let offsets = [
+                0,
+                5,
+                5 + 33,
+                5 + 33 + 2 * QUERY_BLOCK + 22,
+                5 + 33 + 2 * QUERY_BLOCK + 22,
+            ];
+            let tokens = offsets[4];
             let qkv: Vec<f32> = (0..tokens * 3 * d)
                 .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 2.0)
                 .collect();

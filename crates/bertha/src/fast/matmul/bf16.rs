@@ -240,7 +240,6 @@ pub(crate) fn pack_panels_into(b: Strided, k: usize, n: usize, panels: &mut Vec<
 /// `c` must address an `mr` × `cols` tile (row stride `ldc`) that no one
 /// else reads or writes meanwhile; `a` holds `mr` rows of `k2` pairs and
 /// `panel` `k2` pair rows.
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile_bf16(
     a: &[u32],
     k2: usize,
