@@ -336,7 +336,7 @@ enum AttentionPath {
 /// per (sequence, head), so even a single text uses every core.
 ///
 /// `bf16_products`: both products on bf16 tiles where the CPU has
-/// AVX512-BF16 (the softmax stays fp32), for the bf16 precision.
+/// AVX512-BF16 (the softmax stays fp32), for the bf16 and int8 precisions.
 pub fn packed_attention(
     qkv: &[f32],
     ctx: &mut [f32],
@@ -833,9 +833,10 @@ pub fn matmul_gflops(size: usize, reps: usize) -> f64 {
 mod tests {
     use super::*;
 
-    /// Packed attention against softmax(scale · Q Kᵀ) V in f64, for a
-    /// short sequence (plain loops) and a long one (gemm over query
-    /// blocks, the last one partial).
+    /// Packed attention against softmax(scale · Q Kᵀ) V in f64, on every
+    /// path (the CPU's choice, gemm, loops, fp32 and bf16 tiles where the
+    /// CPU has them), for short sequences, two key panels, query blocks
+    /// with a partial last one, and an empty sequence.
     #[test]
     fn packed_attention_matches_the_definition() {
         let mut paths = vec![None, Some(AttentionPath::Gemm), Some(AttentionPath::Loops)];

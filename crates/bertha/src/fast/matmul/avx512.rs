@@ -94,11 +94,7 @@ pub(super) unsafe fn transpose16(
     dst: *mut f32,
     dst_stride: usize,
 ) {
-    let mask: __mmask16 = if cols >= 16 {
-        u16::MAX
-    } else {
-        (1u16 << cols) - 1
-    };
+    let mask = tail(cols, 0);
     let mut r = [_mm512_setzero_ps(); 16];
     for (i, row) in r.iter_mut().enumerate().take(rows) {
         *row = _mm512_maskz_loadu_ps(mask, src.add(i * src_stride));
@@ -131,11 +127,11 @@ pub(super) unsafe fn transpose16(
     }
 }
 
-/// [`activate_body`] on 16 lanes: the same operations in the same order,
-/// so the same bits (a test sweeps both).
+/// [`crate::fast::kernels::activate_body`] on 16 lanes: the same
+/// operations in the same order, so the same bits (a test sweeps both).
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn activate(x: __m512, act: Act) -> __m512 {
+pub(super) unsafe fn activate(x: __m512, act: Act) -> __m512 {
     let half = _mm512_set1_ps(0.5);
     let one = _mm512_set1_ps(1.0);
     match act {

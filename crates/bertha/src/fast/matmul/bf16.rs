@@ -132,20 +132,25 @@ fn round_rows(simd: bool, x: &[f32], m: usize, k: usize, k2: usize, out: &mut Ve
         .par_chunks_mut(k2)
         .zip(x.par_chunks(k))
         .with_min_len(16)
-        .for_each(|(pairs, row)| {
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: the CPU has AVX512-BF16 (the caller checked);
-                // pairs holds ceil(k / 2) values.
-                unsafe { super::avx512::round_row_bf16(row, pairs) };
-                return;
-            }
-            for (pair, xs) in pairs.iter_mut().zip(row.chunks(2)) {
-                let lo = u32::from(to_bf16(xs[0]));
-                let hi = xs.get(1).map_or(0, |&v| u32::from(to_bf16(v)));
-                *pair = lo | hi << 16;
-            }
-        });
+        .for_each(|(pairs, row)| round_row_on(simd, row, pairs));
+}
+
+/// One row of `x` as bf16 pairs in `out` (ceil(len / 2) of them), with
+/// AVX512-BF16's conversion when `simd`.
+fn round_row_on(simd: bool, x: &[f32], out: &mut [u32]) {
+    assert_eq!(out.len(), x.len().div_ceil(2), "round_row: output length");
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: the CPU has AVX512-BF16 (the caller checked); out holds
+        // ceil(len / 2) pairs.
+        unsafe { super::avx512::round_row_bf16(x, out) };
+        return;
+    }
+    for (pair, xs) in out.iter_mut().zip(x.chunks(2)) {
+        let lo = u32::from(to_bf16(xs[0]));
+        let hi = xs.get(1).map_or(0, |&v| u32::from(to_bf16(v)));
+        *pair = lo | hi << 16;
+    }
 }
 
 /// One `mr` × `bias.len()` tile at `c` (row stride `ldc`).
@@ -208,16 +213,7 @@ pub(crate) const BF16_TILE_ROWS: usize = MR_BF16;
 /// One row rounded to bf16 pairs (`out`: `x.len()` rounded up to even,
 /// halved), on the calling thread.
 pub(crate) fn round_row(x: &[f32], out: &mut [u32]) {
-    assert_eq!(out.len(), x.len().div_ceil(2), "round_row: output length");
-    #[cfg(target_arch = "x86_64")]
-    if features().bf16 {
-        // SAFETY: the CPU has AVX512-BF16; out holds ceil(len / 2) pairs.
-        unsafe { super::avx512::round_row_bf16(x, out) };
-        return;
-    }
-    for (pair, xs) in out.iter_mut().zip(x.chunks(2)) {
-        *pair = u32::from(to_bf16(xs[0])) | xs.get(1).map_or(0, |&v| u32::from(to_bf16(v))) << 16;
-    }
+    round_row_on(features().bf16, x, out);
 }
 
 /// `b` `[k, n]` packed as [`PackedBf16`]'s panels into `panels`, on the

@@ -48,6 +48,7 @@ pub(crate) const F32_TILE_ROWS: usize = MR_F32;
 pub(crate) fn has_f32_tiles() -> bool {
     features().avx512_bw
 }
+
 /// Output rows per int8 register tile.
 const MR: usize = 8;
 /// Rows per parallel task (a multiple of both tile heights): a task reuses
@@ -659,7 +660,7 @@ pub(crate) unsafe fn tile_f32(
     act: Option<Act>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if features().avx512_bw {
+    if has_f32_tiles() {
         macro_rules! dispatch {
             ($($n:literal)*) => {
                 match mr {
