@@ -14,5 +14,5 @@ mod packed;
 pub mod train;
 
 pub use cpu::flush_denormals;
-pub use kernels::matmul_gflops;
+pub use kernels::{linear_gops, matmul_gflops};
 pub use packed::{PackedBert, PackedStates, Precision};

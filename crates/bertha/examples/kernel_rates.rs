@@ -1,0 +1,32 @@
+//! Times the packed linear-layer kernels at each precision on the shapes of
+//! all-MiniLM-L6-v2's four linears (rows: a batch of 32 sentences of ~30
+//! tokens), so a kernel change can be judged without a whole model run.
+//!
+//! ```sh
+//! cargo run --release -p bertha --example kernel_rates -- [rows] [reps]
+//! ```
+
+use bertha::fast::{linear_gops, Precision};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let m: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(960);
+    let reps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20);
+    let shapes = [
+        ("qkv", 384, 1152),
+        ("out", 384, 384),
+        ("ffn-in", 384, 1536),
+        ("ffn-out", 1536, 384),
+    ];
+    for precision in [Precision::F32, Precision::Bf16, Precision::Int8] {
+        let rates: Vec<String> = shapes
+            .iter()
+            .map(|&(name, k, n)| format!("{name} {:.1}", linear_gops(precision, m, k, n, reps)))
+            .collect();
+        println!(
+            "{:>4}: {} G ops/s (rows {m})",
+            precision.name(),
+            rates.join(", ")
+        );
+    }
+}
