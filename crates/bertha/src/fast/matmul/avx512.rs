@@ -10,29 +10,35 @@ use crate::fast::kernels::Act;
 use std::arch::x86_64::*;
 
 /// Stores `R` rows × `bias.len()` (≤ 32) columns of fp32 sums at `c`
-/// (row stride `ldc`), adding the bias and applying `act` in registers.
+/// (row stride `ldc`), adding the bias, with `accumulate` what `c` holds,
+/// and applying `act` in registers.
 /// A macro, expanded in each kernel: a function taking the accumulators
 /// by reference was not inlined, which put them on the stack (zeroed by a
 /// `memset` per tile). Applying `act` to the stored row instead read back
 /// what a masked store had just written, which the CPU cannot forward:
 /// that stall cost more than the GELU itself.
 macro_rules! store_tile {
-    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr) => {{
+    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr, $accumulate:expr) => {{
         let (c, ldc, bias, act): (*mut f32, usize, &[f32], Option<Act>) = ($c, $ldc, $bias, $act);
+        let accumulate: bool = $accumulate;
         let (m0, m1) = masks(bias.len());
         let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
         let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
         // Rows by constant index (a loop over 11 or 12 rows is not
         // unrolled, and indexing by a variable keeps the array in memory).
         assert!($acc.len() <= 12, "store_tile! stores at most 12 rows");
-        store_tile!(@rows $acc, c, ldc, bias0, bias1, m0, m1, act; 0 1 2 3 4 5 6 7 8 9 10 11);
+        store_tile!(@rows $acc, c, ldc, bias0, bias1, m0, m1, act, accumulate; 0 1 2 3 4 5 6 7 8 9 10 11);
     }};
     (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $m0:ident, $m1:ident,
-     $act:ident; $($r:literal)*) => {
+     $act:ident, $accumulate:ident; $($r:literal)*) => {
         $(
             if let Some(acc) = $acc.get($r) {
                 let dst = $c.add($r * $ldc);
                 let (mut v0, mut v1) = (_mm512_add_ps(acc[0], $b0), _mm512_add_ps(acc[1], $b1));
+                if $accumulate {
+                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps($m0, dst));
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps($m1, dst.wrapping_add(16)));
+                }
                 if let Some(act) = $act {
                     (v0, v1) = (activate(v0, act), activate(v1, act));
                 }
@@ -74,7 +80,7 @@ pub(super) unsafe fn tile_f32<const R: usize>(
             acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
         }
     }
-    store_tile!(acc, c, ldc, &bias[..cols], act);
+    store_tile!(acc, c, ldc, &bias[..cols], act, false);
 }
 
 /// `dst[c · dst_stride + r] = src[r · src_stride + c]` for `c < cols`, all
@@ -263,7 +269,7 @@ pub(super) unsafe fn tile_i8<const R: usize>(
             acc[1] = _mm512_fmadd_ps(min, s1, acc[1]);
         }
     }
-    store_tile!(acc, c, ldc, t.bias, t.act);
+    store_tile!(acc, c, ldc, t.bias, t.act, false);
 }
 
 /// Mask of the `k - i` (at most 16) lanes left from `i`.
@@ -309,8 +315,10 @@ pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8])
 
 /// `R` rows × 32 columns of bf16 pair products (`vdpbf16ps`), summed in
 /// fp32 registers: `a` holds `R` rows of `k2` bf16 pairs, `panel` `k2`
-/// rows of 32 columns × 2 bf16.
+/// rows of 32 columns × 2 bf16; with `accumulate` added to what `c`
+/// holds (a gradient summed over products).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile_bf16<const R: usize>(
     a: &[u32],
     k2: usize,
@@ -319,6 +327,7 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     ldc: usize,
     bias: &[f32],
     act: Option<Act>,
+    accumulate: bool,
 ) {
     debug_assert!(a.len() >= R * k2 && panel.len() >= k2 * NR * 2);
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
@@ -336,7 +345,7 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
             acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
         }
     }
-    store_tile!(acc, c, ldc, bias, act);
+    store_tile!(acc, c, ldc, bias, act, accumulate);
 }
 
 /// One row of `x` rounded to bf16 pairs in `out` (`x.len()` rounded up to

@@ -115,7 +115,7 @@ impl PackedBf16 {
                 let c = out.at(r0 * n + p * NR);
                 // SAFETY: rows r0..r0+mr, columns of panel p lie inside y
                 // (shapes checked) and belong to this task only.
-                unsafe { tile(simd, a, k2, mr, panel, c, n, bias, act) };
+                unsafe { tile(simd, a, k2, mr, panel, c, n, bias, act, false) };
             }
         });
     }
@@ -153,7 +153,8 @@ fn round_row_on(simd: bool, x: &[f32], out: &mut [u32]) {
     }
 }
 
-/// One `mr` × `bias.len()` tile at `c` (row stride `ldc`).
+/// One `mr` × `bias.len()` tile at `c` (row stride `ldc`), added to what
+/// `c` holds with `accumulate`.
 ///
 /// # Safety
 /// `c` must address that tile, which no one else reads or writes meanwhile;
@@ -169,6 +170,7 @@ unsafe fn tile(
     ldc: usize,
     bias: &[f32],
     act: Option<Act>,
+    accumulate: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd {
@@ -178,7 +180,7 @@ unsafe fn tile(
                     // SAFETY: the CPU has AVX512-BF16 (the caller checked);
                     // a holds mr rows of k2 pairs, the caller owns the tile.
                     $($n => unsafe {
-                        super::avx512::tile_bf16::<$n>(a, k2, panel, c, ldc, bias, act)
+                        super::avx512::tile_bf16::<$n>(a, k2, panel, c, ldc, bias, act, accumulate)
                     },)*
                     _ => unreachable!("tiles have 1..=MR_BF16 rows"),
                 }
@@ -199,7 +201,7 @@ unsafe fn tile(
                 acc += from_bf16(pair as u16) * from_bf16(w[0])
                     + from_bf16((pair >> 16) as u16) * from_bf16(w[1]);
             }
-            *y = acc + b;
+            *y = if accumulate { acc + b + *y } else { acc + b };
         }
         if let Some(act) = act {
             activate_body(out, act);
@@ -259,6 +261,7 @@ pub(crate) unsafe fn tile_bf16(
             ldc,
             &ZEROS[..cols],
             None,
+            false,
         )
     }
 }
@@ -321,17 +324,31 @@ fn round_bits(x: f32) -> u32 {
 
 /// `b` `[k, n]` rounded to bf16 and laid out as [`PackedBf16`]'s panels.
 fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
-    let k2 = k.div_ceil(2);
-    let n_panels = n.div_ceil(NR);
-    let mut panels = vec![0u16; n_panels * k2 * NR * 2];
+    let mut panels = Vec::new();
+    pack_panels_reusing(b, k, n, &mut panels);
     panels
+}
+
+/// [`pack_panels`] into the first `⌈n / NR⌉ · ⌈k / 2⌉ · NR · 2` values of
+/// `panels`, grown when short and otherwise not cleared: the packing
+/// writes every value but a partial last panel's padding columns, which
+/// are zeroed here.
+fn pack_panels_reusing(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>) {
+    let k2 = k.div_ceil(2);
+    let len = n.div_ceil(NR) * k2 * NR * 2;
+    if panels.len() < len {
+        panels.resize(len, 0);
+    }
+    panels[..len]
         .par_chunks_mut((k2 * NR * 2).max(1))
         .enumerate()
         .for_each(|(p, panel)| {
             let (c0, cols) = (p * NR, NR.min(n - p * NR));
+            if cols < NR {
+                panel.fill(0);
+            }
             pack_panel(&b, k, c0, cols, panel)
         });
-    panels
 }
 
 multiversion! {
@@ -451,8 +468,11 @@ fn round_transposed_block_body(
 /// a transposed `a` (columns contiguous) reads two source rows per pair
 /// column, a block of output rows per task.
 fn round_strided(a: Strided, m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
-    out.clear();
-    out.resize(m * k2, 0);
+    // Every pair is written below: grow the buffer, never zero it again.
+    if out.len() < m * k2 {
+        out.resize(m * k2, 0);
+    }
+    let out = &mut out[..m * k2];
     if a.rs == 1 {
         out.par_chunks_mut(ROUND_BLOCK * k2.max(1))
             .enumerate()
@@ -477,11 +497,51 @@ fn round_strided(a: Strided, m: usize, k: usize, k2: usize, out: &mut Vec<u32>) 
         });
 }
 
-/// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums, `c`
-/// row-major: both operands rounded (and `b` packed) on this call, for
+/// Where a [`product_bf16`] puts its sums.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sums<'a> {
+    /// Added to every row (length `n`).
+    pub bias: Option<&'a [f32]>,
+    /// Add to what the output holds instead of overwriting it (gradients
+    /// summed over products), in the tile's store.
+    pub accumulate: bool,
+}
+
+/// The operands of the products on one thread, rounded and packed into
+/// buffers kept between calls: a training step makes a few hundred
+/// products, and fresh buffers cost a page fault and a zeroing each.
+struct ProductBuffers {
+    pairs: Vec<u32>,
+    panels: Vec<u16>,
+}
+
+thread_local! {
+    static BUFFERS: std::cell::RefCell<ProductBuffers> =
+        const { std::cell::RefCell::new(ProductBuffers { pairs: Vec::new(), panels: Vec::new() }) };
+}
+
+/// `c[m, n] (+)= bf16(a)[m, k] · bf16(b)[k, n] (+ bias)` with fp32 sums,
+/// `c` row-major: both operands rounded (and `b` packed) on this call, for
 /// products whose operands change every call (a training step's).
-pub fn product_bf16(m: usize, n: usize, k: usize, a: Strided, b: Strided, c: &mut [f32]) {
-    product_bf16_on(features().bf16, (m, n, k), a, b, c);
+pub fn product_bf16(
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: &mut [f32],
+    sums: Sums,
+) {
+    let mut run = |buffers: &mut ProductBuffers| {
+        product_bf16_on(features().bf16, (m, n, k), a, b, c, sums, buffers)
+    };
+    // A product started while this thread's buffers are in use (a rayon
+    // task stolen while waiting inside one) gets its own.
+    BUFFERS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buffers) => run(&mut buffers),
+        Err(_) => run(&mut ProductBuffers {
+            pairs: Vec::new(),
+            panels: Vec::new(),
+        }),
+    })
 }
 
 fn product_bf16_on(
@@ -490,26 +550,33 @@ fn product_bf16_on(
     a: Strided,
     b: Strided,
     c: &mut [f32],
+    sums: Sums,
+    buffers: &mut ProductBuffers,
 ) {
     assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
     a.check(m, k, "product_bf16 left operand");
     b.check(k, n, "product_bf16 right operand");
+    if let Some(bias) = sums.bias {
+        assert_eq!(bias.len(), n, "product_bf16: bias is not [{n}]");
+    }
     if m == 0 || n == 0 {
         return;
     }
     let k2 = k.div_ceil(2);
-    let mut pairs = Vec::new();
+    let ProductBuffers { pairs, panels } = buffers;
     if a.cs == 1 && a.rs == k {
-        round_rows(simd, &a.data[..m * k], m, k, k2, &mut pairs);
+        round_rows(simd, &a.data[..m * k], m, k, k2, pairs);
     } else {
-        round_strided(a, m, k, k2, &mut pairs);
+        round_strided(a, m, k, k2, pairs);
     }
-    let panels = pack_panels(b, k, n);
+    pack_panels_reusing(b, k, n, panels);
+    let (pairs, panels) = (&pairs[..m * k2], &panels[..]);
     let zeros = [0f32; NR];
     let out = SharedOut(c.as_mut_ptr());
     for_each_task(m, n, |p, rows| {
         let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
-        let bias = &zeros[..NR.min(n - p * NR)];
+        let cs = p * NR..(p * NR + NR).min(n);
+        let bias = sums.bias.map_or(&zeros[..cs.len()], |b| &b[cs]);
         for r0 in rows.step_by(MR_BF16) {
             let mr = MR_BF16.min(m - r0);
             let a = &pairs[r0 * k2..(r0 + mr) * k2];
@@ -526,6 +593,7 @@ fn product_bf16_on(
                     n,
                     bias,
                     None,
+                    sums.accumulate,
                 )
             };
         }
@@ -581,36 +649,62 @@ mod tests {
     }
 
     /// Strided operands (transposed either side) multiply as their
-    /// row-major copies, on the SIMD and the scalar tiles.
+    /// row-major copies, on the SIMD and the scalar tiles; the output is
+    /// overwritten, or with a bias and `accumulate` added to. One set of
+    /// buffers serves every product, larger ones first, so stale values
+    /// (a wider partial panel's columns among them) must not leak in.
     #[test]
     fn strided_products_equal_the_rounded_operands_sum() {
         let val = |i: usize| ((i as f32) * 0.618).sin();
-        for (m, n, k) in [(1, 1, 1), (7, 33, 5), (40, 70, 129), (130, 20, 37)] {
+        let mut buffers = ProductBuffers {
+            pairs: Vec::new(),
+            panels: Vec::new(),
+        };
+        for (m, n, k) in [
+            (130, 70, 129),
+            (1, 1, 1),
+            (7, 33, 5),
+            (40, 70, 129),
+            (130, 20, 37),
+        ] {
             // a as its transpose's storage [k, m], b row-major [k, n].
             let at: Vec<f32> = (0..k * m).map(val).collect();
             let b: Vec<f32> = (0..k * n).map(|i| val(i + 999)).collect();
             // b's transpose's storage [n, k]; a row-major copy of a.
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
             let a: Vec<f32> = (0..m * k).map(|i| at[(i % k) * m + i / k]).collect();
+            let bias: Vec<f32> = (0..n).map(|j| val(j + 5000)).collect();
+            let start: Vec<f32> = (0..m * n).map(|i| val(i + 7000)).collect();
             let layouts = [
                 (Strided::transposed(&at, m), Strided::rows(&b, n)),
                 (Strided::rows(&a, k), Strided::transposed(&bt, k)),
             ];
-            for (simd, (sa, sb)) in [features().bf16, false]
-                .into_iter()
-                .flat_map(|s| layouts.map(|l| (s, l)))
-            {
-                let mut c = vec![0f32; m * n];
-                product_bf16_on(simd, (m, n, k), sa, sb, &mut c);
-                let r = |v: f32| f64::from(from_bf16(to_bf16(v)));
-                for i in 0..m {
-                    for j in 0..n {
-                        let want: f64 = (0..k).map(|t| r(at[t * m + i]) * r(b[t * n + j])).sum();
-                        let got = f64::from(c[i * n + j]);
-                        assert!(
-                            (got - want).abs() <= 1e-5 * (k as f64).sqrt(),
-                            "simd {simd} [{m}, {k}] x [{k}, {n}] at ({i}, {j}): {got} vs {want}"
-                        );
+            let outputs = [
+                Sums::default(),
+                Sums {
+                    bias: Some(&bias),
+                    accumulate: true,
+                },
+            ];
+            for simd in [features().bf16, false] {
+                for ((sa, sb), sums) in layouts.iter().flat_map(|l| outputs.map(|o| (*l, o))) {
+                    let mut c = start.clone();
+                    product_bf16_on(simd, (m, n, k), sa, sb, &mut c, sums, &mut buffers);
+                    let r = |v: f32| f64::from(from_bf16(to_bf16(v)));
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut want: f64 =
+                                (0..k).map(|t| r(at[t * m + i]) * r(b[t * n + j])).sum();
+                            if sums.accumulate {
+                                want += f64::from(bias[j]) + f64::from(start[i * n + j]);
+                            }
+                            let got = f64::from(c[i * n + j]);
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (k as f64).sqrt(),
+                                "simd {simd} [{m}, {k}] x [{k}, {n}] ({}) at ({i}, {j}): {got} vs {want}",
+                                sums.accumulate
+                            );
+                        }
                     }
                 }
             }

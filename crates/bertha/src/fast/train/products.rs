@@ -5,7 +5,7 @@
 //! weight stays in `nn.Linear`'s `[out, in]` layout throughout.
 
 use crate::fast::kernels::parallelism;
-use crate::fast::matmul::{product_bf16, Strided};
+use crate::fast::matmul::{product_bf16, Strided, Sums};
 
 /// The number format of a training step's matrix products: fp32, or bf16
 /// operands with fp32 sums (AVX512-BF16's `vdpbf16ps`); whatever the
@@ -53,12 +53,12 @@ impl Compute {
         let n = bias.map_or_else(|| y.len() / m.max(1), <[f32]>::len);
         let k = x.len() / m.max(1);
         check("linear weight", w, n, k);
-        product_bf16(m, n, k, Strided::rows(x, k), Strided::transposed(w, k), y);
-        if let Some(b) = bias {
-            for row in y.chunks_exact_mut(n) {
-                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-            }
-        }
+        let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
+        let sums = Sums {
+            bias,
+            accumulate: false,
+        };
+        product_bf16((m, n, k), a, b, y, sums);
     }
 
     /// `dx[m, k] (+)= dy[m, n] · w[n, k]`.
@@ -69,13 +69,11 @@ impl Compute {
         let k = dx.len() / m.max(1);
         let n = dy.len() / m.max(1);
         let (a, b) = (Strided::rows(dy, n), Strided::rows(w, k));
-        if accumulate {
-            let mut tmp = vec![0f32; m * k];
-            product_bf16(m, k, n, a, b, &mut tmp);
-            dx.iter_mut().zip(&tmp).for_each(|(d, t)| *d += t);
-        } else {
-            product_bf16(m, k, n, a, b, dx);
-        }
+        let sums = Sums {
+            bias: None,
+            accumulate,
+        };
+        product_bf16((m, k, n), a, b, dx, sums);
     }
 
     /// `dw[n, k] += dy[m, n]ᵀ · x[m, k]`.
@@ -86,16 +84,12 @@ impl Compute {
         let n = dy.len() / m.max(1);
         let k = x.len() / m.max(1);
         check("weight gradient", dw, n, k);
-        let mut tmp = vec![0f32; n * k];
-        product_bf16(
-            n,
-            k,
-            m,
-            Strided::transposed(dy, n),
-            Strided::rows(x, k),
-            &mut tmp,
-        );
-        dw.iter_mut().zip(&tmp).for_each(|(d, t)| *d += t);
+        let (a, b) = (Strided::transposed(dy, n), Strided::rows(x, k));
+        let sums = Sums {
+            bias: None,
+            accumulate: true,
+        };
+        product_bf16((n, k, m), a, b, dw, sums);
     }
 }
 
