@@ -1,12 +1,13 @@
 //! Times the packed linear-layer kernels at each precision on the shapes of
 //! all-MiniLM-L6-v2's four linears (rows: a batch of 32 sentences of ~30
-//! tokens), so a kernel change can be judged without a whole model run.
+//! tokens), beside the instruction peak of each precision, so a kernel
+//! change can be judged without a whole model run.
 //!
 //! ```sh
 //! cargo run --release -p bertha --example kernel_rates -- [rows] [reps]
 //! ```
 
-use bertha::fast::{linear_gops, Precision};
+use bertha::fast::{instruction_peak_gops, linear_gops, Precision};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -19,12 +20,20 @@ fn main() {
         ("ffn-out", 1536, 384),
     ];
     for precision in [Precision::F32, Precision::Bf16, Precision::Int8] {
+        let peak = instruction_peak_gops(precision);
         let rates: Vec<String> = shapes
             .iter()
-            .map(|&(name, k, n)| format!("{name} {:.1}", linear_gops(precision, m, k, n, reps)))
+            .map(|&(name, k, n)| {
+                let rate = linear_gops(precision, m, k, n, reps);
+                match peak {
+                    Some(p) => format!("{name} {rate:.1} ({:.2})", rate / p),
+                    None => format!("{name} {rate:.1}"),
+                }
+            })
             .collect();
+        let peak = peak.map_or("-".to_string(), |p| format!("{p:.1}"));
         println!(
-            "{:>4}: {} G ops/s (rows {m})",
+            "{:>4}: peak {peak}; {} G ops/s (rows {m})",
             precision.name(),
             rates.join(", ")
         );

@@ -121,6 +121,7 @@ pub fn run(a: Args) -> Result<()> {
 
     let peak = peak_before.max(bertha::fast::matmul_gflops(a.peak_size, 3));
     let gflops = flops / best / 1e9;
+    let instruction_peak = bertha::fast::instruction_peak_gops(embedder.precision());
     let threads = rayon_threads();
     println!(
         "{}",
@@ -136,6 +137,8 @@ pub fn run(a: Args) -> Result<()> {
             "model_gflops": gflops,
             "matmul_peak_gflops": peak,
             "fraction_of_peak": gflops / peak,
+            "instruction_peak_gops": instruction_peak,
+            "fraction_of_instruction_peak": instruction_peak.map(|p| gflops / p),
             "batch1_texts": latencies.len(),
             "batch1_p50_ms": pct(0.5),
             "batch1_p99_ms": pct(0.99),

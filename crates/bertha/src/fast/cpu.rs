@@ -93,8 +93,8 @@ pub fn has_bf16() -> bool {
 /// Defines `fn $name` that runs `$body` (an `#[inline(always)]` function)
 /// compiled for the best instruction set available.
 macro_rules! multiversion {
-    ($(fn $name:ident = $body:ident($($arg:ident: $ty:ty),*);)*) => {$(
-        fn $name($($arg: $ty),*) {
+    ($($vis:vis fn $name:ident = $body:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        $vis fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
@@ -133,5 +133,99 @@ pub fn flush_denormals() {
         }
         set();
         rayon::broadcast(|_| set());
+    }
+}
+
+/// The rate, in G ops/s (a multiply-add counts 2), of the CPU's widest
+/// multiply-add for `precision` on every thread of rayon's pool at once:
+/// fp32 `vfmadd` (16 per instruction), bf16 `vdpbf16ps` (32) or int8
+/// `vpdpbusd` (64), 12 independent chains per thread so that throughput,
+/// not latency, bounds it (best of 3 runs of ~30 ms). The ceiling each
+/// precision's benchmark figures can be read against; `None` where the
+/// CPU lacks the instruction (or is not x86-64).
+pub fn instruction_peak_gops(precision: super::Precision) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::Precision;
+        let f = features();
+        let (kernel, ops_per_iter): (unsafe fn(usize) -> u32, f64) = match precision {
+            Precision::F32 if f.avx512_bw => (peak::fma_chains, 12.0 * 16.0 * 2.0),
+            Precision::Bf16 if f.bf16 => (peak::bf16_chains, 12.0 * 32.0 * 2.0),
+            Precision::Int8 if f.vnni => (peak::int8_chains, 12.0 * 64.0 * 2.0),
+            _ => return None,
+        };
+        const ITERS: usize = 10_000_000;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let start = std::time::Instant::now();
+            // SAFETY: the CPU has the kernel's instructions (checked above).
+            let sums = rayon::broadcast(|_| unsafe { kernel(ITERS) });
+            std::hint::black_box(sums);
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let threads = rayon::current_num_threads() as f64;
+        Some(threads * ITERS as f64 * ops_per_iter / best / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = precision;
+        None
+    }
+}
+
+/// The chains [`instruction_peak_gops`] times: `iters` rounds of one
+/// multiply-add on each of 12 accumulators (values that stay finite and
+/// normal), folded into a number the caller keeps.
+#[cfg(target_arch = "x86_64")]
+mod peak {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fma_chains(iters: usize) -> u32 {
+        let (b, c) = (_mm512_set1_ps(1.0), _mm512_set1_ps(0.5));
+        let mut acc = [_mm512_setzero_ps(); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, b, c);
+            }
+        }
+        let sum = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, a| _mm512_add_ps(s, *a));
+        _mm512_reduce_add_ps(sum) as u32
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn bf16_chains(iters: usize) -> u32 {
+        // Pairs of bf16 ones (0x3f80): each round adds 2 per lane.
+        let ones: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
+        let mut acc = [_mm512_setzero_ps(); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_dpbf16_ps(*a, ones, ones);
+            }
+        }
+        let sum = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, a| _mm512_add_ps(s, *a));
+        _mm512_reduce_add_ps(sum) as u32
+    }
+
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn int8_chains(iters: usize) -> u32 {
+        let (a8, b8) = (
+            _mm512_set1_epi32(0x0101_0101),
+            _mm512_set1_epi32(0x0102_0304),
+        );
+        let mut acc = [_mm512_setzero_si512(); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_dpbusd_epi32(*a, a8, b8);
+            }
+        }
+        let sum = acc
+            .iter()
+            .fold(_mm512_setzero_si512(), |s, a| _mm512_add_epi32(s, *a));
+        _mm512_reduce_add_epi32(sum) as u32
     }
 }

@@ -658,9 +658,15 @@ pub(crate) fn softmax_row(scores: &mut [f32]) {
         }
     }
     max = maxes.iter().copied().fold(max, f32::max);
-    scores.iter_mut().for_each(|s| *s = fast_exp(*s - max));
+    // `for` loops, not `for_each`: a closure's `fold` may be compiled
+    // apart from the caller, without its AVX-512.
+    for s in scores.iter_mut() {
+        *s = fast_exp(*s - max);
+    }
     let inv = 1.0 / lane_sum(scores);
-    scores.iter_mut().for_each(|s| *s *= inv);
+    for s in scores.iter_mut() {
+        *s *= inv;
+    }
 }
 
 /// Query rows per block of a long sequence's attention: the scores held at

@@ -13,6 +13,6 @@ pub(crate) mod matmul;
 mod packed;
 pub mod train;
 
-pub use cpu::flush_denormals;
+pub use cpu::{flush_denormals, instruction_peak_gops};
 pub use kernels::{linear_gops, matmul_gflops};
 pub use packed::{PackedBert, PackedStates, Precision};

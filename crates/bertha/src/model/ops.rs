@@ -29,7 +29,8 @@ use crate::fast::kernels::{
 };
 
 multiversion! {
-    fn softmax_rows = softmax_rows_body(x: &mut [f32], d: usize);
+    pub(crate) fn softmax_rows = softmax_rows_body(x: &mut [f32], d: usize);
+    fn add_rows = add_rows_body(acc: &mut [f32], rows: &[f32]);
     fn softmax_bwd_rows = softmax_bwd_rows_body(y: &[f32], dy: &[f32], dx: &mut [f32], d: usize);
     fn norm_bwd_rows = norm_bwd_rows_body(x: &[f32], gamma: &[f32], dy: &[f32], dx: &mut [f32], sums: &mut [f32], eps: f32);
     fn bias_act_rows = bias_act_rows_body(x: &[f32], bias: &[f32], y: &mut [f32], act: Act);
@@ -238,9 +239,7 @@ pub(crate) fn column_sums(x: &[f32], sums: &mut [f32]) {
         .par_chunks(task_len(d))
         .map(|rows| {
             let mut part = vec![0f32; d];
-            for r in rows.chunks_exact(d) {
-                add_into(&mut part, r);
-            }
+            add_rows(&mut part, rows);
             part
         })
         .collect();
@@ -249,6 +248,15 @@ pub(crate) fn column_sums(x: &[f32], sums: &mut [f32]) {
     }
 }
 
+/// Every row of `rows` (rows of `acc.len()`) added into `acc`, in order.
+#[inline(always)]
+fn add_rows_body(acc: &mut [f32], rows: &[f32]) {
+    for r in rows.chunks_exact(acc.len()) {
+        add_into(acc, r);
+    }
+}
+
+#[inline(always)]
 fn add_into(acc: &mut [f32], x: &[f32]) {
     for (a, b) in acc.iter_mut().zip(x) {
         *a += b;
@@ -621,17 +629,17 @@ fn bias_act_bwd_rows_body(
         .zip(dy.chunks_exact(d))
         .zip(dz.chunks_exact_mut(d))
     {
-        let items = dzr
-            .iter_mut()
-            .zip(dbias.iter_mut())
-            .zip(xr.iter().zip(bias).zip(dyr));
-        // The match outside the loops, so each loop vectorises.
+        let (dzr, dbias) = (&mut dzr[..d], &mut dbias[..d]);
+        // The match outside the loops, so each loop vectorises; indexed
+        // loops, because a zipped `for_each` with this body was compiled as
+        // a separate, non-inlined `fold` without the caller's AVX-512.
         macro_rules! each {
             ($act:expr) => {
-                items.for_each(|((o, s), ((v, b), g))| {
-                    *o = g * act_grad(v + b, $act);
-                    *s += *o;
-                })
+                for j in 0..d {
+                    let o = dyr[j] * act_grad(xr[j] + bias[j], $act);
+                    dzr[j] = o;
+                    dbias[j] += o;
+                }
             };
         }
         match act {

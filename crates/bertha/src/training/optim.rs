@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use super::params::ParamStore;
 use crate::error::{Error, Result};
+use crate::fast::kernels::multiversion;
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
@@ -299,15 +300,24 @@ fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Coeffs) {
         .zip(m.par_chunks_mut(NORM_CHUNK))
         .zip(v.par_chunks_mut(NORM_CHUNK))
         .zip(g.par_chunks(NORM_CHUNK))
-        .for_each(|(((p, m), v), g)| {
-            for (((p, m), v), g) in p.iter_mut().zip(m).zip(v).zip(g) {
-                let g = g * k.gscale;
-                *m = k.b1 * *m + (1.0 - k.b1) * g;
-                *v = k.b2 * *v + (1.0 - k.b2) * g * g;
-                *p *= k.decay;
-                *p -= k.step_size * *m / (v.sqrt() / k.bc2_sqrt + k.eps);
-            }
-        });
+        .for_each(|(((p, m), v), g)| update_chunk(p, m, v, g, k));
+}
+
+multiversion! {
+    fn update_chunk = update_chunk_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Coeffs);
+}
+
+/// [`update`] on one chunk, compiled per instruction set (element-wise
+/// IEEE operations: every width gives the same bits).
+#[inline(always)]
+fn update_chunk_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Coeffs) {
+    for (((p, m), v), g) in p.iter_mut().zip(m).zip(v).zip(g) {
+        let g = g * k.gscale;
+        *m = k.b1 * *m + (1.0 - k.b1) * g;
+        *v = k.b2 * *v + (1.0 - k.b2) * g * g;
+        *p *= k.decay;
+        *p -= k.step_size * *m / (v.sqrt() / k.bc2_sqrt + k.eps);
+    }
 }
 
 /// [`update`] on a variable's own storage (no copy of the weights).

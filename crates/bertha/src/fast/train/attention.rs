@@ -10,8 +10,7 @@
 use rayon::prelude::*;
 
 use super::products::{product, Operand};
-use crate::fast::kernels::softmax_row;
-use crate::model::ops::softmax_backward;
+use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
 
 /// The attention's shape: heads and their width.
@@ -145,9 +144,7 @@ pub(crate) fn forward(
                     scale,
                     false,
                 );
-                for row in p.chunks_exact_mut(nk.max(1)) {
-                    softmax_row(row);
-                }
+                softmax_rows(p, nk.max(1));
                 let used: &[f32] = match dropout {
                     Some(mask) => {
                         dropped.clear();
