@@ -442,7 +442,8 @@ fn attend_tiles_bf16(
     h: usize,
 ) {
     use crate::fast::matmul::{
-        pack_panels_into, round_row, tile_bf16, transpose16, Strided, BF16_TILE_ROWS as TR, NR,
+        as_f32, as_f32_mut, pack_panels_into, round_row, tile_bf16, transpose16, Strided,
+        BF16_TILE_ROWS as TR, NR,
     };
     let AttentionJob {
         qkv,
@@ -537,18 +538,6 @@ fn attend_tiles_bf16(
             }
         }
     }
-}
-
-/// bf16 pairs seen as the f32 bit patterns [`transpose16`] moves.
-fn as_f32(x: &[u32]) -> &[f32] {
-    // SAFETY: u32 and f32 have one size and alignment, and every bit
-    // pattern is an f32; the values are only moved, never computed on.
-    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
-}
-
-fn as_f32_mut(x: &mut [u32]) -> &mut [f32] {
-    // SAFETY: as in `as_f32`.
-    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
 }
 
 /// One (sequence, head) on the packed multiplies' fp32 register tiles:

@@ -456,12 +456,35 @@ fn round_transposed_block_body(
                 }
             }
         }
+        if ni == T {
+            // 16 × 16 blocks transposed in registers: the pairs are only
+            // moved, as 32-bit lanes, never computed on.
+            let src = as_f32(tile.as_flattened());
+            for r0 in (0..nr).step_by(T) {
+                let dst = as_f32_mut(&mut rows[r0 * k2 + i0..]);
+                super::transpose16(&src[r0..], ROUND_BLOCK, T, T.min(nr - r0), dst, k2);
+            }
+            continue;
+        }
         for r in 0..nr {
             for (t, o) in rows[r * k2 + i0..][..ni].iter_mut().enumerate() {
                 *o = tile[t][r];
             }
         }
     }
+}
+
+/// bf16 pairs seen as the f32 bit patterns [`super::transpose16`] moves.
+pub(crate) fn as_f32(x: &[u32]) -> &[f32] {
+    // SAFETY: u32 and f32 have one size and alignment, and every bit
+    // pattern is an f32; the values are only moved, never computed on.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
+}
+
+/// [`as_f32`] for a destination.
+pub(crate) fn as_f32_mut(x: &mut [u32]) -> &mut [f32] {
+    // SAFETY: as in as_f32; the f32 written are bit patterns of u32s.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
 }
 
 /// Rows of `a` `[m, k]` rounded to bf16 pairs `[m, k2]` for any strides;
