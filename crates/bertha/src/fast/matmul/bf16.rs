@@ -395,8 +395,45 @@ fn pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mu
             }
         }
     } else if b.rs == 1 {
-        // Columns contiguous (a transposed matrix): a column's adjacent
-        // inputs are a pair.
+        // Columns contiguous (a transposed matrix: a forward's weight, the
+        // decoder's word embeddings): a column's adjacent inputs are a
+        // pair. Blocks of 16 columns × 16 pairs are rounded column by
+        // column into a small tile, then transposed into the panel's pair
+        // rows in registers (writing each pair to its own row touched a
+        // cache line per value).
+        const T: usize = 16;
+        let k2 = k.div_ceil(2);
+        // SAFETY: any two u16 are a valid u32.
+        let (head, words, _) = unsafe { panel.align_to_mut::<u32>() };
+        if head.is_empty() && k % 2 == 0 {
+            let mut tile = [[0u32; T]; T];
+            for j0 in (0..cols).step_by(T) {
+                let nc = T.min(cols - j0);
+                for i0 in (0..k2).step_by(T) {
+                    let ni = T.min(k2 - i0);
+                    for (t, pairs) in tile.iter_mut().enumerate().take(nc) {
+                        let col = &data[(c0 + j0 + t) * b.cs + 2 * i0..][..2 * ni];
+                        for (p, v) in pairs.iter_mut().zip(col.chunks_exact(2)) {
+                            *p = round_bits(v[0]) | round_bits(v[1]) << 16;
+                        }
+                    }
+                    // Tile row t (column j0 + t) holds pairs i0..; the
+                    // panel's pair row i0 + j takes column t's pair j.
+                    let src = as_f32(tile.as_flattened());
+                    let dst = as_f32_mut(&mut words[i0 * NR + j0..]);
+                    if ni == T {
+                        super::transpose16(src, T, nc, T, dst, NR);
+                    } else {
+                        for j in 0..ni {
+                            for t in 0..nc {
+                                dst[j * NR + t] = src[t * T + j];
+                            }
+                        }
+                    }
+                }
+            }
+            return;
+        }
         for c in 0..cols {
             let col = &data[(c0 + c) * b.cs..][..k];
             for (i, pair) in col.chunks(2).enumerate() {
@@ -683,10 +720,14 @@ mod tests {
             pairs: Vec::new(),
             panels: Vec::new(),
         };
+        // Odd and even k: a transposed right operand with even k is packed
+        // 16 × 16 blocks at a time (full and partial ones here).
         for (m, n, k) in [
             (130, 70, 129),
             (1, 1, 1),
             (7, 33, 5),
+            (24, 45, 70),
+            (3, 2, 2),
             (40, 70, 129),
             (130, 20, 37),
         ] {
