@@ -12,7 +12,8 @@ use std::sync::OnceLock;
 pub(crate) struct Features {
     /// AVX2 with FMA: the 256-bit versions of the row loops.
     pub avx2_fma: bool,
-    /// AVX-512 F + VL: the 512-bit versions of the row loops.
+    /// AVX-512 F + VL + DQ + BW: the 512-bit versions of the row loops
+    /// (DQ: 64-bit multiplies, for dropout's hash).
     pub avx512_vl: bool,
     /// AVX-512 F + BW: the packed fp32 tile kernel and the activation
     /// quantizer.
@@ -36,7 +37,7 @@ fn detect() -> Features {
         let avx512_bw = has!("avx512f") && has!("avx512bw");
         Features {
             avx2_fma: has!("avx2") && has!("fma"),
-            avx512_vl: has!("avx512f") && has!("avx512vl"),
+            avx512_vl: avx512_bw && has!("avx512vl") && has!("avx512dq"),
             avx512_bw,
             vnni: avx512_bw && has!("avx512vnni"),
             bf16: avx512_bw && has!("avx512bf16"),
@@ -97,7 +98,7 @@ macro_rules! multiversion {
         $vis fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")]
                 fn avx512($($arg: $ty),*) { $body($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) { $body($($arg),*) }
