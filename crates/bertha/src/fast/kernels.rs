@@ -834,7 +834,8 @@ pub fn linear_gops(precision: super::Precision, m: usize, k: usize, n: usize, re
     let w: Vec<f32> = (0..k * n).map(|i| ((i % 11) as f32 - 5.0) * 0.02).collect();
     let (bias, mut y) = (vec![0f32; n], vec![0f32; m * n]);
     let mut scratch = QuantScratch::default();
-    let mut run: Box<dyn FnMut(&mut Vec<f32>, &mut QuantScratch)> = match precision {
+    type Run = Box<dyn FnMut(&mut Vec<f32>, &mut QuantScratch)>;
+    let mut run: Run = match precision {
         super::Precision::F32 => {
             let p = PackedF32::new(&w, k, n);
             Box::new(move |y, _| p.matmul(&x, &bias, y, m, None))

@@ -405,7 +405,7 @@ fn pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mu
         let k2 = k.div_ceil(2);
         // SAFETY: any two u16 are a valid u32.
         let (head, words, _) = unsafe { panel.align_to_mut::<u32>() };
-        if head.is_empty() && k % 2 == 0 {
+        if head.is_empty() && k.is_multiple_of(2) {
             let mut tile = [[0u32; T]; T];
             for j0 in (0..cols).step_by(T) {
                 let nc = T.min(cols - j0);
