@@ -32,6 +32,10 @@ struct Linear {
     out_dim: usize,
 }
 
+/// What calibration watches: `(layer, site, input rows)` of each
+/// quantizable multiply.
+type Observer<'a> = dyn FnMut(usize, Site, &[f32]) + 'a;
+
 enum Weights {
     F32(PackedF32),
     Bf16(PackedBf16),
@@ -341,7 +345,7 @@ impl PackedBert {
 
     /// Runs the encoder on `sequences` of (input ids, token type ids).
     pub fn forward(&self, sequences: &[(&[u32], &[u32])]) -> Result<PackedStates> {
-        self.forward_observed(sequences, &mut |_, _, _| {})
+        self.forward_observed(sequences, None)
     }
 
     /// Switches the four linear layers of every encoder layer to bf16
@@ -374,14 +378,17 @@ impl PackedBert {
             .iter()
             .map(|l| SITES.map(|s| vec![0f32; l.site(s).in_dim()]))
             .collect();
-        self.forward_observed(calibration, &mut |layer, site, x| {
-            let m = &mut act_max[layer][site as usize];
-            for row in x.chunks_exact(m.len()) {
-                for (a, v) in m.iter_mut().zip(row) {
-                    *a = a.max(v.abs());
+        self.forward_observed(
+            calibration,
+            Some(&mut |layer, site, x| {
+                let m = &mut act_max[layer][site as usize];
+                for row in x.chunks_exact(m.len()) {
+                    for (a, v) in m.iter_mut().zip(row) {
+                        *a = a.max(v.abs());
+                    }
                 }
-            }
-        })?;
+            }),
+        )?;
         for (layer, maxima) in self.layers.iter_mut().zip(&act_max) {
             for site in SITES {
                 layer
@@ -471,12 +478,18 @@ impl PackedBert {
     }
 
     /// [`PackedBert::forward`], showing `observe(layer, site, rows)` the
-    /// input of the quantizable multiplies.
+    /// input of the quantizable multiplies when given.
     fn forward_observed(
         &self,
         sequences: &[(&[u32], &[u32])],
-        observe: &mut dyn FnMut(usize, Site, &[f32]),
+        mut observer: Option<&mut Observer>,
     ) -> Result<PackedStates> {
+        let watched = observer.is_some();
+        let mut observe = |l: usize, site: Site, x: &[f32]| {
+            if let Some(f) = observer.as_mut() {
+                f(l, site, x);
+            }
+        };
         let d = self.hidden;
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
         offsets.push(0);
@@ -498,6 +511,7 @@ impl PackedBert {
         let mut ctx = vec![0f32; n * d];
         let mut tmp = vec![0f32; n * d];
         let mut inter = vec![0f32; n * ffn];
+        let mut inter_pairs = Vec::new();
         let mut q = QuantScratch::default();
         for (l, layer) in self.layers.iter().enumerate() {
             match self.norm_position {
@@ -510,9 +524,12 @@ impl PackedBert {
                     kernels::add_layer_norm(&mut tmp, Some(&x), &an.gamma, &an.beta, an.eps);
                     std::mem::swap(&mut x, &mut tmp);
                     observe(l, Site::FfnIn, &x);
-                    run_act(&mut q, &layer.ffn_in, &x, &mut inter, n, Some(self.act));
-                    observe(l, Site::FfnOut, &inter);
-                    run(&mut q, &layer.ffn_out, &inter, &mut tmp, n);
+                    if !self.ffn_bf16_pairs(&mut q, layer, &x, &mut inter_pairs, &mut tmp, watched)
+                    {
+                        run_act(&mut q, &layer.ffn_in, &x, &mut inter, n, Some(self.act));
+                        observe(l, Site::FfnOut, &inter);
+                        run(&mut q, &layer.ffn_out, &inter, &mut tmp, n);
+                    }
                     let fnn = &layer.ffn_norm;
                     kernels::add_layer_norm(&mut tmp, Some(&x), &fnn.gamma, &fnn.beta, fnn.eps);
                     std::mem::swap(&mut x, &mut tmp);
@@ -528,10 +545,23 @@ impl PackedBert {
                     let fnn = &layer.ffn_norm;
                     kernels::layer_norm_into(&x, &mut tmp, &fnn.gamma, &fnn.beta, fnn.eps);
                     observe(l, Site::FfnIn, &tmp);
-                    run_act(&mut q, &layer.ffn_in, &tmp, &mut inter, n, Some(self.act));
-                    observe(l, Site::FfnOut, &inter);
-                    run(&mut q, &layer.ffn_out, &inter, &mut tmp, n);
-                    kernels::add_in_place(&mut x, &tmp);
+                    // tmp is the FFN's input, then (read whole first) its output.
+                    let input = std::mem::take(&mut tmp);
+                    let mut out = std::mem::take(&mut ctx);
+                    if !self.ffn_bf16_pairs(
+                        &mut q,
+                        layer,
+                        &input,
+                        &mut inter_pairs,
+                        &mut out,
+                        watched,
+                    ) {
+                        run_act(&mut q, &layer.ffn_in, &input, &mut inter, n, Some(self.act));
+                        observe(l, Site::FfnOut, &inter);
+                        run(&mut q, &layer.ffn_out, &inter, &mut out, n);
+                    }
+                    kernels::add_in_place(&mut x, &out);
+                    (tmp, ctx) = (out, input);
                 }
             }
         }
@@ -543,6 +573,35 @@ impl PackedBert {
             offsets,
             hidden: d,
         })
+    }
+
+    /// With bf16 weights in both FFN linears and no observer: FFN-in's
+    /// activation stored straight as bf16 pairs (bit-equal to rounding its
+    /// fp32 output, which FFN-out would do first), FFN-out on them, into
+    /// `y`. False (nothing done) otherwise.
+    fn ffn_bf16_pairs(
+        &self,
+        q: &mut QuantScratch,
+        layer: &Layer,
+        x: &[f32],
+        pairs: &mut Vec<u32>,
+        y: &mut [f32],
+        watched: bool,
+    ) -> bool {
+        let (Weights::Bf16(w_in), Weights::Bf16(w_out)) =
+            (&layer.ffn_in.weights, &layer.ffn_out.weights)
+        else {
+            return false;
+        };
+        if watched {
+            return false;
+        }
+        let n = x.len() / self.hidden.max(1);
+        let (b_in, b_out) = (&layer.ffn_in.bias, &layer.ffn_out.bias);
+        w_in.matmul_to_pairs(x, b_in, pairs, n, q.bf16_pairs(), Some(self.act));
+        let k2 = layer.ffn_in.out_dim.div_ceil(2);
+        w_out.matmul_pairs(&pairs[..n * k2], b_out, y, n, None);
+        true
     }
 
     /// One layer's attention before its output projection: Q/K/V of

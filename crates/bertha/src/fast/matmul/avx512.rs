@@ -1,6 +1,7 @@
 //! The AVX-512 micro-kernels of [`super`]: fp32 tiles and int8 VNNI
 //! products, and the activation quantizer, in registers.
 
+use super::bf16::TileOut;
 use super::{group_quads, GroupQuant, I8Tile, NR};
 
 /// How far ahead (panel rows: 128 bytes each, in both kernels) the
@@ -44,6 +45,38 @@ macro_rules! store_tile {
                 }
                 _mm512_mask_storeu_ps(dst, $m0, v0);
                 _mm512_mask_storeu_ps(dst.wrapping_add(16), $m1, v1);
+            }
+        )*
+    };
+}
+
+/// Stores `R` rows × `bias.len()` (≤ 32) columns as bf16 pairs of adjacent
+/// columns at `c` (row stride `ldc` pairs), after the bias and `act` in
+/// registers: the next multiply's rounded input, rounded as
+/// [`round_row_bf16`] rounds (`vcvtne2ps2bf16`), so the same bits.
+/// Columns past `bias.len()` are 0 (their weights and bias are), which
+/// pairs an odd last column with 0 as the rounding does.
+macro_rules! store_pairs {
+    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr) => {{
+        let (c, ldc, bias, act): (*mut u32, usize, &[f32], Option<Act>) = ($c, $ldc, $bias, $act);
+        let (m0, m1) = masks(bias.len());
+        let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
+        let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
+        let pairs = bias.len().div_ceil(2);
+        let mask: __mmask16 = if pairs >= 16 { u16::MAX } else { (1u16 << pairs) - 1 };
+        assert!($acc.len() <= 12, "store_pairs! stores at most 12 rows");
+        store_pairs!(@rows $acc, c, ldc, bias0, bias1, mask, act; 0 1 2 3 4 5 6 7 8 9 10 11);
+    }};
+    (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $mask:ident,
+     $act:ident; $($r:literal)*) => {
+        $(
+            if let Some(acc) = $acc.get($r) {
+                let (mut v0, mut v1) = (_mm512_add_ps(acc[0], $b0), _mm512_add_ps(acc[1], $b1));
+                if let Some(act) = $act {
+                    (v0, v1) = (activate(v0, act), activate(v1, act));
+                }
+                let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(v1, v0));
+                _mm512_mask_storeu_epi32($c.add($r * $ldc) as *mut i32, $mask, packed);
             }
         )*
     };
@@ -315,19 +348,15 @@ pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8])
 
 /// `R` rows × 32 columns of bf16 pair products (`vdpbf16ps`), summed in
 /// fp32 registers: `a` holds `R` rows of `k2` bf16 pairs, `panel` `k2`
-/// rows of 32 columns × 2 bf16; with `accumulate` added to what `c`
-/// holds (a gradient summed over products).
+/// rows of 32 columns × 2 bf16; stored as `out` says.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile_bf16<const R: usize>(
     a: &[u32],
     k2: usize,
     panel: &[u16],
-    c: *mut f32,
-    ldc: usize,
     bias: &[f32],
     act: Option<Act>,
-    accumulate: bool,
+    out: TileOut,
 ) {
     debug_assert!(a.len() >= R * k2 && panel.len() >= k2 * NR * 2);
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
@@ -345,7 +374,10 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
             acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
         }
     }
-    store_tile!(acc, c, ldc, bias, act, accumulate);
+    match out {
+        TileOut::F32 { c, ldc, accumulate } => store_tile!(acc, c, ldc, bias, act, accumulate),
+        TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act),
+    }
 }
 
 /// One row of `x` rounded to bf16 pairs in `out` (`x.len()` rounded up to

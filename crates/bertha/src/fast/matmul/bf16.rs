@@ -103,8 +103,86 @@ impl PackedBf16 {
         let (k, k2, n) = (self.k, self.k2, self.n);
         check_shapes(x, bias, y, m, k, n);
         round_rows(simd, x, m, k, k2, scratch);
-        let pairs = &scratch[..m * k2];
-        let out = SharedOut(y.as_mut_ptr());
+        self.run_tiles(simd, &scratch[..m * k2], bias, Dest::F32(y), m, act);
+    }
+
+    /// `act(pairs · W + bias)` for `m` rows of input already rounded to
+    /// bf16 pairs (`[m, ⌈k / 2⌉]`, as [`PackedBf16::matmul_to_pairs`]
+    /// writes them), into `y` `[m, n]`.
+    pub fn matmul_pairs(
+        &self,
+        pairs: &[u32],
+        bias: &[f32],
+        y: &mut [f32],
+        m: usize,
+        act: Option<Act>,
+    ) {
+        assert_eq!(
+            pairs.len(),
+            m * self.k2,
+            "matmul_pairs: input is not [{m}, {}] pairs",
+            self.k2
+        );
+        assert_eq!(bias.len(), self.n, "matmul_pairs: bias is not [{}]", self.n);
+        assert_eq!(
+            y.len(),
+            m * self.n,
+            "matmul_pairs: output is not [{m}, {}]",
+            self.n
+        );
+        self.run_tiles(features().bf16, pairs, bias, Dest::F32(y), m, act);
+    }
+
+    /// [`PackedBf16::matmul`] with its output rounded to bf16 pairs of
+    /// adjacent columns in the tiles' store (`pairs_out`: `[m, ⌈n / 2⌉]`,
+    /// grown as needed): the input of a following bf16 multiply, without
+    /// an fp32 round trip. The bits equal rounding the fp32 output.
+    pub fn matmul_to_pairs(
+        &self,
+        x: &[f32],
+        bias: &[f32],
+        pairs_out: &mut Vec<u32>,
+        m: usize,
+        scratch: &mut Vec<u32>,
+        act: Option<Act>,
+    ) {
+        let (k, k2, n2) = (self.k, self.k2, self.n.div_ceil(2));
+        assert_eq!(x.len(), m * k, "matmul_to_pairs: input is not [{m}, {k}]");
+        assert_eq!(
+            bias.len(),
+            self.n,
+            "matmul_to_pairs: bias is not [{}]",
+            self.n
+        );
+        let simd = features().bf16;
+        round_rows(simd, x, m, k, k2, scratch);
+        if pairs_out.len() < m * n2 {
+            pairs_out.resize(m * n2, 0);
+        }
+        let out = Dest::Pairs(&mut pairs_out[..m * n2]);
+        self.run_tiles(simd, &scratch[..m * k2], bias, out, m, act);
+    }
+
+    /// Every tile of the product of `m` rows of input `pairs` with the
+    /// panels, stored into `dest`.
+    fn run_tiles(
+        &self,
+        simd: bool,
+        pairs: &[u32],
+        bias: &[f32],
+        dest: Dest,
+        m: usize,
+        act: Option<Act>,
+    ) {
+        let (k2, n) = (self.k2, self.n);
+        let n2 = n.div_ceil(2);
+        let (f32_out, pair_out) = match dest {
+            Dest::F32(y) => (SharedOut(y.as_mut_ptr()), None),
+            Dest::Pairs(p) => (
+                SharedOut(std::ptr::null_mut()),
+                Some(SharedPairs(p.as_mut_ptr())),
+            ),
+        };
         for_each_task(m, n, |p, rows| {
             let panel = &self.panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
             let cs = p * NR..(p * NR + NR).min(n);
@@ -112,13 +190,51 @@ impl PackedBf16 {
             for r0 in rows.step_by(MR_BF16) {
                 let mr = MR_BF16.min(m - r0);
                 let a = &pairs[r0 * k2..(r0 + mr) * k2];
-                let c = out.at(r0 * n + p * NR);
-                // SAFETY: rows r0..r0+mr, columns of panel p lie inside y
-                // (shapes checked) and belong to this task only.
-                unsafe { tile(simd, a, k2, mr, panel, c, n, bias, act, false) };
+                let out = match &pair_out {
+                    Some(po) => TileOut::Pairs {
+                        c: po.0.wrapping_add(r0 * n2 + p * NR / 2),
+                        ldc: n2,
+                    },
+                    None => TileOut::F32 {
+                        c: f32_out.at(r0 * n + p * NR),
+                        ldc: n,
+                        accumulate: false,
+                    },
+                };
+                // SAFETY: rows r0..r0+mr, the columns (or pairs) of panel p
+                // lie inside the output (shapes checked by the callers) and
+                // belong to this task only.
+                unsafe { tile(simd, a, k2, mr, panel, bias, act, out) };
             }
         });
     }
+}
+
+/// Where [`PackedBf16::run_tiles`] stores.
+enum Dest<'a> {
+    F32(&'a mut [f32]),
+    Pairs(&'a mut [u32]),
+}
+
+/// A pair output tasks share, each writing its own tiles.
+#[derive(Clone, Copy)]
+struct SharedPairs(*mut u32);
+// SAFETY: every task writes only its own rows and pair columns.
+unsafe impl Send for SharedPairs {}
+unsafe impl Sync for SharedPairs {}
+
+/// Where a bf16 tile's sums go.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum TileOut {
+    /// fp32 rows `ldc` apart, overwritten or (`accumulate`) added to.
+    F32 {
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    },
+    /// bf16 pairs of adjacent columns (the low half the even one), rows
+    /// `ldc` pairs apart: a following multiply's rounded input.
+    Pairs { c: *mut u32, ldc: usize },
 }
 
 /// Rounds each row of `x` `[m, k]` to bf16 pairs `[m, k2]` (low half: the
@@ -153,12 +269,11 @@ fn round_row_on(simd: bool, x: &[f32], out: &mut [u32]) {
     }
 }
 
-/// One `mr` × `bias.len()` tile at `c` (row stride `ldc`), added to what
-/// `c` holds with `accumulate`.
+/// One `mr` × `bias.len()` tile, stored as `out` says.
 ///
 /// # Safety
-/// `c` must address that tile, which no one else reads or writes meanwhile;
-/// `simd` only when the CPU has AVX512-BF16.
+/// `out` must address that tile, which no one else reads or writes
+/// meanwhile; `simd` only when the CPU has AVX512-BF16.
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     simd: bool,
@@ -166,11 +281,9 @@ unsafe fn tile(
     k2: usize,
     mr: usize,
     panel: &[u16],
-    c: *mut f32,
-    ldc: usize,
     bias: &[f32],
     act: Option<Act>,
-    accumulate: bool,
+    out: TileOut,
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd {
@@ -180,7 +293,7 @@ unsafe fn tile(
                     // SAFETY: the CPU has AVX512-BF16 (the caller checked);
                     // a holds mr rows of k2 pairs, the caller owns the tile.
                     $($n => unsafe {
-                        super::avx512::tile_bf16::<$n>(a, k2, panel, c, ldc, bias, act, accumulate)
+                        super::avx512::tile_bf16::<$n>(a, k2, panel, bias, act, out)
                     },)*
                     _ => unreachable!("tiles have 1..=MR_BF16 rows"),
                 }
@@ -190,21 +303,39 @@ unsafe fn tile(
         return;
     }
     let _ = simd;
+    let mut sums = [0f32; NR];
     for r in 0..mr {
         let row = &a[r * k2..(r + 1) * k2];
-        // SAFETY: row r < mr, columns < bias.len() of the caller's tile.
-        let out = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), bias.len()) };
-        for (j, (y, b)) in out.iter_mut().zip(bias).enumerate() {
+        let sums = &mut sums[..bias.len()];
+        for (j, (s, b)) in sums.iter_mut().zip(bias).enumerate() {
             let mut acc = 0f32;
             for (i, &pair) in row.iter().enumerate() {
                 let w = &panel[(i * NR + j) * 2..][..2];
                 acc += from_bf16(pair as u16) * from_bf16(w[0])
                     + from_bf16((pair >> 16) as u16) * from_bf16(w[1]);
             }
-            *y = if accumulate { acc + b + *y } else { acc + b };
+            *s = acc + b;
         }
-        if let Some(act) = act {
-            activate_body(out, act);
+        match out {
+            TileOut::F32 { c, ldc, accumulate } => {
+                // SAFETY: row r < mr, columns < bias.len() of the caller's tile.
+                let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), bias.len()) };
+                for (y, s) in y.iter_mut().zip(&*sums) {
+                    *y = if accumulate { s + *y } else { *s };
+                }
+                if let Some(act) = act {
+                    activate_body(y, act);
+                }
+            }
+            TileOut::Pairs { c, ldc } => {
+                if let Some(act) = act {
+                    activate_body(sums, act);
+                }
+                let n2 = sums.len().div_ceil(2);
+                // SAFETY: row r < mr, pairs < ⌈bias.len() / 2⌉ of the tile.
+                let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n2) };
+                round_row_on(false, sums, y);
+            }
         }
     }
 }
@@ -249,21 +380,13 @@ pub(crate) unsafe fn tile_bf16(
 ) {
     const ZEROS: [f32; NR] = [0.0; NR];
     assert!(a.len() >= mr * k2 && panel.len() >= k2 * NR * 2 && cols <= NR);
+    let out = TileOut::F32 {
+        c,
+        ldc,
+        accumulate: false,
+    };
     // SAFETY: as the caller promised; sizes asserted above.
-    unsafe {
-        tile(
-            features().bf16,
-            a,
-            k2,
-            mr,
-            panel,
-            c,
-            ldc,
-            &ZEROS[..cols],
-            None,
-            false,
-        )
-    }
+    unsafe { tile(features().bf16, a, k2, mr, panel, &ZEROS[..cols], None, out) }
 }
 
 /// A matrix read through strides: element `(r, c)` is `data[r·rs + c·cs]`
@@ -642,20 +765,12 @@ fn product_bf16_on(
             let a = &pairs[r0 * k2..(r0 + mr) * k2];
             // SAFETY: rows r0..r0+mr, columns of panel p lie inside c
             // (asserted) and belong to this task only.
-            unsafe {
-                tile(
-                    simd,
-                    a,
-                    k2,
-                    mr,
-                    panel,
-                    out.at(r0 * n + p * NR),
-                    n,
-                    bias,
-                    None,
-                    sums.accumulate,
-                )
+            let dest = TileOut::F32 {
+                c: out.at(r0 * n + p * NR),
+                ldc: n,
+                accumulate: sums.accumulate,
             };
+            unsafe { tile(simd, a, k2, mr, panel, bias, None, dest) };
         }
     });
 }
@@ -772,6 +887,42 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Two multiplies chained through bf16 pairs stored by the first
+    /// one's tiles give the bits of the fp32 chain (the second rounds the
+    /// first's fp32 output itself), with an activation, odd widths and
+    /// partial panels and tiles.
+    #[test]
+    fn pairs_out_of_the_store_equal_rounding_the_fp32_output() {
+        let val = |i: usize| ((i as f32) * 0.377).sin();
+        for (m, k, mid, n) in [(1, 4, 2, 3), (13, 40, 37, 9), (30, 64, 70, 33)] {
+            let x: Vec<f32> = (0..m * k).map(val).collect();
+            let w1 = PackedBf16::new(
+                &(0..k * mid).map(|i| val(i + 100)).collect::<Vec<_>>(),
+                k,
+                mid,
+            );
+            let w2 = PackedBf16::new(
+                &(0..mid * n).map(|i| val(i + 900)).collect::<Vec<_>>(),
+                mid,
+                n,
+            );
+            let b1: Vec<f32> = (0..mid).map(|i| val(i + 5000) * 0.1).collect();
+            let b2: Vec<f32> = (0..n).map(|i| val(i + 6000)).collect();
+            let act = Some(Act::GeluErf);
+            let (mut h, mut want, mut scratch) =
+                (vec![0f32; m * mid], vec![0f32; m * n], Vec::new());
+            w1.matmul(&x, &b1, &mut h, m, &mut scratch, act);
+            w2.matmul(&h, &b2, &mut want, m, &mut scratch, None);
+            // Stale values in the pairs buffer must not leak in.
+            let mut pairs = vec![u32::MAX; 3];
+            w1.matmul_to_pairs(&x, &b1, &mut pairs, m, &mut scratch, act);
+            let mut got = vec![0f32; m * n];
+            w2.matmul_pairs(&pairs[..m * mid.div_ceil(2)], &b2, &mut got, m, None);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "[{m}, {k}] -> {mid} -> {n}");
         }
     }
 
