@@ -14,7 +14,7 @@ pub(crate) struct Features {
     pub avx2_fma: bool,
     /// AVX-512 F + VL + DQ + BW: the 512-bit versions of the row loops
     /// (DQ: 64-bit multiplies, for dropout's hash).
-    pub avx512_vl: bool,
+    pub avx512_rows: bool,
     /// AVX-512 F + BW: the packed fp32 tile kernel and the activation
     /// quantizer.
     pub avx512_bw: bool,
@@ -37,7 +37,7 @@ fn detect() -> Features {
         let avx512_bw = has!("avx512f") && has!("avx512bw");
         Features {
             avx2_fma: has!("avx2") && has!("fma"),
-            avx512_vl: avx512_bw && has!("avx512vl") && has!("avx512dq"),
+            avx512_rows: avx512_bw && has!("avx512vl") && has!("avx512dq"),
             avx512_bw,
             vnni: avx512_bw && has!("avx512vnni"),
             bf16: avx512_bw && has!("avx512bf16"),
@@ -46,7 +46,7 @@ fn detect() -> Features {
     #[cfg(not(target_arch = "x86_64"))]
     Features {
         avx2_fma: false,
-        avx512_vl: false,
+        avx512_rows: false,
         avx512_bw: false,
         vnni: false,
         bf16: false,
@@ -69,7 +69,7 @@ pub(crate) fn simd() -> Simd {
     #[cfg(target_arch = "x86_64")]
     {
         let f = features();
-        if f.avx512_vl {
+        if f.avx512_rows {
             return Simd::Avx512;
         }
         if f.avx2_fma {

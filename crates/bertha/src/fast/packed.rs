@@ -524,8 +524,8 @@ impl PackedBert {
                     kernels::add_layer_norm(&mut tmp, Some(&x), &an.gamma, &an.beta, an.eps);
                     std::mem::swap(&mut x, &mut tmp);
                     observe(l, Site::FfnIn, &x);
-                    if !self.ffn_bf16_pairs(&mut q, layer, &x, &mut inter_pairs, &mut tmp, watched)
-                    {
+                    let pairs = &mut inter_pairs;
+                    if watched || !self.ffn_bf16_pairs(&mut q, layer, &x, pairs, &mut tmp, n) {
                         run_act(&mut q, &layer.ffn_in, &x, &mut inter, n, Some(self.act));
                         observe(l, Site::FfnOut, &inter);
                         run(&mut q, &layer.ffn_out, &inter, &mut tmp, n);
@@ -545,23 +545,16 @@ impl PackedBert {
                     let fnn = &layer.ffn_norm;
                     kernels::layer_norm_into(&x, &mut tmp, &fnn.gamma, &fnn.beta, fnn.eps);
                     observe(l, Site::FfnIn, &tmp);
-                    // tmp is the FFN's input, then (read whole first) its output.
-                    let input = std::mem::take(&mut tmp);
-                    let mut out = std::mem::take(&mut ctx);
-                    if !self.ffn_bf16_pairs(
-                        &mut q,
-                        layer,
-                        &input,
-                        &mut inter_pairs,
-                        &mut out,
-                        watched,
-                    ) {
-                        run_act(&mut q, &layer.ffn_in, &input, &mut inter, n, Some(self.act));
+                    // The FFN reads tmp and writes ctx (free since the
+                    // attention output), then the two swap.
+                    let pairs = &mut inter_pairs;
+                    if watched || !self.ffn_bf16_pairs(&mut q, layer, &tmp, pairs, &mut ctx, n) {
+                        run_act(&mut q, &layer.ffn_in, &tmp, &mut inter, n, Some(self.act));
                         observe(l, Site::FfnOut, &inter);
-                        run(&mut q, &layer.ffn_out, &inter, &mut out, n);
+                        run(&mut q, &layer.ffn_out, &inter, &mut ctx, n);
                     }
-                    kernels::add_in_place(&mut x, &out);
-                    (tmp, ctx) = (out, input);
+                    std::mem::swap(&mut tmp, &mut ctx);
+                    kernels::add_in_place(&mut x, &tmp);
                 }
             }
         }
@@ -575,10 +568,11 @@ impl PackedBert {
         })
     }
 
-    /// With bf16 weights in both FFN linears and no observer: FFN-in's
-    /// activation stored straight as bf16 pairs (bit-equal to rounding its
-    /// fp32 output, which FFN-out would do first), FFN-out on them, into
-    /// `y`. False (nothing done) otherwise.
+    /// With bf16 weights in both FFN linears: FFN-in's activation stored
+    /// straight as bf16 pairs (bit-equal to rounding its fp32 output, which
+    /// FFN-out would do first), FFN-out on them, into `y`. False (nothing
+    /// done) otherwise. Calibration, which watches FFN-out's fp32 input,
+    /// does not call it.
     fn ffn_bf16_pairs(
         &self,
         q: &mut QuantScratch,
@@ -586,17 +580,13 @@ impl PackedBert {
         x: &[f32],
         pairs: &mut Vec<u32>,
         y: &mut [f32],
-        watched: bool,
+        n: usize,
     ) -> bool {
         let (Weights::Bf16(w_in), Weights::Bf16(w_out)) =
             (&layer.ffn_in.weights, &layer.ffn_out.weights)
         else {
             return false;
         };
-        if watched {
-            return false;
-        }
-        let n = x.len() / self.hidden.max(1);
         let (b_in, b_out) = (&layer.ffn_in.bias, &layer.ffn_out.bias);
         w_in.matmul_to_pairs(x, b_in, pairs, n, q.bf16_pairs(), Some(self.act));
         let k2 = layer.ffn_in.out_dim.div_ceil(2);

@@ -176,12 +176,9 @@ impl PackedBf16 {
     ) {
         let (k2, n) = (self.k2, self.n);
         let n2 = n.div_ceil(2);
-        let (f32_out, pair_out) = match dest {
-            Dest::F32(y) => (SharedOut(y.as_mut_ptr()), None),
-            Dest::Pairs(p) => (
-                SharedOut(std::ptr::null_mut()),
-                Some(SharedPairs(p.as_mut_ptr())),
-            ),
+        let base = match dest {
+            Dest::F32(y) => Base::F32(SharedOut(y.as_mut_ptr())),
+            Dest::Pairs(p) => Base::Pairs(SharedPairs(p.as_mut_ptr())),
         };
         for_each_task(m, n, |p, rows| {
             let panel = &self.panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
@@ -190,15 +187,15 @@ impl PackedBf16 {
             for r0 in rows.step_by(MR_BF16) {
                 let mr = MR_BF16.min(m - r0);
                 let a = &pairs[r0 * k2..(r0 + mr) * k2];
-                let out = match &pair_out {
-                    Some(po) => TileOut::Pairs {
-                        c: po.0.wrapping_add(r0 * n2 + p * NR / 2),
-                        ldc: n2,
-                    },
-                    None => TileOut::F32 {
-                        c: f32_out.at(r0 * n + p * NR),
+                let out = match base {
+                    Base::F32(y) => TileOut::F32 {
+                        c: y.at(r0 * n + p * NR),
                         ldc: n,
                         accumulate: false,
+                    },
+                    Base::Pairs(y) => TileOut::Pairs {
+                        c: y.at(r0 * n2 + p * NR / 2),
+                        ldc: n2,
                     },
                 };
                 // SAFETY: rows r0..r0+mr, the columns (or pairs) of panel p
@@ -216,12 +213,25 @@ enum Dest<'a> {
     Pairs(&'a mut [u32]),
 }
 
+/// [`Dest`] as the pointer its tasks share.
+#[derive(Clone, Copy)]
+enum Base {
+    F32(SharedOut),
+    Pairs(SharedPairs),
+}
+
 /// A pair output tasks share, each writing its own tiles.
 #[derive(Clone, Copy)]
 struct SharedPairs(*mut u32);
 // SAFETY: every task writes only its own rows and pair columns.
 unsafe impl Send for SharedPairs {}
 unsafe impl Sync for SharedPairs {}
+
+impl SharedPairs {
+    fn at(self, offset: usize) -> *mut u32 {
+        self.0.wrapping_add(offset)
+    }
+}
 
 /// Where a bf16 tile's sums go.
 #[derive(Debug, Clone, Copy)]
