@@ -7,6 +7,7 @@
 //! [`matmul_gflops`]. The training ops (`model::ops`) share the row loops
 //! of `kernels`.
 
+pub(crate) mod buffers;
 pub mod cpu;
 pub(crate) mod kernels;
 pub(crate) mod matmul;

@@ -120,7 +120,7 @@ impl GradAccumulator {
     pub fn new(params: &ParamStore) -> Self {
         let layout = FlatLayout::of(params);
         Self {
-            values: vec![0.0; layout.len()],
+            values: crate::fast::buffers::zeros(layout.len()),
             present: vec![false; layout.segments.len()],
             layout,
             micro_batches: 0,
@@ -247,7 +247,7 @@ fn add_tensor(t: &Tensor, dst: &mut [f32], accumulate: bool) -> Result<()> {
                 .zip(src.par_chunks(NORM_CHUNK))
                 .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(a, b)| *a += b));
         } else {
-            dst.copy_from_slice(src);
+            crate::fast::buffers::copy_into(dst, src);
         }
     };
     let (storage, layout) = t.storage_and_layout();

@@ -17,6 +17,7 @@ use super::products::Compute;
 use super::Param;
 use crate::config::NormPosition;
 use crate::error::{Error, Result};
+use crate::fast::buffers::{add, copied, zeros};
 use crate::fast::kernels::{self, Act};
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums, layer_norm_backward};
 use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
@@ -363,7 +364,7 @@ impl Encoder {
         let n = ids.len();
         let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
         // Embeddings: word + position (+ type), LayerNorm, dropout.
-        let mut embed_sum = vec![0f32; n * d];
+        let mut embed_sum = zeros(n * d);
         for (r, row) in embed_sum.chunks_exact_mut(d).enumerate() {
             let id = ids[r] as usize;
             row.copy_from_slice(&self.word.data[id * d..(id + 1) * d]);
@@ -378,11 +379,11 @@ impl Encoder {
         }
         let mut x = match &self.embed_norm {
             Some(norm) => {
-                let mut y = vec![0f32; n * d];
+                let mut y = zeros(n * d);
                 norm.forward(&embed_sum, &mut y);
                 y
             }
-            None => embed_sum.clone(),
+            None => copied(&embed_sum),
         };
         let embed_mask = mask_of(&self.hidden_dropout);
         if let Some(m) = &embed_mask {
@@ -396,7 +397,7 @@ impl Encoder {
         }
         let mut final_in = Vec::new();
         if let Some(norm) = &self.final_norm {
-            let mut y = vec![0f32; n * d];
+            let mut y = zeros(n * d);
             norm.forward(&x, &mut y);
             final_in = std::mem::replace(&mut x, y);
         }
@@ -428,16 +429,16 @@ impl Encoder {
         let mut t = LayerTape::default();
         let pre = self.norm_position == NormPosition::Pre;
         if pre {
-            t.attn_in = vec![0f32; n * d];
+            t.attn_in = zeros(n * d);
             layer.attn_norm.forward(&x, &mut t.attn_in);
         }
-        t.qkv = vec![0f32; n * 3 * d];
+        t.qkv = zeros(n * 3 * d);
         let attn_in = if pre { &t.attn_in } else { &x };
         self.compute
             .forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
         let (_, total) = attention::probability_offsets(offsets, keys, self.heads);
-        t.probs = vec![0f32; total];
-        t.ctx = vec![0f32; n * d];
+        t.probs = zeros(total);
+        t.ctx = zeros(n * d);
         t.masks[0] = mask_of(&self.attention_dropout);
         attention::forward(
             &t.qkv,
@@ -447,25 +448,25 @@ impl Encoder {
             self.heads,
             t.masks[0].as_ref(),
         );
-        t.s1 = vec![0f32; n * d];
+        t.s1 = zeros(n * d);
         layer.attn_out.forward(&t.ctx, &mut t.s1, n);
         t.masks[1] = mask_of(&self.hidden_dropout);
         if let Some(m) = &t.masks[1] {
             drop_rows(m, &mut t.s1, offsets, d);
         }
         add(&mut t.s1, &x);
-        t.ffn_x = vec![0f32; n * d];
+        t.ffn_x = zeros(n * d);
         if pre {
             layer.ffn_norm.forward(&t.s1, &mut t.ffn_x);
         } else {
             layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
         }
-        t.f = vec![0f32; n * inter];
+        t.f = zeros(n * inter);
         self.compute
             .forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, n);
-        let mut g = vec![0f32; n * inter];
+        let mut g = zeros(n * inter);
         bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, self.act);
-        let mut o = vec![0f32; n * d];
+        let mut o = zeros(n * d);
         layer.ffn_out.forward(&g, &mut o, n);
         t.masks[2] = mask_of(&self.hidden_dropout);
         if let Some(m) = &t.masks[2] {
@@ -477,7 +478,7 @@ impl Encoder {
         } else {
             add(&mut o, &t.ffn_x);
             t.s2 = o;
-            let mut y = vec![0f32; n * d];
+            let mut y = zeros(n * d);
             layer.ffn_norm.forward(&t.s2, &mut y);
             y
         };
@@ -490,7 +491,7 @@ impl Encoder {
     pub fn backward(&mut self, tape: &Tape, mut dy: Vec<f32>) {
         let d = self.hidden;
         if let Some(norm) = &mut self.final_norm {
-            let mut dx = vec![0f32; dy.len()];
+            let mut dx = zeros(dy.len());
             norm.backward(&tape.final_in, &dy, &mut dx);
             dy = dx;
         }
@@ -508,7 +509,7 @@ impl Encoder {
         }
         let de = match &mut self.embed_norm {
             Some(norm) => {
-                let mut de = vec![0f32; dy.len()];
+                let mut de = zeros(dy.len());
                 norm.backward(&tape.embed_sum, &dy, &mut de);
                 de
             }
@@ -531,21 +532,28 @@ impl Encoder {
     }
 
     /// Every parameter, for returning gradients.
-    pub fn params(&self) -> Vec<&Param> {
-        let mut out = vec![&self.word, &self.position];
-        out.extend(&self.token_type);
-        if let Some(n) = &self.embed_norm {
-            out.extend([&n.gamma, &n.beta]);
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut out = vec![&mut self.word, &mut self.position];
+        out.extend(&mut self.token_type);
+        if let Some(n) = &mut self.embed_norm {
+            out.extend([&mut n.gamma, &mut n.beta]);
         }
-        for l in &self.layers {
-            for lin in [&l.q, &l.k, &l.v, &l.attn_out, &l.ffn_in, &l.ffn_out] {
-                out.extend([&lin.w, &lin.b]);
+        for l in &mut self.layers {
+            for lin in [
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.attn_out,
+                &mut l.ffn_in,
+                &mut l.ffn_out,
+            ] {
+                out.extend([&mut lin.w, &mut lin.b]);
             }
-            out.extend([&l.attn_norm.gamma, &l.attn_norm.beta]);
-            out.extend([&l.ffn_norm.gamma, &l.ffn_norm.beta]);
+            out.extend([&mut l.attn_norm.gamma, &mut l.attn_norm.beta]);
+            out.extend([&mut l.ffn_norm.gamma, &mut l.ffn_norm.beta]);
         }
-        if let Some(n) = &self.final_norm {
-            out.extend([&n.gamma, &n.beta]);
+        if let Some(n) = &mut self.final_norm {
+            out.extend([&mut n.gamma, &mut n.beta]);
         }
         out
     }
@@ -565,22 +573,22 @@ fn layer_backward(
     let compute = layer.ffn_in.compute;
     // d(s1) collects the residual path and the FFN's input gradient.
     let (mut ds1, mut d_o) = if pre {
-        (dy.clone(), dy)
+        (copied(&dy), dy)
     } else {
-        let mut ds2 = vec![0f32; n * d];
+        let mut ds2 = zeros(n * d);
         layer.ffn_norm.backward(&t.s2, &dy, &mut ds2);
-        (ds2.clone(), ds2)
+        (copied(&ds2), ds2)
     };
     if let Some(m) = &t.masks[2] {
         drop_rows(m, &mut d_o, offsets, d);
     }
     // FFN output: g = act(f + b) recomputed for its weight gradient.
-    let mut g = vec![0f32; n * inter];
+    let mut g = zeros(n * inter);
     bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
-    let mut dg = vec![0f32; n * inter];
+    let mut dg = zeros(n * inter);
     layer.ffn_out.backward(&g, &d_o, Some(&mut dg), n, false);
     drop(g);
-    let mut df = vec![0f32; n * inter];
+    let mut df = zeros(n * inter);
     bias_act_backward(
         &t.f,
         &layer.ffn_in.b.data,
@@ -591,33 +599,33 @@ fn layer_backward(
     );
     drop(dg);
     compute.weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, n);
-    let mut dffn_x = vec![0f32; n * d];
+    let mut dffn_x = zeros(n * d);
     compute.input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, n, false);
     drop(df);
     if pre {
         // ffn_x = LN2(s1)
-        let mut tmp = vec![0f32; n * d];
+        let mut tmp = zeros(n * d);
         layer.ffn_norm.backward(&t.s1, &dffn_x, &mut tmp);
         add(&mut ds1, &tmp);
     } else {
         // ffn_x = LN1(s1), and s2 = o + ffn_x.
         add(&mut ds1, &dffn_x);
-        let mut tmp = vec![0f32; n * d];
+        let mut tmp = zeros(n * d);
         layer.attn_norm.backward(&t.s1, &ds1, &mut tmp);
         ds1 = tmp;
     }
     // s1 = dropout(ctx · Woᵀ + bo) + x
-    let mut dx = ds1.clone();
+    let mut dx = copied(&ds1);
     let mut da = ds1;
     if let Some(m) = &t.masks[1] {
         drop_rows(m, &mut da, offsets, d);
     }
-    let mut dctx = vec![0f32; n * d];
+    let mut dctx = zeros(n * d);
     layer
         .attn_out
         .backward(&t.ctx, &da, Some(&mut dctx), n, false);
     drop(da);
-    let mut dqkv = vec![0f32; n * 3 * d];
+    let mut dqkv = zeros(n * 3 * d);
     attention::backward(
         &t.qkv,
         &t.probs,
@@ -630,9 +638,9 @@ fn layer_backward(
     drop(dctx);
     // Q, K, V: one multiply each way on the stacked weights.
     let attn_in = if pre { &t.attn_in } else { &t.x };
-    let mut dw = vec![0f32; 3 * d * d];
+    let mut dw = zeros(3 * d * d);
     compute.weight_grad(&dqkv, attn_in, &mut dw, n);
-    let mut db = vec![0f32; 3 * d];
+    let mut db = zeros(3 * d);
     column_sums(&dqkv, &mut db);
     for (i, lin) in [&mut layer.q, &mut layer.k, &mut layer.v]
         .into_iter()
@@ -642,9 +650,9 @@ fn layer_backward(
         add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
     }
     if pre {
-        let mut dn1 = vec![0f32; n * d];
+        let mut dn1 = zeros(n * d);
         compute.input_grad(&dqkv, &layer.qkv_w, &mut dn1, n, false);
-        let mut tmp = vec![0f32; n * d];
+        let mut tmp = zeros(n * d);
         layer.attn_norm.backward(&t.x, &dn1, &mut tmp);
         add(&mut dx, &tmp);
     } else {
@@ -667,10 +675,4 @@ pub(crate) fn drop_rows(mask: &DropoutMask, x: &mut [f32], offsets: &[usize], d:
             let s = offsets.partition_point(|&o| o <= r) - 1;
             mask.apply_row(mask.row_key(&[s, r - offsets[s]]), row);
         });
-}
-
-pub(crate) fn add(acc: &mut [f32], x: &[f32]) {
-    for (a, b) in acc.iter_mut().zip(x) {
-        *a += b;
-    }
 }

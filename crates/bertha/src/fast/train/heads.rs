@@ -7,13 +7,14 @@
 
 use candle_core::backprop::GradStore;
 
-use super::encoder::{add, drop_rows, Encoder, Linear};
+use super::encoder::{drop_rows, Encoder, Linear};
 use super::grad_store;
 use super::losses::cross_entropy;
 use super::mlm::linear;
 use super::products::Compute;
 use crate::config::ProblemType;
 use crate::error::{Error, Result};
+use crate::fast::buffers::{add, zeros};
 use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
 
 /// What a head's loss is computed against.
@@ -141,7 +142,7 @@ impl FinetuneHead {
             .forward_padded(&batch.sequences, batch.pad_to, train)?;
         let d = self.encoder.hidden();
         let offsets = tape.offsets();
-        let mut dhidden = vec![0f32; hidden.len()];
+        let mut dhidden = zeros(hidden.len());
         let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
         let step = match &mut self.top {
             Top::Sequence {
@@ -195,13 +196,18 @@ impl FinetuneHead {
         if step.targets > 0 {
             self.encoder.backward(&tape, dhidden);
         }
-        let mut params = self.encoder.params();
-        match &self.top {
+        let mut params = self.encoder.params_mut();
+        match &mut self.top {
             Top::Sequence {
                 pooler, classifier, ..
-            } => params.extend([&pooler.w, &pooler.b, &classifier.w, &classifier.b]),
-            Top::Token { classifier, .. } => params.extend([&classifier.w, &classifier.b]),
-            Top::Answer { qa_outputs } => params.extend([&qa_outputs.w, &qa_outputs.b]),
+            } => params.extend([
+                &mut pooler.w,
+                &mut pooler.b,
+                &mut classifier.w,
+                &mut classifier.b,
+            ]),
+            Top::Token { classifier, .. } => params.extend([&mut classifier.w, &mut classifier.b]),
+            Top::Answer { qa_outputs } => params.extend([&mut qa_outputs.w, &mut qa_outputs.b]),
         }
         Ok(HeadOutcome {
             gradients: grad_store(params)?,
@@ -242,7 +248,7 @@ impl Pooled<'_> {
         loss: impl FnOnce(&mut [f32], usize) -> Result<(f64, usize)>,
     ) -> Result<HeadOutcome> {
         let n = offsets.len() - 1;
-        let mut cls = vec![0f32; n * d];
+        let mut cls = zeros(n * d);
         for (s, dst) in cls.chunks_exact_mut(d).enumerate() {
             if offsets[s + 1] == offsets[s] {
                 return Err(Error::Input(format!(
@@ -252,7 +258,7 @@ impl Pooled<'_> {
             let r = offsets[s];
             dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
         }
-        let mut pooled = vec![0f32; n * d];
+        let mut pooled = zeros(n * d);
         self.pooler.forward(&cls, &mut pooled, n);
         pooled.iter_mut().for_each(|v| *v = v.tanh());
         let mut x = pooled.clone();
@@ -260,14 +266,14 @@ impl Pooled<'_> {
             drop_sequences(m, &mut x, d);
         }
         let c = self.classifier.out_dim();
-        let mut logits = vec![0f32; n * c];
+        let mut logits = zeros(n * c);
         self.classifier.forward(&x, &mut logits, n);
         let out = logits.clone();
         let (mean, targets) = loss(&mut logits, c)?;
         if targets == 0 {
             return Ok(outcome(mean, targets, out));
         }
-        let mut dx = vec![0f32; n * d];
+        let mut dx = zeros(n * d);
         self.classifier
             .backward(&x, &logits, Some(&mut dx), n, false);
         if let Some(m) = mask {
@@ -276,7 +282,7 @@ impl Pooled<'_> {
         for (g, p) in dx.iter_mut().zip(&pooled) {
             *g *= 1.0 - p * p;
         }
-        let mut dcls = vec![0f32; n * d];
+        let mut dcls = zeros(n * d);
         self.pooler.backward(&cls, &dx, Some(&mut dcls), n, false);
         for (src, &r) in dcls.chunks_exact(d).zip(offsets) {
             add(&mut dhidden[r * d..(r + 1) * d], src);
@@ -446,7 +452,7 @@ fn token_step(
         drop_rows(m, &mut x, offsets, d);
     }
     let c = classifier.out_dim();
-    let mut logits = vec![0f32; t * c];
+    let mut logits = zeros(t * c);
     classifier.forward(&x, &mut logits, t);
     let out = logits.clone();
     let (mean, targets) = class_loss(&mut logits, c, &rows, weight, "labels")?;
@@ -479,10 +485,10 @@ fn answer_step(
         )));
     }
     let t = hidden.len() / d;
-    let mut logits = vec![0f32; t * 2];
+    let mut logits = zeros(t * 2);
     qa_outputs.forward(hidden, &mut logits, t);
     let out = logits.clone();
-    let mut dlogits = vec![0f32; t * 2];
+    let mut dlogits = zeros(t * 2);
     let mut loss = 0.0;
     // Column 0: start, 1: end; positions clamped to 0..=rows, rows ignored.
     for column in 0..2 {

@@ -3,11 +3,12 @@
 
 use candle_core::backprop::GradStore;
 
-use super::encoder::{add, Encoder, Linear, Norm};
+use super::encoder::{Encoder, Linear, Norm};
 use super::losses::cross_entropy;
 use super::products::Compute;
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
+use crate::fast::buffers::{add, zeros};
 use crate::fast::kernels::Act;
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums};
 use crate::model::{BertForTask, BertLMPredictionHead, Dense, IGNORE_INDEX};
@@ -123,7 +124,7 @@ impl MlmHead {
         }
         let (hidden, tape) = self.encoder.forward(&batch.sequences, train)?;
         let d = self.encoder.hidden();
-        let mut dhidden = vec![0f32; hidden.len()];
+        let mut dhidden = zeros(hidden.len());
 
         // MLM: the masked rows through transform, LayerNorm and decoder.
         let vocab = self.decoder_bias.data.len();
@@ -152,20 +153,20 @@ impl MlmHead {
         let masked = rows.len();
         let (mut mlm_loss, mut correct) = (0.0, 0);
         if masked > 0 {
-            let mut hm = vec![0f32; masked * d];
+            let mut hm = zeros(masked * d);
             for (dst, &r) in hm.chunks_exact_mut(d).zip(&rows) {
                 dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
             }
             let width = self.transform.out_dim();
-            let mut t = vec![0f32; masked * width];
+            let mut t = zeros(masked * width);
             self.compute
                 .forward(&hm, &self.transform.w.data, None, &mut t, masked);
-            let mut u = vec![0f32; masked * width];
+            let mut u = zeros(masked * width);
             bias_act_forward(&t, &self.transform.b.data, &mut u, self.act);
-            let mut z = vec![0f32; masked * width];
+            let mut z = zeros(masked * width);
             self.transform_norm.forward(&u, &mut z);
             let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
-            let mut logits = vec![0f32; masked * vocab];
+            let mut logits = zeros(masked * vocab);
             self.compute.forward(
                 &z,
                 &decoder.data,
@@ -179,7 +180,7 @@ impl MlmHead {
             correct = ce.correct;
             // Backward: logits now hold their gradient.
             let dlogits = logits;
-            let mut dz = vec![0f32; masked * width];
+            let mut dz = zeros(masked * width);
             self.compute
                 .input_grad(&dlogits, &decoder.data, &mut dz, masked, false);
             let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
@@ -187,9 +188,9 @@ impl MlmHead {
                 .weight_grad(&dlogits, &z, &mut decoder.grad, masked);
             column_sums(&dlogits, &mut self.decoder_bias.grad);
             drop(dlogits);
-            let mut du = vec![0f32; masked * width];
+            let mut du = zeros(masked * width);
             self.transform_norm.backward(&u, &dz, &mut du);
-            let mut dt = vec![0f32; masked * width];
+            let mut dt = zeros(masked * width);
             bias_act_backward(
                 &t,
                 &self.transform.b.data,
@@ -200,7 +201,7 @@ impl MlmHead {
             );
             self.compute
                 .weight_grad(&dt, &hm, &mut self.transform.w.grad, masked);
-            let mut dhm = vec![0f32; masked * d];
+            let mut dhm = zeros(masked * d);
             self.compute
                 .input_grad(&dt, &self.transform.w.data, &mut dhm, masked, false);
             for (src, &r) in dhm.chunks_exact(d).zip(&rows) {
@@ -221,17 +222,17 @@ impl MlmHead {
             let live: Vec<usize> = (0..n)
                 .filter(|&s| tape.offsets()[s + 1] > tape.offsets()[s])
                 .collect();
-            let mut cls = vec![0f32; live.len() * d];
+            let mut cls = zeros(live.len() * d);
             for (dst, &s) in cls.chunks_exact_mut(d).zip(&live) {
                 let r = tape.offsets()[s];
                 dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
             }
             let m = live.len();
-            let mut pooled = vec![0f32; m * d];
+            let mut pooled = zeros(m * d);
             pooler.forward(&cls, &mut pooled, m);
             pooled.iter_mut().for_each(|v| *v = v.tanh());
             let classes = classifier.out_dim();
-            let mut logits = vec![0f32; m * classes];
+            let mut logits = zeros(m * classes);
             classifier.forward(&pooled, &mut logits, m);
             let (mut picked, mut nsp_targets) = (Vec::new(), Vec::new());
             for (i, &s) in live.iter().enumerate() {
@@ -256,17 +257,17 @@ impl MlmHead {
                 let weight = (weights[1] / pairs as f64) as f32;
                 let ce = cross_entropy(&mut rows_logits, classes, &nsp_targets, weight);
                 nsp_loss = ce.sum / pairs as f64;
-                let mut dlogits = vec![0f32; m * classes];
+                let mut dlogits = zeros(m * classes);
                 for (k, &i) in picked.iter().enumerate() {
                     dlogits[i * classes..(i + 1) * classes]
                         .copy_from_slice(&rows_logits[k * classes..(k + 1) * classes]);
                 }
-                let mut dpooled = vec![0f32; m * d];
+                let mut dpooled = zeros(m * d);
                 classifier.backward(&pooled, &dlogits, Some(&mut dpooled), m, false);
                 for (g, p) in dpooled.iter_mut().zip(&pooled) {
                     *g *= 1.0 - p * p;
                 }
-                let mut dcls = vec![0f32; m * d];
+                let mut dcls = zeros(m * d);
                 pooler.backward(&cls, &dpooled, Some(&mut dcls), m, false);
                 for (src, &s) in dcls.chunks_exact(d).zip(&live) {
                     let r = tape.offsets()[s];
@@ -278,17 +279,17 @@ impl MlmHead {
         if masked > 0 || pairs > 0 {
             self.encoder.backward(&tape, dhidden);
         }
-        let mut params = self.encoder.params();
+        let mut params = self.encoder.params_mut();
         params.extend([
-            &self.transform.w,
-            &self.transform.b,
-            &self.transform_norm.gamma,
-            &self.transform_norm.beta,
-            &self.decoder_bias,
+            &mut self.transform.w,
+            &mut self.transform.b,
+            &mut self.transform_norm.gamma,
+            &mut self.transform_norm.beta,
+            &mut self.decoder_bias,
         ]);
-        params.extend(&self.decoder);
-        if let Some((p, c)) = &self.nsp {
-            params.extend([&p.w, &p.b, &c.w, &c.b]);
+        params.extend(&mut self.decoder);
+        if let Some((p, c)) = &mut self.nsp {
+            params.extend([&mut p.w, &mut p.b, &mut c.w, &mut c.b]);
         }
         Ok(MlmOutcome {
             mlm_loss,

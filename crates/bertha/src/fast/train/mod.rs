@@ -19,9 +19,10 @@ mod mlm;
 mod products;
 
 use candle_core::backprop::GradStore;
-use candle_core::Tensor;
+use candle_core::{CpuStorage, Storage, Tensor};
 
 use crate::error::Result;
+use crate::fast::buffers;
 
 pub use heads::{FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
 pub use mlm::{MlmBatch, MlmHead, MlmOutcome};
@@ -36,13 +37,23 @@ pub(crate) struct Param {
 
 impl Param {
     pub fn of(t: &Tensor) -> Result<Self> {
-        let data = t
-            .to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let data = {
+            let (storage, layout) = t.storage_and_layout();
+            match (&*storage, layout.contiguous_offsets()) {
+                (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Some(buffers::copied(&v[a..b])),
+                _ => None,
+            }
+        };
+        let data = match data {
+            Some(data) => data,
+            None => t
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?,
+        };
         Ok(Self {
             tensor: t.clone(),
-            grad: vec![0f32; data.len()],
+            grad: buffers::zeros(data.len()),
             data,
         })
     }
@@ -53,11 +64,13 @@ impl Param {
     }
 }
 
-/// The gradients of `params`, keyed by their variables.
-pub(crate) fn grad_store<'a>(params: impl IntoIterator<Item = &'a Param>) -> Result<GradStore> {
+/// The gradients of `params`, keyed by their variables; each gradient
+/// buffer moves into its tensor (no copy) and the parameter keeps none.
+pub(crate) fn grad_store<'a>(params: impl IntoIterator<Item = &'a mut Param>) -> Result<GradStore> {
     let mut store = GradStore::default();
     for p in params {
-        let g = Tensor::from_slice(&p.grad, p.tensor.shape(), p.tensor.device())?;
+        let grad = std::mem::take(&mut p.grad);
+        let g = Tensor::from_vec(grad, p.tensor.shape(), p.tensor.device())?;
         store.insert(&p.tensor, g);
     }
     Ok(store)
