@@ -1,7 +1,7 @@
 //! The AVX-512 micro-kernels of [`super`]: fp32 tiles and int8 VNNI
 //! products, and the activation quantizer, in registers.
 
-use super::bf16::TileOut;
+use super::bf16::{PairsIn, TileOut};
 use super::{group_quads, GroupQuant, I8Tile, NR};
 
 /// How far ahead (panel rows: 128 bytes each, in both kernels) the
@@ -347,20 +347,22 @@ pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8])
 }
 
 /// `R` rows × 32 columns of bf16 pair products (`vdpbf16ps`), summed in
-/// fp32 registers: `a` holds `R` rows of `k2` bf16 pairs, `panel` `k2`
-/// rows of 32 columns × 2 bf16; stored as `out` says.
+/// fp32 registers: `a` gives `R` rows of `k2` bf16 pairs (see
+/// [`PairsIn`]), `panel` `k2` rows of 32 columns × 2 bf16; stored as `out`
+/// says.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn tile_bf16<const R: usize>(
-    a: &[u32],
+    a: PairsIn,
     k2: usize,
     panel: &[u16],
     bias: &[f32],
     act: Option<Act>,
     out: TileOut,
 ) {
-    debug_assert!(a.len() >= R * k2 && panel.len() >= k2 * NR * 2);
+    debug_assert!(panel.len() >= k2 * NR * 2);
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+    let (ap, bp) = (a.ptr, panel.as_ptr());
+    let (a_row, a_pair) = (a.row, a.pair);
     for i in 0..k2 {
         let row = bp.add(i * NR * 2);
         let ahead = row.wrapping_add(PREFETCH_ROWS * NR * 2) as *const i8;
@@ -368,8 +370,9 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
         let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(row as *const __m512i));
         let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(32) as *const __m512i));
+        let ai = ap.add(i * a_pair);
         for (r, acc) in acc.iter_mut().enumerate() {
-            let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(r * k2 + i) as i32));
+            let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ai.add(r * a_row) as i32));
             acc[0] = _mm512_dpbf16_ps(acc[0], av, b0);
             acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
         }
@@ -377,6 +380,59 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     match out {
         TileOut::F32 { c, ldc, accumulate } => store_tile!(acc, c, ldc, bias, act, accumulate),
         TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act),
+    }
+}
+
+/// Rows `r0..r0 + 48` of the transpose `a[r, c] = data[c·cs + r]` as the
+/// interleaved pair blocks of `interleave_rows` (four blocks of 12 rows,
+/// `k2` steps of 12 words each, one after another at `out`): per step,
+/// source rows `2i` and `2i + 1` rounded by `vcvtne2ps2bf16` (as
+/// `round_bits` rounds) and interleaved by one `vpermw`.
+///
+/// # Safety
+/// `data` must hold rows `0..k` (`cs` apart) of at least `r0 + 48`
+/// values, `out` `4 · k2 · 12` words.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn interleave48_bf16(
+    data: &[f32],
+    cs: usize,
+    k: usize,
+    r0: usize,
+    out: &mut [u32],
+) {
+    const B: usize = 12;
+    static LANES: [u16; 32] = [
+        0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12,
+        28, 13, 29, 14, 30, 15, 31,
+    ];
+    let k2 = k.div_ceil(2);
+    debug_assert!(out.len() >= 4 * k2 * B);
+    debug_assert!(k == 0 || data.len() >= (k - 1) * cs + r0 + 48);
+    let idx = _mm512_loadu_si512(LANES.as_ptr() as *const __m512i);
+    let (src, dst) = (data.as_ptr(), out.as_mut_ptr() as *mut i32);
+    for i in 0..k2 {
+        let lo = src.add(2 * i * cs + r0);
+        let hi = src.wrapping_add((2 * i + 1) * cs + r0);
+        let mut w = [_mm512_setzero_si512(); 3];
+        for (v, w) in w.iter_mut().enumerate() {
+            let l = _mm512_loadu_ps(lo.add(16 * v));
+            let h = if 2 * i + 1 < k {
+                _mm512_loadu_ps(hi.add(16 * v))
+            } else {
+                _mm512_setzero_ps()
+            };
+            let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h, l));
+            *w = _mm512_permutexvar_epi16(idx, packed);
+        }
+        // Words 0..48 of the step go 12 to a block; a masked store writes
+        // only its lanes (and faults on no other).
+        let block = |b: usize| dst.add(b * k2 * B + i * B);
+        _mm512_mask_storeu_epi32(block(0), 0x0fff, w[0]);
+        _mm512_mask_storeu_epi32(block(1).wrapping_sub(12), 0xf000, w[0]);
+        _mm512_mask_storeu_epi32(block(1).add(4), 0x00ff, w[1]);
+        _mm512_mask_storeu_epi32(block(2).wrapping_sub(8), 0xff00, w[1]);
+        _mm512_mask_storeu_epi32(block(2).add(8), 0x000f, w[2]);
+        _mm512_mask_storeu_epi32(block(3).wrapping_sub(4), 0xfff0, w[2]);
     }
 }
 

@@ -186,7 +186,7 @@ impl PackedBf16 {
             let bias = &bias[cs];
             for r0 in rows.step_by(MR_BF16) {
                 let mr = MR_BF16.min(m - r0);
-                let a = &pairs[r0 * k2..(r0 + mr) * k2];
+                let a = PairsIn::rows(&pairs[r0 * k2..(r0 + mr) * k2], k2);
                 let out = match base {
                     Base::F32(y) => TileOut::F32 {
                         c: y.at(r0 * n + p * NR),
@@ -247,6 +247,38 @@ pub(super) enum TileOut {
     Pairs { c: *mut u32, ldc: usize },
 }
 
+/// A tile's left operand: pair `i` of row `r` at `ptr[r · row + i · pair]`.
+/// Rows of pairs (`row` = the row length, `pair` = 1), or, for the
+/// transpose of a matrix whose rows were interleaved two by two
+/// ([`interleave_rows`]), the pairs of one step side by side (`row` = 1,
+/// `pair` = the width).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PairsIn {
+    pub ptr: *const u32,
+    pub row: usize,
+    pub pair: usize,
+}
+
+impl PairsIn {
+    /// Rows of `k2` pairs, one after another.
+    pub fn rows(a: &[u32], k2: usize) -> Self {
+        Self {
+            ptr: a.as_ptr(),
+            row: k2,
+            pair: 1,
+        }
+    }
+
+    /// Pair `i` of row `r`.
+    ///
+    /// # Safety
+    /// That pair must be inside the operand.
+    unsafe fn at(self, r: usize, i: usize) -> u32 {
+        // SAFETY: the caller's contract.
+        unsafe { *self.ptr.add(r * self.row + i * self.pair) }
+    }
+}
+
 /// Rounds each row of `x` `[m, k]` to bf16 pairs `[m, k2]` (low half: the
 /// even input), with AVX512-BF16's conversion when `simd`.
 fn round_rows(simd: bool, x: &[f32], m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
@@ -287,7 +319,7 @@ fn round_row_on(simd: bool, x: &[f32], out: &mut [u32]) {
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     simd: bool,
-    a: &[u32],
+    a: PairsIn,
     k2: usize,
     mr: usize,
     panel: &[u16],
@@ -301,7 +333,7 @@ unsafe fn tile(
             ($($n:literal)*) => {
                 match mr {
                     // SAFETY: the CPU has AVX512-BF16 (the caller checked);
-                    // a holds mr rows of k2 pairs, the caller owns the tile.
+                    // a gives mr rows of k2 pairs, the caller owns the tile.
                     $($n => unsafe {
                         super::avx512::tile_bf16::<$n>(a, k2, panel, bias, act, out)
                     },)*
@@ -315,11 +347,12 @@ unsafe fn tile(
     let _ = simd;
     let mut sums = [0f32; NR];
     for r in 0..mr {
-        let row = &a[r * k2..(r + 1) * k2];
         let sums = &mut sums[..bias.len()];
         for (j, (s, b)) in sums.iter_mut().zip(bias).enumerate() {
             let mut acc = 0f32;
-            for (i, &pair) in row.iter().enumerate() {
+            for i in 0..k2 {
+                // SAFETY: row r < mr, pair i < k2 of the caller's operand.
+                let pair = unsafe { a.at(r, i) };
                 let w = &panel[(i * NR + j) * 2..][..2];
                 acc += from_bf16(pair as u16) * from_bf16(w[0])
                     + from_bf16((pair >> 16) as u16) * from_bf16(w[1]);
@@ -395,6 +428,7 @@ pub(crate) unsafe fn tile_bf16(
         ldc,
         accumulate: false,
     };
+    let a = PairsIn::rows(a, k2);
     // SAFETY: as the caller promised; sizes asserted above.
     unsafe { tile(features().bf16, a, k2, mr, panel, &ZEROS[..cols], None, out) }
 }
@@ -585,65 +619,6 @@ fn pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mu
     }
 }
 
-/// Output rows per task of [`round_strided`] on a transposed operand.
-const ROUND_BLOCK: usize = 64;
-
-multiversion! {
-    fn round_transposed_block = round_transposed_block_body(data: &[f32], cs: usize, k: usize, k2: usize, r0: usize, rows: &mut [u32]);
-}
-
-/// Output rows `r0..` (as many as `rows` holds) of a transposed operand
-/// (`a[r, c] = data[c·cs + r]`) as bf16 pairs: 16 pair columns at a time
-/// are rounded from contiguous source runs into a small tile, then
-/// written out row by row. Writing each value straight to its row would
-/// touch a new cache line per value (rows are `k2` pairs long: a weight
-/// gradient's `k` is every token of the batch).
-#[inline(always)]
-fn round_transposed_block_body(
-    data: &[f32],
-    cs: usize,
-    k: usize,
-    k2: usize,
-    r0: usize,
-    rows: &mut [u32],
-) {
-    const T: usize = 16;
-    let nr = rows.len() / k2.max(1);
-    let mut tile = [[0u32; ROUND_BLOCK]; T];
-    for i0 in (0..k2).step_by(T) {
-        let ni = T.min(k2 - i0);
-        for (t, dst) in tile.iter_mut().enumerate().take(ni) {
-            let i = i0 + t;
-            let lo = &data[2 * i * cs + r0..][..nr];
-            if 2 * i + 1 < k {
-                let hi = &data[(2 * i + 1) * cs + r0..][..nr];
-                for ((d, l), h) in dst.iter_mut().zip(lo).zip(hi) {
-                    *d = round_bits(*l) | round_bits(*h) << 16;
-                }
-            } else {
-                for (d, l) in dst.iter_mut().zip(lo) {
-                    *d = round_bits(*l);
-                }
-            }
-        }
-        if ni == T {
-            // 16 × 16 blocks transposed in registers: the pairs are only
-            // moved, as 32-bit lanes, never computed on.
-            let src = as_f32(tile.as_flattened());
-            for r0 in (0..nr).step_by(T) {
-                let dst = as_f32_mut(&mut rows[r0 * k2 + i0..]);
-                super::transpose16(&src[r0..], ROUND_BLOCK, T, T.min(nr - r0), dst, k2);
-            }
-            continue;
-        }
-        for r in 0..nr {
-            for (t, o) in rows[r * k2 + i0..][..ni].iter_mut().enumerate() {
-                *o = tile[t][r];
-            }
-        }
-    }
-}
-
 /// bf16 pairs seen as the f32 bit patterns [`super::transpose16`] moves.
 pub(crate) fn as_f32(x: &[u32]) -> &[f32] {
     // SAFETY: u32 and f32 have one size and alignment, and every bit
@@ -657,23 +632,96 @@ pub(crate) fn as_f32_mut(x: &mut [u32]) -> &mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
 }
 
-/// Rows of `a` `[m, k]` rounded to bf16 pairs `[m, k2]` for any strides;
-/// a transposed `a` (columns contiguous) reads two source rows per pair
-/// column, a block of output rows per task.
+const _: () = assert!(super::ROWS_PER_TASK % MR_BF16 == 0);
+
+/// Row blocks per task of [`interleave_rows`]: 48 rows, three cache lines
+/// of each source row.
+const INTERLEAVE_BLOCKS: usize = 4;
+
+/// The transpose `a[r, c] = data[c·cs + r]` (`[m, k]`) as bf16 pairs of
+/// its columns, in blocks of [`MR_BF16`] rows (a tile's), step after step:
+/// word `(b·k2 + i)·MR_BF16 + j` pairs `a[r, 2i]` (low half) with
+/// `a[r, 2i + 1]` (0 past `k`), `r = b·MR_BF16 + j`. That is source rows
+/// `2i` and `2i + 1` rounded and interleaved, no transpose; a tile reads
+/// its block's pairs as one stream ([`PairsIn`] `row` 1, `pair`
+/// `MR_BF16`). Words of rows past `m` in the last block are not written.
+fn interleave_rows(data: &[f32], cs: usize, k: usize, m: usize, out: &mut Vec<u32>) {
+    let k2 = k.div_ceil(2);
+    let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
+    // Every word read is written below: grow the buffer, never zero it.
+    if out.len() < len {
+        out.resize(len, 0);
+    }
+    let simd = features().bf16;
+    out[..len]
+        .par_chunks_mut((INTERLEAVE_BLOCKS * MR_BF16 * k2).max(1))
+        .enumerate()
+        .for_each(|(t, blocks)| {
+            let r0 = t * INTERLEAVE_BLOCKS * MR_BF16;
+            #[cfg(target_arch = "x86_64")]
+            if simd && MR_BF16 == 12 && INTERLEAVE_BLOCKS == 4 && m - r0 >= 48 {
+                // SAFETY: the CPU has AVX512-BF16; rows r0..r0 + 48 are
+                // inside every source row (m of them, cs apart), and the
+                // task's four blocks hold 4 · k2 · 12 words.
+                unsafe { super::avx512::interleave48_bf16(data, cs, k, r0, blocks) };
+                return;
+            }
+            let _ = simd;
+            interleave_blocks(data, cs, k, m, r0, blocks)
+        });
+}
+
+multiversion! {
+    fn interleave_blocks = interleave_blocks_body(data: &[f32], cs: usize, k: usize, m: usize, r0: usize, out: &mut [u32]);
+}
+
+/// The blocks of [`interleave_rows`] from row `r0` (as many as `out`
+/// holds).
+#[inline(always)]
+fn interleave_blocks_body(data: &[f32], cs: usize, k: usize, m: usize, r0: usize, out: &mut [u32]) {
+    const B: usize = MR_BF16;
+    let k2 = k.div_ceil(2);
+    let rows = (m - r0).min(out.len() / k2.max(1));
+    for i in 0..k2 {
+        let lo = &data[2 * i * cs + r0..][..rows];
+        let hi = (2 * i + 1 < k).then(|| &data[(2 * i + 1) * cs + r0..][..rows]);
+        for (b, dst) in out.chunks_exact_mut(k2 * B).enumerate() {
+            let dst = &mut dst[i * B..][..B];
+            let at = b * B;
+            if at + B <= rows {
+                let l: &[f32; B] = lo[at..at + B].try_into().expect("a block of B");
+                match hi {
+                    Some(hi) => {
+                        let h: &[f32; B] = hi[at..at + B].try_into().expect("a block of B");
+                        for j in 0..B {
+                            dst[j] = round_bits(l[j]) | round_bits(h[j]) << 16;
+                        }
+                    }
+                    None => {
+                        for j in 0..B {
+                            dst[j] = round_bits(l[j]);
+                        }
+                    }
+                }
+            } else {
+                for j in 0..rows.saturating_sub(at) {
+                    let h = hi.map_or(0, |hi| round_bits(hi[at + j]));
+                    dst[j] = round_bits(lo[at + j]) | h << 16;
+                }
+            }
+        }
+    }
+}
+
+/// Rows of `a` `[m, k]` rounded to bf16 pairs `[m, k2]` for any strides,
+/// element by element (neither rows nor columns contiguous: no product of
+/// a training step takes this path).
 fn round_strided(a: Strided, m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
     // Every pair is written below: grow the buffer, never zero it again.
     if out.len() < m * k2 {
         out.resize(m * k2, 0);
     }
     let out = &mut out[..m * k2];
-    if a.rs == 1 {
-        out.par_chunks_mut(ROUND_BLOCK * k2.max(1))
-            .enumerate()
-            .for_each(|(blk, rows)| {
-                round_transposed_block(a.data, a.cs, k, k2, blk * ROUND_BLOCK, rows)
-            });
-        return;
-    }
     out.par_chunks_mut(k2.max(1))
         .enumerate()
         .with_min_len(16)
@@ -757,13 +805,34 @@ fn product_bf16_on(
     }
     let k2 = k.div_ceil(2);
     let ProductBuffers { pairs, panels } = buffers;
-    if a.cs == 1 && a.rs == k {
+    // A transposed left operand (a weight gradient's dYᵀ) is read as its
+    // rows interleaved two by two, every step's pairs side by side: no
+    // transpose. Others as rows of pairs.
+    let contiguous = a.cs == 1 && a.rs == k;
+    let interleaved = !contiguous && a.rs == 1;
+    if contiguous {
         round_rows(simd, &a.data[..m * k], m, k, k2, pairs);
+    } else if interleaved {
+        interleave_rows(a.data, a.cs, k, m, pairs);
     } else {
         round_strided(a, m, k, k2, pairs);
     }
     pack_panels_reusing(b, k, n, panels);
-    let (pairs, panels) = (&pairs[..m * k2], &panels[..]);
+    let used = match interleaved {
+        true => m.div_ceil(MR_BF16) * MR_BF16 * k2,
+        false => m * k2,
+    };
+    let (pairs, panels) = (&pairs[..used], &panels[..]);
+    let left = |r0: usize| match interleaved {
+        // Tiles start at multiples of MR_BF16 (tasks at multiples of
+        // ROWS_PER_TASK, asserted below), so r0 starts a block.
+        true => PairsIn {
+            ptr: pairs[r0 * k2..].as_ptr(),
+            row: 1,
+            pair: MR_BF16,
+        },
+        false => PairsIn::rows(&pairs[r0 * k2..], k2),
+    };
     let zeros = [0f32; NR];
     let out = SharedOut(c.as_mut_ptr());
     for_each_task(m, n, |p, rows| {
@@ -772,9 +841,10 @@ fn product_bf16_on(
         let bias = sums.bias.map_or(&zeros[..cs.len()], |b| &b[cs]);
         for r0 in rows.step_by(MR_BF16) {
             let mr = MR_BF16.min(m - r0);
-            let a = &pairs[r0 * k2..(r0 + mr) * k2];
+            let a = left(r0);
             // SAFETY: rows r0..r0+mr, columns of panel p lie inside c
-            // (asserted) and belong to this task only.
+            // (asserted) and belong to this task only; a reads pairs of
+            // rows r0..r0+mr inside `pairs` (m × k2 of them).
             let dest = TileOut::F32 {
                 c: out.at(r0 * n + p * NR),
                 ldc: n,
@@ -846,7 +916,9 @@ mod tests {
             panels: Vec::new(),
         };
         // Odd and even k: a transposed right operand with even k is packed
-        // 16 × 16 blocks at a time (full and partial ones here).
+        // 16 × 16 blocks at a time (full and partial ones here). A
+        // transposed left operand is interleaved in blocks of a tile's rows
+        // (m not a multiple of MR_BF16 here, and one block per task below).
         for (m, n, k) in [
             (130, 70, 129),
             (1, 1, 1),
@@ -875,10 +947,20 @@ mod tests {
                     accumulate: true,
                 },
             ];
-            for simd in [features().bf16, false] {
+            for (simd, fresh) in [features().bf16, false]
+                .into_iter()
+                .flat_map(|simd| [(simd, false), (simd, true)])
+            {
                 for ((sa, sb), sums) in layouts.iter().flat_map(|l| outputs.map(|o| (*l, o))) {
                     let mut c = start.clone();
-                    product_bf16_on(simd, (m, n, k), sa, sb, &mut c, sums, &mut buffers);
+                    // Buffers kept from larger products, or new ones sized
+                    // for this product alone.
+                    let mut new = ProductBuffers {
+                        pairs: Vec::new(),
+                        panels: Vec::new(),
+                    };
+                    let buffers = if fresh { &mut new } else { &mut buffers };
+                    product_bf16_on(simd, (m, n, k), sa, sb, &mut c, sums, buffers);
                     let r = |v: f32| f64::from(from_bf16(to_bf16(v)));
                     for i in 0..m {
                         for j in 0..n {
