@@ -632,7 +632,7 @@ pub(crate) fn as_f32_mut(x: &mut [u32]) -> &mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
 }
 
-const _: () = assert!(super::ROWS_PER_TASK % MR_BF16 == 0);
+const _: () = assert!(super::ROWS_PER_TASK.is_multiple_of(MR_BF16));
 
 /// Row blocks per task of [`interleave_rows`]: 48 rows, three cache lines
 /// of each source row.

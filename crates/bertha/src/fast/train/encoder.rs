@@ -127,6 +127,43 @@ struct Layer {
     qkv_b: Vec<f32>,
 }
 
+impl Layer {
+    /// Its six linear layers, in checkpoint order.
+    fn linears_mut(&mut self) -> [&mut Linear; 6] {
+        [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.attn_out,
+            &mut self.ffn_in,
+            &mut self.ffn_out,
+        ]
+    }
+
+    /// Its parameters: each linear's weight and bias, then both
+    /// LayerNorms'.
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        let Layer {
+            q,
+            k,
+            v,
+            attn_out,
+            attn_norm,
+            ffn_in,
+            ffn_out,
+            ffn_norm,
+            ..
+        } = self;
+        let mut out = Vec::with_capacity(16);
+        for lin in [q, k, v, attn_out, ffn_in, ffn_out] {
+            out.extend([&mut lin.w, &mut lin.b]);
+        }
+        out.extend([&mut attn_norm.gamma, &mut attn_norm.beta]);
+        out.extend([&mut ffn_norm.gamma, &mut ffn_norm.beta]);
+        out
+    }
+}
+
 /// One layer's saved activations (see the module docs).
 #[derive(Default)]
 struct LayerTape {
@@ -278,14 +315,7 @@ impl Encoder {
     pub fn set_compute(&mut self, compute: Compute) {
         self.compute = compute;
         for l in &mut self.layers {
-            for lin in [
-                &mut l.q,
-                &mut l.k,
-                &mut l.v,
-                &mut l.attn_out,
-                &mut l.ffn_in,
-                &mut l.ffn_out,
-            ] {
+            for lin in l.linears_mut() {
                 lin.compute = compute;
             }
         }
@@ -539,18 +569,7 @@ impl Encoder {
             out.extend([&mut n.gamma, &mut n.beta]);
         }
         for l in &mut self.layers {
-            for lin in [
-                &mut l.q,
-                &mut l.k,
-                &mut l.v,
-                &mut l.attn_out,
-                &mut l.ffn_in,
-                &mut l.ffn_out,
-            ] {
-                out.extend([&mut lin.w, &mut lin.b]);
-            }
-            out.extend([&mut l.attn_norm.gamma, &mut l.attn_norm.beta]);
-            out.extend([&mut l.ffn_norm.gamma, &mut l.ffn_norm.beta]);
+            out.extend(l.params_mut());
         }
         if let Some(n) = &mut self.final_norm {
             out.extend([&mut n.gamma, &mut n.beta]);
