@@ -9,6 +9,7 @@
 
 use std::mem::MaybeUninit;
 
+use candle_core::{CpuStorage, DType, Storage, Tensor};
 use rayon::prelude::*;
 
 use crate::fast::cpu::multiversion;
@@ -88,6 +89,22 @@ pub(crate) fn add(acc: &mut [f32], x: &[f32]) {
     acc.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(a, b)| add_chunk(a, b));
+}
+
+/// `f` of a tensor's values as one fp32 slice: read in place from a
+/// contiguous CPU fp32 tensor's storage (weights and gradients, every
+/// step), else from a converted copy.
+pub(crate) fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(f(&v[a..b]));
+        }
+    }
+    let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(f(&values))
 }
 
 #[cfg(test)]

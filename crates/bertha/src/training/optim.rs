@@ -7,11 +7,12 @@
 
 use std::collections::HashMap;
 
-use candle_core::{backprop::GradStore, CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
+use candle_core::{backprop::GradStore, CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use rayon::prelude::*;
 
 use super::params::ParamStore;
 use crate::error::{Error, Result};
+use crate::fast::buffers;
 use crate::fast::kernels::multiversion;
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -120,7 +121,7 @@ impl GradAccumulator {
     pub fn new(params: &ParamStore) -> Self {
         let layout = FlatLayout::of(params);
         Self {
-            values: crate::fast::buffers::zeros(layout.len()),
+            values: buffers::zeros(layout.len()),
             present: vec![false; layout.segments.len()],
             layout,
             micro_batches: 0,
@@ -241,24 +242,10 @@ impl GradAccumulator {
 /// `dst = t` (or `dst += t` with `accumulate`), reading a CPU tensor's
 /// values in place.
 fn add_tensor(t: &Tensor, dst: &mut [f32], accumulate: bool) -> Result<()> {
-    let combine = |src: &[f32], dst: &mut [f32]| {
-        if accumulate {
-            dst.par_chunks_mut(NORM_CHUNK)
-                .zip(src.par_chunks(NORM_CHUNK))
-                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(a, b)| *a += b));
-        } else {
-            crate::fast::buffers::copy_into(dst, src);
-        }
-    };
-    let (storage, layout) = t.storage_and_layout();
-    if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) =
-        (&*storage, layout.contiguous_offsets())
-    {
-        combine(&v[a..b], dst);
-        return Ok(());
-    }
-    drop(storage);
-    combine(&t.flatten_all()?.to_vec1::<f32>()?, dst);
+    buffers::with_values(t, |src| match accumulate {
+        true => buffers::add(dst, src),
+        false => buffers::copy_into(dst, src),
+    })?;
     Ok(())
 }
 

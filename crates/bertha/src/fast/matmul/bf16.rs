@@ -633,6 +633,8 @@ pub(crate) fn as_f32_mut(x: &mut [u32]) -> &mut [f32] {
 }
 
 const _: () = assert!(super::ROWS_PER_TASK.is_multiple_of(MR_BF16));
+// interleave48_bf16 writes four blocks of 12 rows.
+const _: () = assert!(MR_BF16 == 12 && INTERLEAVE_BLOCKS == 4);
 
 /// Row blocks per task of [`interleave_rows`]: 48 rows, three cache lines
 /// of each source row.
@@ -659,7 +661,7 @@ fn interleave_rows(data: &[f32], cs: usize, k: usize, m: usize, out: &mut Vec<u3
         .for_each(|(t, blocks)| {
             let r0 = t * INTERLEAVE_BLOCKS * MR_BF16;
             #[cfg(target_arch = "x86_64")]
-            if simd && MR_BF16 == 12 && INTERLEAVE_BLOCKS == 4 && m - r0 >= 48 {
+            if simd && m - r0 >= 48 {
                 // SAFETY: the CPU has AVX512-BF16; rows r0..r0 + 48 are
                 // inside every source row (m of them, cs apart), and the
                 // task's four blocks hold 4 · k2 · 12 words.

@@ -19,7 +19,7 @@ mod mlm;
 mod products;
 
 use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, Storage, Tensor};
+use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::fast::buffers;
@@ -37,20 +37,7 @@ pub(crate) struct Param {
 
 impl Param {
     pub fn of(t: &Tensor) -> Result<Self> {
-        let data = {
-            let (storage, layout) = t.storage_and_layout();
-            match (&*storage, layout.contiguous_offsets()) {
-                (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => Some(buffers::copied(&v[a..b])),
-                _ => None,
-            }
-        };
-        let data = match data {
-            Some(data) => data,
-            None => t
-                .to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?,
-        };
+        let data = buffers::with_values(t, buffers::copied)?;
         Ok(Self {
             tensor: t.clone(),
             grad: buffers::zeros(data.len()),
