@@ -282,15 +282,34 @@ impl PairsIn {
 /// Rounds each row of `x` `[m, k]` to bf16 pairs `[m, k2]` (low half: the
 /// even input), with AVX512-BF16's conversion when `simd`.
 fn round_rows(simd: bool, x: &[f32], m: usize, k: usize, k2: usize, out: &mut Vec<u32>) {
+    round_rows_strided(simd, true, (x, k), m, k, k2, out);
+}
+
+/// [`round_rows`] for rows `rs` apart (`x.0` = the data, `x.1` = `rs`),
+/// on every core or (not `parallel`) the calling thread.
+fn round_rows_strided(
+    simd: bool,
+    parallel: bool,
+    (x, rs): (&[f32], usize),
+    m: usize,
+    k: usize,
+    k2: usize,
+    out: &mut Vec<u32>,
+) {
     // Every pair is written below: grow the buffer, never zero it again.
     if out.len() < m * k2 {
         out.resize(m * k2, 0);
     }
-    out[..m * k2]
-        .par_chunks_mut(k2)
-        .zip(x.par_chunks(k))
-        .with_min_len(16)
-        .for_each(|(pairs, row)| round_row_on(simd, row, pairs));
+    let round = |(r, pairs): (usize, &mut [u32])| round_row_on(simd, &x[r * rs..][..k], pairs);
+    let out = &mut out[..m * k2];
+    if parallel {
+        out.par_chunks_mut(k2.max(1))
+            .enumerate()
+            .with_min_len(16)
+            .for_each(round);
+    } else {
+        out.chunks_mut(k2.max(1)).enumerate().for_each(round);
+    }
 }
 
 /// One row of `x` as bf16 pairs in `out` (ceil(len / 2) of them), with
@@ -492,7 +511,7 @@ fn round_bits(x: f32) -> u32 {
 /// `b` `[k, n]` rounded to bf16 and laid out as [`PackedBf16`]'s panels.
 fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
     let mut panels = Vec::new();
-    pack_panels_reusing(b, k, n, &mut panels);
+    pack_panels_reusing(b, k, n, &mut panels, true);
     panels
 }
 
@@ -500,22 +519,31 @@ fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
 /// `panels`, grown when short and otherwise not cleared: the packing
 /// writes every value but a partial last panel's padding columns, which
 /// are zeroed here.
-fn pack_panels_reusing(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>) {
+fn pack_panels_reusing(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>, parallel: bool) {
     let k2 = k.div_ceil(2);
     let len = n.div_ceil(NR) * k2 * NR * 2;
     if panels.len() < len {
         panels.resize(len, 0);
     }
-    panels[..len]
-        .par_chunks_mut((k2 * NR * 2).max(1))
-        .enumerate()
-        .for_each(|(p, panel)| {
-            let (c0, cols) = (p * NR, NR.min(n - p * NR));
-            if cols < NR {
-                panel.fill(0);
-            }
-            pack_panel(&b, k, c0, cols, panel)
-        });
+    let pack = |(p, panel): (usize, &mut [u16])| {
+        let (c0, cols) = (p * NR, NR.min(n - p * NR));
+        if cols < NR {
+            panel.fill(0);
+        }
+        pack_panel(&b, k, c0, cols, panel)
+    };
+    let panels = &mut panels[..len];
+    if parallel {
+        panels
+            .par_chunks_mut((k2 * NR * 2).max(1))
+            .enumerate()
+            .for_each(pack);
+    } else {
+        panels
+            .chunks_mut((k2 * NR * 2).max(1))
+            .enumerate()
+            .for_each(pack);
+    }
 }
 
 multiversion! {
@@ -647,7 +675,14 @@ const INTERLEAVE_BLOCKS: usize = 4;
 /// `2i` and `2i + 1` rounded and interleaved, no transpose; a tile reads
 /// its block's pairs as one stream ([`PairsIn`] `row` 1, `pair`
 /// `MR_BF16`). Words of rows past `m` in the last block are not written.
-fn interleave_rows(data: &[f32], cs: usize, k: usize, m: usize, out: &mut Vec<u32>) {
+fn interleave_rows(
+    data: &[f32],
+    cs: usize,
+    k: usize,
+    m: usize,
+    out: &mut Vec<u32>,
+    parallel: bool,
+) {
     let k2 = k.div_ceil(2);
     let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
     // Every word read is written below: grow the buffer, never zero it.
@@ -655,22 +690,25 @@ fn interleave_rows(data: &[f32], cs: usize, k: usize, m: usize, out: &mut Vec<u3
         out.resize(len, 0);
     }
     let simd = features().bf16;
-    out[..len]
-        .par_chunks_mut((INTERLEAVE_BLOCKS * MR_BF16 * k2).max(1))
-        .enumerate()
-        .for_each(|(t, blocks)| {
-            let r0 = t * INTERLEAVE_BLOCKS * MR_BF16;
-            #[cfg(target_arch = "x86_64")]
-            if simd && m - r0 >= 48 {
-                // SAFETY: the CPU has AVX512-BF16; rows r0..r0 + 48 are
-                // inside every source row (m of them, cs apart), and the
-                // task's four blocks hold 4 · k2 · 12 words.
-                unsafe { super::avx512::interleave48_bf16(data, cs, k, r0, blocks) };
-                return;
-            }
-            let _ = simd;
-            interleave_blocks(data, cs, k, m, r0, blocks)
-        });
+    let task = |(t, blocks): (usize, &mut [u32])| {
+        let r0 = t * INTERLEAVE_BLOCKS * MR_BF16;
+        #[cfg(target_arch = "x86_64")]
+        if simd && m - r0 >= 48 {
+            // SAFETY: the CPU has AVX512-BF16; rows r0..r0 + 48 are inside
+            // every source row (m of them, cs apart), and the task's four
+            // blocks hold 4 · k2 · 12 words.
+            unsafe { super::avx512::interleave48_bf16(data, cs, k, r0, blocks) };
+            return;
+        }
+        let _ = simd;
+        interleave_blocks(data, cs, k, m, r0, blocks)
+    };
+    let (out, chunk) = (&mut out[..len], (INTERLEAVE_BLOCKS * MR_BF16 * k2).max(1));
+    if parallel {
+        out.par_chunks_mut(chunk).enumerate().for_each(task);
+    } else {
+        out.chunks_mut(chunk).enumerate().for_each(task);
+    }
 }
 
 multiversion! {
@@ -753,6 +791,7 @@ pub struct Sums<'a> {
 /// The operands of the products on one thread, rounded and packed into
 /// buffers kept between calls: a training step makes a few hundred
 /// products, and fresh buffers cost a page fault and a zeroing each.
+#[derive(Default)]
 struct ProductBuffers {
     pairs: Vec<u32>,
     panels: Vec<u16>,
@@ -773,18 +812,65 @@ pub fn product_bf16(
     c: &mut [f32],
     sums: Sums,
 ) {
-    let mut run = |buffers: &mut ProductBuffers| {
-        product_bf16_on(features().bf16, (m, n, k), a, b, c, sums, buffers)
-    };
-    // A product started while this thread's buffers are in use (a rayon
-    // task stolen while waiting inside one) gets its own.
+    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, sums, buffers))
+}
+
+/// `f` with this thread's product buffers; a product started while they
+/// are in use (a rayon task stolen while waiting inside one) gets its own.
+fn with_buffers(f: impl FnOnce(&mut ProductBuffers)) {
     BUFFERS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buffers) => run(&mut buffers),
-        Err(_) => run(&mut ProductBuffers {
-            pairs: Vec::new(),
-            panels: Vec::new(),
-        }),
+        Ok(mut buffers) => f(&mut buffers),
+        Err(_) => f(&mut ProductBuffers::default()),
     })
+}
+
+/// [`product_bf16`] on the calling thread into `c` with rows `ldc` apart,
+/// times `scale` (which needs `accumulate` off): for the small products a
+/// parallel task makes (attention's, one sequence and head each).
+///
+/// # Safety
+/// `c` must address `m` rows of `n` values, `ldc` apart, that nothing
+/// else reads or writes meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn product_bf16_serial(
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    (c, ldc): (*mut f32, usize),
+    accumulate: bool,
+    scale: f32,
+) {
+    assert!(
+        scale == 1.0 || !accumulate,
+        "product_bf16_serial: a scaled product cannot accumulate"
+    );
+    let sums = Sums {
+        bias: None,
+        accumulate,
+    };
+    let run = Run {
+        simd: features().bf16,
+        parallel: false,
+    };
+    // SAFETY: the caller's contract.
+    with_buffers(|buffers| unsafe {
+        product_bf16_into(run, (m, n, k), a, b, (c, ldc), sums, buffers)
+    });
+    if scale != 1.0 {
+        for r in 0..m {
+            // SAFETY: row r of the caller's m × n destination.
+            let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) };
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+}
+
+/// How a product runs: on AVX512-BF16 or the scalar loop (`simd`), on
+/// every core or the calling thread (`parallel`).
+#[derive(Clone, Copy)]
+struct Run {
+    simd: bool,
+    parallel: bool,
 }
 
 fn product_bf16_on(
@@ -797,6 +883,27 @@ fn product_bf16_on(
     buffers: &mut ProductBuffers,
 ) {
     assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
+    let run = Run {
+        simd,
+        parallel: true,
+    };
+    // SAFETY: c is m × n, rows n apart (asserted), and borrowed mutably.
+    unsafe { product_bf16_into(run, (m, n, k), a, b, (c.as_mut_ptr(), n), sums, buffers) }
+}
+
+/// [`product_bf16_on`] into `m` rows of `n` values `ldc` apart at `c`.
+///
+/// # Safety
+/// As [`product_bf16_serial`].
+unsafe fn product_bf16_into(
+    Run { simd, parallel }: Run,
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    (c, ldc): (*mut f32, usize),
+    sums: Sums,
+    buffers: &mut ProductBuffers,
+) {
     a.check(m, k, "product_bf16 left operand");
     b.check(k, n, "product_bf16 right operand");
     if let Some(bias) = sums.bias {
@@ -810,16 +917,16 @@ fn product_bf16_on(
     // A transposed left operand (a weight gradient's dYᵀ) is read as its
     // rows interleaved two by two, every step's pairs side by side: no
     // transpose. Others as rows of pairs.
-    let contiguous = a.cs == 1 && a.rs == k;
-    let interleaved = !contiguous && a.rs == 1;
-    if contiguous {
-        round_rows(simd, &a.data[..m * k], m, k, k2, pairs);
+    let rows = a.cs == 1;
+    let interleaved = !rows && a.rs == 1;
+    if rows {
+        round_rows_strided(simd, parallel, (a.data, a.rs), m, k, k2, pairs);
     } else if interleaved {
-        interleave_rows(a.data, a.cs, k, m, pairs);
+        interleave_rows(a.data, a.cs, k, m, pairs, parallel);
     } else {
         round_strided(a, m, k, k2, pairs);
     }
-    pack_panels_reusing(b, k, n, panels);
+    pack_panels_reusing(b, k, n, panels, parallel);
     let used = match interleaved {
         true => m.div_ceil(MR_BF16) * MR_BF16 * k2,
         false => m * k2,
@@ -827,7 +934,7 @@ fn product_bf16_on(
     let (pairs, panels) = (&pairs[..used], &panels[..]);
     let left = |r0: usize| match interleaved {
         // Tiles start at multiples of MR_BF16 (tasks at multiples of
-        // ROWS_PER_TASK, asserted below), so r0 starts a block.
+        // ROWS_PER_TASK, a const assertion above), so r0 starts a block.
         true => PairsIn {
             ptr: pairs[r0 * k2..].as_ptr(),
             row: 1,
@@ -836,25 +943,30 @@ fn product_bf16_on(
         false => PairsIn::rows(&pairs[r0 * k2..], k2),
     };
     let zeros = [0f32; NR];
-    let out = SharedOut(c.as_mut_ptr());
-    for_each_task(m, n, |p, rows| {
+    let out = SharedOut(c);
+    let task = |p: usize, rows: std::ops::Range<usize>| {
         let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
         let cs = p * NR..(p * NR + NR).min(n);
         let bias = sums.bias.map_or(&zeros[..cs.len()], |b| &b[cs]);
         for r0 in rows.step_by(MR_BF16) {
             let mr = MR_BF16.min(m - r0);
             let a = left(r0);
-            // SAFETY: rows r0..r0+mr, columns of panel p lie inside c
-            // (asserted) and belong to this task only; a reads pairs of
-            // rows r0..r0+mr inside `pairs` (m × k2 of them).
+            // SAFETY: rows r0..r0+mr, columns of panel p lie inside c (the
+            // caller's m × n) and belong to this task only; a reads pairs
+            // of rows r0..r0+mr inside `pairs` (m × k2 of them).
             let dest = TileOut::F32 {
-                c: out.at(r0 * n + p * NR),
-                ldc: n,
+                c: out.at(r0 * ldc + p * NR),
+                ldc,
                 accumulate: sums.accumulate,
             };
             unsafe { tile(simd, a, k2, mr, panel, bias, None, dest) };
         }
-    });
+    };
+    if parallel {
+        for_each_task(m, n, task);
+    } else {
+        (0..n.div_ceil(NR)).for_each(|p| task(p, 0..m));
+    }
 }
 
 #[cfg(test)]
@@ -978,6 +1090,89 @@ mod tests {
                                 sums.accumulate
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A left operand whose rows lie further apart than their length is
+    /// read in place, and the serial product (a parallel task's, into rows
+    /// `ldc` apart, scaled) gives the parallel product's bits, leaving the
+    /// columns between its rows alone; with `accumulate` it adds.
+    #[test]
+    fn serial_and_strided_products_equal_the_parallel_contiguous_ones() {
+        let val = |i: usize| ((i as f32) * 0.731).cos();
+        for (m, n, k) in [(130, 70, 129), (7, 33, 5), (24, 45, 64), (1, 1, 1)] {
+            let wide = k + 3;
+            let a_wide: Vec<f32> = (0..m * wide).map(val).collect();
+            let a: Vec<f32> = (0..m * k).map(|i| a_wide[(i / k) * wide + i % k]).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(i + 333)).collect();
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let mut want = vec![0f32; m * n];
+            product_bf16(
+                (m, n, k),
+                Strided::rows(&a, k),
+                Strided::rows(&b, n),
+                &mut want,
+                Sums::default(),
+            );
+            let strided = Strided {
+                data: &a_wide,
+                rs: wide,
+                cs: 1,
+            };
+            let mut got = vec![0f32; m * n];
+            product_bf16(
+                (m, n, k),
+                strided,
+                Strided::transposed(&bt, k),
+                &mut got,
+                Sums::default(),
+            );
+            assert_eq!(got, want, "[{m}, {k}] x [{k}, {n}] with rows {wide} apart");
+            let ldc = n + 5;
+            let start: Vec<f32> = (0..m * ldc).map(|i| val(i + 9000)).collect();
+            let mut c = start.clone();
+            // SAFETY: c holds m rows of ldc ≥ n values.
+            unsafe {
+                product_bf16_serial(
+                    (m, n, k),
+                    strided,
+                    Strided::rows(&b, n),
+                    (c.as_mut_ptr(), ldc),
+                    false,
+                    0.5,
+                )
+            };
+            let mut added = start.clone();
+            // SAFETY: as above.
+            unsafe {
+                product_bf16_serial(
+                    (m, n, k),
+                    strided,
+                    Strided::rows(&b, n),
+                    (added.as_mut_ptr(), ldc),
+                    true,
+                    1.0,
+                )
+            };
+            for i in 0..m {
+                for j in 0..ldc {
+                    let at = i * ldc + j;
+                    if j < n {
+                        assert_eq!(c[at], 0.5 * want[i * n + j], "serial ({i}, {j})");
+                        assert_eq!(
+                            added[at],
+                            start[at] + want[i * n + j],
+                            "accumulated ({i}, {j})"
+                        );
+                    } else {
+                        assert_eq!(
+                            (c[at], added[at]),
+                            (start[at], start[at]),
+                            "outside ({i}, {j})"
+                        );
                     }
                 }
             }

@@ -9,7 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::products::{product, Operand};
+use super::products::{product, Compute};
+use crate::fast::matmul::{product_bf16_serial, Strided};
 use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
 
@@ -95,14 +96,51 @@ fn tasks(offsets: &[usize], keys: &[usize], heads: Heads, p_offsets: &[usize]) -
     out
 }
 
+/// `dst[m, n] (+)= scale · a[m, k] · b[k, n]` (rows `dst_rs` apart) on
+/// the calling thread, in `compute`: fp32 on the gemm crate, or bf16
+/// operands with fp32 sums on the register tiles (`scale` applied to the
+/// sums).
+///
+/// # Safety
+/// `dst` must address `m` rows of `n` values, `dst_rs` apart, that no one
+/// else reads or writes meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_product(
+    compute: Compute,
+    dims: (usize, usize, usize),
+    (dst, dst_rs): (*mut f32, usize),
+    accumulate: bool,
+    a: Strided,
+    b: Strided,
+    scale: f32,
+) {
+    // SAFETY: the caller's contract; a and b check their own extents.
+    unsafe {
+        match compute {
+            Compute::F32 => product(
+                dims,
+                dst,
+                dst_rs,
+                accumulate,
+                a.into(),
+                b.into(),
+                scale,
+                false,
+            ),
+            Compute::Bf16 => product_bf16_serial(dims, a, b, (dst, dst_rs), accumulate, scale),
+        }
+    }
+}
+
 /// `ctx = dropout(softmax(Q Kᵀ / √d)) V` per (sequence, head) from the
-/// fused `qkv` rows `[T, 3·D]`; `probs` receives the softmax output.
+/// fused `qkv` rows `[T, 3·D]`; `probs` receives the softmax output. The
+/// two products run in `compute`; the softmax in fp32.
 pub(crate) fn forward(
     qkv: &[f32],
     ctx: &mut [f32],
     probs: &mut [f32],
     (offsets, keys): (&[usize], &[usize]),
-    heads: Heads,
+    (heads, compute): (Heads, Compute),
     dropout: Option<&DropoutMask>,
 ) {
     let d = heads.width();
@@ -134,15 +172,14 @@ pub(crate) fn forward(
             // head columns are written by no other task.
             unsafe {
                 let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), len * nk);
-                product(
+                head_product(
+                    compute,
                     (len, nk, hd),
-                    p.as_mut_ptr(),
-                    nk,
+                    (p.as_mut_ptr(), nk),
                     false,
-                    Operand::rows(q, 3 * d),
-                    Operand::transposed(k, 3 * d),
+                    Strided::rows(q, 3 * d),
+                    Strided::transposed(k, 3 * d),
                     scale,
-                    false,
                 );
                 softmax_rows(p, nk.max(1));
                 let used: &[f32] = match dropout {
@@ -156,15 +193,14 @@ pub(crate) fn forward(
                     }
                     None => p,
                 };
-                product(
+                head_product(
+                    compute,
                     (len, hd, nk),
-                    ctx_out.at(t.start * d + t.h * hd),
-                    d,
+                    (ctx_out.at(t.start * d + t.h * hd), d),
                     false,
-                    Operand::rows(used, nk),
-                    Operand::rows(v, 3 * d),
+                    Strided::rows(used, nk),
+                    Strided::rows(v, 3 * d),
                     1.0,
-                    false,
                 );
             }
         });
@@ -186,7 +222,7 @@ pub(crate) fn backward(
     dctx: &[f32],
     dqkv: &mut [f32],
     (offsets, keys): (&[usize], &[usize]),
-    heads: Heads,
+    (heads, compute): (Heads, Compute),
     dropout: Option<&DropoutMask>,
 ) {
     let d = heads.width();
@@ -230,26 +266,24 @@ pub(crate) fn backward(
             // are written by no other task.
             unsafe {
                 // dV = usedᵀ · dctx (key rows only; padding rows are no keys)
-                product(
+                head_product(
+                    compute,
                     (nk, hd, len),
-                    out.at(base + 2 * d),
-                    3 * d,
+                    (out.at(base + 2 * d), 3 * d),
                     false,
-                    Operand::transposed(used, nk),
-                    Operand::rows(dc, d),
+                    Strided::transposed(used, nk),
+                    Strided::rows(dc, d),
                     1.0,
-                    false,
                 );
                 // d(used) = dctx · Vᵀ, then through the mask.
-                product(
+                head_product(
+                    compute,
                     (len, nk, hd),
-                    sc.dp.as_mut_ptr(),
-                    nk,
+                    (sc.dp.as_mut_ptr(), nk),
                     false,
-                    Operand::rows(dc, d),
-                    Operand::transposed(v, 3 * d),
+                    Strided::rows(dc, d),
+                    Strided::transposed(v, 3 * d),
                     1.0,
-                    false,
                 );
             }
             for (i, row) in sc.dp.chunks_exact_mut(nk.max(1)).enumerate() {
@@ -261,26 +295,24 @@ pub(crate) fn backward(
             // SAFETY: as above.
             unsafe {
                 // dQ = scale · dS · K
-                product(
+                head_product(
+                    compute,
                     (len, hd, nk),
-                    out.at(base),
-                    3 * d,
+                    (out.at(base), 3 * d),
                     false,
-                    Operand::rows(&sc.ds, nk),
-                    Operand::rows(k, 3 * d),
+                    Strided::rows(&sc.ds, nk),
+                    Strided::rows(k, 3 * d),
                     scale,
-                    false,
                 );
                 // dK = scale · dSᵀ · Q (key rows only)
-                product(
+                head_product(
+                    compute,
                     (nk, hd, len),
-                    out.at(base + d),
-                    3 * d,
+                    (out.at(base + d), 3 * d),
                     false,
-                    Operand::transposed(&sc.ds, nk),
-                    Operand::rows(q, 3 * d),
+                    Strided::transposed(&sc.ds, nk),
+                    Strided::rows(q, 3 * d),
                     scale,
-                    false,
                 );
             }
         });

@@ -310,8 +310,9 @@ impl Encoder {
         self.hidden
     }
 
-    /// Runs the encoder's linear layers' products in `compute` (attention
-    /// products, LayerNorm, softmax and activations stay fp32).
+    /// Runs the encoder's matrix products (the linear layers' and
+    /// attention's) in `compute`; LayerNorm, softmax and activations stay
+    /// fp32.
     pub fn set_compute(&mut self, compute: Compute) {
         self.compute = compute;
         for l in &mut self.layers {
@@ -475,7 +476,7 @@ impl Encoder {
             &mut t.ctx,
             &mut t.probs,
             (offsets, keys),
-            self.heads,
+            (self.heads, self.compute),
             t.masks[0].as_ref(),
         );
         t.s1 = zeros(n * d);
@@ -651,7 +652,7 @@ fn layer_backward(
         &dctx,
         &mut dqkv,
         (offsets, keys),
-        heads,
+        (heads, compute),
         t.masks[0].as_ref(),
     );
     drop(dctx);

@@ -101,6 +101,16 @@ pub(crate) struct Operand {
     pub cs: isize,
 }
 
+impl From<Strided<'_>> for Operand {
+    fn from(s: Strided<'_>) -> Self {
+        Self {
+            ptr: s.data.as_ptr(),
+            rs: s.rs as isize,
+            cs: s.cs as isize,
+        }
+    }
+}
+
 impl Operand {
     /// Row-major `data` with rows `stride` apart.
     pub fn rows(data: &[f32], stride: usize) -> Self {
