@@ -17,7 +17,7 @@ use super::products::Compute;
 use super::Param;
 use crate::config::NormPosition;
 use crate::error::{Error, Result};
-use crate::fast::buffers::{add, copied, zeros};
+use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums, layer_norm_backward};
 use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
@@ -184,6 +184,26 @@ struct LayerTape {
     /// Post-LN: FFN output + residual, the output LayerNorm's input.
     s2: Vec<f32>,
     masks: [Option<DropoutMask>; 3],
+}
+
+impl Drop for LayerTape {
+    /// The buffers go back for the next pass to overwrite.
+    fn drop(&mut self) {
+        let t = self;
+        for v in [
+            &mut t.x,
+            &mut t.attn_in,
+            &mut t.qkv,
+            &mut t.probs,
+            &mut t.ctx,
+            &mut t.s1,
+            &mut t.ffn_x,
+            &mut t.f,
+            &mut t.s2,
+        ] {
+            recycle(std::mem::take(v));
+        }
+    }
 }
 
 /// A forward pass's tape.
@@ -395,7 +415,7 @@ impl Encoder {
         let n = ids.len();
         let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
         // Embeddings: word + position (+ type), LayerNorm, dropout.
-        let mut embed_sum = zeros(n * d);
+        let mut embed_sum = scratch(n * d);
         for (r, row) in embed_sum.chunks_exact_mut(d).enumerate() {
             let id = ids[r] as usize;
             row.copy_from_slice(&self.word.data[id * d..(id + 1) * d]);
@@ -410,7 +430,7 @@ impl Encoder {
         }
         let mut x = match &self.embed_norm {
             Some(norm) => {
-                let mut y = zeros(n * d);
+                let mut y = scratch(n * d);
                 norm.forward(&embed_sum, &mut y);
                 y
             }
@@ -428,7 +448,7 @@ impl Encoder {
         }
         let mut final_in = Vec::new();
         if let Some(norm) = &self.final_norm {
-            let mut y = zeros(n * d);
+            let mut y = scratch(n * d);
             norm.forward(&x, &mut y);
             final_in = std::mem::replace(&mut x, y);
         }
@@ -460,16 +480,16 @@ impl Encoder {
         let mut t = LayerTape::default();
         let pre = self.norm_position == NormPosition::Pre;
         if pre {
-            t.attn_in = zeros(n * d);
+            t.attn_in = scratch(n * d);
             layer.attn_norm.forward(&x, &mut t.attn_in);
         }
-        t.qkv = zeros(n * 3 * d);
+        t.qkv = scratch(n * 3 * d);
         let attn_in = if pre { &t.attn_in } else { &x };
         self.compute
             .forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
         let (_, total) = attention::probability_offsets(offsets, keys, self.heads);
-        t.probs = zeros(total);
-        t.ctx = zeros(n * d);
+        t.probs = scratch(total);
+        t.ctx = scratch(n * d);
         t.masks[0] = mask_of(&self.attention_dropout);
         attention::forward(
             &t.qkv,
@@ -479,26 +499,27 @@ impl Encoder {
             (self.heads, self.compute),
             t.masks[0].as_ref(),
         );
-        t.s1 = zeros(n * d);
+        t.s1 = scratch(n * d);
         layer.attn_out.forward(&t.ctx, &mut t.s1, n);
         t.masks[1] = mask_of(&self.hidden_dropout);
         if let Some(m) = &t.masks[1] {
             drop_rows(m, &mut t.s1, offsets, d);
         }
         add(&mut t.s1, &x);
-        t.ffn_x = zeros(n * d);
+        t.ffn_x = scratch(n * d);
         if pre {
             layer.ffn_norm.forward(&t.s1, &mut t.ffn_x);
         } else {
             layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
         }
-        t.f = zeros(n * inter);
+        t.f = scratch(n * inter);
         self.compute
             .forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, n);
-        let mut g = zeros(n * inter);
+        let mut g = scratch(n * inter);
         bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, self.act);
-        let mut o = zeros(n * d);
+        let mut o = scratch(n * d);
         layer.ffn_out.forward(&g, &mut o, n);
+        recycle(g);
         t.masks[2] = mask_of(&self.hidden_dropout);
         if let Some(m) = &t.masks[2] {
             drop_rows(m, &mut o, offsets, d);
@@ -509,7 +530,7 @@ impl Encoder {
         } else {
             add(&mut o, &t.ffn_x);
             t.s2 = o;
-            let mut y = zeros(n * d);
+            let mut y = scratch(n * d);
             layer.ffn_norm.forward(&t.s2, &mut y);
             y
         };
@@ -519,47 +540,64 @@ impl Encoder {
 
     /// Adds the gradients of every parameter from `dy`, the gradient of
     /// the last hidden states.
-    pub fn backward(&mut self, tape: &Tape, mut dy: Vec<f32>) {
+    pub fn backward(&mut self, tape: Tape, mut dy: Vec<f32>) {
         let d = self.hidden;
+        let Tape {
+            offsets,
+            keys,
+            ids,
+            types,
+            positions,
+            embed_sum,
+            embed_mask,
+            layers: layer_tapes,
+            final_in,
+        } = tape;
         if let Some(norm) = &mut self.final_norm {
-            let mut dx = zeros(dy.len());
-            norm.backward(&tape.final_in, &dy, &mut dx);
-            dy = dx;
+            let mut dx = scratch(dy.len());
+            norm.backward(&final_in, &dy, &mut dx);
+            recycle(std::mem::replace(&mut dy, dx));
         }
+        recycle(final_in);
         let (heads, act, pre) = (
             self.heads,
             self.act,
             self.norm_position == NormPosition::Pre,
         );
-        for (layer, t) in self.layers.iter_mut().zip(&tape.layers).rev() {
-            let packing = (&tape.offsets[..], &tape.keys[..]);
-            dy = layer_backward(layer, t, dy, packing, (d, heads, act, pre));
+        // Each layer's tape goes back (for the layers below to reuse) once
+        // its backward is done.
+        for (layer, t) in self.layers.iter_mut().zip(layer_tapes).rev() {
+            let packing = (&offsets[..], &keys[..]);
+            dy = layer_backward(layer, &t, dy, packing, (d, heads, act, pre));
         }
-        if let Some(m) = &tape.embed_mask {
-            drop_rows(m, &mut dy, &tape.offsets, d);
+        if let Some(m) = &embed_mask {
+            drop_rows(m, &mut dy, &offsets, d);
         }
         let de = match &mut self.embed_norm {
             Some(norm) => {
-                let mut de = zeros(dy.len());
-                norm.backward(&tape.embed_sum, &dy, &mut de);
+                let mut de = scratch(dy.len());
+                norm.backward(&embed_sum, &dy, &mut de);
+                recycle(dy);
                 de
             }
             None => dy,
         };
+        recycle(embed_sum);
         // The lookups' gradients: rows added into the tables (the padding
         // id's row gets none, as `nn.Embedding(padding_idx=..)`).
         for (r, row) in de.chunks_exact(d).enumerate() {
-            let id = tape.ids[r] as usize;
-            if tape.ids[r] != self.pad_id {
+            let id = ids[r] as usize;
+            if ids[r] != self.pad_id {
                 add(&mut self.word.grad[id * d..(id + 1) * d], row);
             }
-            let p = tape.positions[r];
+            let p = positions[r];
             add(&mut self.position.grad[p * d..(p + 1) * d], row);
             if let Some(tt) = &mut self.token_type {
-                let t = tape.types[r] as usize;
+                let t = types[r] as usize;
                 add(&mut tt.grad[t * d..(t + 1) * d], row);
             }
         }
+        recycle(de);
     }
 
     /// Every parameter, for returning gradients.
@@ -595,20 +633,22 @@ fn layer_backward(
     let (mut ds1, mut d_o) = if pre {
         (copied(&dy), dy)
     } else {
-        let mut ds2 = zeros(n * d);
+        let mut ds2 = scratch(n * d);
         layer.ffn_norm.backward(&t.s2, &dy, &mut ds2);
+        recycle(dy);
         (copied(&ds2), ds2)
     };
     if let Some(m) = &t.masks[2] {
         drop_rows(m, &mut d_o, offsets, d);
     }
     // FFN output: g = act(f + b) recomputed for its weight gradient.
-    let mut g = zeros(n * inter);
+    let mut g = scratch(n * inter);
     bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
-    let mut dg = zeros(n * inter);
+    let mut dg = scratch(n * inter);
     layer.ffn_out.backward(&g, &d_o, Some(&mut dg), n, false);
-    drop(g);
-    let mut df = zeros(n * inter);
+    recycle(g);
+    recycle(d_o);
+    let mut df = scratch(n * inter);
     bias_act_backward(
         &t.f,
         &layer.ffn_in.b.data,
@@ -617,35 +657,41 @@ fn layer_backward(
         &mut layer.ffn_in.b.grad,
         act,
     );
-    drop(dg);
+    recycle(dg);
     compute.weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, n);
-    let mut dffn_x = zeros(n * d);
+    let mut dffn_x = scratch(n * d);
     compute.input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, n, false);
-    drop(df);
+    recycle(df);
     if pre {
         // ffn_x = LN2(s1)
-        let mut tmp = zeros(n * d);
+        let mut tmp = scratch(n * d);
         layer.ffn_norm.backward(&t.s1, &dffn_x, &mut tmp);
         add(&mut ds1, &tmp);
+        recycle(tmp);
     } else {
         // ffn_x = LN1(s1), and s2 = o + ffn_x.
         add(&mut ds1, &dffn_x);
-        let mut tmp = zeros(n * d);
+        let mut tmp = scratch(n * d);
         layer.attn_norm.backward(&t.s1, &ds1, &mut tmp);
-        ds1 = tmp;
+        recycle(std::mem::replace(&mut ds1, tmp));
     }
+    recycle(dffn_x);
     // s1 = dropout(ctx · Woᵀ + bo) + x
     let mut dx = copied(&ds1);
     let mut da = ds1;
     if let Some(m) = &t.masks[1] {
         drop_rows(m, &mut da, offsets, d);
     }
-    let mut dctx = zeros(n * d);
+    let mut dctx = scratch(n * d);
     layer
         .attn_out
         .backward(&t.ctx, &da, Some(&mut dctx), n, false);
-    drop(da);
-    let mut dqkv = zeros(n * 3 * d);
+    recycle(da);
+    // Attention writes dK and dV on key rows only: padding rows' stay 0.
+    let mut dqkv = match keys.is_empty() {
+        true => scratch(n * 3 * d),
+        false => zeros(n * 3 * d),
+    };
     attention::backward(
         &t.qkv,
         &t.probs,
@@ -655,7 +701,7 @@ fn layer_backward(
         (heads, compute),
         t.masks[0].as_ref(),
     );
-    drop(dctx);
+    recycle(dctx);
     // Q, K, V: one multiply each way on the stacked weights.
     let attn_in = if pre { &t.attn_in } else { &t.x };
     let mut dw = zeros(3 * d * d);
@@ -670,14 +716,17 @@ fn layer_backward(
         add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
     }
     if pre {
-        let mut dn1 = zeros(n * d);
+        let mut dn1 = scratch(n * d);
         compute.input_grad(&dqkv, &layer.qkv_w, &mut dn1, n, false);
-        let mut tmp = zeros(n * d);
+        let mut tmp = scratch(n * d);
         layer.attn_norm.backward(&t.x, &dn1, &mut tmp);
         add(&mut dx, &tmp);
+        recycle(dn1);
+        recycle(tmp);
     } else {
         compute.input_grad(&dqkv, &layer.qkv_w, &mut dx, n, true);
     }
+    recycle(dqkv);
     dx
 }
 

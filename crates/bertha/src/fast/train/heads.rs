@@ -14,7 +14,7 @@ use super::mlm::linear;
 use super::products::Compute;
 use crate::config::ProblemType;
 use crate::error::{Error, Result};
-use crate::fast::buffers::{add, zeros};
+use crate::fast::buffers::{add, recycle, zeros};
 use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
 
 /// What a head's loss is computed against.
@@ -193,8 +193,9 @@ impl FinetuneHead {
                 )?
             }
         };
+        recycle(hidden);
         if step.targets > 0 {
-            self.encoder.backward(&tape, dhidden);
+            self.encoder.backward(tape, dhidden);
         }
         let mut params = self.encoder.params_mut();
         match &mut self.top {

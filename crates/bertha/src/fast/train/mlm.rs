@@ -8,7 +8,7 @@ use super::losses::cross_entropy;
 use super::products::Compute;
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
-use crate::fast::buffers::{add, zeros};
+use crate::fast::buffers::{add, recycle, scratch, zeros};
 use crate::fast::kernels::Act;
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums};
 use crate::model::{BertForTask, BertLMPredictionHead, Dense, IGNORE_INDEX};
@@ -153,20 +153,20 @@ impl MlmHead {
         let masked = rows.len();
         let (mut mlm_loss, mut correct) = (0.0, 0);
         if masked > 0 {
-            let mut hm = zeros(masked * d);
+            let mut hm = scratch(masked * d);
             for (dst, &r) in hm.chunks_exact_mut(d).zip(&rows) {
                 dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
             }
             let width = self.transform.out_dim();
-            let mut t = zeros(masked * width);
+            let mut t = scratch(masked * width);
             self.compute
                 .forward(&hm, &self.transform.w.data, None, &mut t, masked);
-            let mut u = zeros(masked * width);
+            let mut u = scratch(masked * width);
             bias_act_forward(&t, &self.transform.b.data, &mut u, self.act);
-            let mut z = zeros(masked * width);
+            let mut z = scratch(masked * width);
             self.transform_norm.forward(&u, &mut z);
             let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
-            let mut logits = zeros(masked * vocab);
+            let mut logits = scratch(masked * vocab);
             self.compute.forward(
                 &z,
                 &decoder.data,
@@ -180,17 +180,20 @@ impl MlmHead {
             correct = ce.correct;
             // Backward: logits now hold their gradient.
             let dlogits = logits;
-            let mut dz = zeros(masked * width);
+            let mut dz = scratch(masked * width);
             self.compute
                 .input_grad(&dlogits, &decoder.data, &mut dz, masked, false);
             let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
             self.compute
                 .weight_grad(&dlogits, &z, &mut decoder.grad, masked);
             column_sums(&dlogits, &mut self.decoder_bias.grad);
-            drop(dlogits);
-            let mut du = zeros(masked * width);
+            recycle(dlogits);
+            recycle(z);
+            let mut du = scratch(masked * width);
             self.transform_norm.backward(&u, &dz, &mut du);
-            let mut dt = zeros(masked * width);
+            recycle(dz);
+            recycle(u);
+            let mut dt = scratch(masked * width);
             bias_act_backward(
                 &t,
                 &self.transform.b.data,
@@ -201,12 +204,17 @@ impl MlmHead {
             );
             self.compute
                 .weight_grad(&dt, &hm, &mut self.transform.w.grad, masked);
-            let mut dhm = zeros(masked * d);
+            recycle(du);
+            recycle(t);
+            recycle(hm);
+            let mut dhm = scratch(masked * d);
             self.compute
                 .input_grad(&dt, &self.transform.w.data, &mut dhm, masked, false);
+            recycle(dt);
             for (src, &r) in dhm.chunks_exact(d).zip(&rows) {
                 add(&mut dhidden[r * d..(r + 1) * d], src);
             }
+            recycle(dhm);
         }
 
         // NSP: pooler (dense + tanh) on each [CLS] row, then the classifier.
@@ -276,8 +284,9 @@ impl MlmHead {
             }
         }
 
+        recycle(hidden);
         if masked > 0 || pairs > 0 {
-            self.encoder.backward(&tape, dhidden);
+            self.encoder.backward(tape, dhidden);
         }
         let mut params = self.encoder.params_mut();
         params.extend([
