@@ -14,7 +14,7 @@ use super::mlm::linear;
 use super::products::Compute;
 use crate::config::ProblemType;
 use crate::error::{Error, Result};
-use crate::fast::buffers::{add, recycle, zeros};
+use crate::fast::buffers::{add, recycle, zeros, StepBuffers};
 use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
 
 /// What a head's loss is computed against.
@@ -137,6 +137,8 @@ impl FinetuneHead {
     /// Forward and backward on `batch` (dropout on with `train`): the mean
     /// loss, and the gradients of `weight` times it.
     pub fn step(mut self, batch: &HeadBatch, weight: f64, train: bool) -> Result<HeadOutcome> {
+        // The step's buffers are reused within it and freed at its end.
+        let _buffers = StepBuffers::begin();
         let (hidden, tape) = self
             .encoder
             .forward_padded(&batch.sequences, batch.pad_to, train)?;

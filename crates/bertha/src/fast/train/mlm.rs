@@ -8,7 +8,7 @@ use super::losses::cross_entropy;
 use super::products::Compute;
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
-use crate::fast::buffers::{add, recycle, scratch, zeros};
+use crate::fast::buffers::{add, recycle, scratch, zeros, StepBuffers};
 use crate::fast::kernels::Act;
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums};
 use crate::model::{BertForTask, BertLMPredictionHead, Dense, IGNORE_INDEX};
@@ -115,6 +115,8 @@ impl MlmHead {
 
     /// Forward and backward on `batch` (dropout on with `train`).
     pub fn step(mut self, batch: &MlmBatch, weights: [f64; 2], train: bool) -> Result<MlmOutcome> {
+        // The step's buffers are reused within it and freed at its end.
+        let _buffers = StepBuffers::begin();
         if batch.labels.len() != batch.sequences.len() {
             return Err(Error::Input(format!(
                 "{} label rows for {} sequences",
@@ -187,7 +189,8 @@ impl MlmHead {
             self.compute
                 .weight_grad(&dlogits, &z, &mut decoder.grad, masked);
             column_sums(&dlogits, &mut self.decoder_bias.grad);
-            recycle(dlogits);
+            // Freed, not kept: nothing later in the step has its size.
+            drop(dlogits);
             recycle(z);
             let mut du = scratch(masked * width);
             self.transform_norm.backward(&u, &dz, &mut du);
