@@ -1133,30 +1133,22 @@ mod tests {
             assert_eq!(got, want, "[{m}, {k}] x [{k}, {n}] with rows {wide} apart");
             let ldc = n + 5;
             let start: Vec<f32> = (0..m * ldc).map(|i| val(i + 9000)).collect();
-            let mut c = start.clone();
-            // SAFETY: c holds m rows of ldc ≥ n values.
-            unsafe {
-                product_bf16_serial(
-                    (m, n, k),
-                    strided,
-                    Strided::rows(&b, n),
-                    (c.as_mut_ptr(), ldc),
-                    false,
-                    0.5,
-                )
-            };
-            let mut added = start.clone();
-            // SAFETY: as above.
-            unsafe {
-                product_bf16_serial(
-                    (m, n, k),
-                    strided,
-                    Strided::rows(&b, n),
-                    (added.as_mut_ptr(), ldc),
-                    true,
-                    1.0,
-                )
-            };
+            let [c, added] = [(false, 0.5), (true, 1.0)].map(|(accumulate, scale)| {
+                let mut c = start.clone();
+                let dst = (c.as_mut_ptr(), ldc);
+                // SAFETY: c holds m rows of ldc ≥ n values.
+                unsafe {
+                    product_bf16_serial(
+                        (m, n, k),
+                        strided,
+                        Strided::rows(&b, n),
+                        dst,
+                        accumulate,
+                        scale,
+                    )
+                };
+                c
+            });
             for i in 0..m {
                 for j in 0..ldc {
                     let at = i * ldc + j;
