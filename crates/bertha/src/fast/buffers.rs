@@ -26,7 +26,22 @@ use crate::fast::cpu::multiversion;
 const CHUNK: usize = 1 << 15;
 
 /// `len` zeros.
+/// Within a step ([`StepBuffers`]) a buffer given back is zeroed and
+/// reused (a fresh one would sit beside it until the step ends).
 pub(crate) fn zeros(len: usize) -> Vec<f32> {
+    if let Some(mut v) = pooled(len) {
+        if len <= CHUNK {
+            v.fill(0.0);
+        } else {
+            v.par_chunks_mut(CHUNK).for_each(|c| c.fill(0.0));
+        }
+        return v;
+    }
+    fresh_zeros(len)
+}
+
+/// `len` zeros in a new allocation.
+fn fresh_zeros(len: usize) -> Vec<f32> {
     let mut v: Vec<f32> = Vec::with_capacity(len);
     let spare = &mut v.spare_capacity_mut()[..len];
     if len <= CHUNK {
@@ -120,7 +135,7 @@ pub(crate) fn scratch(len: usize) -> Vec<f32> {
             }
             v
         }
-        None => zeros(len),
+        None => fresh_zeros(len),
     }
 }
 
