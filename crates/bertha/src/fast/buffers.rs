@@ -67,8 +67,8 @@ struct Pool {
 /// tiny models take their buffers from the pool, NaN-filled.
 const POOL_MIN: usize = if cfg!(debug_assertions) { 16 } else { CHUNK };
 
-/// At most this many buffers are kept; past it the oldest is freed. A
-/// `small` training step holds about a hundred large buffers at once.
+/// At most this many buffers are kept; past it the oldest is freed (a
+/// `small` step keeps about 40 at its end).
 const POOL_MAX: usize = 192;
 
 impl Pool {
@@ -276,11 +276,13 @@ mod tests {
         }
         assert_eq!(pool.kept.len(), POOL_MAX);
         assert_eq!(pool.kept[0][0], 3.0, "the three oldest went first");
-        // Outside a step nothing is kept; inside one it is, until it ends.
-        let step = StepBuffers::begin();
-        let fresh = scratch(len);
-        assert_eq!(fresh.len(), len);
+        // Within a step, a buffer given back is handed out again (a length
+        // no other test's buffers have: the pool is the process's).
+        let (step, odd) = (StepBuffers::begin(), POOL_MIN + 1237);
+        let mut fresh = scratch(odd);
+        let at = fresh.as_mut_ptr();
         recycle(fresh);
+        assert_eq!(zeros(odd).as_mut_ptr(), at, "reused within the step");
         drop(step);
         assert_eq!(copied(&[2f32; 5]), vec![2f32; 5]);
     }

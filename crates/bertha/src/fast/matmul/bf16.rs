@@ -301,14 +301,26 @@ fn round_rows_strided(
         out.resize(m * k2, 0);
     }
     let round = |(r, pairs): (usize, &mut [u32])| round_row_on(simd, &x[r * rs..][..k], pairs);
-    let out = &mut out[..m * k2];
+    each_chunk(&mut out[..m * k2], (k2.max(1), 16), parallel, round);
+}
+
+/// `f((i, chunk))` for each `size.0`-long chunk of `out`, on every core
+/// (tasks of at least `size.1` chunks) or (not `parallel`) on the calling
+/// thread: an operand is prepared in parallel for a product of its own,
+/// serially for one inside a parallel task.
+fn each_chunk<T: Send>(
+    out: &mut [T],
+    (size, min_len): (usize, usize),
+    parallel: bool,
+    f: impl Fn((usize, &mut [T])) + Send + Sync,
+) {
     if parallel {
-        out.par_chunks_mut(k2.max(1))
+        out.par_chunks_mut(size)
             .enumerate()
-            .with_min_len(16)
-            .for_each(round);
+            .with_min_len(min_len)
+            .for_each(f);
     } else {
-        out.chunks_mut(k2.max(1)).enumerate().for_each(round);
+        out.chunks_mut(size).enumerate().for_each(f);
     }
 }
 
@@ -532,18 +544,12 @@ fn pack_panels_reusing(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>, pa
         }
         pack_panel(&b, k, c0, cols, panel)
     };
-    let panels = &mut panels[..len];
-    if parallel {
-        panels
-            .par_chunks_mut((k2 * NR * 2).max(1))
-            .enumerate()
-            .for_each(pack);
-    } else {
-        panels
-            .chunks_mut((k2 * NR * 2).max(1))
-            .enumerate()
-            .for_each(pack);
-    }
+    each_chunk(
+        &mut panels[..len],
+        ((k2 * NR * 2).max(1), 1),
+        parallel,
+        pack,
+    );
 }
 
 multiversion! {
@@ -703,12 +709,8 @@ fn interleave_rows(
         let _ = simd;
         interleave_blocks(data, cs, k, m, r0, blocks)
     };
-    let (out, chunk) = (&mut out[..len], (INTERLEAVE_BLOCKS * MR_BF16 * k2).max(1));
-    if parallel {
-        out.par_chunks_mut(chunk).enumerate().for_each(task);
-    } else {
-        out.chunks_mut(chunk).enumerate().for_each(task);
-    }
+    let chunk = (INTERLEAVE_BLOCKS * MR_BF16 * k2).max(1);
+    each_chunk(&mut out[..len], (chunk, 1), parallel, task);
 }
 
 multiversion! {

@@ -539,7 +539,8 @@ impl Encoder {
     }
 
     /// Adds the gradients of every parameter from `dy`, the gradient of
-    /// the last hidden states.
+    /// the last hidden states. Takes the tape so that each layer's buffers
+    /// go back to the step's pool once its backward is done.
     pub fn backward(&mut self, tape: Tape, mut dy: Vec<f32>) {
         let d = self.hidden;
         let Tape {
