@@ -85,9 +85,6 @@ impl Pool {
     /// A kept buffer of exactly `len` values, the most recently given
     /// back first (the warmest in cache).
     fn take(&mut self, len: usize) -> Option<Vec<f32>> {
-        if len < POOL_MIN {
-            return None;
-        }
         let i = self.kept.iter().rposition(|v| v.len() == len)?;
         Some(self.kept.remove(i))
     }
@@ -147,7 +144,12 @@ pub(crate) fn recycle(v: Vec<f32>) {
     POOL.lock().unwrap_or_else(|e| e.into_inner()).give(v);
 }
 
+/// A kept buffer of `len` values, if a step is under way (the pool is
+/// empty otherwise: no lock for the allocations outside steps).
 fn pooled(len: usize) -> Option<Vec<f32>> {
+    if len < POOL_MIN || STEPS.load(Ordering::Acquire) == 0 {
+        return None;
+    }
     POOL.lock().unwrap_or_else(|e| e.into_inner()).take(len)
 }
 

@@ -114,7 +114,8 @@ unsafe fn head_product(
     b: Strided,
     scale: f32,
 ) {
-    // SAFETY: the caller's contract; a and b check their own extents.
+    // SAFETY: the caller's contract for dst; a and b address the
+    // operands' own slices (bf16 checks their extents, gemm trusts them).
     unsafe {
         match compute {
             Compute::F32 => product(
