@@ -10,6 +10,7 @@
 use rayon::prelude::*;
 
 use super::products::{product, Compute};
+use super::rows::Selection;
 use crate::fast::matmul::{product_bf16_serial, Strided};
 use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
@@ -27,29 +28,157 @@ impl Heads {
     }
 }
 
-/// Where each (sequence, head)'s `len × keys` probabilities start in the
-/// probabilities buffer, and its total length. `keys`: the leading rows of
-/// each sequence that are keys (empty: all of them).
-pub(crate) fn probability_offsets(
-    offsets: &[usize],
-    keys: &[usize],
-    heads: Heads,
-) -> (Vec<usize>, usize) {
-    let mut at = Vec::with_capacity(offsets.len().saturating_sub(1) * heads.count);
+/// How the rows are packed: each sequence's rows, which of them are keys
+/// and which are queries.
+#[derive(Clone, Copy)]
+pub(crate) struct Packing<'a> {
+    /// Sequence `s`'s rows are `offsets[s]..offsets[s + 1]`.
+    pub offsets: &'a [usize],
+    /// The leading rows of each sequence that are keys (empty: all).
+    pub keys: &'a [usize],
+    /// The query rows (`None`: every row).
+    pub queries: Option<&'a Selection>,
+}
+
+impl Packing<'_> {
+    fn sequences(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    /// Sequence `s`'s query rows: where they start in Q, and how many.
+    fn queries_of(&self, s: usize) -> (usize, usize) {
+        match self.queries {
+            Some(sel) => sel.of_sequence(s),
+            None => (self.offsets[s], self.offsets[s + 1] - self.offsets[s]),
+        }
+    }
+
+    /// Query row `i` of sequence `s`'s position in it (its dropout key).
+    fn position(&self, s: usize, i: usize) -> usize {
+        match self.queries {
+            Some(sel) => sel.key(sel.of_sequence(s).0 + i)[1],
+            None => i,
+        }
+    }
+
+    /// Sequence `s`'s keys: its first `keys[s]` rows, or all of them.
+    fn key_count(&self, s: usize) -> usize {
+        let len = self.offsets[s + 1] - self.offsets[s];
+        self.keys.get(s).map_or(len, |&k| k.min(len))
+    }
+
+    /// The query rows over all sequences.
+    fn query_rows(&self) -> usize {
+        match self.queries {
+            Some(sel) => sel.len(),
+            None => self.offsets.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+/// Where each (sequence, head)'s `queries × keys` probabilities start in
+/// the probabilities buffer, and its total length.
+pub(crate) fn probability_offsets(packing: Packing, heads: Heads) -> (Vec<usize>, usize) {
+    let mut at = Vec::with_capacity(packing.sequences() * heads.count);
     let mut total = 0;
-    for (s, w) in offsets.windows(2).enumerate() {
-        let len = w[1] - w[0];
+    for s in 0..packing.sequences() {
+        let len = packing.queries_of(s).1;
         for _ in 0..heads.count {
             at.push(total);
-            total += len * key_count(keys, s, len);
+            total += len * packing.key_count(s);
         }
     }
     (at, total)
 }
 
-/// Sequence `s`'s keys: its first `keys[s]` rows, or all `len`.
-fn key_count(keys: &[usize], s: usize, len: usize) -> usize {
-    keys.get(s).map_or(len, |&k| k.min(len))
+/// Q, K and V rows: Q's rows `q_stride` apart, K at the start of `kv`'s
+/// rows and V `width` values after it: the fused `[T, 3·D]` rows, or a
+/// selection's Q `[M, D]` beside every row's K and V `[T, 2·D]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Qkv<'a> {
+    q: &'a [f32],
+    q_stride: usize,
+    kv: &'a [f32],
+    kv_stride: usize,
+}
+
+impl<'a> Qkv<'a> {
+    /// The fused rows `[T, 3·D]`.
+    pub fn fused(qkv: &'a [f32], d: usize) -> Self {
+        Self {
+            q: qkv,
+            q_stride: 3 * d,
+            kv: qkv.get(d..).unwrap_or(&[]),
+            kv_stride: 3 * d,
+        }
+    }
+
+    /// Q `[M, D]` and K, V `[T, 2·D]`.
+    pub fn split(q: &'a [f32], kv: &'a [f32], d: usize) -> Self {
+        Self {
+            q,
+            q_stride: d,
+            kv,
+            kv_stride: 2 * d,
+        }
+    }
+
+    /// Whether Q covers `q_rows` rows and K, V `kv_rows`, of width `d`.
+    fn covers(&self, q_rows: usize, kv_rows: usize, d: usize) -> bool {
+        let fits = |len: usize, rows: usize, stride: usize, width: usize| {
+            rows == 0 || len >= (rows - 1) * stride + width
+        };
+        fits(self.q.len(), q_rows, self.q_stride, d)
+            && fits(self.kv.len(), kv_rows, self.kv_stride, 2 * d)
+    }
+}
+
+/// The gradients' [`Qkv`]: where dQ, dK and dV are written.
+pub(crate) struct QkvGrad<'a> {
+    q: Shared,
+    q_stride: usize,
+    q_len: usize,
+    kv: Shared,
+    kv_stride: usize,
+    kv_len: usize,
+    _rows: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> QkvGrad<'a> {
+    /// Into the fused rows `[T, 3·D]`.
+    pub fn fused(dqkv: &'a mut [f32], d: usize) -> Self {
+        let (ptr, len) = (dqkv.as_mut_ptr(), dqkv.len());
+        Self {
+            q: Shared(ptr),
+            q_stride: 3 * d,
+            q_len: len,
+            kv: Shared(ptr.wrapping_add(d)),
+            kv_stride: 3 * d,
+            kv_len: len.saturating_sub(d),
+            _rows: std::marker::PhantomData,
+        }
+    }
+
+    /// Into dQ `[M, D]` and dK, dV `[T, 2·D]`.
+    pub fn split(dq: &'a mut [f32], dkv: &'a mut [f32], d: usize) -> Self {
+        Self {
+            q: Shared(dq.as_mut_ptr()),
+            q_stride: d,
+            q_len: dq.len(),
+            kv: Shared(dkv.as_mut_ptr()),
+            kv_stride: 2 * d,
+            kv_len: dkv.len(),
+            _rows: std::marker::PhantomData,
+        }
+    }
+
+    fn covers(&self, q_rows: usize, kv_rows: usize, d: usize) -> bool {
+        let fits = |len: usize, rows: usize, stride: usize, width: usize| {
+            rows == 0 || len >= (rows - 1) * stride + width
+        };
+        fits(self.q_len, q_rows, self.q_stride, d)
+            && fits(self.kv_len, kv_rows, self.kv_stride, 2 * d)
+    }
 }
 
 /// A pointer tasks share, each writing its own disjoint elements.
@@ -66,28 +195,34 @@ impl Shared {
     }
 }
 
-/// One task: sequence `s` (rows `start..start + len`, the first `keys`
-/// of them keys), head `h`, its probabilities at `p_at`.
+/// One task: sequence `s` (its queries `q_start..q_start + len` of Q,
+/// its rows from `start` in K and V, the first `keys` of them keys), head
+/// `h`, its probabilities at `p_at`. Sequences without queries have none.
 #[derive(Clone, Copy)]
 struct Task {
     s: usize,
-    start: usize,
+    q_start: usize,
     len: usize,
+    start: usize,
     keys: usize,
     h: usize,
     p_at: usize,
 }
 
-fn tasks(offsets: &[usize], keys: &[usize], heads: Heads, p_offsets: &[usize]) -> Vec<Task> {
+fn tasks(packing: Packing, heads: Heads, p_offsets: &[usize]) -> Vec<Task> {
     let mut out = Vec::with_capacity(p_offsets.len());
-    for (s, w) in offsets.windows(2).enumerate() {
-        let len = w[1] - w[0];
+    for s in 0..packing.sequences() {
+        let (q_start, len) = packing.queries_of(s);
+        if len == 0 {
+            continue;
+        }
         for h in 0..heads.count {
             out.push(Task {
                 s,
-                start: w[0],
+                q_start,
                 len,
-                keys: key_count(keys, s, len),
+                start: packing.offsets[s],
+                keys: packing.key_count(s),
                 h,
                 p_at: p_offsets[s * heads.count + h],
             });
@@ -134,42 +269,41 @@ unsafe fn head_product(
 }
 
 /// `ctx = dropout(softmax(Q Kᵀ / √d)) V` per (sequence, head) from the
-/// fused `qkv` rows `[T, 3·D]`; `probs` receives the softmax output. The
-/// two products run in `compute`; the softmax in fp32.
+/// `qkv` rows, `ctx` on the query rows; `probs` receives the softmax
+/// output. The two products run in `compute`; the softmax in fp32.
 pub(crate) fn forward(
-    qkv: &[f32],
+    qkv: Qkv,
     ctx: &mut [f32],
     probs: &mut [f32],
-    (offsets, keys): (&[usize], &[usize]),
+    packing: Packing,
     (heads, compute): (Heads, Compute),
     dropout: Option<&DropoutMask>,
 ) {
     let d = heads.width();
-    let tokens = offsets.last().copied().unwrap_or(0);
-    assert_eq!(
-        qkv.len(),
-        tokens * 3 * d,
-        "attention: qkv is not [{tokens}, {}]",
-        3 * d
+    let tokens = packing.offsets.last().copied().unwrap_or(0);
+    let queries = packing.query_rows();
+    assert!(
+        qkv.covers(queries, tokens, d),
+        "attention: Q, K, V do not cover {queries} queries and {tokens} keys"
     );
     assert_eq!(
         ctx.len(),
-        tokens * d,
-        "attention: ctx is not [{tokens}, {d}]"
+        queries * d,
+        "attention: ctx is not [{queries}, {d}]"
     );
-    let (p_offsets, total) = probability_offsets(offsets, keys, heads);
+    let (p_offsets, total) = probability_offsets(packing, heads);
     assert_eq!(probs.len(), total, "attention: probabilities buffer");
     let scale = 1.0 / (heads.dim as f32).sqrt();
     let (ctx_out, p_out) = (Shared(ctx.as_mut_ptr()), Shared(probs.as_mut_ptr()));
-    tasks(offsets, keys, heads, &p_offsets)
+    tasks(packing, heads, &p_offsets)
         .into_par_iter()
         .for_each_init(Vec::new, |dropped: &mut Vec<f32>, t| {
             let (len, hd, nk) = (t.len, heads.dim, t.keys);
-            let q = &qkv[t.start * 3 * d + t.h * hd..];
-            let k = &q[d..];
-            let v = &q[2 * d..];
+            let q = &qkv.q[t.q_start * qkv.q_stride + t.h * hd..];
+            let k = &qkv.kv[t.start * qkv.kv_stride + t.h * hd..];
+            let v = &k[d..];
             // SAFETY: the task's probabilities block is its own; Q, K, V of
-            // its rows lie inside qkv (asserted lengths); its ctx rows and
+            // its rows lie inside qkv (asserted extents); its ctx rows and
             // head columns are written by no other task.
             unsafe {
                 let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), len * nk);
@@ -178,8 +312,8 @@ pub(crate) fn forward(
                     (len, nk, hd),
                     (p.as_mut_ptr(), nk),
                     false,
-                    Strided::rows(q, 3 * d),
-                    Strided::transposed(k, 3 * d),
+                    Strided::rows(q, qkv.q_stride),
+                    Strided::transposed(k, qkv.kv_stride),
                     scale,
                 );
                 softmax_rows(p, nk.max(1));
@@ -188,7 +322,8 @@ pub(crate) fn forward(
                         dropped.clear();
                         dropped.extend_from_slice(p);
                         for (i, row) in dropped.chunks_exact_mut(nk.max(1)).enumerate() {
-                            mask.apply_row(mask.row_key(&[t.s, t.h, i]), row);
+                            let key = [t.s, t.h, packing.position(t.s, i)];
+                            mask.apply_row(mask.row_key(&key), row);
                         }
                         dropped
                     }
@@ -197,10 +332,10 @@ pub(crate) fn forward(
                 head_product(
                     compute,
                     (len, hd, nk),
-                    (ctx_out.at(t.start * d + t.h * hd), d),
+                    (ctx_out.at(t.q_start * d + t.h * hd), d),
                     false,
                     Strided::rows(used, nk),
-                    Strided::rows(v, 3 * d),
+                    Strided::rows(v, qkv.kv_stride),
                     1.0,
                 );
             }
@@ -215,36 +350,40 @@ struct Scratch {
     ds: Vec<f32>,
 }
 
-/// The backward of [`forward`]: `dqkv [T, 3·D]` from `dctx [T, D]`, the
-/// saved probabilities and the same dropout mask.
+/// The backward of [`forward`]: dQ, dK and dV into `dqkv` from `dctx`
+/// (the query rows), the saved probabilities and the same dropout mask.
+/// dK and dV are written on key rows only, and not at all for sequences
+/// without queries.
 pub(crate) fn backward(
-    qkv: &[f32],
+    qkv: Qkv,
     probs: &[f32],
     dctx: &[f32],
-    dqkv: &mut [f32],
-    (offsets, keys): (&[usize], &[usize]),
+    dqkv: QkvGrad,
+    packing: Packing,
     (heads, compute): (Heads, Compute),
     dropout: Option<&DropoutMask>,
 ) {
     let d = heads.width();
-    let tokens = offsets.last().copied().unwrap_or(0);
-    assert_eq!(qkv.len(), tokens * 3 * d, "attention backward: qkv");
-    assert_eq!(dqkv.len(), tokens * 3 * d, "attention backward: dqkv");
-    assert_eq!(dctx.len(), tokens * d, "attention backward: dctx");
-    let (p_offsets, total) = probability_offsets(offsets, keys, heads);
+    let tokens = packing.offsets.last().copied().unwrap_or(0);
+    let queries = packing.query_rows();
+    assert!(qkv.covers(queries, tokens, d), "attention backward: qkv");
+    assert!(dqkv.covers(queries, tokens, d), "attention backward: dqkv");
+    assert_eq!(dctx.len(), queries * d, "attention backward: dctx");
+    let (p_offsets, total) = probability_offsets(packing, heads);
     assert_eq!(probs.len(), total, "attention backward: probabilities");
     let scale = 1.0 / (heads.dim as f32).sqrt();
-    let out = Shared(dqkv.as_mut_ptr());
-    tasks(offsets, keys, heads, &p_offsets)
+    let out = &dqkv;
+    tasks(packing, heads, &p_offsets)
         .into_par_iter()
         .for_each_init(Scratch::default, |sc, t| {
             let (len, hd, nk) = (t.len, heads.dim, t.keys);
             let p = &probs[t.p_at..t.p_at + len * nk];
-            let q = &qkv[t.start * 3 * d + t.h * hd..];
-            let k = &q[d..];
-            let v = &q[2 * d..];
-            let dc = &dctx[t.start * d + t.h * hd..];
-            let mask_keys = |i: usize| dropout.map(|m| (m, m.row_key(&[t.s, t.h, i])));
+            let q = &qkv.q[t.q_start * qkv.q_stride + t.h * hd..];
+            let k = &qkv.kv[t.start * qkv.kv_stride + t.h * hd..];
+            let v = &k[d..];
+            let dc = &dctx[t.q_start * d + t.h * hd..];
+            let mask_keys =
+                |i: usize| dropout.map(|m| (m, m.row_key(&[t.s, t.h, packing.position(t.s, i)])));
             // The probabilities the forward multiplied V by.
             let used: &[f32] = match dropout {
                 Some(_) => {
@@ -261,16 +400,18 @@ pub(crate) fn backward(
             };
             sc.dp.resize(len * nk, 0.0);
             sc.ds.resize(len * nk, 0.0);
-            let base = t.start * 3 * d + t.h * hd;
+            let dq_at = out.q.at(t.q_start * out.q_stride + t.h * hd);
+            let dk_at = out.kv.at(t.start * out.kv_stride + t.h * hd);
+            let dv_at = dk_at.wrapping_add(d);
             // SAFETY: the operands lie inside qkv / dctx / the scratch
-            // (asserted lengths); the task's rows and head columns of dqkv
-            // are written by no other task.
+            // (asserted extents); the task's rows and head columns of dQ,
+            // dK and dV are written by no other task.
             unsafe {
                 // dV = usedᵀ · dctx (key rows only; padding rows are no keys)
                 head_product(
                     compute,
                     (nk, hd, len),
-                    (out.at(base + 2 * d), 3 * d),
+                    (dv_at, out.kv_stride),
                     false,
                     Strided::transposed(used, nk),
                     Strided::rows(dc, d),
@@ -283,7 +424,7 @@ pub(crate) fn backward(
                     (sc.dp.as_mut_ptr(), nk),
                     false,
                     Strided::rows(dc, d),
-                    Strided::transposed(v, 3 * d),
+                    Strided::transposed(v, qkv.kv_stride),
                     1.0,
                 );
             }
@@ -299,20 +440,20 @@ pub(crate) fn backward(
                 head_product(
                     compute,
                     (len, hd, nk),
-                    (out.at(base), 3 * d),
+                    (dq_at, out.q_stride),
                     false,
                     Strided::rows(&sc.ds, nk),
-                    Strided::rows(k, 3 * d),
+                    Strided::rows(k, qkv.kv_stride),
                     scale,
                 );
                 // dK = scale · dSᵀ · Q (key rows only)
                 head_product(
                     compute,
                     (nk, hd, len),
-                    (out.at(base + d), 3 * d),
+                    (dk_at, out.kv_stride),
                     false,
                     Strided::transposed(&sc.ds, nk),
-                    Strided::rows(q, 3 * d),
+                    Strided::rows(q, qkv.q_stride),
                     scale,
                 );
             }

@@ -9,11 +9,17 @@
 //! recomputed in the backward (one cheap pass, one `T × intermediate`
 //! buffer less per layer), and dropout masks are recomputed from their
 //! keys rather than stored.
+//!
+//! When a head reads the last hidden states at some rows only (a
+//! [`Selection`]: the masked rows, the `[CLS]` rows), the last layer runs
+//! its keys and values on every row and everything else (queries,
+//! attention output, FFN, LayerNorms) on those rows alone.
 
 use rayon::prelude::*;
 
-use super::attention::{self, Heads};
+use super::attention::{self, Heads, Packing, Qkv, QkvGrad};
 use super::products::Compute;
+use super::rows::{Rows, Selection};
 use super::Param;
 use crate::config::NormPosition;
 use crate::error::{Error, Result};
@@ -172,7 +178,11 @@ struct LayerTape {
     /// Pre-LN: the attention LayerNorm's output (the Q/K/V input); post-LN
     /// reads `x`.
     attn_in: Vec<f32>,
+    /// The fused Q/K/V rows `[T, 3·D]`; in a layer with a selection, K and
+    /// V `[T, 2·D]`, beside the selected rows' Q `[M, D]` and its input.
     qkv: Vec<f32>,
+    q: Vec<f32>,
+    q_in: Vec<f32>,
     probs: Vec<f32>,
     ctx: Vec<f32>,
     /// attention output + residual: a LayerNorm's input in both placements.
@@ -194,6 +204,8 @@ impl Drop for LayerTape {
             &mut t.x,
             &mut t.attn_in,
             &mut t.qkv,
+            &mut t.q,
+            &mut t.q_in,
             &mut t.probs,
             &mut t.ctx,
             &mut t.s1,
@@ -221,11 +233,25 @@ pub(crate) struct Tape {
     layers: Vec<LayerTape>,
     /// Pre-LN with a final LayerNorm: its input.
     final_in: Vec<f32>,
+    /// The rows of the last hidden states (`None`: every row).
+    outputs: Option<Selection>,
 }
 
 impl Tape {
     pub fn offsets(&self) -> &[usize] {
         &self.offsets
+    }
+
+    /// The row of the last hidden states that holds row `position` of
+    /// sequence `s`, when the pass computed it.
+    pub fn output_row(&self, s: usize, position: usize) -> Option<usize> {
+        match &self.outputs {
+            Some(sel) => sel.index_of(s, position),
+            None => {
+                let (start, end) = (*self.offsets.get(s)?, *self.offsets.get(s + 1)?);
+                (position < end - start).then_some(start + position)
+            }
+        }
     }
 }
 
@@ -342,24 +368,28 @@ impl Encoder {
         }
     }
 
-    /// The last hidden states `[T, D]` of the packed `sequences`
-    /// (`(ids, token types)`), and the tape of the pass. With `train`,
-    /// dropout draws its masks in the order the candle modules do, so both
-    /// drop the same elements.
-    pub fn forward(&self, sequences: &[(&[u32], &[u32])], train: bool) -> Result<(Vec<f32>, Tape)> {
-        self.forward_padded(sequences, 0, train)
-    }
-
-    /// [`forward`](Self::forward) with every sequence padded to
-    /// `max(pad_to, longest)` rows, as a padded batch runs (none with
-    /// `pad_to` 0): `[PAD]` tokens at the next positions, type 0, that
-    /// attend to the sequence's tokens and that nothing attends to. Their
-    /// states are what a padded batch gives at those rows (QA's loss reads
-    /// them).
-    pub fn forward_padded(
+    /// The last hidden states of the packed `sequences` (`(ids, token
+    /// types)`), and the tape of the pass. With `train`, dropout draws its
+    /// masks in the order the candle modules do, so both drop the same
+    /// elements.
+    ///
+    /// With `pad_to` above 0, every sequence is padded to `max(pad_to,
+    /// longest)` rows, as a padded batch runs: `[PAD]` tokens at the next
+    /// positions, type 0, that attend to the sequence's tokens and that
+    /// nothing attends to. Their states are what a padded batch gives at
+    /// those rows (QA's loss reads them).
+    ///
+    /// `outputs` (`[sequence, position]`, ascending, each once) asks for the
+    /// states of those rows only, `[outputs, D]` in their order ([`Tape::
+    /// output_row`] finds a row); `None`, for every row `[T, D]`. The last
+    /// layer then runs its keys and values on every row and the rest on
+    /// those rows (see the module docs); the parameters' gradients are
+    /// those of the whole pass, the rows left out having none.
+    pub fn forward(
         &self,
         sequences: &[(&[u32], &[u32])],
         pad_to: usize,
+        outputs: Option<Vec<[usize; 2]>>,
         train: bool,
     ) -> Result<(Vec<f32>, Tape)> {
         let d = self.hidden;
@@ -413,6 +443,11 @@ impl Encoder {
             offsets.push(ids.len());
         }
         let n = ids.len();
+        // Without layers the embeddings are the output: every row.
+        let outputs = match outputs {
+            Some(keys) if !self.layers.is_empty() => Some(Selection::new(keys, &offsets)?),
+            _ => None,
+        };
         let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
         // Embeddings: word + position (+ type), LayerNorm, dropout.
         let mut embed_sum = scratch(n * d);
@@ -441,14 +476,20 @@ impl Encoder {
             drop_rows(m, &mut x, &offsets, d);
         }
         let mut tapes = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
-            let (y, tape) = self.layer_forward(layer, x, (&offsets, &keys), &mask_of);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let last = i + 1 == self.layers.len();
+            let packing = Packing {
+                offsets: &offsets,
+                keys: &keys,
+                queries: outputs.as_ref().filter(|_| last),
+            };
+            let (y, tape) = self.layer_forward(layer, x, packing, &mask_of);
             tapes.push(tape);
             x = y;
         }
         let mut final_in = Vec::new();
         if let Some(norm) = &self.final_norm {
-            let mut y = scratch(n * d);
+            let mut y = scratch(x.len());
             norm.forward(&x, &mut y);
             final_in = std::mem::replace(&mut x, y);
         }
@@ -464,65 +505,105 @@ impl Encoder {
                 embed_mask,
                 layers: tapes,
                 final_in,
+                outputs,
             },
         ))
     }
 
+    /// One layer on every row, or, with `packing.queries`, its outputs at
+    /// those rows only.
     fn layer_forward(
         &self,
         layer: &Layer,
         x: Vec<f32>,
-        (offsets, keys): (&[usize], &[usize]),
+        packing: Packing,
         mask_of: &dyn Fn(&Dropout) -> Option<DropoutMask>,
     ) -> (Vec<f32>, LayerTape) {
-        let (d, n) = (self.hidden, offsets.last().copied().unwrap_or(0));
+        let (d, n) = (self.hidden, packing.offsets.last().copied().unwrap_or(0));
+        let rows = match packing.queries {
+            Some(sel) => Rows::Selected(sel),
+            None => Rows::Packed(packing.offsets),
+        };
+        let m = rows.count();
         let inter = layer.ffn_in.out_dim();
         let mut t = LayerTape::default();
+        if m == 0 {
+            // No output rows: nothing to compute, but the masks are drawn
+            // as the candle modules draw them.
+            t.masks = [
+                mask_of(&self.attention_dropout),
+                mask_of(&self.hidden_dropout),
+                mask_of(&self.hidden_dropout),
+            ];
+            t.x = x;
+            return (Vec::new(), t);
+        }
         let pre = self.norm_position == NormPosition::Pre;
         if pre {
             t.attn_in = scratch(n * d);
             layer.attn_norm.forward(&x, &mut t.attn_in);
         }
-        t.qkv = scratch(n * 3 * d);
         let attn_in = if pre { &t.attn_in } else { &x };
-        self.compute
-            .forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
-        let (_, total) = attention::probability_offsets(offsets, keys, self.heads);
+        match packing.queries {
+            None => {
+                t.qkv = scratch(n * 3 * d);
+                self.compute
+                    .forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
+            }
+            Some(sel) => {
+                let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
+                let (b_q, b_kv) = layer.qkv_b.split_at(d);
+                t.qkv = scratch(n * 2 * d);
+                self.compute
+                    .forward(attn_in, w_kv, Some(b_kv), &mut t.qkv, n);
+                t.q_in = sel.gather(attn_in, d);
+                t.q = scratch(m * d);
+                self.compute.forward(&t.q_in, w_q, Some(b_q), &mut t.q, m);
+            }
+        }
+        let qkv = match packing.queries {
+            None => Qkv::fused(&t.qkv, d),
+            Some(_) => Qkv::split(&t.q, &t.qkv, d),
+        };
+        let (_, total) = attention::probability_offsets(packing, self.heads);
         t.probs = scratch(total);
-        t.ctx = scratch(n * d);
+        t.ctx = scratch(m * d);
         t.masks[0] = mask_of(&self.attention_dropout);
         attention::forward(
-            &t.qkv,
+            qkv,
             &mut t.ctx,
             &mut t.probs,
-            (offsets, keys),
+            packing,
             (self.heads, self.compute),
             t.masks[0].as_ref(),
         );
-        t.s1 = scratch(n * d);
-        layer.attn_out.forward(&t.ctx, &mut t.s1, n);
+        t.s1 = scratch(m * d);
+        layer.attn_out.forward(&t.ctx, &mut t.s1, m);
         t.masks[1] = mask_of(&self.hidden_dropout);
-        if let Some(m) = &t.masks[1] {
-            drop_rows(m, &mut t.s1, offsets, d);
+        if let Some(mask) = &t.masks[1] {
+            drop_rows_of(mask, &mut t.s1, rows, d);
         }
-        add(&mut t.s1, &x);
-        t.ffn_x = scratch(n * d);
+        match packing.queries {
+            None => add(&mut t.s1, &x),
+            Some(sel) => sel.add_gathered(&mut t.s1, &x, d),
+        }
+        t.ffn_x = scratch(m * d);
         if pre {
             layer.ffn_norm.forward(&t.s1, &mut t.ffn_x);
         } else {
             layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
         }
-        t.f = scratch(n * inter);
+        t.f = scratch(m * inter);
         self.compute
-            .forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, n);
-        let mut g = scratch(n * inter);
+            .forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, m);
+        let mut g = scratch(m * inter);
         bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, self.act);
-        let mut o = scratch(n * d);
-        layer.ffn_out.forward(&g, &mut o, n);
+        let mut o = scratch(m * d);
+        layer.ffn_out.forward(&g, &mut o, m);
         recycle(g);
         t.masks[2] = mask_of(&self.hidden_dropout);
-        if let Some(m) = &t.masks[2] {
-            drop_rows(m, &mut o, offsets, d);
+        if let Some(mask) = &t.masks[2] {
+            drop_rows_of(mask, &mut o, rows, d);
         }
         let y = if pre {
             add(&mut o, &t.s1);
@@ -530,7 +611,7 @@ impl Encoder {
         } else {
             add(&mut o, &t.ffn_x);
             t.s2 = o;
-            let mut y = scratch(n * d);
+            let mut y = scratch(m * d);
             layer.ffn_norm.forward(&t.s2, &mut y);
             y
         };
@@ -553,6 +634,7 @@ impl Encoder {
             embed_mask,
             layers: layer_tapes,
             final_in,
+            outputs,
         } = tape;
         if let Some(norm) = &mut self.final_norm {
             let mut dx = scratch(dy.len());
@@ -567,8 +649,13 @@ impl Encoder {
         );
         // Each layer's tape goes back (for the layers below to reuse) once
         // its backward is done.
-        for (layer, t) in self.layers.iter_mut().zip(layer_tapes).rev() {
-            let packing = (&offsets[..], &keys[..]);
+        let layers = self.layers.len();
+        for (i, (layer, t)) in self.layers.iter_mut().zip(layer_tapes).enumerate().rev() {
+            let packing = Packing {
+                offsets: &offsets,
+                keys: &keys,
+                queries: outputs.as_ref().filter(|_| i + 1 == layers),
+            };
             dy = layer_backward(layer, &t, dy, packing, (d, heads, act, pre));
         }
         if let Some(m) = &embed_mask {
@@ -618,38 +705,48 @@ impl Encoder {
     }
 }
 
-/// One layer's backward: the gradient of its input from that of its
-/// output; adds its parameters' gradients.
+/// One layer's backward: the gradient of its input (every row) from that
+/// of its output (the query rows); adds its parameters' gradients.
 fn layer_backward(
     layer: &mut Layer,
     t: &LayerTape,
     dy: Vec<f32>,
-    (offsets, keys): (&[usize], &[usize]),
+    packing: Packing,
     (d, heads, act, pre): (usize, Heads, Act, bool),
 ) -> Vec<f32> {
-    let n = offsets.last().copied().unwrap_or(0);
+    let n = packing.offsets.last().copied().unwrap_or(0);
+    let rows = match packing.queries {
+        Some(sel) => Rows::Selected(sel),
+        None => Rows::Packed(packing.offsets),
+    };
+    let m = rows.count();
+    if m == 0 {
+        // No output rows: no gradient reaches the layer.
+        recycle(dy);
+        return zeros(n * d);
+    }
     let inter = layer.ffn_in.out_dim();
     let compute = layer.ffn_in.compute;
     // d(s1) collects the residual path and the FFN's input gradient.
     let (mut ds1, mut d_o) = if pre {
         (copied(&dy), dy)
     } else {
-        let mut ds2 = scratch(n * d);
+        let mut ds2 = scratch(m * d);
         layer.ffn_norm.backward(&t.s2, &dy, &mut ds2);
         recycle(dy);
         (copied(&ds2), ds2)
     };
-    if let Some(m) = &t.masks[2] {
-        drop_rows(m, &mut d_o, offsets, d);
+    if let Some(mask) = &t.masks[2] {
+        drop_rows_of(mask, &mut d_o, rows, d);
     }
     // FFN output: g = act(f + b) recomputed for its weight gradient.
-    let mut g = scratch(n * inter);
+    let mut g = scratch(m * inter);
     bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
-    let mut dg = scratch(n * inter);
-    layer.ffn_out.backward(&g, &d_o, Some(&mut dg), n, false);
+    let mut dg = scratch(m * inter);
+    layer.ffn_out.backward(&g, &d_o, Some(&mut dg), m, false);
     recycle(g);
     recycle(d_o);
-    let mut df = scratch(n * inter);
+    let mut df = scratch(m * inter);
     bias_act_backward(
         &t.f,
         &layer.ffn_in.b.data,
@@ -659,75 +756,127 @@ fn layer_backward(
         act,
     );
     recycle(dg);
-    compute.weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, n);
-    let mut dffn_x = scratch(n * d);
-    compute.input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, n, false);
+    compute.weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, m);
+    let mut dffn_x = scratch(m * d);
+    compute.input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, m, false);
     recycle(df);
     if pre {
         // ffn_x = LN2(s1)
-        let mut tmp = scratch(n * d);
+        let mut tmp = scratch(m * d);
         layer.ffn_norm.backward(&t.s1, &dffn_x, &mut tmp);
         add(&mut ds1, &tmp);
         recycle(tmp);
     } else {
         // ffn_x = LN1(s1), and s2 = o + ffn_x.
         add(&mut ds1, &dffn_x);
-        let mut tmp = scratch(n * d);
+        let mut tmp = scratch(m * d);
         layer.attn_norm.backward(&t.s1, &ds1, &mut tmp);
         recycle(std::mem::replace(&mut ds1, tmp));
     }
     recycle(dffn_x);
     // s1 = dropout(ctx · Woᵀ + bo) + x
-    let mut dx = copied(&ds1);
+    let mut dx = match packing.queries {
+        None => copied(&ds1),
+        Some(sel) => {
+            let mut dx = zeros(n * d);
+            sel.scatter_add(&ds1, &mut dx, d);
+            dx
+        }
+    };
     let mut da = ds1;
-    if let Some(m) = &t.masks[1] {
-        drop_rows(m, &mut da, offsets, d);
+    if let Some(mask) = &t.masks[1] {
+        drop_rows_of(mask, &mut da, rows, d);
     }
-    let mut dctx = scratch(n * d);
+    let mut dctx = scratch(m * d);
     layer
         .attn_out
-        .backward(&t.ctx, &da, Some(&mut dctx), n, false);
+        .backward(&t.ctx, &da, Some(&mut dctx), m, false);
     recycle(da);
-    // Attention writes dK and dV on key rows only: padding rows' stay 0.
-    let mut dqkv = match keys.is_empty() {
-        true => scratch(n * 3 * d),
-        false => zeros(n * 3 * d),
-    };
-    attention::backward(
-        &t.qkv,
-        &t.probs,
-        &dctx,
-        &mut dqkv,
-        (offsets, keys),
-        (heads, compute),
-        t.masks[0].as_ref(),
-    );
-    recycle(dctx);
-    // Q, K, V: one multiply each way on the stacked weights.
     let attn_in = if pre { &t.attn_in } else { &t.x };
-    let mut dw = zeros(3 * d * d);
-    compute.weight_grad(&dqkv, attn_in, &mut dw, n);
-    let mut db = zeros(3 * d);
-    column_sums(&dqkv, &mut db);
-    for (i, lin) in [&mut layer.q, &mut layer.k, &mut layer.v]
-        .into_iter()
-        .enumerate()
-    {
-        add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
-        add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
+    // d(attention input), on every row: into dx directly after post-LN.
+    let mut dn1 = match pre {
+        true => Some(scratch(n * d)),
+        false => None,
+    };
+    match packing.queries {
+        None => {
+            // Attention writes dK and dV on key rows only: padding rows'
+            // stay 0.
+            let mut dqkv = match packing.keys.is_empty() {
+                true => scratch(n * 3 * d),
+                false => zeros(n * 3 * d),
+            };
+            attention::backward(
+                Qkv::fused(&t.qkv, d),
+                &t.probs,
+                &dctx,
+                QkvGrad::fused(&mut dqkv, d),
+                packing,
+                (heads, compute),
+                t.masks[0].as_ref(),
+            );
+            recycle(dctx);
+            // Q, K, V: one multiply each way on the stacked weights.
+            let mut dw = zeros(3 * d * d);
+            compute.weight_grad(&dqkv, attn_in, &mut dw, n);
+            let mut db = zeros(3 * d);
+            column_sums(&dqkv, &mut db);
+            for (i, lin) in [&mut layer.q, &mut layer.k, &mut layer.v]
+                .into_iter()
+                .enumerate()
+            {
+                add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
+                add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
+            }
+            match &mut dn1 {
+                Some(dn1) => compute.input_grad(&dqkv, &layer.qkv_w, dn1, n, false),
+                None => compute.input_grad(&dqkv, &layer.qkv_w, &mut dx, n, true),
+            }
+            recycle(dqkv);
+        }
+        Some(sel) => {
+            // Q on the selected rows; K and V on every row (zero where no
+            // query of their sequence looks).
+            let mut dq = scratch(m * d);
+            let mut dkv = zeros(n * 2 * d);
+            attention::backward(
+                Qkv::split(&t.q, &t.qkv, d),
+                &t.probs,
+                &dctx,
+                QkvGrad::split(&mut dq, &mut dkv, d),
+                packing,
+                (heads, compute),
+                t.masks[0].as_ref(),
+            );
+            recycle(dctx);
+            compute.weight_grad(&dq, &t.q_in, &mut layer.q.w.grad, m);
+            column_sums(&dq, &mut layer.q.b.grad);
+            let mut dw = zeros(2 * d * d);
+            compute.weight_grad(&dkv, attn_in, &mut dw, n);
+            let mut db = zeros(2 * d);
+            column_sums(&dkv, &mut db);
+            for (i, lin) in [&mut layer.k, &mut layer.v].into_iter().enumerate() {
+                add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
+                add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
+            }
+            let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
+            let into = dn1.as_mut().unwrap_or(&mut dx);
+            compute.input_grad(&dkv, w_kv, into, n, !pre);
+            let mut dq_in = scratch(m * d);
+            compute.input_grad(&dq, w_q, &mut dq_in, m, false);
+            sel.scatter_add(&dq_in, into, d);
+            recycle(dq_in);
+            recycle(dq);
+            recycle(dkv);
+        }
     }
-    if pre {
-        let mut dn1 = scratch(n * d);
-        compute.input_grad(&dqkv, &layer.qkv_w, &mut dn1, n, false);
+    if let Some(dn1) = dn1 {
         let mut tmp = scratch(n * d);
         layer.attn_norm.backward(&t.x, &dn1, &mut tmp);
         add(&mut dx, &tmp);
         recycle(dn1);
         recycle(tmp);
-    } else {
-        compute.input_grad(&dqkv, &layer.qkv_w, &mut dx, n, true);
     }
-    recycle(dqkv);
     dx
 }
 
@@ -735,14 +884,14 @@ fn layer_backward(
 /// as the candle modules key row `p` of batch row `s`.
 /// Rows in parallel: a hash per element is a few percent of a step.
 pub(crate) fn drop_rows(mask: &DropoutMask, x: &mut [f32], offsets: &[usize], d: usize) {
-    let rows = offsets.last().copied().unwrap_or(0);
-    x[..rows * d]
+    drop_rows_of(mask, x, Rows::Packed(offsets), d);
+}
+
+/// [`drop_rows`] on `rows`: every packed row, or a selection's.
+fn drop_rows_of(mask: &DropoutMask, x: &mut [f32], rows: Rows, d: usize) {
+    x[..rows.count() * d]
         .par_chunks_mut(d.max(1))
         .enumerate()
         .with_min_len(64)
-        .for_each(|(r, row)| {
-            // The sequence holding row r, and the row's place in it.
-            let s = offsets.partition_point(|&o| o <= r) - 1;
-            mask.apply_row(mask.row_key(&[s, r - offsets[s]]), row);
-        });
+        .for_each(|(r, row)| mask.apply_row(mask.row_key(&rows.key(r)), row));
 }

@@ -14,7 +14,7 @@ use super::mlm::linear;
 use super::products::Compute;
 use crate::config::ProblemType;
 use crate::error::{Error, Result};
-use crate::fast::buffers::{add, recycle, zeros, StepBuffers};
+use crate::fast::buffers::{recycle, zeros, StepBuffers};
 use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
 
 /// What a head's loss is computed against.
@@ -139,9 +139,22 @@ impl FinetuneHead {
     pub fn step(mut self, batch: &HeadBatch, weight: f64, train: bool) -> Result<HeadOutcome> {
         // The step's buffers are reused within it and freed at its end.
         let _buffers = StepBuffers::begin();
-        let (hidden, tape) = self
-            .encoder
-            .forward_padded(&batch.sequences, batch.pad_to, train)?;
+        // A sequence classifier reads the [CLS] rows only: the last layer
+        // runs there alone.
+        let outputs = match self.top {
+            Top::Sequence { .. } => {
+                if let Some(s) = batch.sequences.iter().position(|(ids, _)| ids.is_empty()) {
+                    return Err(Error::Input(format!(
+                        "sequence {s} is empty: the pooler reads its first token"
+                    )));
+                }
+                Some((0..batch.sequences.len()).map(|s| [s, 0]).collect())
+            }
+            _ => None,
+        };
+        let (hidden, tape) =
+            self.encoder
+                .forward(&batch.sequences, batch.pad_to, outputs, train)?;
         let d = self.encoder.hidden();
         let offsets = tape.offsets();
         let mut dhidden = zeros(hidden.len());
@@ -159,7 +172,7 @@ impl FinetuneHead {
                     sequence_loss(logits, c, targets, problem, weight)
                 };
                 let parts = Pooled { pooler, classifier };
-                parts.step(&hidden, offsets, d, mask.as_ref(), &mut dhidden, loss)?
+                parts.step(&hidden, d, mask.as_ref(), &mut dhidden, loss)?
             }
             Top::Token {
                 classifier,
@@ -237,32 +250,21 @@ struct Pooled<'a> {
 }
 
 impl Pooled<'_> {
-    /// Forward, the loss (`loss` turns the logits `[N, C]` into their
-    /// gradient, giving the mean loss and its target count) and backward
-    /// into `dhidden`; dropout (`mask`, rows keyed by sequence) between
-    /// pooler and classifier.
+    /// Forward from the `[CLS]` rows `cls` (`[N, D]`), the loss (`loss`
+    /// turns the logits `[N, C]` into their gradient, giving the mean loss
+    /// and its target count) and backward into `dcls`; dropout (`mask`,
+    /// rows keyed by sequence) between pooler and classifier.
     fn step(
         self,
-        hidden: &[f32],
-        offsets: &[usize],
+        cls: &[f32],
         d: usize,
         mask: Option<&DropoutMask>,
-        dhidden: &mut [f32],
+        dcls: &mut [f32],
         loss: impl FnOnce(&mut [f32], usize) -> Result<(f64, usize)>,
     ) -> Result<HeadOutcome> {
-        let n = offsets.len() - 1;
-        let mut cls = zeros(n * d);
-        for (s, dst) in cls.chunks_exact_mut(d).enumerate() {
-            if offsets[s + 1] == offsets[s] {
-                return Err(Error::Input(format!(
-                    "sequence {s} is empty: the pooler reads its first token"
-                )));
-            }
-            let r = offsets[s];
-            dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
-        }
+        let n = cls.len() / d.max(1);
         let mut pooled = zeros(n * d);
-        self.pooler.forward(&cls, &mut pooled, n);
+        self.pooler.forward(cls, &mut pooled, n);
         pooled.iter_mut().for_each(|v| *v = v.tanh());
         let mut x = pooled.clone();
         if let Some(m) = mask {
@@ -285,11 +287,7 @@ impl Pooled<'_> {
         for (g, p) in dx.iter_mut().zip(&pooled) {
             *g *= 1.0 - p * p;
         }
-        let mut dcls = zeros(n * d);
-        self.pooler.backward(&cls, &dx, Some(&mut dcls), n, false);
-        for (src, &r) in dcls.chunks_exact(d).zip(offsets) {
-            add(&mut dhidden[r * d..(r + 1) * d], src);
-        }
+        self.pooler.backward(cls, &dx, Some(dcls), n, false);
         Ok(outcome(mean, targets, out))
     }
 }

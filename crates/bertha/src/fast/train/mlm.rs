@@ -124,13 +124,9 @@ impl MlmHead {
                 batch.sequences.len()
             )));
         }
-        let (hidden, tape) = self.encoder.forward(&batch.sequences, train)?;
-        let d = self.encoder.hidden();
-        let mut dhidden = zeros(hidden.len());
-
         // MLM: the masked rows through transform, LayerNorm and decoder.
         let vocab = self.decoder_bias.data.len();
-        let (mut rows, mut targets) = (Vec::new(), Vec::new());
+        let (mut outputs, mut targets) = (Vec::new(), Vec::new());
         for (s, (labels, (ids, _))) in batch.labels.iter().zip(&batch.sequences).enumerate() {
             if labels.len() != ids.len() {
                 return Err(Error::Input(format!(
@@ -148,10 +144,41 @@ impl MlmHead {
                         "labels: label {y} at sequence {s}, position {p} is not a token id in 0..{vocab}"
                     )));
                 }
-                rows.push(tape.offsets()[s] + p);
+                outputs.push([s, p]);
                 targets.push(y as u32);
             }
         }
+        let masked_at = outputs.clone();
+        // NSP reads each non-empty sequence's [CLS] row too.
+        if self.nsp.is_some() && batch.next_sentence.is_some() {
+            outputs.extend(
+                batch
+                    .sequences
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (ids, _))| !ids.is_empty())
+                    .map(|(s, _)| [s, 0]),
+            );
+            outputs.sort_unstable();
+            outputs.dedup();
+        }
+        // The last layer runs at the rows the heads read only.
+        let (hidden, tape) = self
+            .encoder
+            .forward(&batch.sequences, 0, Some(outputs), train)?;
+        let d = self.encoder.hidden();
+        let mut dhidden = zeros(hidden.len());
+        let row_of = |s: usize, p: usize| {
+            tape.output_row(s, p).ok_or_else(|| {
+                Error::Input(format!(
+                    "internal: row {p} of sequence {s} was not computed"
+                ))
+            })
+        };
+        let rows = masked_at
+            .iter()
+            .map(|&[s, p]| row_of(s, p))
+            .collect::<Result<Vec<_>>>()?;
         let masked = rows.len();
         let (mut mlm_loss, mut correct) = (0.0, 0);
         if masked > 0 {
@@ -231,11 +258,14 @@ impl MlmHead {
                 )));
             }
             let live: Vec<usize> = (0..n)
-                .filter(|&s| tape.offsets()[s + 1] > tape.offsets()[s])
+                .filter(|&s| !batch.sequences[s].0.is_empty())
                 .collect();
+            let cls_rows = live
+                .iter()
+                .map(|&s| row_of(s, 0))
+                .collect::<Result<Vec<_>>>()?;
             let mut cls = zeros(live.len() * d);
-            for (dst, &s) in cls.chunks_exact_mut(d).zip(&live) {
-                let r = tape.offsets()[s];
+            for (dst, &r) in cls.chunks_exact_mut(d).zip(&cls_rows) {
                 dst.copy_from_slice(&hidden[r * d..(r + 1) * d]);
             }
             let m = live.len();
@@ -280,8 +310,7 @@ impl MlmHead {
                 }
                 let mut dcls = zeros(m * d);
                 pooler.backward(&cls, &dpooled, Some(&mut dcls), m, false);
-                for (src, &s) in dcls.chunks_exact(d).zip(&live) {
-                    let r = tape.offsets()[s];
+                for (src, &r) in dcls.chunks_exact(d).zip(&cls_rows) {
                     add(&mut dhidden[r * d..(r + 1) * d], src);
                 }
             }

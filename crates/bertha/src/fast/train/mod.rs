@@ -17,6 +17,7 @@ mod heads;
 mod losses;
 mod mlm;
 mod products;
+mod rows;
 
 use candle_core::backprop::GradStore;
 use candle_core::Tensor;
