@@ -125,9 +125,6 @@ impl<'a> Qkv<'a> {
 
     /// Whether Q covers `q_rows` rows and K, V `kv_rows`, of width `d`.
     fn covers(&self, q_rows: usize, kv_rows: usize, d: usize) -> bool {
-        let fits = |len: usize, rows: usize, stride: usize, width: usize| {
-            rows == 0 || len >= (rows - 1) * stride + width
-        };
         fits(self.q.len(), q_rows, self.q_stride, d)
             && fits(self.kv.len(), kv_rows, self.kv_stride, 2 * d)
     }
@@ -173,12 +170,14 @@ impl<'a> QkvGrad<'a> {
     }
 
     fn covers(&self, q_rows: usize, kv_rows: usize, d: usize) -> bool {
-        let fits = |len: usize, rows: usize, stride: usize, width: usize| {
-            rows == 0 || len >= (rows - 1) * stride + width
-        };
         fits(self.q_len, q_rows, self.q_stride, d)
             && fits(self.kv_len, kv_rows, self.kv_stride, 2 * d)
     }
+}
+
+/// Whether `len` values hold `rows` rows of `width`, `stride` apart.
+fn fits(len: usize, rows: usize, stride: usize, width: usize) -> bool {
+    rows == 0 || len >= (rows - 1) * stride + width
 }
 
 /// A pointer tasks share, each writing its own disjoint elements.
