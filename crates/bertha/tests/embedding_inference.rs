@@ -241,3 +241,35 @@ fn prompt_and_dimension_errors_name_the_option() {
         "{err}"
     );
 }
+
+#[test]
+fn one_row_poolings_on_the_fast_path_equal_the_candle_path() {
+    // [CLS] pooling and the pooler read one row per text, so the fast path
+    // runs its last layer at that row only; the candle modules run it
+    // whole. With the query prompt left out of pooling, the row is the
+    // first past the prompt.
+    for pooling in [bertha::Pooling::Cls, bertha::Pooling::Pooler] {
+        let opts = EmbedOptions {
+            pooling: Some(pooling),
+            ..Default::default()
+        };
+        let mut e = Embedder::from_dir(&dir(), &Device::Cpu, &opts).unwrap();
+        for include_prompt in [true, false] {
+            e.set_include_prompt(include_prompt);
+            let encode = EncodeOptions {
+                prompt_name: Some("query".into()),
+                ..Default::default()
+            };
+            let mut got = Vec::new();
+            for fast in [true, false] {
+                e.set_fast_path(fast).unwrap();
+                assert_eq!(e.uses_fast_path(), fast);
+                got.push(rows(
+                    e.embed_with(&anchors(), &encode, 3, &mut |_| {}).unwrap(),
+                ));
+            }
+            let what = format!("{pooling:?}, include_prompt {include_prompt}");
+            assert_close(&what, &got[0], &got[1], 1e-5);
+        }
+    }
+}

@@ -290,6 +290,7 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
     for (g, w) in states.sequence(0).iter().zip(&want) {
         assert!((f64::from(*g) - w).abs() <= 1e-5, "{g} vs {w}");
     }
+    rows_at_equal_the_whole_pass("mini_bert_seed", &model, &[(&tokens, &types)]);
 
     // Every tiny BERT checkpoint, both sequences packed together.
     for name in [
@@ -319,6 +320,7 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
             .collect();
         let refs: Vec<(&[u32], &[u32])> = seqs.iter().map(|(i, t)| (&i[..], &t[..])).collect();
         let states = packed.forward(&refs).unwrap();
+        rows_at_equal_the_whole_pass(name, &model, &refs);
         let expected = load_safetensors(&dir.join("expected.safetensors"));
         let hs = &expected["hidden_states"];
         let last = hs.get(hs.dim(0).unwrap() - 1).unwrap();
@@ -334,4 +336,51 @@ fn packed_fast_path_matches_on_pre_ln_and_tiny_checkpoints() {
             assert!(d <= 1e-4, "{name} sequence {b}: {d:e}");
         }
     }
+}
+
+/// `forward_at` (the last layer at one row per sequence: first, middle and
+/// last rows) gives the whole pass's states at those rows, in fp32 (1e-5)
+/// and in bf16 (cosine to the fp32 rows ≥ 0.9999); a row outside a
+/// sequence is an error naming it.
+fn rows_at_equal_the_whole_pass(name: &str, model: &BertModel, seqs: &[(&[u32], &[u32])]) {
+    let packed = bertha::fast::PackedBert::from_model(model)
+        .unwrap()
+        .unwrap();
+    let full = packed.forward(seqs).unwrap();
+    let d = full.hidden;
+    let mut bf16 = bertha::fast::PackedBert::from_model(model)
+        .unwrap()
+        .unwrap();
+    bf16.to_bf16();
+    let picks: [fn(usize) -> usize; 3] = [|_| 0, |len| len / 2, |len| len - 1];
+    for pick in picks {
+        let rows: Vec<usize> = seqs.iter().map(|(ids, _)| pick(ids.len())).collect();
+        let at = packed.forward_at(seqs, &rows).unwrap();
+        let at16 = bf16.forward_at(seqs, &rows).unwrap();
+        assert_eq!(at.len(), seqs.len());
+        for (s, &r) in rows.iter().enumerate() {
+            let want = &full.sequence(s)[r * d..(r + 1) * d];
+            let diff = at
+                .sequence(s)
+                .iter()
+                .zip(want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(diff <= 1e-5, "{name} sequence {s}, row {r}: {diff:e}");
+            let got = at16.sequence(s);
+            let dot: f32 = got.iter().zip(want).map(|(x, y)| x * y).sum();
+            let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let cos = dot / (norm(got) * norm(want));
+            assert!(
+                cos >= 0.9999,
+                "{name} sequence {s}, row {r}, bf16: cosine {cos}"
+            );
+        }
+    }
+    let past: Vec<usize> = seqs.iter().map(|(ids, _)| ids.len()).collect();
+    let err = packed
+        .forward_at(seqs, &past)
+        .err()
+        .expect("a row past the end");
+    assert!(err.to_string().contains("which has"), "{err}");
 }

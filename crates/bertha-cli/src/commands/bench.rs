@@ -62,7 +62,11 @@ pub fn run(a: Args) -> Result<()> {
     let encodings = embedder.tokenizer().encode_batch(&texts)?;
     let lengths: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
     let tokens: usize = lengths.iter().sum();
-    let flops = encoder_flops(embedder.model().config(), &lengths);
+    let flops = encoder_flops(
+        embedder.model().config(),
+        &lengths,
+        embedder.reads_one_row(),
+    );
 
     // The peak is timed before and after the model runs and the better
     // figure kept: on a shared machine one of the two can land on a

@@ -658,6 +658,79 @@ pub(crate) fn softmax_row(scores: &mut [f32]) {
     }
 }
 
+/// Self-attention of one query row per sequence: row `rows[s]` of
+/// sequence `s` (packed as in [`packed_attention`]) over all of the
+/// sequence's keys, into row `s` of `ctx` `[sequences, D]`. For a last
+/// layer whose output is read at one row per text (`[CLS]` pooling, the
+/// pooler): a score row per head, in fp32, instead of a score matrix.
+pub fn attention_at_rows(
+    qkv: &[f32],
+    ctx: &mut [f32],
+    offsets: &[usize],
+    rows: &[usize],
+    num_heads: usize,
+    head_dim: usize,
+) {
+    let d = num_heads * head_dim;
+    let tokens = offsets.last().copied().unwrap_or(0);
+    assert_eq!(qkv.len(), tokens * 3 * d, "attention_at_rows: qkv");
+    assert_eq!(
+        rows.len() + 1,
+        offsets.len(),
+        "attention_at_rows: a row per sequence"
+    );
+    assert_eq!(ctx.len(), rows.len() * d, "attention_at_rows: ctx");
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    ctx.par_chunks_mut(d.max(1)).enumerate().for_each_init(
+        Vec::new,
+        |scores: &mut Vec<f32>, (s, out)| {
+            let (start, len) = (offsets[s], offsets[s + 1] - offsets[s]);
+            assert!(
+                rows[s] < len,
+                "attention_at_rows: row {} of a {len}-token sequence",
+                rows[s]
+            );
+            let q_row = &qkv[(start + rows[s]) * 3 * d..][..d];
+            for h in 0..num_heads {
+                let cols = h * head_dim..(h + 1) * head_dim;
+                let q = &q_row[cols.clone()];
+                scores.clear();
+                scores.extend((0..len).map(|j| {
+                    let k = &qkv[(start + j) * 3 * d + d..][cols.clone()];
+                    scale * lane_dot(q, k)
+                }));
+                softmax_row(scores);
+                let acc = &mut out[cols.clone()];
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                for (j, p) in scores.iter().enumerate() {
+                    let v = &qkv[(start + j) * 3 * d + 2 * d..][cols.clone()];
+                    for (a, b) in acc.iter_mut().zip(v) {
+                        *a += p * b;
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// `Σ a·b` summed in `LANES` partial sums (so it vectorises).
+fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut sums = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for ((s, x), y) in sums.iter_mut().zip(x).zip(y) {
+            *s += x * y;
+        }
+    }
+    lane_sum(&sums) + tail
+}
+
 /// Query rows per block of a long sequence's attention: the scores held at
 /// once are `QUERY_BLOCK × len` (128 KB at 512 tokens) rather than
 /// `len × len` (1 MB), so they stay in L2 beside the head's K and V while

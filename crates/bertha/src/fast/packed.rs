@@ -345,7 +345,49 @@ impl PackedBert {
 
     /// Runs the encoder on `sequences` of (input ids, token type ids).
     pub fn forward(&self, sequences: &[(&[u32], &[u32])]) -> Result<PackedStates> {
-        self.forward_observed(sequences, None)
+        self.forward_observed(sequences, None, None)
+    }
+
+    /// [`forward`](Self::forward) for a reader of one row per sequence
+    /// (`[CLS]` pooling, the pooler): the states of row `rows[s]` of each
+    /// sequence `s` only, one row per sequence. The last layer runs its
+    /// Q/K/V on every row (the row attends over all of them) and the rest
+    /// (attention, output projection, FFN, LayerNorms) on those rows alone.
+    pub fn forward_at(
+        &self,
+        sequences: &[(&[u32], &[u32])],
+        rows: &[usize],
+    ) -> Result<PackedStates> {
+        if rows.len() != sequences.len() {
+            return Err(Error::Input(format!(
+                "{} rows asked for {} sequences",
+                rows.len(),
+                sequences.len()
+            )));
+        }
+        for (s, (&r, (ids, _))) in rows.iter().zip(sequences).enumerate() {
+            if r >= ids.len() {
+                return Err(Error::Input(format!(
+                    "row {r} asked of text {s}, which has {} tokens",
+                    ids.len()
+                )));
+            }
+        }
+        if self.layers.is_empty() {
+            // The embeddings are the output: keep the rows asked for.
+            let states = self.forward(sequences)?;
+            let d = self.hidden;
+            let mut data = Vec::with_capacity(rows.len() * d);
+            for (s, &r) in rows.iter().enumerate() {
+                data.extend_from_slice(&states.sequence(s)[r * d..(r + 1) * d]);
+            }
+            return Ok(PackedStates {
+                data,
+                offsets: (0..=rows.len()).collect(),
+                hidden: d,
+            });
+        }
+        self.forward_observed(sequences, Some(rows), None)
     }
 
     /// Switches the four linear layers of every encoder layer to bf16
@@ -380,6 +422,7 @@ impl PackedBert {
             .collect();
         self.forward_observed(
             calibration,
+            None,
             Some(&mut |layer, site, x| {
                 let m = &mut act_max[layer][site as usize];
                 for row in x.chunks_exact(m.len()) {
@@ -477,11 +520,13 @@ impl PackedBert {
         Ok(())
     }
 
-    /// [`PackedBert::forward`], showing `observe(layer, site, rows)` the
-    /// input of the quantizable multiplies when given.
+    /// [`PackedBert::forward`] (or [`forward_at`](Self::forward_at)
+    /// `rows`), showing `observe(layer, site, rows)` the input of the
+    /// quantizable multiplies when given.
     fn forward_observed(
         &self,
         sequences: &[(&[u32], &[u32])],
+        at: Option<&[usize]>,
         mut observer: Option<&mut Observer>,
     ) -> Result<PackedStates> {
         let watched = observer.is_some();
@@ -514,6 +559,17 @@ impl PackedBert {
         let mut inter_pairs = Vec::new();
         let mut q = QuantScratch::default();
         for (l, layer) in self.layers.iter().enumerate() {
+            if let (Some(rows), true) = (at, l + 1 == self.layers.len()) {
+                let mut y = self.last_layer_at(&mut q, layer, &x, &offsets, rows)?;
+                if let Some(f) = &self.final_norm {
+                    kernels::add_layer_norm(&mut y, None, &f.gamma, &f.beta, f.eps);
+                }
+                return Ok(PackedStates {
+                    data: y,
+                    offsets: (0..=rows.len()).collect(),
+                    hidden: d,
+                });
+            }
             match self.norm_position {
                 NormPosition::Post => {
                     observe(l, Site::Qkv, &x);
@@ -592,6 +648,77 @@ impl PackedBert {
         let k2 = layer.ffn_in.out_dim.div_ceil(2);
         w_out.matmul_pairs(&pairs[..n * k2], b_out, y, n, None);
         true
+    }
+
+    /// The last layer at one row per sequence (`rows[s]` of sequence
+    /// `s`), from the layer input `x` (every row): Q/K/V on every row, the
+    /// rest on the selected rows. Returns their states `[sequences, D]`
+    /// before any final LayerNorm.
+    fn last_layer_at(
+        &self,
+        q: &mut QuantScratch,
+        layer: &Layer,
+        x: &[f32],
+        offsets: &[usize],
+        rows: &[usize],
+    ) -> Result<Vec<f32>> {
+        let (d, m) = (self.hidden, rows.len());
+        let n = *offsets.last().expect("offsets start with 0");
+        let pre = self.norm_position == NormPosition::Pre;
+        let normed;
+        let input = if pre {
+            let an = &layer.attn_norm;
+            let mut t = vec![0f32; n * d];
+            kernels::layer_norm_into(x, &mut t, &an.gamma, &an.beta, an.eps);
+            normed = t;
+            &normed[..]
+        } else {
+            x
+        };
+        let mut qkv = vec![0f32; n * 3 * d];
+        run(q, &layer.qkv, input, &mut qkv, n);
+        let mut ctx = vec![0f32; m * d];
+        kernels::attention_at_rows(&qkv, &mut ctx, offsets, rows, self.num_heads, self.head_dim);
+        // The residual: the layer input at the selected rows.
+        let mut h = Vec::with_capacity(m * d);
+        for (s, &r) in rows.iter().enumerate() {
+            let row = offsets[s] + r;
+            h.extend_from_slice(&x[row * d..(row + 1) * d]);
+        }
+        let mut a = vec![0f32; m * d];
+        run(q, &layer.attn_out, &ctx, &mut a, m);
+        let ffn = layer.ffn_in.out_dim;
+        let (mut inter, mut pairs, mut o) = (vec![0f32; m * ffn], Vec::new(), vec![0f32; m * d]);
+        let (an, fnn) = (&layer.attn_norm, &layer.ffn_norm);
+        if pre {
+            kernels::add_in_place(&mut h, &a);
+            kernels::layer_norm_into(&h, &mut a, &fnn.gamma, &fnn.beta, fnn.eps);
+            self.ffn(q, layer, &a, (&mut inter, &mut pairs), &mut o, m);
+            kernels::add_in_place(&mut h, &o);
+            Ok(h)
+        } else {
+            kernels::add_layer_norm(&mut a, Some(&h), &an.gamma, &an.beta, an.eps);
+            self.ffn(q, layer, &a, (&mut inter, &mut pairs), &mut o, m);
+            kernels::add_layer_norm(&mut o, Some(&a), &fnn.gamma, &fnn.beta, fnn.eps);
+            Ok(o)
+        }
+    }
+
+    /// The FFN of `layer` on `n` rows of `x` into `y`: through bf16 pairs
+    /// where both its linears are bf16, else through `inter`.
+    fn ffn(
+        &self,
+        q: &mut QuantScratch,
+        layer: &Layer,
+        x: &[f32],
+        (inter, pairs): (&mut [f32], &mut Vec<u32>),
+        y: &mut [f32],
+        n: usize,
+    ) {
+        if !self.ffn_bf16_pairs(q, layer, x, pairs, y, n) {
+            run_act(q, &layer.ffn_in, x, inter, n, Some(self.act));
+            run(q, &layer.ffn_out, inter, y, n);
+        }
     }
 
     /// One layer's attention before its output projection: Q/K/V of

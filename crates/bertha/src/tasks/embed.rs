@@ -501,6 +501,14 @@ impl Embedder {
         quantized::write_folder(src, out, &checkpoint)
     }
 
+    /// Whether a pass runs its last layer at one row per text: the fast
+    /// path with `[CLS]` pooling or the pooler.
+    pub fn reads_one_row(&self) -> bool {
+        self.packed.is_some()
+            && self.splade.is_none()
+            && matches!(self.pooling, Pooling::Cls | Pooling::Pooler)
+    }
+
     pub fn uses_fast_path(&self) -> bool {
         self.packed.is_some()
     }
@@ -707,8 +715,13 @@ impl Embedder {
             .collect())
     }
 
-    /// The packed fast path's token states of `encs`, when it is on.
-    fn packed_states(&self, encs: &[&Encoded]) -> Result<Option<PackedStates>> {
+    /// The packed fast path's token states of `encs`, when it is on: every
+    /// row, or with `rows` row `rows[i]` of text `i` only (one row each).
+    fn packed_states(
+        &self,
+        encs: &[&Encoded],
+        rows: Option<&[usize]>,
+    ) -> Result<Option<PackedStates>> {
         let Some(packed) = &self.packed else {
             return Ok(None);
         };
@@ -716,7 +729,10 @@ impl Embedder {
             .iter()
             .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
             .collect();
-        Ok(Some(packed.forward(&seqs)?))
+        Ok(Some(match rows {
+            Some(rows) => packed.forward_at(&seqs, rows)?,
+            None => packed.forward(&seqs)?,
+        }))
     }
 
     /// Pooled vectors of `encs`, text `i` pooled from token `starts[i]`.
@@ -733,7 +749,21 @@ impl Embedder {
             return Ok(rows);
         }
         let from = |i: usize, tokens: usize| starts[i].min(tokens.saturating_sub(1));
-        if let Some(states) = self.packed_states(encs)? {
+        // [CLS] pooling and the pooler read one row per text: the last
+        // layer runs at those rows only.
+        let one_row: Option<Vec<usize>> = match self.pooling {
+            Pooling::Cls if encs.iter().all(|e| !e.input_ids.is_empty()) => Some(
+                encs.iter()
+                    .enumerate()
+                    .map(|(i, e)| from(i, e.input_ids.len()))
+                    .collect(),
+            ),
+            Pooling::Pooler if encs.iter().all(|e| !e.input_ids.is_empty()) => {
+                Some(vec![0; encs.len()])
+            }
+            _ => None,
+        };
+        if let Some(states) = self.packed_states(encs, one_row.as_deref())? {
             let d = states.hidden;
             let mut rows = match (&self.packed, self.pooling) {
                 (Some(packed), Pooling::Pooler) => packed
@@ -814,7 +844,7 @@ impl Embedder {
             .as_ref()
             .ok_or_else(|| Error::Input("pooling `splade` needs the MLM head".into()))?;
         let from = |i: usize, tokens: usize| starts[i].min(tokens.saturating_sub(1));
-        let texts: Vec<Tensor> = if let Some(states) = self.packed_states(encs)? {
+        let texts: Vec<Tensor> = if let Some(states) = self.packed_states(encs, None)? {
             let d = states.hidden;
             (0..states.len())
                 .map(|s| {
@@ -955,7 +985,7 @@ impl Embedder {
     }
 
     fn run_tokens(&self, encs: &[&Encoded]) -> Result<Vec<TokenEmbeddings>> {
-        if let Some(states) = self.packed_states(encs)? {
+        if let Some(states) = self.packed_states(encs, None)? {
             return Ok(encs
                 .iter()
                 .enumerate()
@@ -1108,12 +1138,42 @@ pub fn cosine_similarity_matrix(vectors: &[Vec<f32>]) -> Vec<Vec<f32>> {
 /// Floating-point operations of one encoder pass over texts of these
 /// token counts (multiply-adds count 2): the projections and FFN per
 /// token, and attention's two products per text, on real tokens only.
-pub fn encoder_flops(config: &BertConfig, lengths: &[usize]) -> f64 {
+/// With `one_row` (the fast path's last layer at one row per text, for
+/// `[CLS]` pooling and the pooler), that layer's Q/K/V count on every
+/// token and the rest on one row per text.
+pub fn encoder_flops(config: &BertConfig, lengths: &[usize], one_row: bool) -> f64 {
     let d = config.hidden_size as f64;
     let f = config.intermediate_size as f64;
     let layers = config.num_hidden_layers as f64;
     let per_token = 2.0 * (3.0 * d * d + d * d + 2.0 * d * f);
     let tokens: f64 = lengths.iter().map(|&n| n as f64).sum();
     let attention: f64 = lengths.iter().map(|&n| 4.0 * (n as f64).powi(2) * d).sum();
-    layers * (per_token * tokens + attention)
+    if !one_row || config.num_hidden_layers == 0 {
+        return layers * (per_token * tokens + attention);
+    }
+    let texts = lengths.len() as f64;
+    let last = 2.0 * 3.0 * d * d * tokens
+        + texts * 2.0 * (d * d + 2.0 * d * f)
+        + lengths.iter().map(|&n| 4.0 * n as f64 * d).sum::<f64>();
+    (layers - 1.0) * (per_token * tokens + attention) + last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_row_work_counts_the_last_layer_at_one_row_per_text() {
+        let mut config = BertConfig::mini_bert_seed();
+        config.num_hidden_layers = 2;
+        let (d, f) = (config.hidden_size as f64, config.intermediate_size as f64);
+        let lengths = [3, 5];
+        let whole = encoder_flops(&config, &lengths, false);
+        let layer = 2.0 * (4.0 * d * d + 2.0 * d * f) * 8.0 + 4.0 * (9.0 + 25.0) * d;
+        assert_eq!(whole, 2.0 * layer);
+        // Last layer: Q/K/V on all 8 tokens, the rest on 2 rows, each
+        // row's attention over its text's keys.
+        let last = 2.0 * 3.0 * d * d * 8.0 + 2.0 * 2.0 * (d * d + 2.0 * d * f) + 4.0 * 8.0 * d;
+        assert_eq!(encoder_flops(&config, &lengths, true), layer + last);
+    }
 }
