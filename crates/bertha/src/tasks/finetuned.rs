@@ -153,9 +153,14 @@ impl TaskHead {
             train,
             ..ForwardOptions::default()
         };
-        let (input, encoded) =
-            self.encoder
-                .encode(self.model.bert(), (&ids, &types), (pad_id, pad_to), opts)?;
+        // A classifier reads each input's first row alone (the pooler).
+        let (input, encoded) = self.encoder.encode(
+            self.model.bert(),
+            (&ids, &types),
+            (pad_id, pad_to),
+            opts,
+            self.task == Task::Classification,
+        )?;
         let t = input.input_ids.dim(1)?;
         // The targets, as the head's labels, and how many the loss averages.
         let (first, second, targets) = match self.task {

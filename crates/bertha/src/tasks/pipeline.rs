@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::fast::Precision;
 use crate::io::tokenizer::{default_max_length, Encoded, Tokenizer};
 use crate::io::ModelDir;
-use crate::model::{BertHead, ForwardOptions, HeadInit, HeadLabels, HeadOutput};
+use crate::model::{BertHead, ForwardOptions, HeadInit, HeadKind, HeadLabels, HeadOutput};
 
 /// A task head with the encoder under it run at the pipeline's precision.
 pub(crate) struct PipelineHead<H> {
@@ -52,9 +52,18 @@ impl<H: BertHead> PipelineHead<H> {
         pad_id: u32,
     ) -> Result<H::Output> {
         let opts = ForwardOptions::default();
-        let (input, out) =
-            self.encoder
-                .encode(self.head.bert(), (ids, type_ids), (pad_id, 0), opts)?;
+        // The pooler's heads read each sequence's first row alone.
+        let first_row_only = matches!(
+            H::KIND,
+            HeadKind::SequenceClassification | HeadKind::NextSentencePrediction
+        );
+        let (input, out) = self.encoder.encode(
+            self.head.bert(),
+            (ids, type_ids),
+            (pad_id, 0),
+            opts,
+            first_row_only,
+        )?;
         self.head
             .forward_encoded(&input, &out, &HeadLabels::default(), opts.into())
     }

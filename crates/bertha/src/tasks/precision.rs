@@ -134,13 +134,17 @@ impl HeadEncoder {
     /// tokens) and the encoder's outputs on it. On the fast path the last
     /// hidden state holds zeros at padded positions and the pooler runs
     /// in fp32 on the candle module; it gives no hidden states or
-    /// attentions and does not train.
+    /// attentions and does not train. With `first_row_only` (a head that
+    /// reads each sequence's first row alone: the pooler's sequence
+    /// classification and NSP), the fast path runs its last layer at those
+    /// rows and the other rows of the last hidden state are zeros.
     pub(crate) fn encode(
         &self,
         model: &BertModel,
         (ids, types): (&[Vec<u32>], &[Vec<u32>]),
         (pad_id, pad_to): (u32, usize),
         opts: ForwardOptions,
+        first_row_only: bool,
     ) -> Result<(BertInput, BertOutput)> {
         let input = BertInput::padded_to(ids, types, pad_id, pad_to, model.device())?;
         let Some(packed) = &self.packed else {
@@ -158,7 +162,11 @@ impl HeadEncoder {
             .enumerate()
             .map(|(i, s)| (&s[..], types.get(i).map_or(&[][..], |t| &t[..])))
             .collect();
-        let states = packed.forward(&seqs)?;
+        let first_row_only = first_row_only && ids.iter().all(|s| !s.is_empty());
+        let states = match first_row_only {
+            true => packed.forward_at(&seqs, &vec![0; seqs.len()])?,
+            false => packed.forward(&seqs)?,
+        };
         let (b, t) = input.input_ids.dims2()?;
         let d = states.hidden;
         let mut padded = vec![0f32; b * t * d];
@@ -206,10 +214,16 @@ mod tests {
             .unwrap();
         let ids: Vec<Vec<u32>> = encs.iter().map(|e| e.input_ids.clone()).collect();
         let types: Vec<Vec<u32>> = encs.iter().map(|e| e.token_type_ids.clone()).collect();
-        let run = |enc: &HeadEncoder| {
+        let run = |enc: &HeadEncoder, first_row_only: bool| {
             let opts = ForwardOptions::default();
             let (input, out) = enc
-                .encode(head.bert(), (&ids, &types), (tok.pad_id(), 0), opts)
+                .encode(
+                    head.bert(),
+                    (&ids, &types),
+                    (tok.pad_id(), 0),
+                    opts,
+                    first_row_only,
+                )
                 .unwrap();
             let logits = head
                 .forward_encoded(&input, &out, &HeadLabels::default(), opts.into())
@@ -217,16 +231,20 @@ mod tests {
                 .logits;
             logits.to_vec2::<f32>().unwrap()
         };
-        let (want, got) = (run(&HeadEncoder::f32()), run(&fast));
-        for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
-            assert!((w - g).abs() <= 1e-5, "{w} vs {g}");
+        // The whole pass, and the last layer at the [CLS] rows only.
+        let want = run(&HeadEncoder::f32(), false);
+        for first_row_only in [false, true] {
+            let got = run(&fast, first_row_only);
+            for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
+                assert!((w - g).abs() <= 1e-5, "{w} vs {g} ({first_row_only})");
+            }
         }
         let opts = ForwardOptions {
             train: true,
             ..ForwardOptions::default()
         };
         let err = fast
-            .encode(head.bert(), (&ids, &types), (0, 0), opts)
+            .encode(head.bert(), (&ids, &types), (0, 0), opts, false)
             .unwrap_err();
         assert!(err.to_string().contains("need f32"), "{err}");
     }
