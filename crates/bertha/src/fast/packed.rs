@@ -560,7 +560,8 @@ impl PackedBert {
         let mut q = QuantScratch::default();
         for (l, layer) in self.layers.iter().enumerate() {
             if let (Some(rows), true) = (at, l + 1 == self.layers.len()) {
-                let mut y = self.last_layer_at(&mut q, layer, &x, &offsets, rows)?;
+                let buffers = (&mut qkv[..], &mut tmp[..]);
+                let mut y = self.last_layer_at(&mut q, layer, &x, (&offsets, rows), buffers);
                 if let Some(f) = &self.final_norm {
                     kernels::add_layer_norm(&mut y, None, &f.gamma, &f.beta, f.eps);
                 }
@@ -653,32 +654,29 @@ impl PackedBert {
     /// The last layer at one row per sequence (`rows[s]` of sequence
     /// `s`), from the layer input `x` (every row): Q/K/V on every row, the
     /// rest on the selected rows. Returns their states `[sequences, D]`
-    /// before any final LayerNorm.
+    /// before any final LayerNorm. `qkv` and `normed` are the pass's
+    /// `[T, 3·D]` and `[T, D]` buffers.
     fn last_layer_at(
         &self,
         q: &mut QuantScratch,
         layer: &Layer,
         x: &[f32],
-        offsets: &[usize],
-        rows: &[usize],
-    ) -> Result<Vec<f32>> {
+        (offsets, rows): (&[usize], &[usize]),
+        (qkv, normed): (&mut [f32], &mut [f32]),
+    ) -> Vec<f32> {
         let (d, m) = (self.hidden, rows.len());
         let n = *offsets.last().expect("offsets start with 0");
         let pre = self.norm_position == NormPosition::Pre;
-        let normed;
         let input = if pre {
             let an = &layer.attn_norm;
-            let mut t = vec![0f32; n * d];
-            kernels::layer_norm_into(x, &mut t, &an.gamma, &an.beta, an.eps);
-            normed = t;
-            &normed[..]
+            kernels::layer_norm_into(x, normed, &an.gamma, &an.beta, an.eps);
+            &*normed
         } else {
             x
         };
-        let mut qkv = vec![0f32; n * 3 * d];
-        run(q, &layer.qkv, input, &mut qkv, n);
+        run(q, &layer.qkv, input, qkv, n);
         let mut ctx = vec![0f32; m * d];
-        kernels::attention_at_rows(&qkv, &mut ctx, offsets, rows, self.num_heads, self.head_dim);
+        kernels::attention_at_rows(qkv, &mut ctx, offsets, rows, self.num_heads, self.head_dim);
         // The residual: the layer input at the selected rows.
         let mut h = Vec::with_capacity(m * d);
         for (s, &r) in rows.iter().enumerate() {
@@ -695,12 +693,12 @@ impl PackedBert {
             kernels::layer_norm_into(&h, &mut a, &fnn.gamma, &fnn.beta, fnn.eps);
             self.ffn(q, layer, &a, (&mut inter, &mut pairs), &mut o, m);
             kernels::add_in_place(&mut h, &o);
-            Ok(h)
+            h
         } else {
             kernels::add_layer_norm(&mut a, Some(&h), &an.gamma, &an.beta, an.eps);
             self.ffn(q, layer, &a, (&mut inter, &mut pairs), &mut o, m);
             kernels::add_layer_norm(&mut o, Some(&a), &fnn.gamma, &fnn.beta, fnn.eps);
-            Ok(o)
+            o
         }
     }
 
