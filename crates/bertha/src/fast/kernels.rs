@@ -697,7 +697,7 @@ pub fn attention_at_rows(
                 scores.clear();
                 scores.extend((0..len).map(|j| {
                     let k = &qkv[(start + j) * 3 * d + d..][cols.clone()];
-                    scale * lane_dot(q, k)
+                    scale * lane_dot_centered(q, k, 0.0)
                 }));
                 softmax_row(scores);
                 let acc = &mut out[cols.clone()];
@@ -713,22 +713,23 @@ pub fn attention_at_rows(
     );
 }
 
-/// `Σ a·b` summed in `LANES` partial sums (so it vectorises).
-fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut sums = [0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ca
+/// Σ a·(b - shift) in lane-wise partial sums (see `lane_sum`).
+#[inline(always)]
+pub(crate) fn lane_dot_centered(a: &[f32], b: &[f32], shift: f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ac
         .remainder()
         .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .zip(bc.remainder())
+        .map(|(a, b)| a * (b - shift))
         .sum();
-    for (x, y) in ca.zip(cb) {
-        for ((s, x), y) in sums.iter_mut().zip(x).zip(y) {
-            *s += x * y;
+    for (ca, cb) in ac.zip(bc) {
+        for ((s, a), b) in acc.iter_mut().zip(ca).zip(cb) {
+            *s += a * (b - shift);
         }
     }
-    lane_sum(&sums) + tail
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Query rows per block of a long sequence's attention: the scores held at

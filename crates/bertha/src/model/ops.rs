@@ -24,8 +24,8 @@ use rayon::prelude::*;
 
 use crate::config::Activation;
 use crate::fast::kernels::{
-    erf, fast_exp, gelu_erf, gelu_tanh, gelu_tanh_inner, lane_sum, layer_norm_into, multiversion,
-    row_stats, softmax_row, Act, LANES, ROWS_PER_TASK,
+    erf, fast_exp, gelu_erf, gelu_tanh, gelu_tanh_inner, lane_dot_centered, lane_sum,
+    layer_norm_into, multiversion, row_stats, softmax_row, Act, ROWS_PER_TASK,
 };
 
 multiversion! {
@@ -350,25 +350,6 @@ impl CustomOp3 for LayerNormBwd {
         layer_norm_backward(x, gamma, dy, dx, sums.split_at_mut(d), self.eps);
         Ok((CpuStorage::F32(out), Shape::from((rows + 2, d))))
     }
-}
-
-/// Σ a·(b - shift) in lane-wise partial sums (see `lane_sum`).
-#[inline(always)]
-fn lane_dot_centered(a: &[f32], b: &[f32], shift: f32) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(a, b)| a * (b - shift))
-        .sum();
-    for (ca, cb) in ac.zip(bc) {
-        for ((s, a), b) in acc.iter_mut().zip(ca).zip(cb) {
-            *s += a * (b - shift);
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// Per row, with x̂ = (x - mean)·rstd and g = dy·gamma:
