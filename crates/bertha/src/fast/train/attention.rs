@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::products::{product, Compute};
-use super::rows::Selection;
+use super::rows::{Rows, Selection};
 use crate::fast::matmul::{product_bf16_serial, Strided};
 use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
@@ -40,7 +40,22 @@ pub(crate) struct Packing<'a> {
     pub queries: Option<&'a Selection>,
 }
 
-impl Packing<'_> {
+impl<'a> Packing<'a> {
+    /// A layer's packing: its queries are `outputs` in the last layer
+    /// (`last`), every row elsewhere.
+    pub fn of_layer(
+        offsets: &'a [usize],
+        keys: &'a [usize],
+        outputs: Option<&'a Selection>,
+        last: bool,
+    ) -> Self {
+        Self {
+            offsets,
+            keys,
+            queries: outputs.filter(|_| last),
+        }
+    }
+
     fn sequences(&self) -> usize {
         self.offsets.len().saturating_sub(1)
     }
@@ -67,11 +82,11 @@ impl Packing<'_> {
         self.keys.get(s).map_or(len, |&k| k.min(len))
     }
 
-    /// The query rows over all sequences.
-    fn query_rows(&self) -> usize {
+    /// The query rows: every packed row, or the selection.
+    pub fn rows(&self) -> Rows<'a> {
         match self.queries {
-            Some(sel) => sel.len(),
-            None => self.offsets.last().copied().unwrap_or(0),
+            Some(sel) => Rows::Selected(sel),
+            None => Rows::Packed(self.offsets),
         }
     }
 }
@@ -280,7 +295,7 @@ pub(crate) fn forward(
 ) {
     let d = heads.width();
     let tokens = packing.offsets.last().copied().unwrap_or(0);
-    let queries = packing.query_rows();
+    let queries = packing.rows().count();
     assert!(
         qkv.covers(queries, tokens, d),
         "attention: Q, K, V do not cover {queries} queries and {tokens} keys"
@@ -364,7 +379,7 @@ pub(crate) fn backward(
 ) {
     let d = heads.width();
     let tokens = packing.offsets.last().copied().unwrap_or(0);
-    let queries = packing.query_rows();
+    let queries = packing.rows().count();
     assert!(qkv.covers(queries, tokens, d), "attention backward: qkv");
     assert!(dqkv.covers(queries, tokens, d), "attention backward: dqkv");
     assert_eq!(dctx.len(), queries * d, "attention backward: dctx");

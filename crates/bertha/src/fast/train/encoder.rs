@@ -478,11 +478,7 @@ impl Encoder {
         let mut tapes = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
             let last = i + 1 == self.layers.len();
-            let packing = Packing {
-                offsets: &offsets,
-                keys: &keys,
-                queries: outputs.as_ref().filter(|_| last),
-            };
+            let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), last);
             let (y, tape) = self.layer_forward(layer, x, packing, &mask_of);
             tapes.push(tape);
             x = y;
@@ -520,10 +516,7 @@ impl Encoder {
         mask_of: &dyn Fn(&Dropout) -> Option<DropoutMask>,
     ) -> (Vec<f32>, LayerTape) {
         let (d, n) = (self.hidden, packing.offsets.last().copied().unwrap_or(0));
-        let rows = match packing.queries {
-            Some(sel) => Rows::Selected(sel),
-            None => Rows::Packed(packing.offsets),
-        };
+        let rows = packing.rows();
         let m = rows.count();
         let inter = layer.ffn_in.out_dim();
         let mut t = LayerTape::default();
@@ -651,11 +644,7 @@ impl Encoder {
         // its backward is done.
         let layers = self.layers.len();
         for (i, (layer, t)) in self.layers.iter_mut().zip(layer_tapes).enumerate().rev() {
-            let packing = Packing {
-                offsets: &offsets,
-                keys: &keys,
-                queries: outputs.as_ref().filter(|_| i + 1 == layers),
-            };
+            let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), i + 1 == layers);
             dy = layer_backward(layer, &t, dy, packing, (d, heads, act, pre));
         }
         if let Some(m) = &embed_mask {
@@ -715,10 +704,7 @@ fn layer_backward(
     (d, heads, act, pre): (usize, Heads, Act, bool),
 ) -> Vec<f32> {
     let n = packing.offsets.last().copied().unwrap_or(0);
-    let rows = match packing.queries {
-        Some(sel) => Rows::Selected(sel),
-        None => Rows::Packed(packing.offsets),
-    };
+    let rows = packing.rows();
     let m = rows.count();
     if m == 0 {
         // No output rows: no gradient reaches the layer.
