@@ -245,6 +245,15 @@ pub(super) enum TileOut {
     /// bf16 pairs of adjacent columns (the low half the even one), rows
     /// `ldc` pairs apart: a following multiply's rounded input.
     Pairs { c: *mut u32, ldc: usize },
+    /// Both: the sums without bias or activation as fp32 rows at `c`, and
+    /// the bias and activation applied, as pairs at `pairs` (rows `ldp`
+    /// pairs apart).
+    Both {
+        c: *mut f32,
+        ldc: usize,
+        pairs: *mut u32,
+        ldp: usize,
+    },
 }
 
 /// A tile's left operand: pair `i` of row `r` at `ptr[r · row + i · pair]`.
@@ -379,7 +388,7 @@ unsafe fn tile(
     let mut sums = [0f32; NR];
     for r in 0..mr {
         let sums = &mut sums[..bias.len()];
-        for (j, (s, b)) in sums.iter_mut().zip(bias).enumerate() {
+        for (j, s) in sums.iter_mut().enumerate() {
             let mut acc = 0f32;
             for i in 0..k2 {
                 // SAFETY: row r < mr, pair i < k2 of the caller's operand.
@@ -388,10 +397,12 @@ unsafe fn tile(
                 acc += from_bf16(pair as u16) * from_bf16(w[0])
                     + from_bf16((pair >> 16) as u16) * from_bf16(w[1]);
             }
-            *s = acc + b;
+            *s = acc;
         }
+        let biased = |sums: &mut [f32]| sums.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
         match out {
             TileOut::F32 { c, ldc, accumulate } => {
+                biased(sums);
                 // SAFETY: row r < mr, columns < bias.len() of the caller's tile.
                 let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), bias.len()) };
                 for (y, s) in y.iter_mut().zip(&*sums) {
@@ -402,12 +413,26 @@ unsafe fn tile(
                 }
             }
             TileOut::Pairs { c, ldc } => {
+                biased(sums);
                 if let Some(act) = act {
                     activate_body(sums, act);
                 }
                 let n2 = sums.len().div_ceil(2);
                 // SAFETY: row r < mr, pairs < ⌈bias.len() / 2⌉ of the tile.
                 let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n2) };
+                round_row_on(false, sums, y);
+            }
+            TileOut::Both { c, ldc, pairs, ldp } => {
+                // SAFETY: row r < mr, columns < bias.len() of the caller's tile.
+                let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), bias.len()) };
+                y.copy_from_slice(sums);
+                biased(sums);
+                if let Some(act) = act {
+                    activate_body(sums, act);
+                }
+                let n2 = sums.len().div_ceil(2);
+                // SAFETY: row r < mr, pairs < ⌈bias.len() / 2⌉ of the tile.
+                let y = unsafe { std::slice::from_raw_parts_mut(pairs.add(r * ldp), n2) };
                 round_row_on(false, sums, y);
             }
         }
@@ -660,6 +685,14 @@ pub(crate) fn as_f32(x: &[u32]) -> &[f32] {
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
 }
 
+/// fp32 storage seen as the u32 words of bf16 pairs (a buffer from the
+/// step's fp32 pool holding a product's rounded operand).
+pub(crate) fn as_words_mut(x: &mut [f32]) -> &mut [u32] {
+    // SAFETY: u32 and f32 have one size and alignment, and every bit
+    // pattern is a u32.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
+}
+
 /// [`as_f32`] for a destination.
 pub(crate) fn as_f32_mut(x: &mut [u32]) -> &mut [f32] {
     // SAFETY: as in as_f32; the f32 written are bit patterns of u32s.
@@ -814,7 +847,74 @@ pub fn product_bf16(
     c: &mut [f32],
     sums: Sums,
 ) {
-    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, sums, buffers))
+    let (a, store) = (Left::Strided(a), Store::Sums(sums));
+    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+}
+
+/// [`product_bf16`] with the left operand already rounded: `m` rows of
+/// `⌈k / 2⌉` bf16 pairs, as [`product_bf16_act`] writes them.
+pub fn product_bf16_pairs(
+    (m, n, k): (usize, usize, usize),
+    a: &[u32],
+    b: Strided,
+    c: &mut [f32],
+    sums: Sums,
+) {
+    let (a, store) = (Left::Pairs(a), Store::Sums(sums));
+    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+}
+
+/// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums and, from the
+/// same register tiles, `pairs` `[m, ⌈n / 2⌉]`: `act(c + bias)` as bf16
+/// pairs. A layer's pre-activation, kept for its backward, and the next
+/// product's rounded input ([`product_bf16_pairs`]) without a pass over
+/// either between the two products. The pairs are the bits of rounding
+/// `act(c + bias)` computed apart.
+pub fn product_bf16_act(
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: &mut [f32],
+    (bias, act): (&[f32], Act),
+    pairs: &mut [u32],
+) {
+    let n2 = n.div_ceil(2);
+    assert_eq!(bias.len(), n, "product_bf16_act: bias is not [{n}]");
+    assert_eq!(
+        pairs.len(),
+        m * n2,
+        "product_bf16_act: pairs are not [{m}, {n2}]"
+    );
+    let store = Store::Both {
+        bias,
+        act,
+        pairs: SharedPairs(pairs.as_mut_ptr()),
+    };
+    let a = Left::Strided(a);
+    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+}
+
+/// A product's left operand.
+#[derive(Clone, Copy)]
+enum Left<'a> {
+    /// fp32 read through strides, rounded on the call.
+    Strided(Strided<'a>),
+    /// Rows of `⌈k / 2⌉` bf16 pairs, rounded before.
+    Pairs(&'a [u32]),
+}
+
+/// What a product's tiles store.
+#[derive(Clone, Copy)]
+enum Store<'a> {
+    /// The sums, as [`Sums`] says.
+    Sums(Sums<'a>),
+    /// The sums as they are and `act(sums + bias)` as bf16 pairs
+    /// ([`TileOut::Both`]), `⌈n / 2⌉` per row.
+    Both {
+        bias: &'a [f32],
+        act: Act,
+        pairs: SharedPairs,
+    },
 }
 
 /// `f` with this thread's product buffers; a product started while they
@@ -854,9 +954,10 @@ pub(crate) unsafe fn product_bf16_serial(
         simd: features().bf16,
         parallel: false,
     };
+    let (a, store) = (Left::Strided(a), Store::Sums(sums));
     // SAFETY: the caller's contract.
     with_buffers(|buffers| unsafe {
-        product_bf16_into(run, (m, n, k), a, b, (c, ldc), sums, buffers)
+        product_bf16_into(run, (m, n, k), a, b, (c, ldc), store, buffers)
     });
     if scale != 1.0 {
         for r in 0..m {
@@ -878,10 +979,10 @@ struct Run {
 fn product_bf16_on(
     simd: bool,
     (m, n, k): (usize, usize, usize),
-    a: Strided,
+    a: Left,
     b: Strided,
     c: &mut [f32],
-    sums: Sums,
+    store: Store,
     buffers: &mut ProductBuffers,
 ) {
     assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
@@ -889,8 +990,9 @@ fn product_bf16_on(
         simd,
         parallel: true,
     };
-    // SAFETY: c is m × n, rows n apart (asserted), and borrowed mutably.
-    unsafe { product_bf16_into(run, (m, n, k), a, b, (c.as_mut_ptr(), n), sums, buffers) }
+    // SAFETY: c is m × n, rows n apart (asserted), and borrowed mutably;
+    // a Store::Both's pairs were checked to be m × ⌈n / 2⌉ by its maker.
+    unsafe { product_bf16_into(run, (m, n, k), a, b, (c.as_mut_ptr(), n), store, buffers) }
 }
 
 /// [`product_bf16_on`] into `m` rows of `n` values `ldc` apart at `c`.
@@ -900,40 +1002,55 @@ fn product_bf16_on(
 unsafe fn product_bf16_into(
     Run { simd, parallel }: Run,
     (m, n, k): (usize, usize, usize),
-    a: Strided,
+    a: Left,
     b: Strided,
     (c, ldc): (*mut f32, usize),
-    sums: Sums,
+    store: Store,
     buffers: &mut ProductBuffers,
 ) {
-    a.check(m, k, "product_bf16 left operand");
     b.check(k, n, "product_bf16 right operand");
-    if let Some(bias) = sums.bias {
+    let (bias, act) = match store {
+        Store::Sums(sums) => (sums.bias, None),
+        Store::Both { bias, act, .. } => (Some(bias), Some(act)),
+    };
+    if let Some(bias) = bias {
         assert_eq!(bias.len(), n, "product_bf16: bias is not [{n}]");
+    }
+    let k2 = k.div_ceil(2);
+    if let Left::Pairs(p) = a {
+        assert_eq!(
+            p.len(),
+            m * k2,
+            "product_bf16: left pairs are not [{m}, {k2}]"
+        );
     }
     if m == 0 || n == 0 {
         return;
     }
-    let k2 = k.div_ceil(2);
     let ProductBuffers { pairs, panels } = buffers;
     // A transposed left operand (a weight gradient's dYᵀ) is read as its
     // rows interleaved two by two, every step's pairs side by side: no
     // transpose. Others as rows of pairs.
-    let rows = a.cs == 1;
-    let interleaved = !rows && a.rs == 1;
-    if rows {
-        round_rows_strided(simd, parallel, (a.data, a.rs), m, k, k2, pairs);
-    } else if interleaved {
-        interleave_rows(a.data, a.cs, k, m, pairs, parallel);
-    } else {
-        round_strided(a, m, k, k2, pairs);
-    }
-    pack_panels_reusing(b, k, n, panels, parallel);
-    let used = match interleaved {
-        true => m.div_ceil(MR_BF16) * MR_BF16 * k2,
-        false => m * k2,
+    let interleaved = matches!(a, Left::Strided(a) if a.cs != 1 && a.rs == 1);
+    let pairs: &[u32] = match a {
+        Left::Pairs(p) => p,
+        Left::Strided(a) => {
+            a.check(m, k, "product_bf16 left operand");
+            if a.cs == 1 {
+                round_rows_strided(simd, parallel, (a.data, a.rs), m, k, k2, pairs);
+            } else if interleaved {
+                interleave_rows(a.data, a.cs, k, m, pairs, parallel);
+            } else {
+                round_strided(a, m, k, k2, pairs);
+            }
+            match interleaved {
+                true => &pairs[..m.div_ceil(MR_BF16) * MR_BF16 * k2],
+                false => &pairs[..m * k2],
+            }
+        }
     };
-    let (pairs, panels) = (&pairs[..used], &panels[..]);
+    pack_panels_reusing(b, k, n, panels, parallel);
+    let panels = &panels[..];
     let left = |r0: usize| match interleaved {
         // Tiles start at multiples of MR_BF16 (tasks at multiples of
         // ROWS_PER_TASK, a const assertion above), so r0 starts a block.
@@ -945,23 +1062,33 @@ unsafe fn product_bf16_into(
         false => PairsIn::rows(&pairs[r0 * k2..], k2),
     };
     let zeros = [0f32; NR];
-    let out = SharedOut(c);
+    let (out, n2) = (SharedOut(c), n.div_ceil(2));
     let task = |p: usize, rows: std::ops::Range<usize>| {
         let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
         let cs = p * NR..(p * NR + NR).min(n);
-        let bias = sums.bias.map_or(&zeros[..cs.len()], |b| &b[cs]);
+        let bias = bias.map_or(&zeros[..cs.len()], |b| &b[cs]);
         for r0 in rows.step_by(MR_BF16) {
             let mr = MR_BF16.min(m - r0);
             let a = left(r0);
             // SAFETY: rows r0..r0+mr, columns of panel p lie inside c (the
-            // caller's m × n) and belong to this task only; a reads pairs
-            // of rows r0..r0+mr inside `pairs` (m × k2 of them).
-            let dest = TileOut::F32 {
-                c: out.at(r0 * ldc + p * NR),
-                ldc,
-                accumulate: sums.accumulate,
+            // caller's m × n) and the pairs (m × n2) and belong to this
+            // task only; a reads pairs of rows r0..r0+mr inside `pairs`
+            // (m × k2 of them).
+            let c = out.at(r0 * ldc + p * NR);
+            let dest = match store {
+                Store::Sums(sums) => TileOut::F32 {
+                    c,
+                    ldc,
+                    accumulate: sums.accumulate,
+                },
+                Store::Both { pairs: to, .. } => TileOut::Both {
+                    c,
+                    ldc,
+                    pairs: to.at(r0 * n2 + p * NR / 2),
+                    ldp: n2,
+                },
             };
-            unsafe { tile(simd, a, k2, mr, panel, bias, None, dest) };
+            unsafe { tile(simd, a, k2, mr, panel, bias, act, dest) };
         }
     };
     if parallel {
@@ -1076,7 +1203,15 @@ mod tests {
                         panels: Vec::new(),
                     };
                     let buffers = if fresh { &mut new } else { &mut buffers };
-                    product_bf16_on(simd, (m, n, k), sa, sb, &mut c, sums, buffers);
+                    product_bf16_on(
+                        simd,
+                        (m, n, k),
+                        Left::Strided(sa),
+                        sb,
+                        &mut c,
+                        Store::Sums(sums),
+                        buffers,
+                    );
                     let r = |v: f32| f64::from(from_bf16(to_bf16(v)));
                     for i in 0..m {
                         for j in 0..n {
@@ -1206,6 +1341,83 @@ mod tests {
             w2.matmul_pairs(&pairs[..m * mid.div_ceil(2)], &b2, &mut got, m, None);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "[{m}, {k}] -> {mid} -> {n}");
+        }
+    }
+
+    /// A training FFN's two products: the first stores its sums and the
+    /// activation's bf16 pairs from the same tiles, the second reads those
+    /// pairs; both equal the products on fp32 operands rounded apart, bit
+    /// for bit, on AVX512-BF16 (where the CPU has it) and the scalar loop,
+    /// for strided (transposed) weights, odd widths and partial tiles.
+    #[test]
+    fn stored_pairs_feed_the_next_product_as_rounding_apart_does() {
+        let val = |i: usize| ((i as f32) * 0.377).sin();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let sims = if features().bf16 {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
+        for simd in sims {
+            for (m, k, mid, n) in [(1, 4, 3, 2), (13, 40, 37, 9), (30, 64, 70, 33)] {
+                let x: Vec<f32> = (0..m * k).map(val).collect();
+                // nn.Linear weights [out, in], read transposed.
+                let w1: Vec<f32> = (0..mid * k).map(|i| val(i + 100)).collect();
+                let w2: Vec<f32> = (0..n * mid).map(|i| val(i + 900)).collect();
+                let b1: Vec<f32> = (0..mid).map(|i| val(i + 5000) * 0.1).collect();
+                let mut buffers = ProductBuffers::default();
+                let mut run = |a: Left, b: Strided, c: &mut [f32], store: Store, (m, n, k)| {
+                    product_bf16_on(simd, (m, n, k), a, b, c, store, &mut buffers)
+                };
+                let w1_t = Strided::transposed(&w1, k);
+                let mut want_f = vec![0f32; m * mid];
+                let none = Store::Sums(Sums::default());
+                run(
+                    Left::Strided(Strided::rows(&x, k)),
+                    w1_t,
+                    &mut want_f,
+                    none,
+                    (m, mid, k),
+                );
+                let (mut f, mut pairs) =
+                    (vec![f32::NAN; m * mid], vec![u32::MAX; m * mid.div_ceil(2)]);
+                let store = Store::Both {
+                    bias: &b1,
+                    act: Act::GeluErf,
+                    pairs: SharedPairs(pairs.as_mut_ptr()),
+                };
+                run(
+                    Left::Strided(Strided::rows(&x, k)),
+                    w1_t,
+                    &mut f,
+                    store,
+                    (m, mid, k),
+                );
+                assert_eq!(
+                    bits(&f),
+                    bits(&want_f),
+                    "sums, [{m}, {k}] -> {mid}, simd {simd}"
+                );
+                let mut h = want_f.clone();
+                for row in h.chunks_exact_mut(mid) {
+                    row.iter_mut().zip(&b1).for_each(|(v, b)| *v += b);
+                    activate_body(row, Act::GeluErf);
+                }
+                let mut want_pairs = vec![0u32; m * mid.div_ceil(2)];
+                round_rows(false, &h, m, mid, mid.div_ceil(2), &mut want_pairs);
+                assert_eq!(pairs, want_pairs, "pairs, [{m}, {k}] -> {mid}, simd {simd}");
+                let w2_t = Strided::transposed(&w2, mid);
+                let (mut want, mut got) = (vec![0f32; m * n], vec![f32::NAN; m * n]);
+                run(
+                    Left::Strided(Strided::rows(&h, mid)),
+                    w2_t,
+                    &mut want,
+                    none,
+                    (m, n, mid),
+                );
+                run(Left::Pairs(&pairs), w2_t, &mut got, none, (m, n, mid));
+                assert_eq!(bits(&got), bits(&want), "{mid} -> {n}, simd {simd}");
+            }
         }
     }
 

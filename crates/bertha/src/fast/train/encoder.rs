@@ -18,13 +18,14 @@
 use rayon::prelude::*;
 
 use super::attention::{self, Heads, Packing, Qkv, QkvGrad};
-use super::products::Compute;
+use super::products::{self, Compute};
 use super::rows::{Rows, Selection};
 use super::Param;
 use crate::config::NormPosition;
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
+use crate::fast::matmul::as_words_mut;
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums, layer_norm_backward};
 use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
 
@@ -587,13 +588,27 @@ impl Encoder {
             layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
         }
         t.f = scratch(m * inter);
-        self.compute
-            .forward(&t.ffn_x, &layer.ffn_in.w.data, None, &mut t.f, m);
-        let mut g = scratch(m * inter);
-        bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, self.act);
         let mut o = scratch(m * d);
-        layer.ffn_out.forward(&g, &mut o, m);
-        recycle(g);
+        let (w_in, b_in) = (&layer.ffn_in.w.data, &layer.ffn_in.b.data);
+        match self.compute {
+            Compute::F32 => {
+                self.compute.forward(&t.ffn_x, w_in, None, &mut t.f, m);
+                let mut g = scratch(m * inter);
+                bias_act_forward(&t.f, b_in, &mut g, self.act);
+                layer.ffn_out.forward(&g, &mut o, m);
+                recycle(g);
+            }
+            Compute::Bf16 => {
+                // The activation's output exists only as FFN-out's rounded
+                // input, stored by FFN-in's tiles beside the pre-activation.
+                let mut g = scratch(m * inter.div_ceil(2));
+                let pairs = as_words_mut(&mut g);
+                products::forward_act_bf16(&t.ffn_x, w_in, (b_in, self.act), &mut t.f, pairs, m);
+                let (w_out, b_out) = (&layer.ffn_out.w.data, &layer.ffn_out.b.data);
+                products::forward_pairs_bf16(pairs, inter, w_out, b_out, &mut o, m);
+                recycle(g);
+            }
+        }
         t.masks[2] = mask_of(&self.hidden_dropout);
         if let Some(mask) = &t.masks[2] {
             drop_rows_of(mask, &mut o, rows, d);

@@ -5,7 +5,8 @@
 //! weight stays in `nn.Linear`'s `[out, in]` layout throughout.
 
 use crate::fast::kernels::parallelism;
-use crate::fast::matmul::{product_bf16, Strided, Sums};
+use crate::fast::kernels::Act;
+use crate::fast::matmul::{product_bf16, product_bf16_act, product_bf16_pairs, Strided, Sums};
 
 /// The number format of a training step's matrix products: fp32, or bf16
 /// operands with fp32 sums (AVX512-BF16's `vdpbf16ps`); whatever the
@@ -91,6 +92,43 @@ impl Compute {
         };
         product_bf16((n, k, m), a, b, dw, sums);
     }
+}
+
+/// `f[m, n] = x[m, k] · w[n, k]ᵀ` in bf16 products and, from the same
+/// tiles, `act(f + bias)` as bf16 pairs `[m, ⌈n / 2⌉]` in `pairs`: an FFN's
+/// input layer, whose pre-activation the backward reads and whose output
+/// only the next product does (as [`forward_pairs_bf16`]'s input).
+pub(crate) fn forward_act_bf16(
+    x: &[f32],
+    w: &[f32],
+    (bias, act): (&[f32], Act),
+    f: &mut [f32],
+    pairs: &mut [u32],
+    m: usize,
+) {
+    let (n, k) = (bias.len(), x.len() / m.max(1));
+    check("linear weight", w, n, k);
+    let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
+    product_bf16_act((m, n, k), a, b, f, (bias, act), pairs);
+}
+
+/// `y[m, n] = a · w[n, k]ᵀ + bias` in bf16 products, for `a` given as `m`
+/// rows of `⌈k / 2⌉` bf16 pairs (rounded before, by the tiles that made it).
+pub(crate) fn forward_pairs_bf16(
+    pairs: &[u32],
+    k: usize,
+    w: &[f32],
+    bias: &[f32],
+    y: &mut [f32],
+    m: usize,
+) {
+    let n = bias.len();
+    check("linear weight", w, n, k);
+    let sums = Sums {
+        bias: Some(bias),
+        accumulate: false,
+    };
+    product_bf16_pairs((m, n, k), pairs, Strided::transposed(w, k), y, sums);
 }
 
 /// A matrix operand: its first element, row stride and column stride.
