@@ -4,12 +4,14 @@
 use candle_core::backprop::GradStore;
 
 use super::encoder::{Encoder, Linear, Norm};
-use super::losses::cross_entropy;
+use super::losses::{cross_entropy, cross_entropy_to_pairs};
+use super::products::input_grad_pairs_bf16;
 use super::products::Compute;
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, recycle, scratch, zeros, StepBuffers};
 use crate::fast::kernels::Act;
+use crate::fast::matmul::as_words_mut;
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums};
 use crate::model::{BertForTask, BertLMPredictionHead, Dense, IGNORE_INDEX};
 
@@ -204,18 +206,40 @@ impl MlmHead {
                 masked,
             );
             let weight = (weights[0] / masked as f64) as f32;
-            let ce = cross_entropy(&mut logits, vocab, &targets, weight);
+            let mut dz = scratch(masked * width);
+            // Backward: logits turn into their gradient in place (and, for
+            // bf16 products, into the input gradient's rounded operand and
+            // the bias gradient in the same pass).
+            let ce = match self.compute {
+                Compute::F32 => {
+                    let ce = cross_entropy(&mut logits, vocab, &targets, weight);
+                    self.compute
+                        .input_grad(&logits, &decoder.data, &mut dz, masked, false);
+                    column_sums(&logits, &mut self.decoder_bias.grad);
+                    ce
+                }
+                Compute::Bf16 => {
+                    let mut pairs = scratch(masked * vocab.div_ceil(2));
+                    let pairs = as_words_mut(&mut pairs);
+                    let bias_grad = &mut self.decoder_bias.grad;
+                    let ce = cross_entropy_to_pairs(
+                        &mut logits,
+                        vocab,
+                        &targets,
+                        weight,
+                        pairs,
+                        bias_grad,
+                    );
+                    input_grad_pairs_bf16(pairs, vocab, &decoder.data, &mut dz, masked);
+                    ce
+                }
+            };
             mlm_loss = ce.sum / masked as f64;
             correct = ce.correct;
-            // Backward: logits now hold their gradient.
             let dlogits = logits;
-            let mut dz = scratch(masked * width);
-            self.compute
-                .input_grad(&dlogits, &decoder.data, &mut dz, masked, false);
             let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
             self.compute
                 .weight_grad(&dlogits, &z, &mut decoder.grad, masked);
-            column_sums(&dlogits, &mut self.decoder_bias.grad);
             // Freed, not kept: nothing later in the step has its size.
             drop(dlogits);
             recycle(z);

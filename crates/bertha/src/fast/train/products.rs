@@ -131,6 +131,15 @@ pub(crate) fn forward_pairs_bf16(
     product_bf16_pairs((m, n, k), pairs, Strided::transposed(w, k), y, sums);
 }
 
+/// `dx[m, k] = dy · w[n, k]` in bf16 products, for `dy` given as `m` rows
+/// of `⌈n / 2⌉` bf16 pairs (rounded where it was made).
+pub(crate) fn input_grad_pairs_bf16(dy: &[u32], n: usize, w: &[f32], dx: &mut [f32], m: usize) {
+    let k = dx.len() / m.max(1);
+    check("linear weight", w, n, k);
+    let sums = Sums::default();
+    product_bf16_pairs((m, k, n), dy, Strided::rows(w, k), dx, sums);
+}
+
 /// A matrix operand: its first element, row stride and column stride.
 #[derive(Clone, Copy)]
 pub(crate) struct Operand {
