@@ -8,6 +8,12 @@
 #
 #   scripts/bench-train.sh                      # mini and small
 #   PRESETS=mini STEPS=20 RUNS="fast-f32 fast-bf16" BERTHA_ONLY=1 scripts/bench-train.sh
+#   REPEATS=3 RUNS="fast-f32 fast-bf16" scripts/bench-train.sh
+#
+# REPEATS=N runs the whole round (each preset: bertha's runs, then the
+# anchors) N times over, alternating, and the table gives each run's median
+# tokens/s, the ratios of the medians and each round's ratio: this machine's
+# speed, and PyTorch's above all, drifts by 10-25 % between minutes.
 #
 # bertha's figure is the median tokens/s of the steps after the first three
 # (the anchor times the steps after three warm-up steps), read from the
@@ -22,6 +28,7 @@ REFENV=${REFENV:-$HOME/.refenv}
 PRESETS=${PRESETS:-mini small}
 STEPS=${STEPS:-10}
 RUNS=${RUNS:-fast-f32 fast-bf16 candle-f32}
+REPEATS=${REPEATS:-1}
 MODES=${MODES:-fp32-sparse bf16-sparse}
 VOCAB=$DATA/vocab/bert-base-uncased
 CORPUS=$DATA/corpus/wiki_vital_en.txt
@@ -33,6 +40,7 @@ BIN=${CARGO_TARGET_DIR:-target}/release/bertha
 head -c 3000000 "$CORPUS" > "$OUT/corpus.txt"
 : > "$OUT/results.tsv"
 
+for round in $(seq "$REPEATS"); do
 for preset in $PRESETS; do
     for run in $RUNS; do
         engine=${run%-*} precision=${run#*-}
@@ -42,11 +50,11 @@ for preset in $PRESETS; do
             --config "$preset" --tokenizer "$VOCAB" --out "$dir" --steps $((STEPS + 3)) \
             --batch-size 32 --seq-len 128 --lr 5e-4 --eval-size 0 --eval-every 1000000 \
             --engine "$engine" --precision "$precision" 2>/dev/null
-        python3 - "$dir/metrics.jsonl" "$preset" "bertha $run" "$(cat "$OUT/rss")" >> "$OUT/results.tsv" <<'EOF'
+        python3 - "$dir/metrics.jsonl" "$preset" "bertha $run" "$(cat "$OUT/rss")" "$round" >> "$OUT/results.tsv" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 tps = [r["tokens_per_s"] for r in rows[3:]] or [r["tokens_per_s"] for r in rows]
-print(f"{sys.argv[2]}\t{sys.argv[3]}\t{statistics.median(tps):.0f}\t{int(sys.argv[4]) / 1e6:.2f}\t{rows[-1]['loss']:.3f}")
+print(f"{sys.argv[2]}\t{sys.argv[3]}\t{statistics.median(tps):.0f}\t{int(sys.argv[4]) / 1e6:.2f}\t{rows[-1]['loss']:.3f}\t{sys.argv[5]}")
 EOF
         tail -1 "$OUT/results.tsv"
     done
@@ -58,10 +66,10 @@ EOF
                 continue
             }
             # "pytorch MLM mini fp32-sparse: 10 steps ... in Xs, N tokens/s, last loss L"
-            python3 - "$line" "$preset" "pytorch $mode" "$(cat "$OUT/rss")" >> "$OUT/results.tsv" <<'EOF'
+            python3 - "$line" "$preset" "pytorch $mode" "$(cat "$OUT/rss")" "$round" >> "$OUT/results.tsv" <<'EOF'
 import re, sys
 m = re.search(r"([\d.]+) tokens/s, last loss ([\d.]+)", sys.argv[1])
-print(f"{sys.argv[2]}\t{sys.argv[3]}\t{float(m.group(1)):.0f}\t{int(sys.argv[4]) / 1e6:.2f}\t{float(m.group(2)):.3f}")
+print(f"{sys.argv[2]}\t{sys.argv[3]}\t{float(m.group(1)):.0f}\t{int(sys.argv[4]) / 1e6:.2f}\t{float(m.group(2)):.3f}\t{sys.argv[5]}")
 EOF
             tail -1 "$OUT/results.tsv"
         done
@@ -69,15 +77,32 @@ EOF
         echo "no Python anchor: set up $REFENV as ../shared/bench/README.md says" >&2
     fi
 done
+done
 
 python3 - "$OUT/results.tsv" <<'EOF'
-import sys
+import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-print("\n| preset | run | tokens/s | peak RSS GB | last loss | vs PyTorch bf16-sparse | vs PyTorch fp32-sparse |")
+# (preset, run) -> {round: (tokens/s, rss, loss)}, in first-seen order.
+runs = {}
+for p, r, t, rss, loss, rnd in rows:
+    runs.setdefault((p, r), {})[rnd] = (float(t), rss, loss)
+med = {k: statistics.median(v[0] for v in by.values()) for k, by in runs.items()}
+rounds = len({row[-1] for row in rows})
+note = "" if rounds == 1 else "; each round's ratio in brackets"
+print(f"\n{rounds} round(s): median tokens/s, ratios of the medians{note}")
+print("| preset | run | tokens/s | peak RSS GB | last loss | vs PyTorch bf16-sparse | vs PyTorch fp32-sparse |")
 print("|---|---|---|---|---|---|---|")
-anchor = {(p, r): float(t) for p, r, t, *_ in rows}
-for p, r, t, rss, loss in rows:
-    ratio = lambda mode: (f"{float(t) / anchor[(p, 'pytorch ' + mode)]:.2f}x"
-                          if (p, "pytorch " + mode) in anchor else "-")
-    print(f"| {p} | {r} | {float(t):,.0f} | {rss} | {loss} | {ratio('bf16-sparse')} | {ratio('fp32-sparse')} |")
+for (p, r), by in runs.items():
+    def ratio(mode):
+        a = (p, "pytorch " + mode)
+        if a not in runs:
+            return "-"
+        text = f"{med[(p, r)] / med[a]:.2f}x"
+        if rounds > 1:
+            each = [f"{by[n][0] / runs[a][n][0]:.2f}" for n in sorted(by, key=int) if n in runs[a]]
+            text += f" [{' '.join(each)}]"
+        return text
+    rss = max((v[1] for v in by.values()), key=float)
+    loss = list(by.values())[-1][2]
+    print(f"| {p} | {r} | {med[(p, r)]:,.0f} | {rss} | {loss} | {ratio('bf16-sparse')} | {ratio('fp32-sparse')} |")
 EOF
