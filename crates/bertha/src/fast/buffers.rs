@@ -40,8 +40,20 @@ pub(crate) fn zeros(len: usize) -> Vec<f32> {
     fresh_zeros(len)
 }
 
+/// Allocations of at least this many values (32 MiB, glibc's largest
+/// threshold for serving a request with fresh pages from `mmap`) come
+/// zeroed from `calloc`: fresh pages are zero already, and glibc does not
+/// clear them again, so the zeroing is the page faults' alone (on the
+/// threads that first write them) instead of a second pass over the
+/// buffer (a `small` step has ~270 MB of such buffers: the tied word
+/// embeddings' gradient, the logits, FFN pre-activations).
+const FRESH_PAGES: usize = (32 << 20) / std::mem::size_of::<f32>();
+
 /// `len` zeros in a new allocation.
 fn fresh_zeros(len: usize) -> Vec<f32> {
+    if len >= FRESH_PAGES {
+        return vec![0f32; len];
+    }
     let mut v: Vec<f32> = Vec::with_capacity(len);
     let spare = &mut v.spare_capacity_mut()[..len];
     if len <= CHUNK {
@@ -249,6 +261,10 @@ mod tests {
             let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
             assert_eq!(acc, want);
         }
+        // Past FRESH_PAGES the zeros come from calloc.
+        let big = zeros(FRESH_PAGES + 3);
+        assert_eq!(big.len(), FRESH_PAGES + 3);
+        assert!(big.iter().all(|&v| v == 0.0));
     }
 
     /// A buffer given back comes out again for a request of its length,
