@@ -55,63 +55,37 @@ macro_rules! store_tile {
 /// registers: the next multiply's rounded input, rounded as
 /// [`round_row_bf16`] rounds (`vcvtne2ps2bf16`), so the same bits.
 /// Columns past `bias.len()` are 0 (their weights and bias are), which
-/// pairs an odd last column with 0 as the rounding does.
+/// pairs an odd last column with 0 as the rounding does. With `raw` (fp32
+/// rows and their stride), each row's sums are first stored there as they
+/// are, before bias and activation: a layer's pre-activation for its
+/// backward and the next multiply's rounded input from one tile.
 macro_rules! store_pairs {
-    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr) => {{
+    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr, $raw:expr) => {{
         let (c, ldc, bias, act): (*mut u32, usize, &[f32], Option<Act>) = ($c, $ldc, $bias, $act);
+        let raw: Option<(*mut f32, usize)> = $raw;
         let (m0, m1) = masks(bias.len());
         let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
         let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
         let pairs = bias.len().div_ceil(2);
         let mask: __mmask16 = if pairs >= 16 { u16::MAX } else { (1u16 << pairs) - 1 };
         assert!($acc.len() <= 12, "store_pairs! stores at most 12 rows");
-        store_pairs!(@rows $acc, c, ldc, bias0, bias1, mask, act; 0 1 2 3 4 5 6 7 8 9 10 11);
+        store_pairs!(@rows $acc, c, ldc, bias0, bias1, m0, m1, mask, act, raw; 0 1 2 3 4 5 6 7 8 9 10 11);
     }};
-    (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $mask:ident,
-     $act:ident; $($r:literal)*) => {
+    (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $m0:ident, $m1:ident,
+     $mask:ident, $act:ident, $raw:ident; $($r:literal)*) => {
         $(
             if let Some(acc) = $acc.get($r) {
+                if let Some((raw, ld)) = $raw {
+                    let dst = raw.add($r * ld);
+                    _mm512_mask_storeu_ps(dst, $m0, acc[0]);
+                    _mm512_mask_storeu_ps(dst.wrapping_add(16), $m1, acc[1]);
+                }
                 let (mut v0, mut v1) = (_mm512_add_ps(acc[0], $b0), _mm512_add_ps(acc[1], $b1));
                 if let Some(act) = $act {
                     (v0, v1) = (activate(v0, act), activate(v1, act));
                 }
                 let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(v1, v0));
                 _mm512_mask_storeu_epi32($c.add($r * $ldc) as *mut i32, $mask, packed);
-            }
-        )*
-    };
-}
-
-/// Stores `R` rows × `bias.len()` (≤ 32) columns twice: the sums as they
-/// are (fp32, at `c`, rows `ldc` apart) and, after the bias and `act` in
-/// registers (when given), as bf16 pairs of adjacent columns (at `p`, rows `ldp` pairs
-/// apart) as [`store_pairs!`] stores them: a layer's pre-activation for
-/// its backward and the next multiply's rounded input, from one tile.
-macro_rules! store_both {
-    ($acc:ident, $c:expr, $ldc:expr, $p:expr, $ldp:expr, $bias:expr, $act:expr) => {{
-        let (c, ldc, p, ldp, bias, act): (*mut f32, usize, *mut u32, usize, &[f32], Option<Act>) =
-            ($c, $ldc, $p, $ldp, $bias, $act);
-        let (m0, m1) = masks(bias.len());
-        let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
-        let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
-        let pairs = bias.len().div_ceil(2);
-        let mask: __mmask16 = if pairs >= 16 { u16::MAX } else { (1u16 << pairs) - 1 };
-        assert!($acc.len() <= 12, "store_both! stores at most 12 rows");
-        store_both!(@rows $acc, c, ldc, p, ldp, bias0, bias1, m0, m1, mask, act; 0 1 2 3 4 5 6 7 8 9 10 11);
-    }};
-    (@rows $acc:ident, $c:ident, $ldc:ident, $p:ident, $ldp:ident, $b0:ident, $b1:ident,
-     $m0:ident, $m1:ident, $mask:ident, $act:ident; $($r:literal)*) => {
-        $(
-            if let Some(acc) = $acc.get($r) {
-                let dst = $c.add($r * $ldc);
-                _mm512_mask_storeu_ps(dst, $m0, acc[0]);
-                _mm512_mask_storeu_ps(dst.wrapping_add(16), $m1, acc[1]);
-                let (mut v0, mut v1) = (_mm512_add_ps(acc[0], $b0), _mm512_add_ps(acc[1], $b1));
-                if let Some(act) = $act {
-                    (v0, v1) = (activate(v0, act), activate(v1, act));
-                }
-                let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(v1, v0));
-                _mm512_mask_storeu_epi32($p.add($r * $ldp) as *mut i32, $mask, packed);
             }
         )*
     };
@@ -414,8 +388,10 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     }
     match out {
         TileOut::F32 { c, ldc, accumulate } => store_tile!(acc, c, ldc, bias, act, accumulate),
-        TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act),
-        TileOut::Both { c, ldc, pairs, ldp } => store_both!(acc, c, ldc, pairs, ldp, bias, act),
+        TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act, None),
+        TileOut::Both { c, ldc, pairs, ldp } => {
+            store_pairs!(acc, pairs, ldp, bias, act, Some((c, ldc)))
+        }
     }
 }
 
