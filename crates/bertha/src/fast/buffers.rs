@@ -45,7 +45,7 @@ pub(crate) fn zeros(len: usize) -> Vec<f32> {
 /// zeroed from `calloc`: fresh pages are zero already, and glibc does not
 /// clear them again, so the zeroing is the page faults' alone (on the
 /// threads that first write them) instead of a second pass over the
-/// buffer (a `small` step has ~270 MB of such buffers: the tied word
+/// buffer (a `small` step has ~240 MB of such buffers: the tied word
 /// embeddings' gradient, the logits, FFN pre-activations).
 const FRESH_PAGES: usize = (32 << 20) / std::mem::size_of::<f32>();
 
