@@ -399,10 +399,9 @@ unsafe fn tile(
             }
             *s = acc;
         }
-        let biased = |sums: &mut [f32]| sums.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
         match out {
             TileOut::F32 { c, ldc, accumulate } => {
-                biased(sums);
+                sums.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
                 // SAFETY: row r < mr, columns < bias.len() of the caller's tile.
                 let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), bias.len()) };
                 for (y, s) in y.iter_mut().zip(&*sums) {
@@ -413,30 +412,43 @@ unsafe fn tile(
                 }
             }
             TileOut::Pairs { c, ldc } => {
-                biased(sums);
-                if let Some(act) = act {
-                    activate_body(sums, act);
-                }
-                let n2 = sums.len().div_ceil(2);
-                // SAFETY: row r < mr, pairs < ⌈bias.len() / 2⌉ of the tile.
-                let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n2) };
-                round_row_on(false, sums, y);
+                let raw = None;
+                // SAFETY: row r < mr of the caller's tile.
+                unsafe { store_pairs_row(sums, bias, act, (c.add(r * ldc), raw)) };
             }
             TileOut::Both { c, ldc, pairs, ldp } => {
-                // SAFETY: row r < mr, columns < bias.len() of the caller's tile.
-                let y = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), bias.len()) };
-                y.copy_from_slice(sums);
-                biased(sums);
-                if let Some(act) = act {
-                    activate_body(sums, act);
-                }
-                let n2 = sums.len().div_ceil(2);
-                // SAFETY: row r < mr, pairs < ⌈bias.len() / 2⌉ of the tile.
-                let y = unsafe { std::slice::from_raw_parts_mut(pairs.add(r * ldp), n2) };
-                round_row_on(false, sums, y);
+                let raw = Some(c.wrapping_add(r * ldc));
+                // SAFETY: row r < mr of the caller's tile.
+                unsafe { store_pairs_row(sums, bias, act, (pairs.add(r * ldp), raw)) };
             }
         }
     }
+}
+
+/// One row of the scalar tile stored as bf16 pairs of `act(sums + bias)`
+/// at `to`, after the sums as they are at `raw` (when given): the scalar
+/// twin of the AVX-512 kernel's `store_pairs!`.
+///
+/// # Safety
+/// `to` must address `⌈sums.len() / 2⌉` pairs and `raw` `sums.len()`
+/// values that no one else reads or writes meanwhile.
+unsafe fn store_pairs_row(
+    sums: &mut [f32],
+    bias: &[f32],
+    act: Option<Act>,
+    (to, raw): (*mut u32, Option<*mut f32>),
+) {
+    if let Some(raw) = raw {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(raw, sums.len()) }.copy_from_slice(sums);
+    }
+    sums.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
+    if let Some(act) = act {
+        activate_body(sums, act);
+    }
+    // SAFETY: the caller's contract.
+    let y = unsafe { std::slice::from_raw_parts_mut(to, sums.len().div_ceil(2)) };
+    round_row_on(false, sums, y);
 }
 
 /// Output rows per [`tile_bf16`] call.

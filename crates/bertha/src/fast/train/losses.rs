@@ -14,6 +14,16 @@ pub(crate) struct CrossEntropy {
     pub correct: usize,
 }
 
+impl CrossEntropy {
+    /// The pass's figures from each row's loss and whether it was right.
+    fn of(rows: &[(f64, bool)]) -> Self {
+        Self {
+            sum: rows.iter().map(|r| r.0).sum(),
+            correct: rows.iter().filter(|r| r.1).count(),
+        }
+    }
+}
+
 multiversion! {
     fn ce_rows = ce_rows_body(logits: &mut [f32], c: usize, targets: &[u32], weight: f32, out: &mut [(f64, bool)]);
 }
@@ -38,10 +48,7 @@ pub(crate) fn cross_entropy(
         .zip(targets.par_chunks(ROWS))
         .zip(rows.par_chunks_mut(ROWS))
         .for_each(|((l, t), o)| ce_rows(l, c, t, weight, o));
-    CrossEntropy {
-        sum: rows.iter().map(|r| r.0).sum(),
-        correct: rows.iter().filter(|r| r.1).count(),
-    }
+    CrossEntropy::of(&rows)
 }
 
 /// Rows per block of [`cross_entropy_to_pairs`]: each block sums its
@@ -98,10 +105,7 @@ pub(crate) fn cross_entropy_to_pairs(
     for part in &partials {
         add(col_sums, part);
     }
-    CrossEntropy {
-        sum: rows.iter().map(|r| r.0).sum(),
-        correct: rows.iter().filter(|r| r.1).count(),
-    }
+    CrossEntropy::of(&rows)
 }
 
 /// Rows of [`cross_entropy`]: each row's loss and whether its largest
