@@ -180,7 +180,7 @@ impl PackedBf16 {
             Dest::F32(y) => Base::F32(SharedOut(y.as_mut_ptr())),
             Dest::Pairs(p) => Base::Pairs(SharedPairs(p.as_mut_ptr())),
         };
-        for_each_task(m, n, |p, rows| {
+        for_each_task(m, n, std::mem::size_of_val(pairs), |p, rows| {
             let panel = &self.panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
             let cs = p * NR..(p * NR + NR).min(n);
             let bias = &bias[cs];
@@ -1104,7 +1104,7 @@ unsafe fn product_bf16_into(
         }
     };
     if parallel {
-        for_each_task(m, n, task);
+        for_each_task(m, n, std::mem::size_of_val(pairs), task);
     } else {
         (0..n.div_ceil(NR)).for_each(|p| task(p, 0..m));
     }
@@ -1248,11 +1248,20 @@ mod tests {
     /// A left operand whose rows lie further apart than their length is
     /// read in place, and the serial product (a parallel task's, into rows
     /// `ldc` apart, scaled) gives the parallel product's bits, leaving the
-    /// columns between its rows alone; with `accumulate` it adds.
+    /// columns between its rows alone; with `accumulate` it adds. The
+    /// first case's left operand is larger than L2, so its parallel tasks
+    /// go block of rows by block.
     #[test]
     fn serial_and_strided_products_equal_the_parallel_contiguous_ones() {
         let val = |i: usize| ((i as f32) * 0.731).cos();
-        for (m, n, k) in [(130, 70, 129), (7, 33, 5), (24, 45, 64), (1, 1, 1)] {
+        const _: () = assert!(1030 * 520 / 2 * 4 > super::super::LEFT_IN_L2);
+        for (m, n, k) in [
+            (1030, 70, 520),
+            (130, 70, 129),
+            (7, 33, 5),
+            (24, 45, 64),
+            (1, 1, 1),
+        ] {
             let wide = k + 3;
             let a_wide: Vec<f32> = (0..m * wide).map(val).collect();
             let a: Vec<f32> = (0..m * k).map(|i| a_wide[(i / k) * wide + i % k]).collect();

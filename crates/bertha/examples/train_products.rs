@@ -1,0 +1,78 @@
+//! Times the bf16 matrix products of a `small` pre-training step (32 × 128
+//! tokens, 614 masked rows through the decoder) one shape at a time, with
+//! their operand rounding and packing, beside the bf16 instruction peak:
+//! forward `x · Wᵀ`, input gradient `dy · W`, weight gradient `dyᵀ · x`.
+//!
+//! ```sh
+//! cargo run --release -p bertha --example train_products -- [reps]
+//! SHAPE=decoder cargo run --release -p bertha --example train_products -- 50
+//! ```
+//! (best of `reps`, default 5; `SHAPE` picks one of qkv, out, ffn-in,
+//! ffn-out, decoder).
+use bertha::fast::instruction_peak_gops;
+use bertha::fast::train::Compute;
+use bertha::fast::Precision;
+use std::time::Instant;
+
+fn data(len: usize, seed: u32) -> Vec<f32> {
+    (0..len)
+        .map(|i| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
+}
+
+fn main() {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
+    let peak = instruction_peak_gops(Precision::Bf16).unwrap_or(f64::NAN);
+    let c = Compute::Bf16;
+    let t = 4096;
+    let shapes: [(&str, usize, usize, usize); 5] = [
+        ("qkv", t, 512, 1536),
+        ("out", t, 512, 512),
+        ("ffn-in", t, 512, 2048),
+        ("ffn-out", t, 2048, 512),
+        ("decoder", 614, 512, 30522),
+    ];
+    println!("peak {peak:.1}");
+    let only = std::env::var("SHAPE").ok();
+    for (name, m, k, n) in shapes {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let (x, w, b) = (data(m * k, 1), data(n * k, 2), data(n, 3));
+        let mut y = vec![0f32; m * n];
+        let dy = data(m * n, 4);
+        let mut dx = vec![0f32; m * k];
+        let mut dw = vec![0f32; n * k];
+        let flops = 2.0 * (m * n * k) as f64;
+        let mut best = [f64::MAX; 3];
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            c.forward(&x, &w, Some(&b), &mut y, m);
+            best[0] = best[0].min(t0.elapsed().as_secs_f64());
+            let t0 = Instant::now();
+            c.input_grad(&dy, &w, &mut dx, m, false);
+            best[1] = best[1].min(t0.elapsed().as_secs_f64());
+            let t0 = Instant::now();
+            c.weight_grad(&dy, &x, &mut dw, m);
+            best[2] = best[2].min(t0.elapsed().as_secs_f64());
+        }
+        let r: Vec<String> = best
+            .iter()
+            .map(|s| {
+                format!(
+                    "{:.0} ({:.2}) {:.2}ms",
+                    flops / s / 1e9,
+                    flops / s / 1e9 / peak,
+                    s * 1e3
+                )
+            })
+            .collect();
+        println!(
+            "{name:>8} m{m} k{k} n{n}: fwd {} | dx {} | dw {}",
+            r[0], r[1], r[2]
+        );
+    }
+}
