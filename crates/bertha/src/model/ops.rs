@@ -27,6 +27,7 @@ use crate::fast::kernels::{
     erf, fast_exp, gelu_erf, gelu_tanh, gelu_tanh_inner, lane_dot_centered, lane_sum,
     layer_norm_into, multiversion, row_stats, softmax_row, Act, ROWS_PER_TASK,
 };
+use crate::fast::matmul::round_row;
 
 multiversion! {
     pub(crate) fn softmax_rows = softmax_rows_body(x: &mut [f32], d: usize);
@@ -223,6 +224,52 @@ pub(crate) fn bias_act_backward(
         let n = dz.len();
         bias_act_bwd_rows(&x[at..at + n], bias, &dy[at..at + n], dz, part, act);
     });
+    add_into(dbias, &sums);
+}
+
+/// [`bias_act_backward`] with `dz` stored only as bf16 pairs, `⌈d / 2⌉`
+/// per row, as a bf16 product's operand reads it: the training step's
+/// FFN input gradient, which feeds only the products (and the bias
+/// gradient, summed here from the fp32 values as [`bias_act_backward`]
+/// sums them, in the same order). The same bits as that function's `dz`
+/// rounded apart, without writing or reading the fp32 `dz`.
+pub(crate) fn bias_act_backward_to_pairs(
+    x: &[f32],
+    bias: &[f32],
+    dy: &[f32],
+    dz: &mut [u32],
+    dbias: &mut [f32],
+    act: Act,
+) {
+    let d = bias.len();
+    let (d2, rows) = (d.div_ceil(2), x.len() / d.max(1));
+    assert!(
+        x.len() == rows * d && dy.len() == x.len() && dz.len() == rows * d2,
+        "bias_act_backward_to_pairs: x, dy and the pairs are not [{rows}, {d}] and [{rows}, {d2}]"
+    );
+    if d == 0 {
+        return;
+    }
+    let partials: Vec<Vec<f32>> = dz
+        .par_chunks_mut(d2 * ROWS_PER_TASK)
+        .enumerate()
+        .map(|(block, pairs)| {
+            let (mut part, mut row) = (vec![0f32; d], vec![0f32; d]);
+            let at = block * ROWS_PER_TASK * d;
+            for (r, out) in pairs.chunks_exact_mut(d2).enumerate() {
+                let span = at + r * d..at + (r + 1) * d;
+                bias_act_bwd_rows(&x[span.clone()], bias, &dy[span], &mut row, &mut part, act);
+                round_row(&row, out);
+            }
+            part
+        })
+        .collect();
+    let mut sums = vec![0f32; d];
+    for part in &partials {
+        for (s, p) in sums.iter_mut().zip(part) {
+            *s += p;
+        }
+    }
     add_into(dbias, &sums);
 }
 
@@ -627,6 +674,38 @@ fn bias_act_bwd_rows_body(
             Act::GeluErf => each!(Act::GeluErf),
             Act::GeluTanh => each!(Act::GeluTanh),
             Act::Relu => each!(Act::Relu),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pairs pass stores the bits of rounding the fp32 pass's `dz` row
+    /// by row, and adds the same bias gradient, over several blocks of rows
+    /// and an odd width.
+    #[test]
+    fn the_pairs_pass_equals_the_fp32_pass_then_rounding() {
+        let (rows, d) = (2 * ROWS_PER_TASK + 3, 37);
+        let val = |i: usize, s: f32| ((i as f32) * 0.377 + s).sin() * 2.0;
+        let x: Vec<f32> = (0..rows * d).map(|i| val(i, 0.0)).collect();
+        let dy: Vec<f32> = (0..rows * d).map(|i| val(i, 1.0)).collect();
+        let bias: Vec<f32> = (0..d).map(|i| val(i, 2.0) * 0.1).collect();
+        for act in [Act::GeluErf, Act::GeluTanh, Act::Relu] {
+            let start: Vec<f32> = (0..d).map(|i| val(i, 3.0)).collect();
+            let (mut dz, mut want_db) = (vec![0f32; rows * d], start.clone());
+            bias_act_backward(&x, &bias, &dy, &mut dz, &mut want_db, act);
+            let d2 = d.div_ceil(2);
+            let mut want = vec![0u32; rows * d2];
+            for (row, out) in dz.chunks_exact(d).zip(want.chunks_exact_mut(d2)) {
+                round_row(row, out);
+            }
+            let (mut got, mut db) = (vec![7u32; rows * d2], start);
+            bias_act_backward_to_pairs(&x, &bias, &dy, &mut got, &mut db, act);
+            assert_eq!(got, want, "{act:?}: pairs");
+            assert_eq!(db, want_db, "{act:?}: bias gradient");
+            assert!(want.iter().any(|&w| w != 0), "{act:?}: a gradient");
         }
     }
 }

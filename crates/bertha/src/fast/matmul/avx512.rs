@@ -1,7 +1,7 @@
 //! The AVX-512 micro-kernels of [`super`]: fp32 tiles and int8 VNNI
 //! products, and the activation quantizer, in registers.
 
-use super::bf16::{PairsIn, TileOut};
+use super::bf16::{PairsIn, Source, TileOut};
 use super::{group_quads, GroupQuant, I8Tile, NR};
 
 /// How far ahead (panel rows: 128 bytes each, in both kernels) the
@@ -395,23 +395,18 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     }
 }
 
-/// Rows `r0..r0 + 48` of the transpose `a[r, c] = data[c·cs + r]` as the
+/// Rows `r0..r0 + 48` of the transpose `a[r, c] = src[c, r]` as the
 /// interleaved pair blocks of `interleave_rows` (four blocks of 12 rows,
 /// `k2` steps of 12 words each, one after another at `out`): per step,
 /// source rows `2i` and `2i + 1` rounded by `vcvtne2ps2bf16` (as
-/// `round_bits` rounds) and interleaved by one `vpermw`.
+/// `round_bits` rounds; bf16 sources as they are) and interleaved by one
+/// `vpermw`.
 ///
 /// # Safety
-/// `data` must hold rows `0..k` (`cs` apart) of at least `r0 + 48`
-/// values, `out` `4 · k2 · 12` words.
+/// `src` must hold rows `0..k` of at least `r0 + 48` values, `out`
+/// `4 · k2 · 12` words.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub(super) unsafe fn interleave48_bf16(
-    data: &[f32],
-    cs: usize,
-    k: usize,
-    r0: usize,
-    out: &mut [u32],
-) {
+pub(super) unsafe fn interleave48_bf16(src: Source, k: usize, r0: usize, out: &mut [u32]) {
     const B: usize = 12;
     static LANES: [u16; 32] = [
         0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12,
@@ -419,21 +414,38 @@ pub(super) unsafe fn interleave48_bf16(
     ];
     let k2 = k.div_ceil(2);
     debug_assert!(out.len() >= 4 * k2 * B);
-    debug_assert!(k == 0 || data.len() >= (k - 1) * cs + r0 + 48);
+    debug_assert!(k == 0 || src.covers(k, r0 + 48));
     let idx = _mm512_loadu_si512(LANES.as_ptr() as *const __m512i);
-    let (src, dst) = (data.as_ptr(), out.as_mut_ptr() as *mut i32);
+    let dst = out.as_mut_ptr() as *mut i32;
     for i in 0..k2 {
-        let lo = src.add(2 * i * cs + r0);
-        let hi = src.wrapping_add((2 * i + 1) * cs + r0);
+        let has_hi = 2 * i + 1 < k;
         let mut w = [_mm512_setzero_si512(); 3];
         for (v, w) in w.iter_mut().enumerate() {
-            let l = _mm512_loadu_ps(lo.add(16 * v));
-            let h = if 2 * i + 1 < k {
-                _mm512_loadu_ps(hi.add(16 * v))
-            } else {
-                _mm512_setzero_ps()
+            // Sixteen values of row 2i in the low half, of row 2i + 1 in
+            // the high half.
+            let packed: __m512i = match src {
+                Source::F32 { data, cs } => {
+                    let lo = data.as_ptr().add(2 * i * cs + r0 + 16 * v);
+                    let l = _mm512_loadu_ps(lo);
+                    let h = match has_hi {
+                        true => _mm512_loadu_ps(lo.add(cs)),
+                        false => _mm512_setzero_ps(),
+                    };
+                    std::mem::transmute(_mm512_cvtne2ps_pbh(h, l))
+                }
+                Source::Pairs { data, row } => {
+                    // bf16 value c of a row is half c of its words (x86 is
+                    // little-endian: the low half first).
+                    let halves = data.as_ptr() as *const u16;
+                    let lo = halves.add(2 * (2 * i * row) + r0 + 16 * v);
+                    let l = _mm256_loadu_si256(lo as *const __m256i);
+                    let h = match has_hi {
+                        true => _mm256_loadu_si256(lo.add(2 * row) as *const __m256i),
+                        false => _mm256_setzero_si256(),
+                    };
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h)
+                }
             };
-            let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h, l));
             *w = _mm512_permutexvar_epi16(idx, packed);
         }
         // Words 0..48 of the step go 12 to a block; a masked store writes

@@ -719,21 +719,51 @@ const _: () = assert!(MR_BF16 == 12 && INTERLEAVE_BLOCKS == 4);
 /// of each source row.
 const INTERLEAVE_BLOCKS: usize = 4;
 
-/// The transpose `a[r, c] = data[c·cs + r]` (`[m, k]`) as bf16 pairs of
-/// its columns, in blocks of [`MR_BF16`] rows (a tile's), step after step:
+/// The rows of a matrix whose transpose is a product's left operand
+/// (a weight gradient's `dy`): `k` rows of at least `m` values.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// fp32, rows `cs` apart, rounded as they are read.
+    F32 { data: &'a [f32], cs: usize },
+    /// bf16 pairs, `row` words per row (value `c` of a row is the low half
+    /// of word `c / 2` for even `c`, the high half for odd).
+    Pairs { data: &'a [u32], row: usize },
+}
+
+impl Source<'_> {
+    /// Value `c` of row `r` as bf16 bits.
+    #[inline(always)]
+    fn bits(&self, r: usize, c: usize) -> u32 {
+        match *self {
+            Source::F32 { data, cs } => round_bits(data[r * cs + c]),
+            Source::Pairs { data, row } => data[r * row + c / 2] >> (16 * (c % 2)) & 0xffff,
+        }
+    }
+
+    /// Whether it holds `rows` rows of at least `width` values.
+    pub(crate) fn covers(&self, rows: usize, width: usize) -> bool {
+        rows == 0
+            || match *self {
+                Source::F32 { data, cs } => data.len() >= (rows - 1) * cs + width,
+                Source::Pairs { data, row } => {
+                    2 * row >= width && data.len() >= (rows - 1) * row + width.div_ceil(2)
+                }
+            }
+    }
+}
+
+/// The transpose `a[r, c] = src[c, r]` (`[m, k]`) as bf16 pairs of its
+/// columns, in blocks of [`MR_BF16`] rows (a tile's), step after step:
 /// word `(b·k2 + i)·MR_BF16 + j` pairs `a[r, 2i]` (low half) with
 /// `a[r, 2i + 1]` (0 past `k`), `r = b·MR_BF16 + j`. That is source rows
 /// `2i` and `2i + 1` rounded and interleaved, no transpose; a tile reads
 /// its block's pairs as one stream ([`PairsIn`] `row` 1, `pair`
 /// `MR_BF16`). Words of rows past `m` in the last block are not written.
-fn interleave_rows(
-    data: &[f32],
-    cs: usize,
-    k: usize,
-    m: usize,
-    out: &mut Vec<u32>,
-    parallel: bool,
-) {
+fn interleave_rows(src: Source, k: usize, m: usize, out: &mut Vec<u32>, parallel: bool) {
+    assert!(
+        src.covers(k, m),
+        "interleave_rows: the source is not [{k}, {m}]"
+    );
     let k2 = k.div_ceil(2);
     let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
     // Every word read is written below: grow the buffer, never zero it.
@@ -746,55 +776,37 @@ fn interleave_rows(
         #[cfg(target_arch = "x86_64")]
         if simd && m - r0 >= 48 {
             // SAFETY: the CPU has AVX512-BF16; rows r0..r0 + 48 are inside
-            // every source row (m of them, cs apart), and the task's four
-            // blocks hold 4 · k2 · 12 words.
-            unsafe { super::avx512::interleave48_bf16(data, cs, k, r0, blocks) };
+            // every source row (k rows of m values, checked above), and the
+            // task's four blocks hold 4 · k2 · 12 words.
+            unsafe { super::avx512::interleave48_bf16(src, k, r0, blocks) };
             return;
         }
         let _ = simd;
-        interleave_blocks(data, cs, k, m, r0, blocks)
+        interleave_blocks(src, k, m, r0, blocks)
     };
     let chunk = (INTERLEAVE_BLOCKS * MR_BF16 * k2).max(1);
     each_chunk(&mut out[..len], (chunk, 1), parallel, task);
 }
 
 multiversion! {
-    fn interleave_blocks = interleave_blocks_body(data: &[f32], cs: usize, k: usize, m: usize, r0: usize, out: &mut [u32]);
+    fn interleave_blocks = interleave_blocks_body(src: Source, k: usize, m: usize, r0: usize, out: &mut [u32]);
 }
 
 /// The blocks of [`interleave_rows`] from row `r0` (as many as `out`
 /// holds).
 #[inline(always)]
-fn interleave_blocks_body(data: &[f32], cs: usize, k: usize, m: usize, r0: usize, out: &mut [u32]) {
+fn interleave_blocks_body(src: Source, k: usize, m: usize, r0: usize, out: &mut [u32]) {
     const B: usize = MR_BF16;
     let k2 = k.div_ceil(2);
     let rows = (m - r0).min(out.len() / k2.max(1));
     for i in 0..k2 {
-        let lo = &data[2 * i * cs + r0..][..rows];
-        let hi = (2 * i + 1 < k).then(|| &data[(2 * i + 1) * cs + r0..][..rows]);
+        let hi = 2 * i + 1 < k;
         for (b, dst) in out.chunks_exact_mut(k2 * B).enumerate() {
             let dst = &mut dst[i * B..][..B];
-            let at = b * B;
-            if at + B <= rows {
-                let l: &[f32; B] = lo[at..at + B].try_into().expect("a block of B");
-                match hi {
-                    Some(hi) => {
-                        let h: &[f32; B] = hi[at..at + B].try_into().expect("a block of B");
-                        for j in 0..B {
-                            dst[j] = round_bits(l[j]) | round_bits(h[j]) << 16;
-                        }
-                    }
-                    None => {
-                        for j in 0..B {
-                            dst[j] = round_bits(l[j]);
-                        }
-                    }
-                }
-            } else {
-                for j in 0..rows.saturating_sub(at) {
-                    let h = hi.map_or(0, |hi| round_bits(hi[at + j]));
-                    dst[j] = round_bits(lo[at + j]) | h << 16;
-                }
+            let at = r0 + b * B;
+            for (j, w) in dst.iter_mut().enumerate().take(rows.saturating_sub(b * B)) {
+                let h = if hi { src.bits(2 * i + 1, at + j) } else { 0 };
+                *w = src.bits(2 * i, at + j) | h << 16;
             }
         }
     }
@@ -876,6 +888,21 @@ pub fn product_bf16_pairs(
     with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
 }
 
+/// [`product_bf16`] with the left operand the transpose of a matrix
+/// already rounded: `a` holds `k` rows of `⌈m / 2⌉` bf16 pairs (a weight
+/// gradient's `dy`, as the pass that made it stored it), and the product
+/// reads `aᵀ` `[m, k]`.
+pub fn product_bf16_transposed_pairs(
+    (m, n, k): (usize, usize, usize),
+    a: &[u32],
+    b: Strided,
+    c: &mut [f32],
+    sums: Sums,
+) {
+    let (a, store) = (Left::TransposedPairs(a), Store::Sums(sums));
+    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+}
+
 /// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums and, from the
 /// same register tiles, `pairs` `[m, ⌈n / 2⌉]`: `act(c + bias)` as bf16
 /// pairs. A layer's pre-activation, kept for its backward, and the next
@@ -913,6 +940,8 @@ enum Left<'a> {
     Strided(Strided<'a>),
     /// Rows of `⌈k / 2⌉` bf16 pairs, rounded before.
     Pairs(&'a [u32]),
+    /// The transpose of `k` rows of `⌈m / 2⌉` bf16 pairs.
+    TransposedPairs(&'a [u32]),
 }
 
 /// What a product's tiles store.
@@ -1029,12 +1058,19 @@ unsafe fn product_bf16_into(
         assert_eq!(bias.len(), n, "product_bf16: bias is not [{n}]");
     }
     let k2 = k.div_ceil(2);
-    if let Left::Pairs(p) = a {
-        assert_eq!(
+    match a {
+        Left::Pairs(p) => assert_eq!(
             p.len(),
             m * k2,
             "product_bf16: left pairs are not [{m}, {k2}]"
-        );
+        ),
+        Left::TransposedPairs(p) => assert_eq!(
+            p.len(),
+            k * m.div_ceil(2),
+            "product_bf16: the left operand's pairs are not [{k}, {}]",
+            m.div_ceil(2)
+        ),
+        Left::Strided(_) => {}
     }
     if m == 0 || n == 0 {
         return;
@@ -1043,15 +1079,31 @@ unsafe fn product_bf16_into(
     // A transposed left operand (a weight gradient's dYᵀ) is read as its
     // rows interleaved two by two, every step's pairs side by side: no
     // transpose. Others as rows of pairs.
-    let interleaved = matches!(a, Left::Strided(a) if a.cs != 1 && a.rs == 1);
+    let interleaved = match a {
+        Left::Strided(a) => a.cs != 1 && a.rs == 1,
+        Left::Pairs(_) => false,
+        Left::TransposedPairs(_) => true,
+    };
     let pairs: &[u32] = match a {
         Left::Pairs(p) => p,
+        Left::TransposedPairs(p) => {
+            let src = Source::Pairs {
+                data: p,
+                row: m.div_ceil(2),
+            };
+            interleave_rows(src, k, m, pairs, parallel);
+            &pairs[..m.div_ceil(MR_BF16) * MR_BF16 * k2]
+        }
         Left::Strided(a) => {
             a.check(m, k, "product_bf16 left operand");
             if a.cs == 1 {
                 round_rows_strided(simd, parallel, (a.data, a.rs), m, k, k2, pairs);
             } else if interleaved {
-                interleave_rows(a.data, a.cs, k, m, pairs, parallel);
+                let src = Source::F32 {
+                    data: a.data,
+                    cs: a.cs,
+                };
+                interleave_rows(src, k, m, pairs, parallel);
             } else {
                 round_strided(a, m, k, k2, pairs);
             }
@@ -1326,6 +1378,38 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A weight gradient whose `dy` comes as bf16 pairs (rounded where it
+    /// was made) has the bits of the one that rounds the fp32 `dy` itself:
+    /// the interleave from pairs (AVX-512 over 48 columns, the scalar loop
+    /// for the rest) equals the one from fp32, with odd widths and an odd
+    /// number of rows.
+    #[test]
+    fn products_of_transposed_pairs_equal_those_of_the_fp32_transpose() {
+        let val = |i: usize| ((i as f32) * 0.613).sin();
+        for (n, rows, k) in [(101, 37, 50), (61, 8, 33), (3, 1, 5)] {
+            let dy: Vec<f32> = (0..rows * n).map(val).collect();
+            let x: Vec<f32> = (0..rows * k).map(|i| val(i + 77)).collect();
+            let n2 = n.div_ceil(2);
+            let mut pairs = vec![0u32; rows * n2];
+            for (row, out) in dy.chunks_exact(n).zip(pairs.chunks_exact_mut(n2)) {
+                round_row(row, out);
+            }
+            let start: Vec<f32> = (0..n * k).map(|i| val(i + 5000)).collect();
+            let sums = Sums {
+                bias: None,
+                accumulate: true,
+            };
+            let mut want = start.clone();
+            let a = Strided::transposed(&dy, n);
+            product_bf16((n, k, rows), a, Strided::rows(&x, k), &mut want, sums);
+            let mut got = start.clone();
+            let b = Strided::rows(&x, k);
+            product_bf16_transposed_pairs((n, k, rows), &pairs, b, &mut got, sums);
+            assert_eq!(got, want, "dyᵀ [{n}, {rows}] · x [{rows}, {k}]");
+            assert_ne!(got, start);
         }
     }
 

@@ -26,7 +26,10 @@ use crate::error::{Error, Result};
 use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
 use crate::fast::matmul::as_words_mut;
-use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums, layer_norm_backward};
+use crate::model::ops::{
+    bias_act_backward, bias_act_backward_to_pairs, bias_act_forward, column_sums,
+    layer_norm_backward,
+};
 use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
 
 /// A linear layer: weight `[out, in]` (as `nn.Linear`) and bias.
@@ -747,20 +750,28 @@ fn layer_backward(
     layer.ffn_out.backward(&g, &d_o, Some(&mut dg), m, false);
     recycle(g);
     recycle(d_o);
-    let mut df = scratch(m * inter);
-    bias_act_backward(
-        &t.f,
-        &layer.ffn_in.b.data,
-        &dg,
-        &mut df,
-        &mut layer.ffn_in.b.grad,
-        act,
-    );
-    recycle(dg);
-    compute.weight_grad(&df, &t.ffn_x, &mut layer.ffn_in.w.grad, m);
     let mut dffn_x = scratch(m * d);
-    compute.input_grad(&df, &layer.ffn_in.w.data, &mut dffn_x, m, false);
-    recycle(df);
+    match compute {
+        Compute::F32 => {
+            let mut df = scratch(m * inter);
+            let ffn_in = &mut layer.ffn_in;
+            bias_act_backward(&t.f, &ffn_in.b.data, &dg, &mut df, &mut ffn_in.b.grad, act);
+            compute.weight_grad(&df, &t.ffn_x, &mut ffn_in.w.grad, m);
+            compute.input_grad(&df, &ffn_in.w.data, &mut dffn_x, m, false);
+            recycle(df);
+        }
+        Compute::Bf16 => {
+            // The input gradient feeds only the two products (and the bias
+            // gradient, summed as it is made): made as their bf16 pairs.
+            let mut words = scratch(m * inter.div_ceil(2));
+            let (df, ffn_in) = (as_words_mut(&mut words), &mut layer.ffn_in);
+            bias_act_backward_to_pairs(&t.f, &ffn_in.b.data, &dg, df, &mut ffn_in.b.grad, act);
+            products::weight_grad_pairs_bf16(df, inter, &t.ffn_x, &mut ffn_in.w.grad, m);
+            products::input_grad_pairs_bf16(df, inter, &ffn_in.w.data, &mut dffn_x, m);
+            recycle(words);
+        }
+    }
+    recycle(dg);
     if pre {
         // ffn_x = LN2(s1)
         let mut tmp = scratch(m * d);

@@ -6,7 +6,10 @@
 
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
-use crate::fast::matmul::{product_bf16, product_bf16_act, product_bf16_pairs, Strided, Sums};
+use crate::fast::matmul::{
+    product_bf16, product_bf16_act, product_bf16_pairs, product_bf16_transposed_pairs, Strided,
+    Sums,
+};
 
 /// The number format of a training step's matrix products: fp32, or bf16
 /// operands with fp32 sums (AVX512-BF16's `vdpbf16ps`); whatever the
@@ -138,6 +141,18 @@ pub(crate) fn input_grad_pairs_bf16(dy: &[u32], n: usize, w: &[f32], dx: &mut [f
     check("linear weight", w, n, k);
     let sums = Sums::default();
     product_bf16_pairs((m, k, n), dy, Strided::rows(w, k), dx, sums);
+}
+
+/// `dw[n, k] += dyᵀ · x[m, k]` in bf16 products, for `dy` given as `m`
+/// rows of `⌈n / 2⌉` bf16 pairs (rounded where it was made).
+pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [f32], m: usize) {
+    let k = x.len() / m.max(1);
+    check("weight gradient", dw, n, k);
+    let sums = Sums {
+        bias: None,
+        accumulate: true,
+    };
+    product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, sums);
 }
 
 /// A matrix operand: its first element, row stride and column stride.
