@@ -431,7 +431,7 @@ pub(super) unsafe fn interleave48_bf16(src: Source, k: usize, r0: usize, out: &m
                         true => _mm512_loadu_ps(lo.add(cs)),
                         false => _mm512_setzero_ps(),
                     };
-                    std::mem::transmute(_mm512_cvtne2ps_pbh(h, l))
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(h, l))
                 }
                 Source::Pairs { data, row } => {
                     // bf16 value c of a row is half c of its words (x86 is
