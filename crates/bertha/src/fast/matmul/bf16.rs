@@ -560,7 +560,7 @@ fn round_bits(x: f32) -> u32 {
 /// `b` `[k, n]` rounded to bf16 and laid out as [`PackedBf16`]'s panels.
 fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
     let mut panels = Vec::new();
-    pack_panels_reusing(b, k, n, &mut panels, true);
+    pack_panels_reusing(Right::F32(b), k, n, &mut panels, true);
     panels
 }
 
@@ -568,7 +568,7 @@ fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
 /// `panels`, grown when short and otherwise not cleared: the packing
 /// writes every value but a partial last panel's padding columns, which
 /// are zeroed here.
-fn pack_panels_reusing(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>, parallel: bool) {
+fn pack_panels_reusing(b: Right, k: usize, n: usize, panels: &mut Vec<u16>, parallel: bool) {
     let k2 = k.div_ceil(2);
     let len = n.div_ceil(NR) * k2 * NR * 2;
     if panels.len() < len {
@@ -579,7 +579,10 @@ fn pack_panels_reusing(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>, pa
         if cols < NR {
             panel.fill(0);
         }
-        pack_panel(&b, k, c0, cols, panel)
+        match b {
+            Right::F32(b) => pack_panel(&b, k, c0, cols, panel),
+            Right::Pairs(words) => pack_panel_pairs(words, n.div_ceil(2), c0, cols, panel),
+        }
     };
     each_chunk(
         &mut panels[..len],
@@ -591,6 +594,53 @@ fn pack_panels_reusing(b: Strided, k: usize, n: usize, panels: &mut Vec<u16>, pa
 
 multiversion! {
     fn pack_panel = pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mut [u16]);
+    fn pack_panel_pairs = pack_panel_pairs_body(words: &[u32], row: usize, c0: usize, cols: usize, panel: &mut [u16]);
+}
+
+/// Columns `c0..c0 + cols` (`c0` even) of a matrix given as rows of `row`
+/// bf16 pairs into one panel: the bits [`pack_panel`] makes of its fp32
+/// values, by moving halves (a pair row takes the low halves of two rows'
+/// words, the next one their high halves). `panel` holds `⌈k / 2⌉` pair
+/// rows for the `k = words.len() / row` rows.
+#[inline(always)]
+fn pack_panel_pairs_body(words: &[u32], row: usize, c0: usize, cols: usize, panel: &mut [u16]) {
+    let k = words.len() / row.max(1);
+    let (w0, wn) = (c0 / 2, cols.div_ceil(2));
+    // SAFETY: any two u16 are a valid u32.
+    let (head, out, _) = unsafe { panel.align_to_mut::<u32>() };
+    if !head.is_empty() {
+        for (i, out) in panel
+            .chunks_exact_mut(NR * 2)
+            .enumerate()
+            .take(k.div_ceil(2))
+        {
+            for (j, o) in out.chunks_exact_mut(4).take(wn).enumerate() {
+                let a = words[2 * i * row + w0 + j];
+                let b = words.get((2 * i + 1) * row + w0 + j).copied().unwrap_or(0);
+                let b = if 2 * i + 1 < k { b } else { 0 };
+                o.copy_from_slice(&[a as u16, b as u16, (a >> 16) as u16, (b >> 16) as u16]);
+            }
+        }
+        return;
+    }
+    for (i, out) in out.chunks_exact_mut(NR).enumerate().take(k.div_ceil(2)) {
+        let r0 = &words[2 * i * row + w0..][..wn];
+        let r1 = match 2 * i + 1 < k {
+            true => &words[(2 * i + 1) * row + w0..][..wn],
+            false => &[][..],
+        };
+        if r1.is_empty() {
+            for (o, a) in out.chunks_exact_mut(2).zip(r0) {
+                o.copy_from_slice(&[a & 0xffff, a >> 16]);
+            }
+            continue;
+        }
+        // Word 2j of the pair row: value 2j of both rows (their words'
+        // low halves); word 2j + 1: value 2j + 1 (the high halves).
+        for ((o, a), b) in out.chunks_exact_mut(2).zip(r0).zip(r1) {
+            o.copy_from_slice(&[a & 0xffff | b << 16, a >> 16 | b & 0xffff_0000]);
+        }
+    }
 }
 
 /// Columns `c0..c0 + cols` of `b` into one panel (see [`PackedBf16`]),
@@ -694,6 +744,13 @@ fn pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mu
 pub(crate) fn as_f32(x: &[u32]) -> &[f32] {
     // SAFETY: u32 and f32 have one size and alignment, and every bit
     // pattern is an f32; the values are only moved, never computed on.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
+}
+
+/// fp32 storage holding bf16 pairs seen as their u32 words.
+pub(crate) fn as_words(x: &[f32]) -> &[u32] {
+    // SAFETY: u32 and f32 have one size and alignment, and every bit
+    // pattern is a u32.
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
 }
 
@@ -872,7 +929,17 @@ pub fn product_bf16(
     sums: Sums,
 ) {
     let (a, store) = (Left::Strided(a), Store::Sums(sums));
-    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+    with_buffers(|buffers| {
+        product_bf16_on(
+            features().bf16,
+            (m, n, k),
+            a,
+            Right::F32(b),
+            c,
+            store,
+            buffers,
+        )
+    })
 }
 
 /// [`product_bf16`] with the left operand already rounded: `m` rows of
@@ -885,7 +952,17 @@ pub fn product_bf16_pairs(
     sums: Sums,
 ) {
     let (a, store) = (Left::Pairs(a), Store::Sums(sums));
-    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+    with_buffers(|buffers| {
+        product_bf16_on(
+            features().bf16,
+            (m, n, k),
+            a,
+            Right::F32(b),
+            c,
+            store,
+            buffers,
+        )
+    })
 }
 
 /// [`product_bf16`] with the left operand the transpose of a matrix
@@ -900,6 +977,30 @@ pub fn product_bf16_transposed_pairs(
     sums: Sums,
 ) {
     let (a, store) = (Left::TransposedPairs(a), Store::Sums(sums));
+    with_buffers(|buffers| {
+        product_bf16_on(
+            features().bf16,
+            (m, n, k),
+            a,
+            Right::F32(b),
+            c,
+            store,
+            buffers,
+        )
+    })
+}
+
+/// [`product_bf16`] with the right operand already rounded: `b` holds `k`
+/// rows of `⌈n / 2⌉` bf16 pairs (a weight gradient's input, as the tiles
+/// that made it stored it).
+pub fn product_bf16_right_pairs(
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: &[u32],
+    c: &mut [f32],
+    sums: Sums,
+) {
+    let (a, b, store) = (Left::Strided(a), Right::Pairs(b), Store::Sums(sums));
     with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
 }
 
@@ -930,7 +1031,17 @@ pub fn product_bf16_act(
         pairs: SharedPairs(pairs.as_mut_ptr()),
     };
     let a = Left::Strided(a);
-    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+    with_buffers(|buffers| {
+        product_bf16_on(
+            features().bf16,
+            (m, n, k),
+            a,
+            Right::F32(b),
+            c,
+            store,
+            buffers,
+        )
+    })
 }
 
 /// A product's left operand.
@@ -942,6 +1053,15 @@ enum Left<'a> {
     Pairs(&'a [u32]),
     /// The transpose of `k` rows of `⌈m / 2⌉` bf16 pairs.
     TransposedPairs(&'a [u32]),
+}
+
+/// A product's right operand `[k, n]`.
+#[derive(Clone, Copy)]
+pub(crate) enum Right<'a> {
+    /// fp32 read through strides, rounded as it is packed.
+    F32(Strided<'a>),
+    /// Rows of `⌈n / 2⌉` bf16 pairs, rounded before.
+    Pairs(&'a [u32]),
 }
 
 /// What a product's tiles store.
@@ -998,7 +1118,7 @@ pub(crate) unsafe fn product_bf16_serial(
     let (a, store) = (Left::Strided(a), Store::Sums(sums));
     // SAFETY: the caller's contract.
     with_buffers(|buffers| unsafe {
-        product_bf16_into(run, (m, n, k), a, b, (c, ldc), store, buffers)
+        product_bf16_into(run, (m, n, k), a, Right::F32(b), (c, ldc), store, buffers)
     });
     if scale != 1.0 {
         for r in 0..m {
@@ -1021,7 +1141,7 @@ fn product_bf16_on(
     simd: bool,
     (m, n, k): (usize, usize, usize),
     a: Left,
-    b: Strided,
+    b: Right,
     c: &mut [f32],
     store: Store,
     buffers: &mut ProductBuffers,
@@ -1044,12 +1164,20 @@ unsafe fn product_bf16_into(
     Run { simd, parallel }: Run,
     (m, n, k): (usize, usize, usize),
     a: Left,
-    b: Strided,
+    b: Right,
     (c, ldc): (*mut f32, usize),
     store: Store,
     buffers: &mut ProductBuffers,
 ) {
-    b.check(k, n, "product_bf16 right operand");
+    match b {
+        Right::F32(b) => b.check(k, n, "product_bf16 right operand"),
+        Right::Pairs(p) => assert_eq!(
+            p.len(),
+            k * n.div_ceil(2),
+            "product_bf16: the right operand's pairs are not [{k}, {}]",
+            n.div_ceil(2)
+        ),
+    }
     let (bias, act) = match store {
         Store::Sums(sums) => (sums.bias, None),
         Store::Both { bias, act, .. } => (Some(bias), Some(act)),
@@ -1271,7 +1399,7 @@ mod tests {
                         simd,
                         (m, n, k),
                         Left::Strided(sa),
-                        sb,
+                        Right::F32(sb),
                         &mut c,
                         Store::Sums(sums),
                         buffers,
@@ -1413,6 +1541,36 @@ mod tests {
         }
     }
 
+    /// A weight gradient whose input comes as bf16 pairs (as the tiles
+    /// that made it stored them) has the bits of the one that packs the
+    /// fp32 input itself: full and partial panels, an odd width and an odd
+    /// number of rows.
+    #[test]
+    fn products_of_right_pairs_equal_those_of_the_fp32_operand() {
+        let val = |i: usize| ((i as f32) * 0.419).cos();
+        for (n, rows, k) in [(19, 45, 75), (12, 8, 64), (1, 1, 1)] {
+            let dy: Vec<f32> = (0..rows * n).map(val).collect();
+            let x: Vec<f32> = (0..rows * k).map(|i| val(i + 91)).collect();
+            let k2 = k.div_ceil(2);
+            let mut pairs = vec![0u32; rows * k2];
+            for (row, out) in x.chunks_exact(k).zip(pairs.chunks_exact_mut(k2)) {
+                round_row(row, out);
+            }
+            let start: Vec<f32> = (0..n * k).map(|i| val(i + 3000)).collect();
+            let sums = Sums {
+                bias: None,
+                accumulate: true,
+            };
+            let a = Strided::transposed(&dy, n);
+            let mut want = start.clone();
+            product_bf16((n, k, rows), a, Strided::rows(&x, k), &mut want, sums);
+            let mut got = start.clone();
+            product_bf16_right_pairs((n, k, rows), a, &pairs, &mut got, sums);
+            assert_eq!(got, want, "dyᵀ [{n}, {rows}] · x [{rows}, {k}]");
+            assert_ne!(got, start);
+        }
+    }
+
     /// Two multiplies chained through bf16 pairs stored by the first
     /// one's tiles give the bits of the fp32 chain (the second rounds the
     /// first's fp32 output itself), with an activation, odd widths and
@@ -1472,7 +1630,7 @@ mod tests {
                 let b1: Vec<f32> = (0..mid).map(|i| val(i + 5000) * 0.1).collect();
                 let mut buffers = ProductBuffers::default();
                 let mut run = |a: Left, b: Strided, c: &mut [f32], store: Store, (m, n, k)| {
-                    product_bf16_on(simd, (m, n, k), a, b, c, store, &mut buffers)
+                    product_bf16_on(simd, (m, n, k), a, Right::F32(b), c, store, &mut buffers)
                 };
                 let w1_t = Strided::transposed(&w1, k);
                 let mut want_f = vec![0f32; m * mid];

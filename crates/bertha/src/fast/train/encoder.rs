@@ -25,7 +25,7 @@ use crate::config::NormPosition;
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
-use crate::fast::matmul::as_words_mut;
+use crate::fast::matmul::{as_words, as_words_mut};
 use crate::model::ops::{
     bias_act_backward, bias_act_backward_to_pairs, bias_act_forward, column_sums,
     layer_norm_backward,
@@ -195,6 +195,10 @@ struct LayerTape {
     ffn_x: Vec<f32>,
     /// The FFN expansion before bias and activation.
     f: Vec<f32>,
+    /// bf16: the activation's output as FFN-out's rounded input (bf16
+    /// pairs in fp32-sized words), kept for FFN-out's weight gradient
+    /// (fp32 recomputes it from `f`).
+    g: Vec<f32>,
     /// Post-LN: FFN output + residual, the output LayerNorm's input.
     s2: Vec<f32>,
     masks: [Option<DropoutMask>; 3],
@@ -215,6 +219,7 @@ impl Drop for LayerTape {
             &mut t.s1,
             &mut t.ffn_x,
             &mut t.f,
+            &mut t.g,
             &mut t.s2,
         ] {
             recycle(std::mem::take(v));
@@ -609,7 +614,7 @@ impl Encoder {
                 products::forward_act_bf16(&t.ffn_x, w_in, (b_in, self.act), &mut t.f, pairs, m);
                 let (w_out, b_out) = (&layer.ffn_out.w.data, &layer.ffn_out.b.data);
                 products::forward_pairs_bf16(pairs, inter, w_out, b_out, &mut o, m);
-                recycle(g);
+                t.g = g;
             }
         }
         t.masks[2] = mask_of(&self.hidden_dropout);
@@ -743,12 +748,23 @@ fn layer_backward(
     if let Some(mask) = &t.masks[2] {
         drop_rows_of(mask, &mut d_o, rows, d);
     }
-    // FFN output: g = act(f + b) recomputed for its weight gradient.
-    let mut g = scratch(m * inter);
-    bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
     let mut dg = scratch(m * inter);
-    layer.ffn_out.backward(&g, &d_o, Some(&mut dg), m, false);
-    recycle(g);
+    match compute {
+        Compute::F32 => {
+            // FFN output: g = act(f + b) recomputed for its weight gradient.
+            let mut g = scratch(m * inter);
+            bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
+            layer.ffn_out.backward(&g, &d_o, Some(&mut dg), m, false);
+            recycle(g);
+        }
+        Compute::Bf16 => {
+            // FFN-out's input as the forward's tiles stored it.
+            let (g, ffn_out) = (as_words(&t.g), &mut layer.ffn_out);
+            products::weight_grad_of_pairs_bf16(&d_o, g, inter, &mut ffn_out.w.grad, m);
+            column_sums(&d_o, &mut ffn_out.b.grad);
+            compute.input_grad(&d_o, &ffn_out.w.data, &mut dg, m, false);
+        }
+    }
     recycle(d_o);
     let mut dffn_x = scratch(m * d);
     match compute {

@@ -7,8 +7,8 @@
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
-    product_bf16, product_bf16_act, product_bf16_pairs, product_bf16_transposed_pairs, Strided,
-    Sums,
+    product_bf16, product_bf16_act, product_bf16_pairs, product_bf16_right_pairs,
+    product_bf16_transposed_pairs, Strided, Sums,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -153,6 +153,18 @@ pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [
         accumulate: true,
     };
     product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, sums);
+}
+
+/// `dw[n, k] += dy[m, n]ᵀ · x` in bf16 products, for `x` given as `m` rows
+/// of `⌈k / 2⌉` bf16 pairs (as the tiles that made it stored it).
+pub(crate) fn weight_grad_of_pairs_bf16(dy: &[f32], x: &[u32], k: usize, dw: &mut [f32], m: usize) {
+    let n = dy.len() / m.max(1);
+    check("weight gradient", dw, n, k);
+    let sums = Sums {
+        bias: None,
+        accumulate: true,
+    };
+    product_bf16_right_pairs((n, k, m), Strided::transposed(dy, n), x, dw, sums);
 }
 
 /// A matrix operand: its first element, row stride and column stride.
