@@ -56,14 +56,15 @@ pub(crate) fn cross_entropy(
 const SUM_BLOCK: usize = 32;
 
 /// [`cross_entropy`] for a decoder whose backward products take bf16
-/// operands: in the same pass, each gradient row is also rounded to bf16
-/// pairs into `pairs` (`[N, ⌈C / 2⌉]`, the input gradient's left operand,
-/// the bits the product's own rounding gives) and the column sums of the
-/// gradient (the decoder bias's gradient) are added into `col_sums`, per
-/// block of [`SUM_BLOCK`] rows, then block by block (the same bits on any
-/// thread count). Saves two passes over the `[N, C]` gradient.
+/// operands: the gradient is made row by row in a per-thread row (the
+/// logits are read, not overwritten: nothing reads the fp32 gradient),
+/// rounded to bf16 pairs into `pairs` (`[N, ⌈C / 2⌉]`, both products' operand,
+/// the bits the products' own rounding gives), and its column sums (the
+/// decoder bias's gradient) are added into `col_sums`, per block of
+/// [`SUM_BLOCK`] rows, then block by block (the same bits on any thread
+/// count). Saves two passes over the `[N, C]` gradient and writing it.
 pub(crate) fn cross_entropy_to_pairs(
-    logits: &mut [f32],
+    logits: &[f32],
     c: usize,
     targets: &[u32],
     weight: f32,
@@ -83,21 +84,22 @@ pub(crate) fn cross_entropy_to_pairs(
     }
     let mut rows = vec![(0f64, false); targets.len()];
     let partials: Vec<Vec<f32>> = logits
-        .par_chunks_mut(c * SUM_BLOCK)
+        .par_chunks(c * SUM_BLOCK)
         .zip(targets.par_chunks(SUM_BLOCK))
         .zip(rows.par_chunks_mut(SUM_BLOCK))
         .zip(pairs.par_chunks_mut(c2 * SUM_BLOCK))
         .map(|(((l, t), o), p)| {
-            let mut sums = vec![0f32; c];
+            let (mut sums, mut grad) = (vec![0f32; c], vec![0f32; c]);
             for (((row, t), o), p) in l
-                .chunks_exact_mut(c)
+                .chunks_exact(c)
                 .zip(t.chunks(1))
                 .zip(o.chunks_mut(1))
                 .zip(p.chunks_exact_mut(c2))
             {
-                ce_rows(row, c, t, weight, o);
-                round_row(row, p);
-                add(&mut sums, row);
+                grad.copy_from_slice(row);
+                ce_rows(&mut grad, c, t, weight, o);
+                round_row(&grad, p);
+                add(&mut sums, &grad);
             }
             sums
         })
@@ -169,9 +171,9 @@ mod tests {
         );
     }
 
-    /// The fused pass gives [`cross_entropy`]'s loss and gradient, the
-    /// gradient's bf16 pairs as rounding it apart does, and its column
-    /// sums, over more than one block of rows and an odd width.
+    /// The fused pass gives [`cross_entropy`]'s loss, its gradient's bf16
+    /// pairs as rounding it apart does, and its column sums, over more than
+    /// one block of rows and an odd width; the logits stay as they were.
     #[test]
     fn the_pairs_pass_equals_the_loss_then_rounding_then_sums() {
         let (n, c) = (2 * SUM_BLOCK + 5, 37);
@@ -181,11 +183,11 @@ mod tests {
         let targets: Vec<u32> = (0..n).map(|r| (r * 5 % c) as u32).collect();
         let mut want = logits.clone();
         let want_ce = cross_entropy(&mut want, c, &targets, 0.25);
-        let (mut got, mut pairs) = (logits.clone(), vec![u32::MAX; n * c.div_ceil(2)]);
+        let mut pairs = vec![u32::MAX; n * c.div_ceil(2)];
         let mut sums = vec![1f32; c];
-        let ce = cross_entropy_to_pairs(&mut got, c, &targets, 0.25, &mut pairs, &mut sums);
+        let ce = cross_entropy_to_pairs(&logits, c, &targets, 0.25, &mut pairs, &mut sums);
         assert_eq!((ce.sum, ce.correct), (want_ce.sum, want_ce.correct));
-        assert_eq!(got, want, "the gradient in place");
+        assert_ne!(want, logits);
         let mut want_pairs = vec![0u32; c.div_ceil(2)];
         for (r, row) in want.chunks_exact(c).enumerate() {
             round_row(row, &mut want_pairs);

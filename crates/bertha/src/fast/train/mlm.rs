@@ -5,8 +5,8 @@ use candle_core::backprop::GradStore;
 
 use super::encoder::{Encoder, Linear, Norm};
 use super::losses::{cross_entropy, cross_entropy_to_pairs};
-use super::products::input_grad_pairs_bf16;
 use super::products::Compute;
+use super::products::{input_grad_pairs_bf16, weight_grad_pairs_bf16};
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, recycle, scratch, zeros, StepBuffers};
@@ -219,29 +219,28 @@ impl MlmHead {
                     ce
                 }
                 Compute::Bf16 => {
-                    let mut pairs = scratch(masked * vocab.div_ceil(2));
-                    let pairs = as_words_mut(&mut pairs);
+                    // The gradient exists only as both products' operand.
+                    let mut words = scratch(masked * vocab.div_ceil(2));
+                    let pairs = as_words_mut(&mut words);
                     let bias_grad = &mut self.decoder_bias.grad;
-                    let ce = cross_entropy_to_pairs(
-                        &mut logits,
-                        vocab,
-                        &targets,
-                        weight,
-                        pairs,
-                        bias_grad,
-                    );
+                    let ce =
+                        cross_entropy_to_pairs(&logits, vocab, &targets, weight, pairs, bias_grad);
                     input_grad_pairs_bf16(pairs, vocab, &decoder.data, &mut dz, masked);
+                    let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
+                    weight_grad_pairs_bf16(pairs, vocab, &z, &mut decoder.grad, masked);
                     ce
                 }
             };
             mlm_loss = ce.sum / masked as f64;
             correct = ce.correct;
-            let dlogits = logits;
-            let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
-            self.compute
-                .weight_grad(&dlogits, &z, &mut decoder.grad, masked);
+            if self.compute == Compute::F32 {
+                let dlogits = &logits;
+                let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
+                self.compute
+                    .weight_grad(dlogits, &z, &mut decoder.grad, masked);
+            }
             // Freed, not kept: nothing later in the step has its size.
-            drop(dlogits);
+            drop(logits);
             recycle(z);
             let mut du = scratch(masked * width);
             self.transform_norm.backward(&u, &dz, &mut du);
