@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::config::Activation;
 use crate::fast::kernels::{
-    erf, fast_exp, gelu_erf, gelu_tanh, gelu_tanh_inner, lane_dot_centered, lane_sum,
+    erf_and_gauss, gelu_erf, gelu_tanh, gelu_tanh_inner, lane_dot_centered, lane_sum,
     layer_norm_into, multiversion, row_stats, softmax_row, Act, ROWS_PER_TASK,
 };
 use crate::fast::matmul::round_row;
@@ -582,10 +582,10 @@ fn bias_act_rows_body(x: &[f32], bias: &[f32], y: &mut [f32], act: Act) {
 #[inline(always)]
 fn act_grad(z: f32, act: Act) -> f32 {
     match act {
-        // Φ(z) + z·φ(z)
+        // Φ(z) + z·φ(z), φ(z) from erf's own exp(-(z/√2)²)
         Act::GeluErf => {
-            0.5 * (1.0 + erf(z * std::f32::consts::FRAC_1_SQRT_2))
-                + z * fast_exp(-0.5 * z * z) * 0.398_942_3
+            let (e, gauss) = erf_and_gauss(z * std::f32::consts::FRAC_1_SQRT_2);
+            0.5 * (1.0 + e) + z * gauss * 0.398_942_3
         }
         // 0.5·(1 + t) + 0.5·z·(1 - t²)·√(2/π)·(1 + 3·0.044715·z²)
         Act::GeluTanh => {
