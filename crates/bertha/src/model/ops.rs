@@ -144,16 +144,19 @@ fn per_feature(v: &[f32], d: usize, op: &str, what: &str) -> Result<()> {
 
 /// Runs `body` on blocks of rows in parallel; each block also adds into
 /// its own zeroed `width`-long partial sum, and the partials are added in
-/// block order into `sums` (deterministic whatever the scheduling).
-fn rows_with_sums(
-    out: &mut [f32],
+/// block order into `sums` (deterministic whatever the scheduling). The
+/// rows of `out` hold `out_row` values; `body` gets the offset of its first
+/// row in inputs of `d` values per row.
+fn rows_with_sums<T: Send>(
+    out: &mut [T],
+    out_row: usize,
     sums: &mut [f32],
     d: usize,
-    body: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+    body: impl Fn(usize, &mut [T], &mut [f32]) + Sync,
 ) {
     let width = sums.len();
     let partials: Vec<Vec<f32>> = out
-        .par_chunks_mut(task_len(d))
+        .par_chunks_mut(task_len(out_row))
         .enumerate()
         .map(|(block, rows)| {
             let mut part = vec![0f32; width];
@@ -193,7 +196,7 @@ pub(crate) fn layer_norm_backward(
 ) {
     let d = gamma.len();
     let mut sums = vec![0f32; 2 * d];
-    rows_with_sums(dx, &mut sums, d, |at, dx, part| {
+    rows_with_sums(dx, d, &mut sums, d, |at, dx, part| {
         let n = dx.len();
         norm_bwd_rows(&x[at..at + n], gamma, &dy[at..at + n], dx, part, eps);
     });
@@ -220,7 +223,7 @@ pub(crate) fn bias_act_backward(
     act: Act,
 ) {
     let mut sums = vec![0f32; bias.len()];
-    rows_with_sums(dz, &mut sums, bias.len(), |at, dz, part| {
+    rows_with_sums(dz, bias.len(), &mut sums, bias.len(), |at, dz, part| {
         let n = dz.len();
         bias_act_bwd_rows(&x[at..at + n], bias, &dy[at..at + n], dz, part, act);
     });
@@ -250,26 +253,15 @@ pub(crate) fn bias_act_backward_to_pairs(
     if d == 0 {
         return;
     }
-    let partials: Vec<Vec<f32>> = dz
-        .par_chunks_mut(d2 * ROWS_PER_TASK)
-        .enumerate()
-        .map(|(block, pairs)| {
-            let (mut part, mut row) = (vec![0f32; d], vec![0f32; d]);
-            let at = block * ROWS_PER_TASK * d;
-            for (r, out) in pairs.chunks_exact_mut(d2).enumerate() {
-                let span = at + r * d..at + (r + 1) * d;
-                bias_act_bwd_rows(&x[span.clone()], bias, &dy[span], &mut row, &mut part, act);
-                round_row(&row, out);
-            }
-            part
-        })
-        .collect();
     let mut sums = vec![0f32; d];
-    for part in &partials {
-        for (s, p) in sums.iter_mut().zip(part) {
-            *s += p;
+    rows_with_sums(dz, d2, &mut sums, d, |at, pairs, part| {
+        let mut row = vec![0f32; d];
+        for (r, out) in pairs.chunks_exact_mut(d2).enumerate() {
+            let span = at + r * d..at + (r + 1) * d;
+            bias_act_bwd_rows(&x[span.clone()], bias, &dy[span], &mut row, part, act);
+            round_row(&row, out);
         }
-    }
+    });
     add_into(dbias, &sums);
 }
 

@@ -928,18 +928,7 @@ pub fn product_bf16(
     c: &mut [f32],
     sums: Sums,
 ) {
-    let (a, store) = (Left::Strided(a), Store::Sums(sums));
-    with_buffers(|buffers| {
-        product_bf16_on(
-            features().bf16,
-            (m, n, k),
-            a,
-            Right::F32(b),
-            c,
-            store,
-            buffers,
-        )
-    })
+    product_bf16_sums((m, n, k), Left::Strided(a), Right::F32(b), c, sums)
 }
 
 /// [`product_bf16`] with the left operand already rounded: `m` rows of
@@ -951,18 +940,7 @@ pub fn product_bf16_pairs(
     c: &mut [f32],
     sums: Sums,
 ) {
-    let (a, store) = (Left::Pairs(a), Store::Sums(sums));
-    with_buffers(|buffers| {
-        product_bf16_on(
-            features().bf16,
-            (m, n, k),
-            a,
-            Right::F32(b),
-            c,
-            store,
-            buffers,
-        )
-    })
+    product_bf16_sums((m, n, k), Left::Pairs(a), Right::F32(b), c, sums)
 }
 
 /// [`product_bf16`] with the left operand the transpose of a matrix
@@ -976,18 +954,7 @@ pub fn product_bf16_transposed_pairs(
     c: &mut [f32],
     sums: Sums,
 ) {
-    let (a, store) = (Left::TransposedPairs(a), Store::Sums(sums));
-    with_buffers(|buffers| {
-        product_bf16_on(
-            features().bf16,
-            (m, n, k),
-            a,
-            Right::F32(b),
-            c,
-            store,
-            buffers,
-        )
-    })
+    product_bf16_sums((m, n, k), Left::TransposedPairs(a), Right::F32(b), c, sums)
 }
 
 /// [`product_bf16`] with the right operand already rounded: `b` holds `k`
@@ -1000,8 +967,7 @@ pub fn product_bf16_right_pairs(
     c: &mut [f32],
     sums: Sums,
 ) {
-    let (a, b, store) = (Left::Strided(a), Right::Pairs(b), Store::Sums(sums));
-    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+    product_bf16_sums((m, n, k), Left::Strided(a), Right::Pairs(b), c, sums)
 }
 
 /// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums and, from the
@@ -1042,6 +1008,19 @@ pub fn product_bf16_act(
             buffers,
         )
     })
+}
+
+/// A product of these operands into `c` (`[m, n]`, row-major) as `sums`
+/// says, on every core, with this thread's buffers.
+fn product_bf16_sums(
+    (m, n, k): (usize, usize, usize),
+    a: Left,
+    b: Right,
+    c: &mut [f32],
+    sums: Sums,
+) {
+    let store = Store::Sums(sums);
+    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
 }
 
 /// A product's left operand.
