@@ -616,8 +616,10 @@ fn pack_panel_pairs_body(words: &[u32], row: usize, c0: usize, cols: usize, pane
         {
             for (j, o) in out.chunks_exact_mut(4).take(wn).enumerate() {
                 let a = words[2 * i * row + w0 + j];
-                let b = words.get((2 * i + 1) * row + w0 + j).copied().unwrap_or(0);
-                let b = if 2 * i + 1 < k { b } else { 0 };
+                let b = match 2 * i + 1 < k {
+                    true => words[(2 * i + 1) * row + w0 + j],
+                    false => 0,
+                };
                 o.copy_from_slice(&[a as u16, b as u16, (a >> 16) as u16, (b >> 16) as u16]);
             }
         }
@@ -788,15 +790,6 @@ pub(crate) enum Source<'a> {
 }
 
 impl Source<'_> {
-    /// Value `c` of row `r` as bf16 bits.
-    #[inline(always)]
-    fn bits(&self, r: usize, c: usize) -> u32 {
-        match *self {
-            Source::F32 { data, cs } => round_bits(data[r * cs + c]),
-            Source::Pairs { data, row } => data[r * row + c / 2] >> (16 * (c % 2)) & 0xffff,
-        }
-    }
-
     /// Whether it holds `rows` rows of at least `width` values.
     pub(crate) fn covers(&self, rows: usize, width: usize) -> bool {
         rows == 0
@@ -853,17 +846,49 @@ multiversion! {
 /// holds).
 #[inline(always)]
 fn interleave_blocks_body(src: Source, k: usize, m: usize, r0: usize, out: &mut [u32]) {
+    match src {
+        Source::F32 { data, cs } => interleave_from(k, m, r0, out, |r, bits| {
+            for (b, v) in bits.iter_mut().zip(&data[r * cs + r0..]) {
+                *b = round_bits(*v);
+            }
+        }),
+        Source::Pairs { data, row } => interleave_from(k, m, r0, out, |r, bits| {
+            let words = &data[r * row..];
+            for (j, b) in bits.iter_mut().enumerate() {
+                let c = r0 + j;
+                *b = words[c / 2] >> (16 * (c % 2)) & 0xffff;
+            }
+        }),
+    }
+}
+
+/// [`interleave_blocks_body`] with `row_bits(r, bits)` writing values
+/// `r0..r0 + bits.len()` of source row `r` as bf16 bits (a task's rows,
+/// at most [`INTERLEAVE_BLOCKS`] blocks of them, side by side first).
+#[inline(always)]
+fn interleave_from(
+    k: usize,
+    m: usize,
+    r0: usize,
+    out: &mut [u32],
+    row_bits: impl Fn(usize, &mut [u32]),
+) {
     const B: usize = MR_BF16;
     let k2 = k.div_ceil(2);
     let rows = (m - r0).min(out.len() / k2.max(1));
+    let (mut lo, mut hi) = ([0u32; INTERLEAVE_BLOCKS * B], [0u32; INTERLEAVE_BLOCKS * B]);
+    let (lo, hi) = (&mut lo[..rows], &mut hi[..rows]);
     for i in 0..k2 {
-        let hi = 2 * i + 1 < k;
+        row_bits(2 * i, lo);
+        match 2 * i + 1 < k {
+            true => row_bits(2 * i + 1, hi),
+            false => hi.fill(0),
+        }
         for (b, dst) in out.chunks_exact_mut(k2 * B).enumerate() {
             let dst = &mut dst[i * B..][..B];
-            let at = r0 + b * B;
-            for (j, w) in dst.iter_mut().enumerate().take(rows.saturating_sub(b * B)) {
-                let h = if hi { src.bits(2 * i + 1, at + j) } else { 0 };
-                *w = src.bits(2 * i, at + j) | h << 16;
+            let n = rows.saturating_sub(b * B).min(B);
+            for (j, w) in dst.iter_mut().enumerate().take(n) {
+                *w = lo[b * B + j] | hi[b * B + j] << 16;
             }
         }
     }

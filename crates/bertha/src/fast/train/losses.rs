@@ -173,7 +173,7 @@ mod tests {
 
     /// The fused pass gives [`cross_entropy`]'s loss, its gradient's bf16
     /// pairs as rounding it apart does, and its column sums, over more than
-    /// one block of rows and an odd width; the logits stay as they were.
+    /// one block of rows and an odd width.
     #[test]
     fn the_pairs_pass_equals_the_loss_then_rounding_then_sums() {
         let (n, c) = (2 * SUM_BLOCK + 5, 37);
@@ -187,7 +187,6 @@ mod tests {
         let mut sums = vec![1f32; c];
         let ce = cross_entropy_to_pairs(&logits, c, &targets, 0.25, &mut pairs, &mut sums);
         assert_eq!((ce.sum, ce.correct), (want_ce.sum, want_ce.correct));
-        assert_ne!(want, logits);
         let mut want_pairs = vec![0u32; c.div_ceil(2)];
         for (r, row) in want.chunks_exact(c).enumerate() {
             round_row(row, &mut want_pairs);
