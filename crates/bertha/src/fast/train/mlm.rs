@@ -213,9 +213,13 @@ impl MlmHead {
             let ce = match self.compute {
                 Compute::F32 => {
                     let ce = cross_entropy(&mut logits, vocab, &targets, weight);
+                    let dlogits = &logits;
                     self.compute
-                        .input_grad(&logits, &decoder.data, &mut dz, masked, false);
-                    column_sums(&logits, &mut self.decoder_bias.grad);
+                        .input_grad(dlogits, &decoder.data, &mut dz, masked, false);
+                    column_sums(dlogits, &mut self.decoder_bias.grad);
+                    let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
+                    self.compute
+                        .weight_grad(dlogits, &z, &mut decoder.grad, masked);
                     ce
                 }
                 Compute::Bf16 => {
@@ -233,12 +237,6 @@ impl MlmHead {
             };
             mlm_loss = ce.sum / masked as f64;
             correct = ce.correct;
-            if self.compute == Compute::F32 {
-                let dlogits = &logits;
-                let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
-                self.compute
-                    .weight_grad(dlogits, &z, &mut decoder.grad, masked);
-            }
             // Freed, not kept: nothing later in the step has its size.
             drop(logits);
             recycle(z);

@@ -89,13 +89,15 @@ impl Compute {
         let k = x.len() / m.max(1);
         check("weight gradient", dw, n, k);
         let (a, b) = (Strided::transposed(dy, n), Strided::rows(x, k));
-        let sums = Sums {
-            bias: None,
-            accumulate: true,
-        };
-        product_bf16((n, k, m), a, b, dw, sums);
+        product_bf16((n, k, m), a, b, dw, ACCUMULATE);
     }
 }
+
+/// A weight gradient's sums: added to what the gradient holds.
+const ACCUMULATE: Sums<'static> = Sums {
+    bias: None,
+    accumulate: true,
+};
 
 /// `f[m, n] = x[m, k] · w[n, k]ᵀ` in bf16 products and, from the same
 /// tiles, `act(f + bias)` as bf16 pairs `[m, ⌈n / 2⌉]` in `pairs`: an FFN's
@@ -148,11 +150,7 @@ pub(crate) fn input_grad_pairs_bf16(dy: &[u32], n: usize, w: &[f32], dx: &mut [f
 pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [f32], m: usize) {
     let k = x.len() / m.max(1);
     check("weight gradient", dw, n, k);
-    let sums = Sums {
-        bias: None,
-        accumulate: true,
-    };
-    product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, sums);
+    product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, ACCUMULATE);
 }
 
 /// `dw[n, k] += dy[m, n]ᵀ · x` in bf16 products, for `x` given as `m` rows
@@ -160,11 +158,7 @@ pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [
 pub(crate) fn weight_grad_of_pairs_bf16(dy: &[f32], x: &[u32], k: usize, dw: &mut [f32], m: usize) {
     let n = dy.len() / m.max(1);
     check("weight gradient", dw, n, k);
-    let sums = Sums {
-        bias: None,
-        accumulate: true,
-    };
-    product_bf16_right_pairs((n, k, m), Strided::transposed(dy, n), x, dw, sums);
+    product_bf16_right_pairs((n, k, m), Strided::transposed(dy, n), x, dw, ACCUMULATE);
 }
 
 /// A matrix operand: its first element, row stride and column stride.
