@@ -327,8 +327,39 @@ fn adamw_state_round_trips_through_its_flat_buffers() {
     let err = acc.set_from("a.weight", &[0.0; 2]).unwrap_err().to_string();
     assert!(err.contains("5 values but a gradient of 2"), "{err}");
     acc.set_from("b.bias", &[1.0, 2.0, 2.0]).unwrap();
-    assert_eq!(acc.get("b.bias"), Some(&[1.0f32, 2.0, 2.0][..]));
-    assert_eq!(acc.get("a.weight"), None);
+    assert_eq!(acc.get("b.bias").as_deref(), Some(&[1.0f32, 2.0, 2.0][..]));
+    assert!(acc.get("a.weight").is_none());
+
+    // One pass's gradient (held as its tensor), then a second one summed
+    // into the buffer; a walk after a single pass sees the same values.
+    let backward = |t: f32| {
+        let coef = Tensor::new(&[1.0f32, -2.0, 3.0, 0.5, t], &dev).unwrap();
+        let loss = (&a1 * &coef).unwrap().sum_all().unwrap();
+        loss.backward().unwrap()
+    };
+    let mut acc = GradAccumulator::new(&s1);
+    acc.add(&s1, &backward(4.0)).unwrap();
+    assert_eq!(
+        acc.get("a.weight").as_deref(),
+        Some(&[1.0f32, -2.0, 3.0, 0.5, 4.0][..])
+    );
+    assert!(acc.get("b.bias").is_none());
+    acc.add(&s1, &backward(-1.0)).unwrap();
+    assert_eq!(
+        acc.get("a.weight").as_deref(),
+        Some(&[2.0f32, -4.0, 6.0, 1.0, 3.0][..])
+    );
+    assert!(acc.get("b.bias").is_none());
+    let mut single = GradAccumulator::new(&s1);
+    single.add(&s1, &backward(2.0)).unwrap();
+    let walked: Vec<(String, Vec<f32>)> = single
+        .iter_mut()
+        .map(|(n, g)| (n.to_string(), g.to_vec()))
+        .collect();
+    assert_eq!(
+        walked,
+        [("a.weight".to_string(), vec![1.0f32, -2.0, 3.0, 0.5, 2.0])]
+    );
 }
 
 /// Held-out scoring masks with `eval_mask_split` when given: a model

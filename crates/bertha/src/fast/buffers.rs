@@ -230,16 +230,98 @@ pub(crate) fn add(acc: &mut [f32], x: &[f32]) {
 /// contiguous CPU fp32 tensor's storage (weights and gradients, every
 /// step), else from a converted copy.
 pub(crate) fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
-    {
-        let (storage, layout) = t.storage_and_layout();
-        if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) =
-            (&*storage, layout.contiguous_offsets())
-        {
-            return Ok(f(&v[a..b]));
-        }
+    if let Some(values) = held(t) {
+        return Ok(f(&values));
     }
     let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     Ok(f(&values))
+}
+
+/// A contiguous CPU fp32 tensor's values, read in place while its storage
+/// is read-locked (writers wait until this is dropped).
+pub(crate) struct Held<'a> {
+    /// The storage's read guard (candle's lock type, not named here).
+    storage: Box<dyn std::ops::Deref<Target = Storage> + 'a>,
+    range: std::ops::Range<usize>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match &**self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.clone()],
+            // `held` makes a Held of CPU fp32 storage only.
+            _ => &[],
+        }
+    }
+}
+
+/// `t`'s values in place, if it is a contiguous CPU fp32 tensor.
+pub(crate) fn held(t: &Tensor) -> Option<Held<'_>> {
+    let (storage, layout) = t.storage_and_layout();
+    let range = match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F32(_)), Some((a, b))) => a..b,
+        _ => return None,
+    };
+    Some(Held {
+        storage: Box::new(storage),
+        range,
+    })
+}
+
+/// One part of [`concatenated`]: values, or that many zeros.
+pub(crate) enum Part<'a> {
+    Values(&'a [f32]),
+    Zeros(usize),
+}
+
+/// The parts one after another in a new buffer, written once (no zeroing
+/// before the copy), on every core.
+pub(crate) fn concatenated(parts: &[Part]) -> Vec<f32> {
+    let len = parts
+        .iter()
+        .map(|p| match p {
+            Part::Values(v) => v.len(),
+            Part::Zeros(n) => *n,
+        })
+        .sum();
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    let mut rest = &mut out.spare_capacity_mut()[..len];
+    // Work in pieces of at most CHUNK values: (destination, source or None
+    // for zeros).
+    let mut pieces: Vec<(&mut [MaybeUninit<f32>], Option<&[f32]>)> = Vec::new();
+    for part in parts {
+        let n = match part {
+            Part::Values(v) => v.len(),
+            Part::Zeros(n) => *n,
+        };
+        let (mut dst, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        let mut at = 0;
+        while !dst.is_empty() {
+            let k = dst.len().min(CHUNK);
+            let (head, tail) = std::mem::take(&mut dst).split_at_mut(k);
+            dst = tail;
+            let src = match part {
+                Part::Values(v) => Some(&v[at..at + k]),
+                Part::Zeros(_) => None,
+            };
+            pieces.push((head, src));
+            at += k;
+        }
+    }
+    pieces.into_par_iter().for_each(|(dst, src)| match src {
+        Some(src) => {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = MaybeUninit::new(*s);
+            }
+        }
+        None => dst.fill(MaybeUninit::new(0.0)),
+    });
+    // SAFETY: the pieces cover the first len elements, each written above.
+    unsafe { out.set_len(len) };
+    out
 }
 
 #[cfg(test)]

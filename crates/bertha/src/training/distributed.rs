@@ -237,7 +237,7 @@ impl GradientReducer {
         for ((name, len), &p) in names.iter().zip(&present) {
             if p > 0.0 {
                 match acc.get(name) {
-                    Some(g) => self.send.extend_from_slice(g),
+                    Some(g) => self.send.extend_from_slice(&g),
                     None => self.send.resize(self.send.len() + len, 0.0),
                 }
             }

@@ -108,12 +108,40 @@ const NORM_CHUNK: usize = 1 << 14;
 
 /// Gradients summed over micro-batches: one contiguous buffer over all
 /// parameters ([`FlatLayout`]), and which parameters have one.
+///
+/// Until something needs the buffer (a second micro-batch, a set or a
+/// mutable walk: the data-parallel sum, a gradient hook), one backward
+/// pass's gradients are held as the tensors it made and read in place: a
+/// step of one micro-batch on one process copies no gradient and zeroes no
+/// buffer (two passes over every parameter, 4 % of a `mini` step).
 #[derive(Debug)]
 pub struct GradAccumulator {
     layout: FlatLayout,
+    /// The sums in `layout` (empty until made).
     values: Vec<f32>,
+    /// Per parameter, while `values` is not made: its one gradient.
+    held: Vec<Option<Tensor>>,
     present: Vec<bool>,
     micro_batches: usize,
+}
+
+/// One parameter's summed gradient, read in place (a slice of it).
+pub struct GradValues<'a>(Values<'a>);
+
+enum Values<'a> {
+    Slice(&'a [f32]),
+    Held(buffers::Held<'a>),
+}
+
+impl std::ops::Deref for GradValues<'_> {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match &self.0 {
+            Values::Slice(s) => s,
+            Values::Held(h) => h,
+        }
+    }
 }
 
 impl GradAccumulator {
@@ -121,7 +149,8 @@ impl GradAccumulator {
     pub fn new(params: &ParamStore) -> Self {
         let layout = FlatLayout::of(params);
         Self {
-            values: buffers::zeros(layout.len()),
+            values: Vec::new(),
+            held: vec![None; layout.segments.len()],
             present: vec![false; layout.segments.len()],
             layout,
             micro_batches: 0,
@@ -135,12 +164,65 @@ impl GradAccumulator {
                 continue;
             };
             let i = self.index(name, g.elem_count())?;
-            let dst = &mut self.values[self.layout.segments[i].range()];
-            add_tensor(g, dst, self.present[i])?;
+            if self.values.is_empty() && !self.present[i] && buffers::held(g).is_some() {
+                self.held[i] = Some(g.clone());
+            } else {
+                self.make_values();
+                let dst = &mut self.values[self.layout.segments[i].range()];
+                add_tensor(g, dst, self.present[i])?;
+            }
             self.present[i] = true;
         }
         self.micro_batches += 1;
         Ok(())
+    }
+
+    /// Makes the buffer from the held gradients (zeros elsewhere).
+    fn make_values(&mut self) {
+        if self.values.len() == self.layout.len() {
+            return;
+        }
+        let held: Vec<Option<buffers::Held>> = self
+            .held
+            .iter()
+            .map(|t| t.as_ref().and_then(buffers::held))
+            .collect();
+        let parts: Vec<buffers::Part> = self
+            .layout
+            .segments
+            .iter()
+            .zip(&held)
+            .map(|(seg, h)| match h {
+                Some(h) => buffers::Part::Values(h),
+                None => buffers::Part::Zeros(seg.len),
+            })
+            .collect();
+        let values = buffers::concatenated(&parts);
+        drop(parts);
+        drop(held);
+        self.values = values;
+        self.held.iter_mut().for_each(|t| *t = None);
+    }
+
+    /// Every parameter's summed gradient in place, in layout order (`None`
+    /// for those without one).
+    fn segments(&self) -> Vec<Option<GradValues<'_>>> {
+        (0..self.layout.segments.len())
+            .map(|i| self.segment(i))
+            .collect()
+    }
+
+    /// Parameter `i`'s summed gradient in place, if it has one.
+    fn segment(&self, i: usize) -> Option<GradValues<'_>> {
+        if !self.present[i] {
+            return None;
+        }
+        match &self.held[i] {
+            Some(t) => buffers::held(t).map(|h| GradValues(Values::Held(h))),
+            None => Some(GradValues(Values::Slice(
+                &self.values[self.layout.segments[i].range()],
+            ))),
+        }
     }
 
     /// The segment of parameter `name`, checked to hold `len` values.
@@ -167,15 +249,15 @@ impl GradAccumulator {
     }
 
     /// The summed gradient of parameter `name`, if it has one.
-    pub fn get(&self, name: &str) -> Option<&[f32]> {
-        let i = self.layout.find(name)?;
-        self.present[i].then(|| &self.values[self.layout.segments[i].range()])
+    pub fn get(&self, name: &str) -> Option<GradValues<'_>> {
+        self.segment(self.layout.find(name)?)
     }
 
     /// Replaces (or gives) parameter `name`'s summed gradient by `grad`,
     /// e.g. by the sum over data-parallel processes.
     pub fn set_from(&mut self, name: &str, grad: &[f32]) -> Result<()> {
         let i = self.index(name, grad.len())?;
+        self.make_values();
         self.values[self.layout.segments[i].range()].copy_from_slice(grad);
         self.present[i] = true;
         Ok(())
@@ -191,6 +273,7 @@ impl GradAccumulator {
     /// The summed gradients by parameter name, in name order (the same on
     /// every process: what an all-reduce walks).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut [f32])> {
+        self.make_values();
         let mut rest = self.values.as_mut_slice();
         let mut out = Vec::new();
         for (seg, &present) in self.layout.segments.iter().zip(&self.present) {
@@ -206,17 +289,12 @@ impl GradAccumulator {
     /// The global L2 norm of the sums scaled by `scale`, over the
     /// parameters with a gradient, in fixed chunks (see [`NORM_CHUNK`]).
     fn norm(&self, scale: f64) -> f64 {
-        let chunks: Vec<(usize, &[f32])> = self
-            .layout
-            .segments
+        let segments = self.segments();
+        let chunks: Vec<(usize, &[f32])> = segments
             .iter()
             .enumerate()
-            .filter(|(i, _)| self.present[*i])
-            .flat_map(|(i, seg)| {
-                self.values[seg.range()]
-                    .chunks(NORM_CHUNK)
-                    .map(move |c| (i, c))
-            })
+            .filter_map(|(i, g)| g.as_deref().map(|g| (i, g)))
+            .flat_map(|(i, g)| g.chunks(NORM_CHUNK).map(move |c| (i, c)))
             .collect();
         let sums: Vec<f64> = chunks
             .par_iter()
@@ -438,11 +516,12 @@ impl AdamW {
                 },
                 ..coeffs
             };
-            let (m, v, g) = (
-                &mut self.m[seg.range()],
-                &mut self.v[seg.range()],
-                &acc.values[seg.range()],
-            );
+            let Some(g) = acc.segment(i) else {
+                return Err(Error::Input(format!(
+                    "internal: the gradient of `{name}` is no longer readable"
+                )));
+            };
+            let (m, v, g) = (&mut self.m[seg.range()], &mut self.v[seg.range()], &*g);
             let tensor = var.as_tensor();
             if tensor.device().is_cpu() && tensor.dtype() == DType::F32 {
                 tensor.inplace_op1(&InPlace {
