@@ -270,6 +270,32 @@ pub(crate) fn held(t: &Tensor) -> Option<Held<'_>> {
     })
 }
 
+/// A tensor's fp32 values: in place ([`Held`]), or a converted copy when
+/// the tensor is not contiguous CPU fp32.
+pub(crate) enum TensorValues<'a> {
+    Held(Held<'a>),
+    Copied(Vec<f32>),
+}
+
+impl std::ops::Deref for TensorValues<'_> {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            Self::Held(h) => h,
+            Self::Copied(v) => v,
+        }
+    }
+}
+
+/// `t`'s values, in place where they can be.
+pub(crate) fn values_of(t: &Tensor) -> candle_core::Result<TensorValues<'_>> {
+    Ok(match held(t) {
+        Some(h) => TensorValues::Held(h),
+        None => TensorValues::Copied(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
+    })
+}
+
 /// One part of [`concatenated`]: values, or that many zeros.
 pub(crate) enum Part<'a> {
     Values(&'a [f32]),

@@ -33,16 +33,16 @@ use crate::model::ops::{
 use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
 
 /// A linear layer: weight `[out, in]` (as `nn.Linear`) and bias.
-pub(crate) struct Linear {
-    pub w: Param,
-    pub b: Param,
+pub(crate) struct Linear<'a> {
+    pub w: Param<'a>,
+    pub b: Param<'a>,
     /// The number format of its products.
     pub compute: Compute,
 }
 
-impl Linear {
+impl<'a> Linear<'a> {
     /// An fp32 linear layer.
-    pub fn new(w: Param, b: Param) -> Self {
+    pub fn new(w: Param<'a>, b: Param<'a>) -> Self {
         Self {
             w,
             b,
@@ -50,7 +50,7 @@ impl Linear {
         }
     }
 
-    fn of(dense: &Dense) -> Result<Option<Self>> {
+    fn of(dense: &'a Dense) -> Result<Option<Self>> {
         let Some(bias) = dense.bias() else {
             return Ok(None);
         };
@@ -90,14 +90,14 @@ impl Linear {
 }
 
 /// A LayerNorm's parameters.
-pub(crate) struct Norm {
-    pub gamma: Param,
-    pub beta: Param,
+pub(crate) struct Norm<'a> {
+    pub gamma: Param<'a>,
+    pub beta: Param<'a>,
     pub eps: f32,
 }
 
-impl Norm {
-    fn of(ln: &LayerNorm) -> Result<Self> {
+impl<'a> Norm<'a> {
+    fn of(ln: &'a LayerNorm) -> Result<Self> {
         Ok(Self {
             gamma: Param::of(&ln.weight)?,
             beta: Param::of(&ln.bias)?,
@@ -123,23 +123,23 @@ impl Norm {
     }
 }
 
-struct Layer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    attn_out: Linear,
-    attn_norm: Norm,
-    ffn_in: Linear,
-    ffn_out: Linear,
-    ffn_norm: Norm,
+struct Layer<'a> {
+    q: Linear<'a>,
+    k: Linear<'a>,
+    v: Linear<'a>,
+    attn_out: Linear<'a>,
+    attn_norm: Norm<'a>,
+    ffn_in: Linear<'a>,
+    ffn_out: Linear<'a>,
+    ffn_norm: Norm<'a>,
     /// Q, K and V weights stacked `[3·D, D]`, and their biases.
     qkv_w: Vec<f32>,
     qkv_b: Vec<f32>,
 }
 
-impl Layer {
+impl<'a> Layer<'a> {
     /// Its six linear layers, in checkpoint order.
-    fn linears_mut(&mut self) -> [&mut Linear; 6] {
+    fn linears_mut(&mut self) -> [&mut Linear<'a>; 6] {
         [
             &mut self.q,
             &mut self.k,
@@ -152,7 +152,7 @@ impl Layer {
 
     /// Its parameters: each linear's weight and bias, then both
     /// LayerNorms'.
-    fn params_mut(&mut self) -> Vec<&mut Param> {
+    fn params_mut(&mut self) -> Vec<&mut Param<'a>> {
         let Layer {
             q,
             k,
@@ -265,29 +265,29 @@ impl Tape {
 }
 
 /// BERT's embeddings and encoder as plain buffers, with gradients.
-pub(crate) struct Encoder {
+pub(crate) struct Encoder<'a> {
     hidden: usize,
     heads: Heads,
     act: Act,
     norm_position: NormPosition,
     max_positions: usize,
     pad_id: u32,
-    pub word: Param,
-    position: Param,
-    token_type: Option<Param>,
-    embed_norm: Option<Norm>,
-    layers: Vec<Layer>,
-    final_norm: Option<Norm>,
+    pub word: Param<'a>,
+    position: Param<'a>,
+    token_type: Option<Param<'a>>,
+    embed_norm: Option<Norm<'a>>,
+    layers: Vec<Layer<'a>>,
+    final_norm: Option<Norm<'a>>,
     hidden_dropout: Dropout,
     attention_dropout: Dropout,
     compute: Compute,
 }
 
-impl Encoder {
+impl<'a> Encoder<'a> {
     /// The encoder of `model`, when the fast path covers it: BERT itself
     /// (absolute positions, no family extras), on the CPU, with biases and
     /// dropout rates below 1.
-    pub fn of(model: &BertModel) -> Result<Option<Self>> {
+    pub fn of(model: &'a BertModel) -> Result<Option<Self>> {
         let cfg = model.config();
         if !model.device().is_cpu() || !cfg.family.is_bert() || !model.encoder.is_plain() {
             return Ok(None);
@@ -701,7 +701,7 @@ impl Encoder {
     }
 
     /// Every parameter, for returning gradients.
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+    pub fn params_mut(&mut self) -> Vec<&mut Param<'a>> {
         let mut out = vec![&mut self.word, &mut self.position];
         out.extend(&mut self.token_type);
         if let Some(n) = &mut self.embed_norm {

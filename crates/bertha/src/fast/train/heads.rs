@@ -57,30 +57,30 @@ pub struct HeadOutcome {
 }
 
 /// The layers above the encoder.
-enum Top {
+enum Top<'a> {
     Sequence {
-        pooler: Linear,
-        classifier: Linear,
+        pooler: Linear<'a>,
+        classifier: Linear<'a>,
         dropout: Dropout,
         problem: Option<ProblemType>,
     },
     Token {
-        classifier: Linear,
+        classifier: Linear<'a>,
         dropout: Dropout,
     },
     Answer {
-        qa_outputs: Linear,
+        qa_outputs: Linear<'a>,
     },
 }
 
 /// `BertForSequenceClassification`, `BertForTokenClassification` and
 /// `BertForQuestionAnswering` on the fast path.
-pub struct FinetuneHead {
-    encoder: Encoder,
-    top: Top,
+pub struct FinetuneHead<'a> {
+    encoder: Encoder<'a>,
+    top: Top<'a>,
 }
 
-impl FinetuneHead {
+impl<'a> FinetuneHead<'a> {
     /// Runs the encoder's linear products in `compute` (the head's small
     /// products stay fp32).
     pub fn with_compute(mut self, compute: Compute) -> Self {
@@ -91,7 +91,7 @@ impl FinetuneHead {
     /// The current weights of `model`, when the fast path covers it (a
     /// classification or QA head on an encoder it runs; sequence
     /// classification needs the pooler).
-    pub fn of(model: &BertForTask) -> Result<Option<Self>> {
+    pub fn of(model: &'a BertForTask) -> Result<Option<Self>> {
         let top = match model {
             BertForTask::SequenceClassification(m) => {
                 let Some(pooler) = &model.bert().pooler else {
@@ -244,12 +244,12 @@ fn outcome(loss: f64, targets: usize, logits: Vec<f32>) -> HeadOutcome {
 }
 
 /// The pooler (dense + tanh on each `[CLS]` row) and the classifier on it.
-struct Pooled<'a> {
-    pooler: &'a mut Linear,
-    classifier: &'a mut Linear,
+struct Pooled<'a, 'p> {
+    pooler: &'a mut Linear<'p>,
+    classifier: &'a mut Linear<'p>,
 }
 
-impl Pooled<'_> {
+impl Pooled<'_, '_> {
     /// Forward from the `[CLS]` rows `cls` (`[N, D]`), the loss (`loss`
     /// turns the logits `[N, C]` into their gradient, giving the mean loss
     /// and its target count) and backward into `dcls`; dropout (`mask`,

@@ -38,30 +38,30 @@ pub struct MlmOutcome {
 }
 
 /// `BertForMaskedLM` / `BertForPreTraining` on the fast path.
-pub struct MlmHead {
-    encoder: Encoder,
-    transform: Linear,
+pub struct MlmHead<'a> {
+    encoder: Encoder<'a>,
+    transform: Linear<'a>,
     act: Act,
-    transform_norm: Norm,
+    transform_norm: Norm<'a>,
     /// The decoder's own matrix; `None` when tied to the word embeddings.
-    decoder: Option<Param>,
-    decoder_bias: Param,
+    decoder: Option<Param<'a>>,
+    decoder_bias: Param<'a>,
     /// Pooler and `seq_relationship` (with NSP).
-    nsp: Option<(Linear, Linear)>,
+    nsp: Option<(Linear<'a>, Linear<'a>)>,
     compute: Compute,
 }
 
-pub(super) fn linear(dense: &Dense, what: &str) -> Result<Linear> {
+pub(super) fn linear<'a>(dense: &'a Dense, what: &str) -> Result<Linear<'a>> {
     let b = dense
         .bias()
         .ok_or_else(|| Error::Input(format!("internal: {what} has no bias")))?;
     Ok(Linear::new(Param::of(dense.weight())?, Param::of(b)?))
 }
 
-impl MlmHead {
+impl<'a> MlmHead<'a> {
     /// The current weights of `model`, when the fast path covers it (a
     /// BERT MLM or pre-training head on an encoder it runs).
-    pub fn of(model: &BertForTask) -> Result<Option<Self>> {
+    pub fn of(model: &'a BertForTask) -> Result<Option<Self>> {
         let (head, nsp): (&BertLMPredictionHead, _) = match model {
             BertForTask::MaskedLM(m) => (m.predictions(), None),
             BertForTask::PreTraining(m) => (m.predictions(), Some(m.seq_relationship())),

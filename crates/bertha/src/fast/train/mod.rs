@@ -30,17 +30,21 @@ pub use mlm::{MlmBatch, MlmHead, MlmOutcome};
 pub use products::Compute;
 
 /// One parameter: its variable, its values this step and its gradient.
-pub(crate) struct Param {
-    tensor: Tensor,
-    pub data: Vec<f32>,
+///
+/// The values are read in place, the variable's storage read-locked while
+/// the parameter lives (no copy of the weights per step; an update of the
+/// variable waits until the step's parameters are dropped).
+pub(crate) struct Param<'a> {
+    tensor: &'a Tensor,
+    pub data: buffers::TensorValues<'a>,
     pub grad: Vec<f32>,
 }
 
-impl Param {
-    pub fn of(t: &Tensor) -> Result<Self> {
-        let data = buffers::with_values(t, buffers::copied)?;
+impl<'a> Param<'a> {
+    pub fn of(t: &'a Tensor) -> Result<Self> {
+        let data = buffers::values_of(t)?;
         Ok(Self {
-            tensor: t.clone(),
+            tensor: t,
             grad: buffers::zeros(data.len()),
             data,
         })
@@ -54,12 +58,14 @@ impl Param {
 
 /// The gradients of `params`, keyed by their variables; each gradient
 /// buffer moves into its tensor (no copy) and the parameter keeps none.
-pub(crate) fn grad_store<'a>(params: impl IntoIterator<Item = &'a mut Param>) -> Result<GradStore> {
+pub(crate) fn grad_store<'a, 'p: 'a>(
+    params: impl IntoIterator<Item = &'a mut Param<'p>>,
+) -> Result<GradStore> {
     let mut store = GradStore::default();
     for p in params {
         let grad = std::mem::take(&mut p.grad);
         let g = Tensor::from_vec(grad, p.tensor.shape(), p.tensor.device())?;
-        store.insert(&p.tensor, g);
+        store.insert(p.tensor, g);
     }
     Ok(store)
 }
