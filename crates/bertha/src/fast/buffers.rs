@@ -314,9 +314,10 @@ pub(crate) fn concatenated(parts: &[Part]) -> Vec<f32> {
         .sum();
     let mut out: Vec<f32> = Vec::with_capacity(len);
     let mut rest = &mut out.spare_capacity_mut()[..len];
-    // Work in pieces of at most CHUNK values: (destination, source or None
-    // for zeros).
-    let mut pieces: Vec<(&mut [MaybeUninit<f32>], Option<&[f32]>)> = Vec::new();
+    // Work in pieces of at most CHUNK values: a destination and its source
+    // (`None`: zeros).
+    type Piece<'a, 'b> = (&'a mut [MaybeUninit<f32>], Option<&'b [f32]>);
+    let mut pieces: Vec<Piece> = Vec::new();
     for part in parts {
         let n = match part {
             Part::Values(v) => v.len(),
@@ -373,6 +374,53 @@ mod tests {
         let big = zeros(FRESH_PAGES + 3);
         assert_eq!(big.len(), FRESH_PAGES + 3);
         assert!(big.iter().all(|&v| v == 0.0));
+    }
+
+    /// Parts of values and of zeros, short and longer than a task's
+    /// chunk, land one after another.
+    #[test]
+    fn concatenated_parts_follow_each_other() {
+        let a: Vec<f32> = (0..CHUNK + 5).map(|i| i as f32 + 0.5).collect();
+        let b = [7f32, -1.0];
+        let parts = [
+            Part::Values(&b),
+            Part::Zeros(3),
+            Part::Values(&a),
+            Part::Zeros(2 * CHUNK + 1),
+            Part::Values(&[]),
+            Part::Values(&b),
+        ];
+        let mut want = b.to_vec();
+        want.extend([0.0; 3]);
+        want.extend(&a);
+        want.extend(vec![0.0; 2 * CHUNK + 1]);
+        want.extend(b);
+        assert_eq!(concatenated(&parts), want);
+        assert!(concatenated(&[]).is_empty());
+    }
+
+    /// A tensor's values are read in place when it is contiguous CPU fp32,
+    /// and converted otherwise.
+    #[test]
+    fn tensor_values_in_place_or_converted() {
+        let dev = candle_core::Device::Cpu;
+        let t = Tensor::arange(0f32, 6.0, &dev)
+            .unwrap()
+            .reshape((2, 3))
+            .unwrap();
+        assert!(matches!(values_of(&t).unwrap(), TensorValues::Held(_)));
+        assert_eq!(&*values_of(&t).unwrap(), &[0f32, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let row = t.narrow(0, 1, 1).unwrap();
+        assert_eq!(&*held(&row).unwrap(), &[3f32, 4.0, 5.0]);
+        let tt = t.t().unwrap();
+        assert!(held(&tt).is_none());
+        assert!(matches!(values_of(&tt).unwrap(), TensorValues::Copied(_)));
+        assert_eq!(&*values_of(&tt).unwrap(), &[0f32, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        let half = t.to_dtype(DType::BF16).unwrap();
+        assert_eq!(
+            &*values_of(&half).unwrap(),
+            &[0f32, 1.0, 2.0, 3.0, 4.0, 5.0]
+        );
     }
 
     /// A buffer given back comes out again for a request of its length,

@@ -4,9 +4,10 @@
 //! the models the inference fast path covers (BERT post-LN and pre-LN on
 //! the CPU).
 //!
-//! A step copies the current weights out of the trainer's variables,
-//! runs forward and backward, and hands the gradients back keyed by those
-//! variables ([`GradStore`]), so accumulation, the data-parallel sum,
+//! A step reads the current weights in the trainer's variables (their
+//! storage read-locked while the step's parameters live), runs forward and
+//! backward, and hands the gradients back keyed by those variables
+//! ([`GradStore`]), so accumulation, the data-parallel sum,
 //! clipping, AdamW, checkpoints and resume are the one training loop's.
 //! Dropout draws the masks the candle modules draw (same stream, same
 //! element coordinates), so in fp32 both paths compute the same step.
