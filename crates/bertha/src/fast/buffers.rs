@@ -302,16 +302,19 @@ pub(crate) enum Part<'a> {
     Zeros(usize),
 }
 
+impl Part<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Part::Values(v) => v.len(),
+            Part::Zeros(n) => *n,
+        }
+    }
+}
+
 /// The parts one after another in a new buffer, written once (no zeroing
 /// before the copy), on every core.
 pub(crate) fn concatenated(parts: &[Part]) -> Vec<f32> {
-    let len = parts
-        .iter()
-        .map(|p| match p {
-            Part::Values(v) => v.len(),
-            Part::Zeros(n) => *n,
-        })
-        .sum();
+    let len = parts.iter().map(Part::len).sum();
     let mut out: Vec<f32> = Vec::with_capacity(len);
     let mut rest = &mut out.spare_capacity_mut()[..len];
     // Work in pieces of at most CHUNK values: a destination and its source
@@ -319,11 +322,7 @@ pub(crate) fn concatenated(parts: &[Part]) -> Vec<f32> {
     type Piece<'a, 'b> = (&'a mut [MaybeUninit<f32>], Option<&'b [f32]>);
     let mut pieces: Vec<Piece> = Vec::new();
     for part in parts {
-        let n = match part {
-            Part::Values(v) => v.len(),
-            Part::Zeros(n) => *n,
-        };
-        let (mut dst, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        let (mut dst, tail) = std::mem::take(&mut rest).split_at_mut(part.len());
         rest = tail;
         let mut at = 0;
         while !dst.is_empty() {
