@@ -1,6 +1,7 @@
 //! Times the bf16 matrix products of a `small` pre-training step (32 × 128
-//! tokens, 614 masked rows through the decoder) one shape at a time, with
-//! their operand rounding and packing, beside the bf16 instruction peak:
+//! tokens, 614 masked rows through the decoder; and three of `mini`'s) one
+//! shape at a time, with their operand rounding and packing, beside the
+//! bf16 instruction peak:
 //! forward `x · Wᵀ`, input gradient `dy · W`, weight gradient `dyᵀ · x`.
 //!
 //! ```sh
@@ -8,7 +9,7 @@
 //! SHAPE=decoder cargo run --release -p bertha --example train_products -- 50
 //! ```
 //! (best of `reps`, default 5; `SHAPE` picks one of qkv, out, ffn-in,
-//! ffn-out, decoder).
+//! ffn-out, decoder, or `mini`'s decoder-mini, ffn-in-mini, qkv-mini).
 use bertha::fast::instruction_peak_gops;
 use bertha::fast::train::Compute;
 use bertha::fast::Precision;
@@ -28,12 +29,15 @@ fn main() {
     let peak = instruction_peak_gops(Precision::Bf16).unwrap_or(f64::NAN);
     let c = Compute::Bf16;
     let t = 4096;
-    let shapes: [(&str, usize, usize, usize); 5] = [
+    let shapes: [(&str, usize, usize, usize); 8] = [
         ("qkv", t, 512, 1536),
         ("out", t, 512, 512),
         ("ffn-in", t, 512, 2048),
         ("ffn-out", t, 2048, 512),
         ("decoder", 614, 512, 30522),
+        ("decoder-mini", 614, 256, 30522),
+        ("ffn-in-mini", t, 256, 1024),
+        ("qkv-mini", t, 256, 768),
     ];
     println!("peak {peak:.1}");
     let only = std::env::var("SHAPE").ok();
