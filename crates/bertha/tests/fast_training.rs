@@ -337,6 +337,64 @@ fn bf16_steps_track_the_fp32_step() {
     assert!(checked >= 30, "only {checked} gradients compared");
 }
 
+/// Steps given the buffers a run keeps between steps (the logits and
+/// their gradient, holding the previous step's values and another length)
+/// give what steps with fresh buffers give, bit for bit, with more and
+/// with fewer masked rows than the step before, in fp32 and in bf16.
+#[test]
+fn kept_buffers_change_no_step() {
+    use bertha::fast::train::{Compute, MlmBuffers};
+    let cfg = config(NormPosition::Post, false);
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = BertForTask::load(vb, cfg.clone(), HeadKind::MaskedLM).unwrap();
+    let all = random_rows(cfg.vocab_size as u32, false);
+    // The same sequences with every other target dropped: fewer rows.
+    let mut fewer = all.clone();
+    let mut seen = 0;
+    for y in fewer.labels.iter_mut().flatten() {
+        if *y != IGNORE_INDEX {
+            seen += 1;
+            if seen % 2 == 0 {
+                *y = IGNORE_INDEX;
+            }
+        }
+    }
+    assert!(seen >= 4, "only {seen} masked rows");
+    for compute in [Compute::F32, Compute::Bf16] {
+        let head = || MlmHead::of(&model).unwrap().unwrap().with_compute(compute);
+        let mut kept = MlmBuffers::default();
+        for rows in [&fewer, &all, &fewer] {
+            let got = head()
+                .step_keeping(&rows.batch(), [1.0, 0.0], false, &mut kept)
+                .unwrap();
+            let want = head().step(&rows.batch(), [1.0, 0.0], false).unwrap();
+            assert_eq!(
+                got.mlm_loss.to_bits(),
+                want.mlm_loss.to_bits(),
+                "{compute:?}"
+            );
+            assert_eq!(got.masked, want.masked);
+            for (name, var) in vars(&varmap) {
+                let (Some(g), Some(w)) = (
+                    got.gradients.get(var.as_tensor()),
+                    want.gradients.get(var.as_tensor()),
+                ) else {
+                    continue;
+                };
+                let (g, w) = (
+                    g.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    w.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                );
+                assert!(
+                    g.iter().zip(&w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{compute:?} {name}"
+                );
+            }
+        }
+    }
+}
+
 /// A fine-tuning fixture's unpadded sequences and its `labels` object.
 fn fixture_sequences(dir: &std::path::Path) -> (Vec<Vec<u32>>, Vec<Vec<u32>>, serde_json::Value) {
     let inputs = read_json(&dir.join("inputs.json"));

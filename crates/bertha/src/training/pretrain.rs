@@ -15,7 +15,7 @@ use super::trainer::{
 };
 use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
-use crate::fast::train::{Compute, MlmBatch, MlmHead};
+use crate::fast::train::{Compute, MlmBatch, MlmBuffers, MlmHead};
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
     IGNORE_INDEX,
@@ -83,6 +83,8 @@ pub struct Pretraining {
     /// Whether training steps run on the fast path, and its products.
     fast: bool,
     compute: Compute,
+    /// The fast path's largest buffers, kept from step to step.
+    kept: std::sync::Mutex<MlmBuffers>,
 }
 
 /// What pre-training reads: the packed corpus, its held-out part, how
@@ -179,6 +181,7 @@ impl Pretrainer {
                 opts,
                 pad_id,
                 device: Device::Cpu,
+                kept: Default::default(),
             })
         })
     }
@@ -271,7 +274,9 @@ impl Pretraining {
             labels: labels.iter().map(|l| &l[..]).collect(),
             next_sentence,
         };
-        let out = head.step(&batch, [shares[0], shares[1]], true)?;
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let out = head.step_keeping(&batch, [shares[0], shares[1]], true, &mut kept)?;
+        drop(kept);
         let tally = MlmTally {
             mlm: MeanLoss::of(out.mlm_loss, out.masked),
             correct: out.correct as f64,

@@ -27,7 +27,7 @@ use crate::error::Result;
 use crate::fast::buffers;
 
 pub use heads::{FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
-pub use mlm::{MlmBatch, MlmHead, MlmOutcome};
+pub use mlm::{MlmBatch, MlmBuffers, MlmHead, MlmOutcome};
 pub use products::Compute;
 
 /// One parameter: its variable, its values this step and its gradient.
