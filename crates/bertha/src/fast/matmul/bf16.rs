@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use super::{check_shapes, for_each_task, SharedOut, NR};
+use crate::fast::buffers::Unwritten;
 use crate::fast::cpu::{features, multiversion};
 use crate::fast::kernels::{activate_body, Act};
 use crate::io::quantized::PackedData;
@@ -995,44 +996,94 @@ pub fn product_bf16_right_pairs(
     product_bf16_sums((m, n, k), Left::Strided(a), Right::Pairs(b), c, sums)
 }
 
-/// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums and, from the
-/// same register tiles, `pairs` `[m, ⌈n / 2⌉]`: `act(c + bias)` as bf16
-/// pairs. A layer's pre-activation, kept for its backward, and the next
-/// product's rounded input ([`product_bf16_pairs`]) without a pass over
-/// either between the two products. The pairs are the bits of rounding
-/// `act(c + bias)` computed apart.
-pub fn product_bf16_act(
+/// A product into a new buffer `c` `[m, n]` that it writes whole (`store`
+/// must not accumulate): every row block's tiles store every panel's
+/// columns, reading none of them first, so `c` needs no zeroing.
+fn product_bf16_fresh(
+    (m, n, k): (usize, usize, usize),
+    a: Left,
+    b: Right,
+    c: &mut Unwritten,
+    store: Store,
+) {
+    assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
+    if let Store::Sums(sums) = store {
+        assert!(
+            !sums.accumulate,
+            "product_bf16: a new output cannot accumulate"
+        );
+    }
+    let run = Run {
+        simd: features().bf16,
+        parallel: true,
+    };
+    let c = c.as_mut_ptr();
+    // SAFETY: c addresses m × n values owned by the caller's buffer; a
+    // Store::Both's pairs were checked to be m × ⌈n / 2⌉ by its maker.
+    with_buffers(|buffers| unsafe {
+        product_bf16_into(run, (m, n, k), a, b, (c, n), store, buffers)
+    });
+}
+
+/// [`product_bf16`] into a new buffer (sums plus `bias`, not zeroed first).
+pub(crate) fn product_bf16_new(
     (m, n, k): (usize, usize, usize),
     a: Strided,
     b: Strided,
-    c: &mut [f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let mut c = Unwritten::new(m * n);
+    let store = Store::Sums(Sums {
+        bias,
+        accumulate: false,
+    });
+    product_bf16_fresh((m, n, k), Left::Strided(a), Right::F32(b), &mut c, store);
+    // SAFETY: product_bf16_fresh wrote every value.
+    unsafe { c.assume_written() }
+}
+
+/// [`product_bf16_pairs`] into a new buffer (sums plus `bias`).
+pub(crate) fn product_bf16_pairs_new(
+    (m, n, k): (usize, usize, usize),
+    a: &[u32],
+    b: Strided,
+    bias: &[f32],
+) -> Vec<f32> {
+    let mut c = Unwritten::new(m * n);
+    let store = Store::Sums(Sums {
+        bias: Some(bias),
+        accumulate: false,
+    });
+    product_bf16_fresh((m, n, k), Left::Pairs(a), Right::F32(b), &mut c, store);
+    // SAFETY: product_bf16_fresh wrote every value.
+    unsafe { c.assume_written() }
+}
+
+/// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums and, from the
+/// same register tiles, `pairs` `[m, ⌈n / 2⌉]` (the words of an fp32
+/// buffer): `act(c + bias)` as bf16 pairs. A layer's pre-activation, kept
+/// for its backward, and the next product's rounded input
+/// ([`product_bf16_pairs`]) without a pass over either between the two
+/// products. The pairs are the bits of rounding `act(c + bias)` computed
+/// apart. Both new buffers, written whole (not zeroed first).
+pub(crate) fn product_bf16_act(
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
     (bias, act): (&[f32], Act),
-    pairs: &mut [u32],
-) {
-    let n2 = n.div_ceil(2);
+) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(bias.len(), n, "product_bf16_act: bias is not [{n}]");
-    assert_eq!(
-        pairs.len(),
-        m * n2,
-        "product_bf16_act: pairs are not [{m}, {n2}]"
-    );
+    let mut c = Unwritten::new(m * n);
+    let mut pairs = Unwritten::new(m * n.div_ceil(2));
     let store = Store::Both {
         bias,
         act,
-        pairs: SharedPairs(pairs.as_mut_ptr()),
+        pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
-    let a = Left::Strided(a);
-    with_buffers(|buffers| {
-        product_bf16_on(
-            features().bf16,
-            (m, n, k),
-            a,
-            Right::F32(b),
-            c,
-            store,
-            buffers,
-        )
-    })
+    product_bf16_fresh((m, n, k), Left::Strided(a), Right::F32(b), &mut c, store);
+    // SAFETY: product_bf16_fresh wrote every value of c, and its tiles
+    // every pair of each row (⌈n / 2⌉ words).
+    unsafe { (c.assume_written(), pairs.assume_written()) }
 }
 
 /// A product of these operands into `c` (`[m, n]`, row-major) as `sums`
@@ -1572,6 +1623,61 @@ mod tests {
             product_bf16_right_pairs((n, k, rows), a, &pairs, &mut got, sums);
             assert_eq!(got, want, "dyᵀ [{n}, {rows}] · x [{rows}, {k}]");
             assert_ne!(got, start);
+        }
+    }
+
+    /// Products into new, unzeroed buffers (NaN-filled in these debug
+    /// builds, so a value left unwritten shows) equal the products into
+    /// zeroed ones, bit for bit: odd widths, partial panels and tiles, and
+    /// the pairs of the activation beside the sums.
+    #[test]
+    fn products_into_new_buffers_write_every_value() {
+        use crate::fast::kernels::Act;
+        let val = |i: usize| ((i as f32) * 0.523).sin();
+        for (m, n, k) in [(1, 1, 1), (13, 70, 33), (30, 33, 64)] {
+            let x: Vec<f32> = (0..m * k).map(val).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| val(i + 500)).collect();
+            let bias: Vec<f32> = (0..n).map(|i| val(i + 77)).collect();
+            let (a, b) = (Strided::rows(&x, k), Strided::transposed(&w, k));
+            let sums = Sums {
+                bias: Some(&bias),
+                accumulate: false,
+            };
+            let mut want = vec![0f32; m * n];
+            product_bf16((m, n, k), a, b, &mut want, sums);
+            let got = product_bf16_new((m, n, k), a, b, Some(&bias));
+            assert_eq!(as_words(&got), as_words(&want), "[{m}, {n}, {k}]");
+            let (f, pairs) = product_bf16_act((m, n, k), a, b, (&bias, Act::GeluErf));
+            let mut raw = vec![0f32; m * n];
+            product_bf16((m, n, k), a, b, &mut raw, Sums::default());
+            assert_eq!(
+                as_words(&f),
+                as_words(&raw),
+                "[{m}, {n}, {k}] pre-activation"
+            );
+            let n2 = n.div_ceil(2);
+            let mut act: Vec<f32> = raw
+                .iter()
+                .zip(bias.iter().cycle())
+                .map(|(v, b)| v + b)
+                .collect();
+            crate::fast::kernels::activate_body(&mut act, Act::GeluErf);
+            let mut rounded = vec![0u32; m * n2];
+            for (row, out) in act.chunks_exact(n).zip(rounded.chunks_exact_mut(n2)) {
+                round_row(row, out);
+            }
+            assert_eq!(as_words(&pairs), &rounded[..], "[{m}, {n}, {k}] pairs");
+            // FFN-out's product on those pairs, into a new buffer.
+            let w2: Vec<f32> = (0..5 * n).map(|i| val(i + 900)).collect();
+            let b2 = Strided::transposed(&w2, n);
+            let y = product_bf16_pairs_new((m, 5, n), &rounded, b2, &[0.5; 5]);
+            let mut want = vec![0f32; m * 5];
+            let sums = Sums {
+                bias: Some(&[0.5; 5]),
+                accumulate: false,
+            };
+            product_bf16_pairs((m, 5, n), &rounded, b2, &mut want, sums);
+            assert_eq!(as_words(&y), as_words(&want), "[{m}, 5, {n}] from pairs");
         }
     }
 

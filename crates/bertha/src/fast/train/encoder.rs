@@ -70,6 +70,11 @@ impl<'a> Linear<'a> {
             .forward(x, &self.w.data, Some(&self.b.data), y, m);
     }
 
+    /// [`Linear::forward`] into a new buffer (not zeroed first in bf16).
+    pub fn forward_new(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.compute.forward_new(x, &self.w.data, &self.b.data, m)
+    }
+
     /// Adds the weight and bias gradients of `dy`, the gradient of the
     /// output over input `x`; writes (or adds, with `accumulate`) the
     /// input gradient into `dx` when given.
@@ -548,19 +553,16 @@ impl<'a> Encoder<'a> {
         let attn_in = if pre { &t.attn_in } else { &x };
         match packing.queries {
             None => {
-                t.qkv = scratch(n * 3 * d);
-                self.compute
-                    .forward(attn_in, &layer.qkv_w, Some(&layer.qkv_b), &mut t.qkv, n);
+                t.qkv = self
+                    .compute
+                    .forward_new(attn_in, &layer.qkv_w, &layer.qkv_b, n);
             }
             Some(sel) => {
                 let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
                 let (b_q, b_kv) = layer.qkv_b.split_at(d);
-                t.qkv = scratch(n * 2 * d);
-                self.compute
-                    .forward(attn_in, w_kv, Some(b_kv), &mut t.qkv, n);
+                t.qkv = self.compute.forward_new(attn_in, w_kv, b_kv, n);
                 t.q_in = sel.gather(attn_in, d);
-                t.q = scratch(m * d);
-                self.compute.forward(&t.q_in, w_q, Some(b_q), &mut t.q, m);
+                t.q = self.compute.forward_new(&t.q_in, w_q, b_q, m);
             }
         }
         let qkv = match packing.queries {
@@ -579,8 +581,7 @@ impl<'a> Encoder<'a> {
             (self.heads, self.compute),
             t.masks[0].as_ref(),
         );
-        t.s1 = scratch(m * d);
-        layer.attn_out.forward(&t.ctx, &mut t.s1, m);
+        t.s1 = layer.attn_out.forward_new(&t.ctx, m);
         t.masks[1] = mask_of(&self.hidden_dropout);
         if let Some(mask) = &t.masks[1] {
             drop_rows_of(mask, &mut t.s1, rows, d);
@@ -595,28 +596,28 @@ impl<'a> Encoder<'a> {
         } else {
             layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
         }
-        t.f = scratch(m * inter);
-        let mut o = scratch(m * d);
         let (w_in, b_in) = (&layer.ffn_in.w.data, &layer.ffn_in.b.data);
-        match self.compute {
+        let mut o = match self.compute {
             Compute::F32 => {
+                t.f = scratch(m * inter);
                 self.compute.forward(&t.ffn_x, w_in, None, &mut t.f, m);
                 let mut g = scratch(m * inter);
                 bias_act_forward(&t.f, b_in, &mut g, self.act);
+                let mut o = scratch(m * d);
                 layer.ffn_out.forward(&g, &mut o, m);
                 recycle(g);
+                o
             }
             Compute::Bf16 => {
                 // The activation's output exists only as FFN-out's rounded
                 // input, stored by FFN-in's tiles beside the pre-activation.
-                let mut g = scratch(m * inter.div_ceil(2));
-                let pairs = as_words_mut(&mut g);
-                products::forward_act_bf16(&t.ffn_x, w_in, (b_in, self.act), &mut t.f, pairs, m);
+                let (f, g) = products::forward_act_bf16(&t.ffn_x, w_in, (b_in, self.act), m);
                 let (w_out, b_out) = (&layer.ffn_out.w.data, &layer.ffn_out.b.data);
-                products::forward_pairs_bf16(pairs, inter, w_out, b_out, &mut o, m);
-                t.g = g;
+                let o = products::forward_pairs_bf16(as_words(&g), inter, w_out, b_out, m);
+                (t.f, t.g) = (f, g);
+                o
             }
-        }
+        };
         t.masks[2] = mask_of(&self.hidden_dropout);
         if let Some(mask) = &t.masks[2] {
             drop_rows_of(mask, &mut o, rows, d);

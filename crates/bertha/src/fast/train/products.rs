@@ -4,11 +4,12 @@
 //! operands through strides, so none of them copies a transpose; the
 //! weight stays in `nn.Linear`'s `[out, in]` layout throughout.
 
+use crate::fast::buffers::scratch;
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
-    product_bf16, product_bf16_act, product_bf16_pairs, product_bf16_right_pairs,
-    product_bf16_transposed_pairs, Strided, Sums,
+    product_bf16, product_bf16_act, product_bf16_new, product_bf16_pairs, product_bf16_pairs_new,
+    product_bf16_right_pairs, product_bf16_transposed_pairs, Strided, Sums,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -65,6 +66,21 @@ impl Compute {
         product_bf16((m, n, k), a, b, y, sums);
     }
 
+    /// [`Compute::forward`] with a bias into a new buffer `[m, n]`: in bf16
+    /// written whole by the tiles, not zeroed first.
+    pub fn forward_new(self, x: &[f32], w: &[f32], bias: &[f32], m: usize) -> Vec<f32> {
+        let (n, k) = (bias.len(), x.len() / m.max(1));
+        if self == Self::F32 {
+            let mut y = scratch(m * n);
+            forward(x, w, Some(bias), &mut y, m);
+            return y;
+        }
+        check("linear input", x, m, k);
+        check("linear weight", w, n, k);
+        let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
+        product_bf16_new((m, n, k), a, b, Some(bias))
+    }
+
     /// `dx[m, k] (+)= dy[m, n] · w[n, k]`.
     pub fn input_grad(self, dy: &[f32], w: &[f32], dx: &mut [f32], m: usize, accumulate: bool) {
         if self == Self::F32 {
@@ -100,40 +116,37 @@ const ACCUMULATE: Sums<'static> = Sums {
 };
 
 /// `f[m, n] = x[m, k] · w[n, k]ᵀ` in bf16 products and, from the same
-/// tiles, `act(f + bias)` as bf16 pairs `[m, ⌈n / 2⌉]` in `pairs`: an FFN's
-/// input layer, whose pre-activation the backward reads and whose output
-/// only the next product does (as [`forward_pairs_bf16`]'s input).
+/// tiles, `act(f + bias)` as bf16 pairs `[m, ⌈n / 2⌉]` (the words of an
+/// fp32 buffer): an FFN's input layer, whose pre-activation the backward
+/// reads and whose output only the next product does (as
+/// [`forward_pairs_bf16`]'s input). Both new buffers, written whole by the
+/// tiles (not zeroed first).
 pub(crate) fn forward_act_bf16(
     x: &[f32],
     w: &[f32],
     (bias, act): (&[f32], Act),
-    f: &mut [f32],
-    pairs: &mut [u32],
     m: usize,
-) {
+) -> (Vec<f32>, Vec<f32>) {
     let (n, k) = (bias.len(), x.len() / m.max(1));
+    check("linear input", x, m, k);
     check("linear weight", w, n, k);
     let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
-    product_bf16_act((m, n, k), a, b, f, (bias, act), pairs);
+    product_bf16_act((m, n, k), a, b, (bias, act))
 }
 
-/// `y[m, n] = a · w[n, k]ᵀ + bias` in bf16 products, for `a` given as `m`
-/// rows of `⌈k / 2⌉` bf16 pairs (rounded before, by the tiles that made it).
+/// `y[m, n] = a · w[n, k]ᵀ + bias` in bf16 products into a new buffer, for
+/// `a` given as `m` rows of `⌈k / 2⌉` bf16 pairs (rounded before, by the
+/// tiles that made it).
 pub(crate) fn forward_pairs_bf16(
     pairs: &[u32],
     k: usize,
     w: &[f32],
     bias: &[f32],
-    y: &mut [f32],
     m: usize,
-) {
+) -> Vec<f32> {
     let n = bias.len();
     check("linear weight", w, n, k);
-    let sums = Sums {
-        bias: Some(bias),
-        accumulate: false,
-    };
-    product_bf16_pairs((m, n, k), pairs, Strided::transposed(w, k), y, sums);
+    product_bf16_pairs_new((m, n, k), pairs, Strided::transposed(w, k), bias)
 }
 
 /// `dx[m, k] = dy · w[n, k]` in bf16 products, for `dy` given as `m` rows
