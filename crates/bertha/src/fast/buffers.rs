@@ -161,12 +161,8 @@ impl Unwritten {
             if cfg!(debug_assertions) {
                 v.fill(f32::NAN);
             }
-            let mut v = std::mem::ManuallyDrop::new(v);
-            // SAFETY: the vector's allocation, length and capacity move over
-            // whole; f32 and MaybeUninit<f32> have one size and alignment.
-            return Self(unsafe {
-                Vec::from_raw_parts(v.as_mut_ptr().cast(), v.len(), v.capacity())
-            });
+            // SAFETY: initialised f32 values are valid MaybeUninit ones.
+            return Self(unsafe { recast(v) });
         }
         let mut v = Vec::with_capacity(len);
         if cfg!(debug_assertions) {
@@ -193,11 +189,25 @@ impl Unwritten {
     /// Every one of the `len` values must have been written through
     /// [`Unwritten::as_mut_ptr`].
     pub unsafe fn assume_written(self) -> Vec<f32> {
-        let mut v = std::mem::ManuallyDrop::new(self.0);
-        // SAFETY: as in `new`; every value is initialised (the caller's
-        // contract).
-        unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast(), v.len(), v.capacity()) }
+        // SAFETY: every value is initialised (the caller's contract).
+        unsafe { recast(self.0) }
     }
+}
+
+/// `v`'s allocation, length and capacity as a vector of `B` (`f32` and
+/// `MaybeUninit<f32>` have one size and alignment).
+///
+/// # Safety
+/// Every value must be a valid `B`.
+unsafe fn recast<A, B>(v: Vec<A>) -> Vec<B> {
+    const {
+        assert!(std::mem::size_of::<A>() == std::mem::size_of::<B>());
+        assert!(std::mem::align_of::<A>() == std::mem::align_of::<B>());
+    }
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: one size and alignment (asserted), the same allocation; the
+    // values are valid (the caller's contract).
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast(), v.len(), v.capacity()) }
 }
 
 /// Gives `v` back for [`scratch`] and [`copied`] to hand out again.
@@ -282,11 +292,7 @@ pub(crate) fn add(acc: &mut [f32], x: &[f32]) {
 /// contiguous CPU fp32 tensor's storage (weights and gradients, every
 /// step), else from a converted copy.
 pub(crate) fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
-    if let Some(values) = held(t) {
-        return Ok(f(&values));
-    }
-    let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    Ok(f(&values))
+    Ok(f(&values_of(t)?))
 }
 
 /// A contiguous CPU fp32 tensor's values, read in place while its storage

@@ -996,10 +996,10 @@ pub fn product_bf16_right_pairs(
     product_bf16_sums((m, n, k), Left::Strided(a), Right::Pairs(b), c, sums)
 }
 
-/// A product into a new buffer `c` `[m, n]` that it writes whole (`store`
+/// A product into `c` `[m, n]`, a new buffer that it writes whole (`store`
 /// must not accumulate): every row block's tiles store every panel's
 /// columns, reading none of them first, so `c` needs no zeroing.
-fn product_bf16_fresh(
+fn product_bf16_writing(
     (m, n, k): (usize, usize, usize),
     a: Left,
     b: Right,
@@ -1025,11 +1025,11 @@ fn product_bf16_fresh(
     });
 }
 
-/// [`product_bf16`] into a new buffer (sums plus `bias`, not zeroed first).
-pub(crate) fn product_bf16_new(
+/// The sums (plus `bias`) of a product in a new buffer, not zeroed first.
+fn product_bf16_fresh(
     (m, n, k): (usize, usize, usize),
-    a: Strided,
-    b: Strided,
+    a: Left,
+    b: Right,
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
     let mut c = Unwritten::new(m * n);
@@ -1037,26 +1037,29 @@ pub(crate) fn product_bf16_new(
         bias,
         accumulate: false,
     });
-    product_bf16_fresh((m, n, k), Left::Strided(a), Right::F32(b), &mut c, store);
-    // SAFETY: product_bf16_fresh wrote every value.
+    product_bf16_writing((m, n, k), a, b, &mut c, store);
+    // SAFETY: product_bf16_writing wrote every value.
     unsafe { c.assume_written() }
+}
+
+/// [`product_bf16`] into a new buffer (sums plus `bias`, not zeroed first).
+pub(crate) fn product_bf16_new(
+    dims: (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    product_bf16_fresh(dims, Left::Strided(a), Right::F32(b), bias)
 }
 
 /// [`product_bf16_pairs`] into a new buffer (sums plus `bias`).
 pub(crate) fn product_bf16_pairs_new(
-    (m, n, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     a: &[u32],
     b: Strided,
     bias: &[f32],
 ) -> Vec<f32> {
-    let mut c = Unwritten::new(m * n);
-    let store = Store::Sums(Sums {
-        bias: Some(bias),
-        accumulate: false,
-    });
-    product_bf16_fresh((m, n, k), Left::Pairs(a), Right::F32(b), &mut c, store);
-    // SAFETY: product_bf16_fresh wrote every value.
-    unsafe { c.assume_written() }
+    product_bf16_fresh(dims, Left::Pairs(a), Right::F32(b), Some(bias))
 }
 
 /// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums and, from the
@@ -1080,8 +1083,8 @@ pub(crate) fn product_bf16_act(
         act,
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
-    product_bf16_fresh((m, n, k), Left::Strided(a), Right::F32(b), &mut c, store);
-    // SAFETY: product_bf16_fresh wrote every value of c, and its tiles
+    product_bf16_writing((m, n, k), Left::Strided(a), Right::F32(b), &mut c, store);
+    // SAFETY: product_bf16_writing wrote every value of c, and its tiles
     // every pair of each row (⌈n / 2⌉ words).
     unsafe { (c.assume_written(), pairs.assume_written()) }
 }
