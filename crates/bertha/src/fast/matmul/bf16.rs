@@ -473,6 +473,183 @@ pub(crate) fn pack_panels_into(b: Strided, k: usize, n: usize, panels: &mut Vec<
     }
 }
 
+/// Panels of `b = xᵀ` (`[2·k2, n]`) for `x` given as `n` rows of `k2`
+/// bf16 pairs, rows `stride` words apart (one head's K for `Q · Kᵀ`): pair
+/// row `i`, column `j` of the panels is row `j`'s pair `i`, moved as 32-bit
+/// words by 16 × 16 transposes, no rounding. On the calling thread.
+pub(crate) fn pack_transposed_pairs(
+    x: &[u32],
+    stride: usize,
+    (n, k2): (usize, usize),
+    panels: &mut Vec<u16>,
+) {
+    const T: usize = 16;
+    assert!(
+        n == 0 || k2 == 0 || x.len() >= (n - 1) * stride + k2,
+        "pack_transposed_pairs: {n} rows of {k2} pairs, {stride} apart, read past the data"
+    );
+    let len = n.div_ceil(NR) * k2 * NR * 2;
+    if panels.len() < len {
+        panels.resize(len, 0);
+    }
+    // SAFETY: any two u16 are a valid u32.
+    let (head, words, _) = unsafe { panels[..len].align_to_mut::<u32>() };
+    if !head.is_empty() {
+        // Not word-aligned (no allocator here gives that): value by value.
+        for (i, w) in panels[..len].chunks_exact_mut(2).enumerate() {
+            let (p, i, j) = (i / (k2 * NR), i / NR % k2, i % NR);
+            let word = match p * NR + j < n {
+                true => x[(p * NR + j) * stride + i],
+                false => 0,
+            };
+            w.copy_from_slice(&[word as u16, (word >> 16) as u16]);
+        }
+        return;
+    }
+    for (p, panel) in words.chunks_exact_mut((k2 * NR).max(1)).enumerate() {
+        for j0 in (0..NR).step_by(T) {
+            let rows = n.saturating_sub(p * NR + j0).min(T);
+            for i0 in (0..k2).step_by(T) {
+                let cols = T.min(k2 - i0);
+                let dst = &mut panel[i0 * NR + j0..];
+                if rows == 0 {
+                    for c in 0..cols {
+                        dst[c * NR..c * NR + T].fill(0);
+                    }
+                    continue;
+                }
+                let src = &x[(p * NR + j0) * stride + i0..];
+                super::transpose16(as_f32(src), stride, rows, cols, as_f32_mut(dst), NR);
+            }
+        }
+    }
+}
+
+/// Panels of `b` `[k, n]` given as `k` rows of bf16 pairs, rows `stride`
+/// words apart (one head's V for `P · V`, or K, Q in the backward): a pair
+/// row takes two rows' halves, moved, no rounding. On the calling thread.
+pub(crate) fn pack_row_pairs(
+    x: &[u32],
+    stride: usize,
+    (k, n): (usize, usize),
+    panels: &mut Vec<u16>,
+) {
+    assert!(
+        k == 0 || n == 0 || x.len() >= (k - 1) * stride + n.div_ceil(2),
+        "pack_row_pairs: {k} rows of {n} values, {stride} words apart, read past the data"
+    );
+    let k2 = k.div_ceil(2);
+    let len = n.div_ceil(NR) * k2 * NR * 2;
+    if panels.len() < len {
+        panels.resize(len, 0);
+    }
+    for (p, panel) in panels[..len]
+        .chunks_exact_mut((k2 * NR * 2).max(1))
+        .enumerate()
+    {
+        let (c0, cols) = (p * NR, NR.min(n - p * NR));
+        if cols < NR {
+            panel.fill(0);
+        }
+        pack_panel_pairs(x, stride, k, c0, cols, panel);
+    }
+}
+
+/// A left operand of [`product_pairs_serial`], rounded before.
+#[derive(Clone, Copy)]
+pub(crate) enum LeftPairs<'a> {
+    /// `m` rows of `k2` pairs, rows `stride` words apart.
+    Rows { words: &'a [u32], stride: usize },
+    /// A transpose as [`interleave_transposed`] lays it out.
+    Interleaved(&'a [u32]),
+}
+
+/// The transpose of `x` (`k` rows of `m` values, rows `stride` apart) as a
+/// product's left operand `[m, k]`, rounded to bf16 ([`LeftPairs::Interleaved`]),
+/// on the calling thread: attention's `Pᵀ` and `dSᵀ`.
+pub(crate) fn interleave_transposed(
+    x: &[f32],
+    stride: usize,
+    (k, m): (usize, usize),
+    out: &mut Vec<u32>,
+) {
+    let src = Source::F32 {
+        data: x,
+        cs: stride,
+    };
+    interleave_rows(src, k, m, out, false);
+}
+
+/// `c[m, n] = scale · a[m, k] · b[k, n]` on the calling thread from a
+/// rounded left operand and packed right one ([`pack_transposed_pairs`],
+/// [`pack_row_pairs`], [`pack_panels_into`]), `k2 = ⌈k / 2⌉` pairs, `c`
+/// rows `ldc` apart: attention's per-head products.
+///
+/// # Safety
+/// `c` must address `m` rows of `n` values, `ldc` apart, that nothing else
+/// reads or writes meanwhile.
+pub(crate) unsafe fn product_pairs_serial(
+    a: LeftPairs,
+    (m, n, k2): (usize, usize, usize),
+    panels: &[u16],
+    (c, ldc): (*mut f32, usize),
+    scale: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (blocks, simd) = (m.div_ceil(MR_BF16), features().bf16);
+    match a {
+        LeftPairs::Rows { words, stride } => assert!(
+            words.len() >= (m - 1) * stride + k2 && stride >= k2,
+            "product_pairs_serial: the left rows read past their data"
+        ),
+        LeftPairs::Interleaved(words) => assert!(
+            words.len() >= blocks * MR_BF16 * k2,
+            "product_pairs_serial: the interleaved left operand is short"
+        ),
+    }
+    assert!(
+        panels.len() >= n.div_ceil(NR) * k2 * NR * 2,
+        "product_pairs_serial: the panels are short"
+    );
+    let zeros = [0f32; NR];
+    for p in 0..n.div_ceil(NR) {
+        let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
+        let cols = NR.min(n - p * NR);
+        for b in 0..blocks {
+            let (r0, mr) = (b * MR_BF16, MR_BF16.min(m - b * MR_BF16));
+            let a = match a {
+                LeftPairs::Rows { words, stride } => PairsIn {
+                    ptr: words[r0 * stride..].as_ptr(),
+                    row: stride,
+                    pair: 1,
+                },
+                LeftPairs::Interleaved(words) => PairsIn {
+                    ptr: words[r0 * k2..].as_ptr(),
+                    row: 1,
+                    pair: MR_BF16,
+                },
+            };
+            let out = TileOut::F32 {
+                c: c.wrapping_add(r0 * ldc + p * NR),
+                ldc,
+                accumulate: false,
+            };
+            // SAFETY: a holds rows r0..r0 + mr of k2 pairs (asserted
+            // above), the panel k2 pair rows; the caller owns c's tile.
+            unsafe { tile(simd, a, k2, mr, panel, &zeros[..cols], None, out) };
+        }
+    }
+    if scale != 1.0 {
+        for r in 0..m {
+            // SAFETY: row r of the caller's m × n destination.
+            let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) };
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+}
+
 /// One bf16 register tile: `c[r, j] = Σ_i a[r, i] · panel[i, j]` over
 /// `k2` pairs, `r < mr` (≤ [`BF16_TILE_ROWS`]), `j < cols` (≤ 32), no
 /// bias.
@@ -582,7 +759,7 @@ fn pack_panels_reusing(b: Right, k: usize, n: usize, panels: &mut Vec<u16>, para
         }
         match b {
             Right::F32(b) => pack_panel(&b, k, c0, cols, panel),
-            Right::Pairs(words) => pack_panel_pairs(words, n.div_ceil(2), c0, cols, panel),
+            Right::Pairs(words) => pack_panel_pairs(words, n.div_ceil(2), k, c0, cols, panel),
         }
     };
     each_chunk(
@@ -595,17 +772,23 @@ fn pack_panels_reusing(b: Right, k: usize, n: usize, panels: &mut Vec<u16>, para
 
 multiversion! {
     fn pack_panel = pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mut [u16]);
-    fn pack_panel_pairs = pack_panel_pairs_body(words: &[u32], row: usize, c0: usize, cols: usize, panel: &mut [u16]);
+    fn pack_panel_pairs = pack_panel_pairs_body(words: &[u32], row: usize, k: usize, c0: usize, cols: usize, panel: &mut [u16]);
 }
 
-/// Columns `c0..c0 + cols` (`c0` even) of a matrix given as rows of `row`
-/// bf16 pairs into one panel: the bits [`pack_panel`] makes of its fp32
-/// values, by moving halves (a pair row takes the low halves of two rows'
-/// words, the next one their high halves). `panel` holds `⌈k / 2⌉` pair
-/// rows for the `k = words.len() / row` rows.
+/// Columns `c0..c0 + cols` (`c0` even) of a matrix given as `k` rows of
+/// bf16 pairs, `row` words apart, into one panel: the bits [`pack_panel`]
+/// makes of its fp32 values, by moving halves (a pair row takes the low
+/// halves of two rows' words, the next one their high halves). `panel`
+/// holds `⌈k / 2⌉` pair rows.
 #[inline(always)]
-fn pack_panel_pairs_body(words: &[u32], row: usize, c0: usize, cols: usize, panel: &mut [u16]) {
-    let k = words.len() / row.max(1);
+fn pack_panel_pairs_body(
+    words: &[u32],
+    row: usize,
+    k: usize,
+    c0: usize,
+    cols: usize,
+    panel: &mut [u16],
+) {
     let (w0, wn) = (c0 / 2, cols.div_ceil(2));
     // SAFETY: any two u16 are a valid u32.
     let (head, out, _) = unsafe { panel.align_to_mut::<u32>() };
@@ -1089,6 +1272,48 @@ pub(crate) fn product_bf16_act(
     unsafe { (c.assume_written(), pairs.assume_written()) }
 }
 
+/// `bf16(a)[m, k] · bf16(b)[k, n] + bias` as bf16 pairs only, `[m, ⌈n /
+/// 2⌉]` in a new buffer (the words of an fp32 buffer) written whole by the
+/// tiles: a product whose every use rounds it again (attention's Q, K and
+/// V), so no fp32 copy is stored. The bits of rounding the fp32 sums.
+pub(crate) fn product_bf16_to_pairs_new(
+    (m, n, k): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    bias: &[f32],
+) -> Vec<f32> {
+    assert_eq!(
+        bias.len(),
+        n,
+        "product_bf16_to_pairs_new: bias is not [{n}]"
+    );
+    let mut pairs = Unwritten::new(m * n.div_ceil(2));
+    let store = Store::Pairs {
+        bias,
+        pairs: SharedPairs(pairs.as_mut_ptr().cast()),
+    };
+    let run = Run {
+        simd: features().bf16,
+        parallel: true,
+    };
+    // SAFETY: the tiles write only the pairs (m × ⌈n / 2⌉, the buffer's
+    // length), never the fp32 destination (null, rows 0 apart).
+    with_buffers(|buffers| unsafe {
+        let (a, b) = (Left::Strided(a), Right::F32(b));
+        product_bf16_into(
+            run,
+            (m, n, k),
+            a,
+            b,
+            (std::ptr::null_mut(), 0),
+            store,
+            buffers,
+        )
+    });
+    // SAFETY: the tiles wrote every pair of each row (⌈n / 2⌉ words).
+    unsafe { pairs.assume_written() }
+}
+
 /// A product of these operands into `c` (`[m, n]`, row-major) as `sums`
 /// says, on every core, with this thread's buffers.
 fn product_bf16_sums(
@@ -1134,6 +1359,9 @@ enum Store<'a> {
         act: Act,
         pairs: SharedPairs,
     },
+    /// Only `sums + bias` as bf16 pairs ([`TileOut::Pairs`]), `⌈n / 2⌉`
+    /// per row: a product whose every use is another product's operand.
+    Pairs { bias: &'a [f32], pairs: SharedPairs },
 }
 
 /// `f` with this thread's product buffers; a product started while they
@@ -1239,6 +1467,7 @@ unsafe fn product_bf16_into(
     let (bias, act) = match store {
         Store::Sums(sums) => (sums.bias, None),
         Store::Both { bias, act, .. } => (Some(bias), Some(act)),
+        Store::Pairs { bias, .. } => (Some(bias), None),
     };
     if let Some(bias) = bias {
         assert_eq!(bias.len(), n, "product_bf16: bias is not [{n}]");
@@ -1336,6 +1565,10 @@ unsafe fn product_bf16_into(
                     ldc,
                     pairs: to.at(r0 * n2 + p * NR / 2),
                     ldp: n2,
+                },
+                Store::Pairs { pairs: to, .. } => TileOut::Pairs {
+                    c: to.at(r0 * n2 + p * NR / 2),
+                    ldc: n2,
                 },
             };
             unsafe { tile(simd, a, k2, mr, panel, bias, act, dest) };

@@ -11,7 +11,10 @@ use rayon::prelude::*;
 
 use super::products::{product, Compute};
 use super::rows::{Rows, Selection};
-use crate::fast::matmul::{product_bf16_serial, Strided};
+use crate::fast::matmul::{
+    as_words, interleave_transposed, pack_panels_into, pack_row_pairs, pack_transposed_pairs,
+    product_bf16_serial, product_pairs_serial, round_row, LeftPairs, Strided,
+};
 use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
 
@@ -108,40 +111,50 @@ pub(crate) fn probability_offsets(packing: Packing, heads: Heads) -> (Vec<usize>
 
 /// Q, K and V rows: Q's rows `q_stride` apart, K at the start of `kv`'s
 /// rows and V `width` values after it: the fused `[T, 3·D]` rows, or a
-/// selection's Q `[M, D]` beside every row's K and V `[T, 2·D]`.
+/// selection's Q `[M, D]` beside every row's K and V `[T, 2·D]`. In fp32,
+/// or (`pairs`) as the bf16 pairs the QKV product's tiles stored (the
+/// words of fp32 storage; strides and offsets in words): in bf16 every use
+/// of Q, K and V is a product's operand, which rounds them anyway.
 #[derive(Clone, Copy)]
 pub(crate) struct Qkv<'a> {
     q: &'a [f32],
     q_stride: usize,
     kv: &'a [f32],
     kv_stride: usize,
+    pairs: bool,
 }
 
 impl<'a> Qkv<'a> {
-    /// The fused rows `[T, 3·D]`.
-    pub fn fused(qkv: &'a [f32], d: usize) -> Self {
+    /// The fused rows `[T, 3·D]`, in fp32 or (`pairs`) as bf16 pairs
+    /// `[T, 3·D / 2]` (`D` even).
+    pub fn fused(qkv: &'a [f32], d: usize, pairs: bool) -> Self {
+        let u = if pairs { d / 2 } else { d };
         Self {
             q: qkv,
-            q_stride: 3 * d,
-            kv: qkv.get(d..).unwrap_or(&[]),
-            kv_stride: 3 * d,
+            q_stride: 3 * u,
+            kv: qkv.get(u..).unwrap_or(&[]),
+            kv_stride: 3 * u,
+            pairs,
         }
     }
 
-    /// Q `[M, D]` and K, V `[T, 2·D]`.
-    pub fn split(q: &'a [f32], kv: &'a [f32], d: usize) -> Self {
+    /// Q `[M, D]` and K, V `[T, 2·D]`, in fp32 or (`pairs`) as bf16 pairs.
+    pub fn split(q: &'a [f32], kv: &'a [f32], d: usize, pairs: bool) -> Self {
+        let u = if pairs { d / 2 } else { d };
         Self {
             q,
-            q_stride: d,
+            q_stride: u,
             kv,
-            kv_stride: 2 * d,
+            kv_stride: 2 * u,
+            pairs,
         }
     }
 
     /// Whether Q covers `q_rows` rows and K, V `kv_rows`, of width `d`.
     fn covers(&self, q_rows: usize, kv_rows: usize, d: usize) -> bool {
-        fits(self.q.len(), q_rows, self.q_stride, d)
-            && fits(self.kv.len(), kv_rows, self.kv_stride, 2 * d)
+        let u = if self.pairs { d / 2 } else { d };
+        fits(self.q.len(), q_rows, self.q_stride, u)
+            && fits(self.kv.len(), kv_rows, self.kv_stride, 2 * u)
     }
 }
 
@@ -309,6 +322,24 @@ pub(crate) fn forward(
     assert_eq!(probs.len(), total, "attention: probabilities buffer");
     let scale = 1.0 / (heads.dim as f32).sqrt();
     let (ctx_out, p_out) = (Shared(ctx.as_mut_ptr()), Shared(probs.as_mut_ptr()));
+    if qkv.pairs {
+        assert!(
+            compute == Compute::Bf16 && heads.dim % 2 == 0,
+            "attention: bf16 pairs need bf16 products and an even head width"
+        );
+        let run = |sc: &mut PairScratch, t: Task| {
+            // SAFETY: the task's probabilities block is its own (offsets
+            // from probability_offsets, total asserted); its ctx rows and
+            // head columns are written by no other task.
+            unsafe {
+                let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), t.len * t.keys);
+                let ctx = ctx_out.at(t.q_start * d + t.h * heads.dim);
+                forward_pairs(sc, qkv, (t, heads, packing), p, ctx, dropout)
+            }
+        };
+        let each = tasks(packing, heads, &p_offsets).into_par_iter();
+        return each.for_each_init(PairScratch::default, run);
+    }
     tasks(packing, heads, &p_offsets)
         .into_par_iter()
         .for_each_init(Vec::new, |dropped: &mut Vec<f32>, t| {
@@ -387,6 +418,21 @@ pub(crate) fn backward(
     assert_eq!(probs.len(), total, "attention backward: probabilities");
     let scale = 1.0 / (heads.dim as f32).sqrt();
     let out = &dqkv;
+    if qkv.pairs {
+        assert!(
+            compute == Compute::Bf16 && heads.dim % 2 == 0,
+            "attention backward: bf16 pairs need bf16 products and an even head width"
+        );
+        let run = |sc: &mut PairScratch, t: Task| {
+            let p = &probs[t.p_at..t.p_at + t.len * t.keys];
+            let dc = &dctx[t.q_start * d + t.h * heads.dim..];
+            // SAFETY: the task's rows and head columns of dQ, dK and dV
+            // are written by no other task (extents asserted above).
+            unsafe { backward_pairs(sc, qkv, (t, heads, packing), (p, dc), out, dropout) }
+        };
+        let each = tasks(packing, heads, &p_offsets).into_par_iter();
+        return each.for_each_init(PairScratch::default, run);
+    }
     tasks(packing, heads, &p_offsets)
         .into_par_iter()
         .for_each_init(Scratch::default, |sc, t| {
@@ -472,4 +518,302 @@ pub(crate) fn backward(
                 );
             }
         });
+}
+
+/// Per-task buffers of the bf16 pairs path.
+#[derive(Default)]
+struct PairScratch {
+    panels: Vec<u16>,
+    left: Vec<u32>,
+    row: Vec<f32>,
+    mask: Vec<f32>,
+    dropped: Vec<f32>,
+    dp: Vec<f32>,
+    ds: Vec<f32>,
+}
+
+/// The rows of one head of Q, K and V as pairs: (words, stride) each.
+struct HeadPairs<'a> {
+    q: (&'a [u32], usize),
+    k: (&'a [u32], usize),
+    v: (&'a [u32], usize),
+}
+
+fn head_pairs<'a>(qkv: Qkv<'a>, t: Task, heads: Heads) -> HeadPairs<'a> {
+    let (hw, d2) = (heads.dim / 2, heads.width() / 2);
+    let (q, kv) = (as_words(qkv.q), as_words(qkv.kv));
+    let k_at = t.start * qkv.kv_stride + t.h * hw;
+    HeadPairs {
+        q: (&q[t.q_start * qkv.q_stride + t.h * hw..], qkv.q_stride),
+        k: (&kv[k_at..], qkv.kv_stride),
+        v: (kv.get(k_at + d2..).unwrap_or(&[]), qkv.kv_stride),
+    }
+}
+
+/// `len` rows of `width` values `stride` apart rounded to bf16 pairs,
+/// one after another in `out`.
+fn round_rows_into(x: &[f32], stride: usize, (len, width): (usize, usize), out: &mut Vec<u32>) {
+    let w2 = width.div_ceil(2);
+    out.resize(len * w2, 0);
+    for (i, pairs) in out.chunks_exact_mut(w2.max(1)).take(len).enumerate() {
+        round_row(&x[i * stride..][..width], pairs);
+    }
+}
+
+/// One task of [`forward`] on bf16 pairs: the products read Q, K and V as
+/// stored (K's and V's panels moved as words, no rounding); the
+/// probabilities after dropout are rounded once, as the next product's
+/// operand. The bits of the fp32-operand path.
+///
+/// # Safety
+/// `ctx` must address the task's `len` rows (`D` apart) of its head's
+/// columns, written by no one else meanwhile.
+unsafe fn forward_pairs(
+    sc: &mut PairScratch,
+    qkv: Qkv,
+    (t, heads, packing): (Task, Heads, Packing),
+    p: &mut [f32],
+    ctx: *mut f32,
+    dropout: Option<&DropoutMask>,
+) {
+    let (len, hd, nk) = (t.len, heads.dim, t.keys);
+    let (hw, nk2, d) = (hd / 2, nk.div_ceil(2), heads.width());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let h = head_pairs(qkv, t, heads);
+    pack_transposed_pairs(h.k.0, h.k.1, (nk, hw), &mut sc.panels);
+    let q = LeftPairs::Rows {
+        words: h.q.0,
+        stride: h.q.1,
+    };
+    // SAFETY: p is the task's len × nk block; the operands' extents are
+    // checked by the product.
+    unsafe { product_pairs_serial(q, (len, nk, hw), &sc.panels, (p.as_mut_ptr(), nk), scale) };
+    softmax_rows(p, nk.max(1));
+    sc.left.resize(len * nk2, 0);
+    for (i, (row, pairs)) in p
+        .chunks_exact(nk.max(1))
+        .zip(sc.left.chunks_exact_mut(nk2.max(1)))
+        .enumerate()
+    {
+        match dropout {
+            Some(mask) => {
+                sc.row.clear();
+                sc.row.extend_from_slice(row);
+                let key = [t.s, t.h, packing.position(t.s, i)];
+                mask.apply_row(mask.row_key(&key), &mut sc.row);
+                round_row(&sc.row, pairs);
+            }
+            None => round_row(row, pairs),
+        }
+    }
+    pack_row_pairs(h.v.0, h.v.1, (nk, hd), &mut sc.panels);
+    let used = LeftPairs::Rows {
+        words: &sc.left,
+        stride: nk2,
+    };
+    // SAFETY: the caller's contract for ctx.
+    unsafe { product_pairs_serial(used, (len, hd, nk2), &sc.panels, (ctx, d), 1.0) };
+}
+
+/// One task of [`backward`] on bf16 pairs (see [`forward_pairs`]); the
+/// dropout mask is drawn once, for the probabilities and their gradient.
+///
+/// # Safety
+/// The task's rows and head columns of `out` must be written by no one
+/// else meanwhile.
+unsafe fn backward_pairs(
+    sc: &mut PairScratch,
+    qkv: Qkv,
+    (t, heads, packing): (Task, Heads, Packing),
+    (p, dc): (&[f32], &[f32]),
+    out: &QkvGrad,
+    dropout: Option<&DropoutMask>,
+) {
+    let (len, hd, nk) = (t.len, heads.dim, t.keys);
+    let (hw, nk2, len2, d) = (hd / 2, nk.div_ceil(2), len.div_ceil(2), heads.width());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let h = head_pairs(qkv, t, heads);
+    let dq_at = out.q.at(t.q_start * out.q_stride + t.h * hd);
+    let dk_at = out.kv.at(t.start * out.kv_stride + t.h * hd);
+    let dv_at = dk_at.wrapping_add(d);
+    // The mask's factors (0 or 1 / keep), and the probabilities the
+    // forward multiplied V by.
+    let used: &[f32] = match dropout {
+        Some(m) => {
+            sc.mask.clear();
+            sc.mask.resize(len * nk, 1.0);
+            for (i, row) in sc.mask.chunks_exact_mut(nk.max(1)).enumerate() {
+                m.apply_row(m.row_key(&[t.s, t.h, packing.position(t.s, i)]), row);
+            }
+            sc.dropped.clear();
+            sc.dropped
+                .extend(p.iter().zip(&sc.mask).map(|(p, m)| p * m));
+            &sc.dropped
+        }
+        None => p,
+    };
+    // SAFETY (all products): the destinations are the task's own rows and
+    // head columns (the caller's contract) or its scratch; the operands'
+    // extents are checked by the products.
+    // dV = usedᵀ · dctx (key rows only; padding rows are no keys)
+    interleave_transposed(used, nk, (len, nk), &mut sc.left);
+    pack_panels_into(Strided::rows(dc, d), len, hd, &mut sc.panels);
+    let used_t = LeftPairs::Interleaved(&sc.left);
+    unsafe {
+        product_pairs_serial(
+            used_t,
+            (nk, hd, len2),
+            &sc.panels,
+            (dv_at, out.kv_stride),
+            1.0,
+        )
+    };
+    // d(used) = dctx · Vᵀ, then through the mask.
+    round_rows_into(dc, d, (len, hd), &mut sc.left);
+    pack_transposed_pairs(h.v.0, h.v.1, (nk, hw), &mut sc.panels);
+    sc.dp.resize(len * nk, 0.0);
+    let dc_pairs = LeftPairs::Rows {
+        words: &sc.left,
+        stride: hw,
+    };
+    unsafe {
+        product_pairs_serial(
+            dc_pairs,
+            (len, nk, hw),
+            &sc.panels,
+            (sc.dp.as_mut_ptr(), nk),
+            1.0,
+        )
+    };
+    if dropout.is_some() {
+        sc.dp.iter_mut().zip(&sc.mask).for_each(|(g, m)| *g *= m);
+    }
+    sc.ds.resize(len * nk, 0.0);
+    softmax_backward(p, &sc.dp, &mut sc.ds, nk.max(1));
+    // dQ = scale · dS · K
+    round_rows_into(&sc.ds, nk, (len, nk), &mut sc.left);
+    pack_row_pairs(h.k.0, h.k.1, (nk, hd), &mut sc.panels);
+    let ds = LeftPairs::Rows {
+        words: &sc.left,
+        stride: nk2,
+    };
+    unsafe { product_pairs_serial(ds, (len, hd, nk2), &sc.panels, (dq_at, out.q_stride), scale) };
+    // dK = scale · dSᵀ · Q (key rows only)
+    interleave_transposed(&sc.ds, nk, (len, nk), &mut sc.left);
+    pack_row_pairs(h.q.0, h.q.1, (len, hd), &mut sc.panels);
+    let ds_t = LeftPairs::Interleaved(&sc.left);
+    unsafe {
+        product_pairs_serial(
+            ds_t,
+            (nk, hd, len2),
+            &sc.panels,
+            (dk_at, out.kv_stride),
+            scale,
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fast::matmul::as_words_mut;
+    use crate::model::Dropout;
+
+    fn val(i: usize, seed: usize) -> f32 {
+        (((i * 7 + seed * 13) as f32) * 0.618).sin() * 2.0
+    }
+
+    /// `rows` rows of `width` values rounded to bf16 pairs (as the QKV
+    /// product's tiles store them), in fp32 storage.
+    fn as_pairs(x: &[f32], width: usize) -> Vec<f32> {
+        let mut out = vec![0f32; x.len() / 2];
+        for (row, pairs) in x
+            .chunks_exact(width)
+            .zip(as_words_mut(&mut out).chunks_exact_mut(width / 2))
+        {
+            round_row(row, pairs);
+        }
+        out
+    }
+
+    /// Q, K and V kept as bf16 pairs give, bit for bit, what the bf16
+    /// products give from fp32 Q, K and V (they round them the same way):
+    /// context, probabilities, dQ, dK and dV, with and without dropout, on
+    /// every row and on selected queries, with padding rows that are no
+    /// keys and sequences of odd lengths (a partial tile, an odd pair).
+    #[test]
+    fn pairs_equal_rounding_fp32_operands() {
+        let heads = Heads { count: 2, dim: 16 };
+        let d = heads.width();
+        let offsets = [0usize, 13, 13 + 40, 13 + 40 + 7];
+        let keys = [13usize, 37, 7];
+        let n = offsets[3];
+        let selection =
+            Selection::new(vec![[0, 2], [1, 0], [1, 5], [1, 39], [2, 6]], &offsets).unwrap();
+        let drop = Dropout::new(0.25);
+        for (queries, dropout) in [
+            (None, None),
+            (None, drop.next_mask(true)),
+            (Some(&selection), drop.next_mask(true)),
+        ] {
+            let packing = Packing {
+                offsets: &offsets,
+                keys: &keys,
+                queries,
+            };
+            let m = packing.rows().count();
+            // The fp32 operands, rounded as the pairs are, so both paths
+            // multiply the same values.
+            let (q_w, kv_w) = match queries {
+                None => (0, 3 * d),
+                Some(_) => (d, 2 * d),
+            };
+            let kv: Vec<f32> = (0..n * kv_w).map(|i| val(i, 1)).collect();
+            let q: Vec<f32> = (0..m * q_w).map(|i| val(i, 2)).collect();
+            let (kv_pairs, q_pairs) = (as_pairs(&kv, kv_w), as_pairs(&q, q_w.max(2)));
+            let (qkv_f32, qkv_bf16) = match queries {
+                None => (Qkv::fused(&kv, d, false), Qkv::fused(&kv_pairs, d, true)),
+                Some(_) => (
+                    Qkv::split(&q, &kv, d, false),
+                    Qkv::split(&q_pairs, &kv_pairs, d, true),
+                ),
+            };
+            let (_, total) = probability_offsets(packing, heads);
+            let dctx: Vec<f32> = (0..m * d).map(|i| val(i, 3)).collect();
+            let mut outs = Vec::new();
+            for qkv in [qkv_f32, qkv_bf16] {
+                let mut ctx = vec![f32::NAN; m * d];
+                let mut probs = vec![f32::NAN; total];
+                let cfg = (heads, Compute::Bf16);
+                forward(qkv, &mut ctx, &mut probs, packing, cfg, dropout.as_ref());
+                let (mut dq, mut dkv) = (vec![0f32; m * q_w], vec![0f32; n * kv_w]);
+                let grad = match queries {
+                    None => QkvGrad::fused(&mut dkv, d),
+                    Some(_) => QkvGrad::split(&mut dq, &mut dkv, d),
+                };
+                backward(qkv, &probs, &dctx, grad, packing, cfg, dropout.as_ref());
+                outs.push([ctx, probs, dq, dkv]);
+            }
+            for (what, (a, b)) in ["ctx", "probs", "dq", "dkv"]
+                .iter()
+                .zip(outs[0].iter().zip(&outs[1]))
+            {
+                assert!(
+                    a.iter().all(|v| v.is_finite()),
+                    "{what}: not every value written"
+                );
+                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{what} differs (queries {}, dropout {})",
+                    queries.is_some(),
+                    dropout.is_some()
+                );
+                assert!(
+                    a.is_empty() || a.iter().any(|v| *v != 0.0),
+                    "{what}: all zero"
+                );
+            }
+        }
+    }
 }

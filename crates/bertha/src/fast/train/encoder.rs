@@ -551,23 +551,24 @@ impl<'a> Encoder<'a> {
             layer.attn_norm.forward(&x, &mut t.attn_in);
         }
         let attn_in = if pre { &t.attn_in } else { &x };
+        let pairs = qkv_pairs(self.compute, self.heads);
+        let project = |x: &[f32], w: &[f32], b: &[f32], rows: usize| match pairs {
+            true => products::forward_to_pairs_bf16(x, w, b, rows),
+            false => self.compute.forward_new(x, w, b, rows),
+        };
         match packing.queries {
-            None => {
-                t.qkv = self
-                    .compute
-                    .forward_new(attn_in, &layer.qkv_w, &layer.qkv_b, n);
-            }
+            None => t.qkv = project(attn_in, &layer.qkv_w, &layer.qkv_b, n),
             Some(sel) => {
                 let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
                 let (b_q, b_kv) = layer.qkv_b.split_at(d);
-                t.qkv = self.compute.forward_new(attn_in, w_kv, b_kv, n);
+                t.qkv = project(attn_in, w_kv, b_kv, n);
                 t.q_in = sel.gather(attn_in, d);
-                t.q = self.compute.forward_new(&t.q_in, w_q, b_q, m);
+                t.q = project(&t.q_in, w_q, b_q, m);
             }
         }
         let qkv = match packing.queries {
-            None => Qkv::fused(&t.qkv, d),
-            Some(_) => Qkv::split(&t.q, &t.qkv, d),
+            None => Qkv::fused(&t.qkv, d, pairs),
+            Some(_) => Qkv::split(&t.q, &t.qkv, d, pairs),
         };
         let (_, total) = attention::probability_offsets(packing, self.heads);
         t.probs = scratch(total);
@@ -836,7 +837,7 @@ fn layer_backward(
                 false => zeros(n * 3 * d),
             };
             attention::backward(
-                Qkv::fused(&t.qkv, d),
+                Qkv::fused(&t.qkv, d, qkv_pairs(compute, heads)),
                 &t.probs,
                 &dctx,
                 QkvGrad::fused(&mut dqkv, d),
@@ -869,7 +870,7 @@ fn layer_backward(
             let mut dq = scratch(m * d);
             let mut dkv = zeros(n * 2 * d);
             attention::backward(
-                Qkv::split(&t.q, &t.qkv, d),
+                Qkv::split(&t.q, &t.qkv, d, qkv_pairs(compute, heads)),
                 &t.probs,
                 &dctx,
                 QkvGrad::split(&mut dq, &mut dkv, d),
@@ -907,6 +908,13 @@ fn layer_backward(
         recycle(tmp);
     }
     dx
+}
+
+/// Whether attention's Q, K and V are kept as the bf16 pairs their
+/// product's tiles store (bf16 products, an even head width) instead of
+/// fp32.
+fn qkv_pairs(compute: Compute, heads: Heads) -> bool {
+    compute == Compute::Bf16 && heads.dim.is_multiple_of(2)
 }
 
 /// Dropout on hidden rows `[T, D]` of packed sequences: row `(s, p)` keyed

@@ -9,7 +9,8 @@ use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
     product_bf16, product_bf16_act, product_bf16_new, product_bf16_pairs, product_bf16_pairs_new,
-    product_bf16_right_pairs, product_bf16_transposed_pairs, Strided, Sums,
+    product_bf16_right_pairs, product_bf16_to_pairs_new, product_bf16_transposed_pairs, Strided,
+    Sums,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -132,6 +133,17 @@ pub(crate) fn forward_act_bf16(
     check("linear weight", w, n, k);
     let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
     product_bf16_act((m, n, k), a, b, (bias, act))
+}
+
+/// `x · w[n, k]ᵀ + bias` in bf16 products, stored only as bf16 pairs
+/// `[m, ⌈n / 2⌉]` (the words of a new fp32 buffer, written whole by the
+/// tiles): attention's Q, K and V, whose every use is a product operand.
+pub(crate) fn forward_to_pairs_bf16(x: &[f32], w: &[f32], bias: &[f32], m: usize) -> Vec<f32> {
+    let (n, k) = (bias.len(), x.len() / m.max(1));
+    check("linear input", x, m, k);
+    check("linear weight", w, n, k);
+    let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
+    product_bf16_to_pairs_new((m, n, k), a, b, bias)
 }
 
 /// `y[m, n] = a · w[n, k]ᵀ + bias` in bf16 products into a new buffer, for
