@@ -265,6 +265,39 @@ pub(crate) fn bias_act_backward_to_pairs(
     add_into(dbias, &sums);
 }
 
+/// An output gradient `dy` (rows of `dbias.len()`), each row first passed
+/// through `prepare(row, values)` (a dropout mask), stored only as bf16
+/// pairs in `dz` (`⌈d / 2⌉` per row) with its column sums added into
+/// `dbias`: a linear layer's output gradient in a bf16 step feeds only its
+/// two products (as pairs) and its bias gradient. One pass instead of
+/// masking, summing and rounding apart; the sums are [`column_sums`]'s
+/// (same blocks, same order) and the pairs those of rounding the rows.
+pub(crate) fn grad_to_pairs(
+    dy: &[f32],
+    dz: &mut [u32],
+    dbias: &mut [f32],
+    prepare: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let d = dbias.len();
+    let (d2, rows) = (d.div_ceil(2), dy.len() / d.max(1));
+    assert!(
+        dy.len() == rows * d && dz.len() == rows * d2,
+        "grad_to_pairs: the gradient and its pairs are not [{rows}, {d}] and [{rows}, {d2}]"
+    );
+    if d == 0 {
+        return;
+    }
+    rows_with_sums(dz, d2, dbias, d, |at, pairs, part| {
+        let mut row = vec![0f32; d];
+        for (r, out) in pairs.chunks_exact_mut(d2).enumerate() {
+            row.copy_from_slice(&dy[at + r * d..][..d]);
+            prepare(at / d + r, &mut row);
+            add_rows(part, &row);
+            round_row(&row, out);
+        }
+    });
+}
+
 /// Softmax's backward on one block of rows of `d`: `dx = y · (dy - Σ y·dy)`.
 pub(crate) fn softmax_backward(y: &[f32], dy: &[f32], dx: &mut [f32], d: usize) {
     softmax_bwd_rows(y, dy, dx, d);

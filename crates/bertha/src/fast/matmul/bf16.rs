@@ -1166,17 +1166,25 @@ pub fn product_bf16_transposed_pairs(
     product_bf16_sums((m, n, k), Left::TransposedPairs(a), Right::F32(b), c, sums)
 }
 
-/// [`product_bf16`] with the right operand already rounded: `b` holds `k`
-/// rows of `⌈n / 2⌉` bf16 pairs (a weight gradient's input, as the tiles
-/// that made it stored it).
-pub fn product_bf16_right_pairs(
+/// [`product_bf16`] with both operands already rounded: `a` the transpose
+/// of `k` rows of `⌈m / 2⌉` pairs (as [`product_bf16_transposed_pairs`]),
+/// `b` `k` rows of `⌈n / 2⌉` pairs (as the tiles store them): a
+/// weight gradient whose output gradient and input were both stored as
+/// pairs.
+pub(crate) fn product_bf16_both_pairs(
     (m, n, k): (usize, usize, usize),
-    a: Strided,
+    a: &[u32],
     b: &[u32],
     c: &mut [f32],
     sums: Sums,
 ) {
-    product_bf16_sums((m, n, k), Left::Strided(a), Right::Pairs(b), c, sums)
+    product_bf16_sums(
+        (m, n, k),
+        Left::TransposedPairs(a),
+        Right::Pairs(b),
+        c,
+        sums,
+    )
 }
 
 /// A product into `c` `[m, n]`, a new buffer that it writes whole (`store`
@@ -1832,12 +1840,12 @@ mod tests {
         }
     }
 
-    /// A weight gradient whose input comes as bf16 pairs (as the tiles
-    /// that made it stored them) has the bits of the one that packs the
-    /// fp32 input itself: full and partial panels, an odd width and an odd
-    /// number of rows.
+    /// A weight gradient whose output gradient and input both come as bf16
+    /// pairs (as the passes that made them stored them) has the bits of
+    /// the one that rounds and packs the fp32 operands itself: full and
+    /// partial panels, odd widths and an odd number of rows.
     #[test]
-    fn products_of_right_pairs_equal_those_of_the_fp32_operand() {
+    fn products_of_both_pairs_equal_those_of_the_fp32_operands() {
         let val = |i: usize| ((i as f32) * 0.419).cos();
         for (n, rows, k) in [(19, 45, 75), (12, 8, 64), (1, 1, 1)] {
             let dy: Vec<f32> = (0..rows * n).map(val).collect();
@@ -1855,8 +1863,13 @@ mod tests {
             let a = Strided::transposed(&dy, n);
             let mut want = start.clone();
             product_bf16((n, k, rows), a, Strided::rows(&x, k), &mut want, sums);
+            let n2 = n.div_ceil(2);
+            let mut dy_pairs = vec![0u32; rows * n2];
+            for (row, out) in dy.chunks_exact(n).zip(dy_pairs.chunks_exact_mut(n2)) {
+                round_row(row, out);
+            }
             let mut got = start.clone();
-            product_bf16_right_pairs((n, k, rows), a, &pairs, &mut got, sums);
+            product_bf16_both_pairs((n, k, rows), &dy_pairs, &pairs, &mut got, sums);
             assert_eq!(got, want, "dyᵀ [{n}, {rows}] · x [{rows}, {k}]");
             assert_ne!(got, start);
         }

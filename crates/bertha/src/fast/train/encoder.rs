@@ -27,7 +27,7 @@ use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
 use crate::fast::matmul::{as_words, as_words_mut};
 use crate::model::ops::{
-    bias_act_backward, bias_act_backward_to_pairs, bias_act_forward, column_sums,
+    bias_act_backward, bias_act_backward_to_pairs, bias_act_forward, column_sums, grad_to_pairs,
     layer_norm_backward,
 };
 use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
@@ -747,12 +747,12 @@ fn layer_backward(
         recycle(dy);
         (copied(&ds2), ds2)
     };
-    if let Some(mask) = &t.masks[2] {
-        drop_rows_of(mask, &mut d_o, rows, d);
-    }
     let mut dg = scratch(m * inter);
     match compute {
         Compute::F32 => {
+            if let Some(mask) = &t.masks[2] {
+                drop_rows_of(mask, &mut d_o, rows, d);
+            }
             // FFN output: g = act(f + b) recomputed for its weight gradient.
             let mut g = scratch(m * inter);
             bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
@@ -760,11 +760,14 @@ fn layer_backward(
             recycle(g);
         }
         Compute::Bf16 => {
-            // FFN-out's input as the forward's tiles stored it.
-            let (g, ffn_out) = (as_words(&t.g), &mut layer.ffn_out);
-            products::weight_grad_of_pairs_bf16(&d_o, g, inter, &mut ffn_out.w.grad, m);
-            column_sums(&d_o, &mut ffn_out.b.grad);
-            compute.input_grad(&d_o, &ffn_out.w.data, &mut dg, m, false);
+            // The output gradient (through the mask) as its products'
+            // pairs; FFN-out's input as the forward's tiles stored it.
+            let ffn_out = &mut layer.ffn_out;
+            let dz = output_grad_pairs(&d_o, t.masks[2].as_ref(), rows, &mut ffn_out.b.grad);
+            let (g, words) = (as_words(&t.g), as_words(&dz));
+            products::weight_grad_both_pairs_bf16((words, d), (g, inter), &mut ffn_out.w.grad, m);
+            products::input_grad_pairs_bf16((words, d), &ffn_out.w.data, &mut dg, m, false);
+            recycle(dz);
         }
     }
     recycle(d_o);
@@ -785,7 +788,7 @@ fn layer_backward(
             let (df, ffn_in) = (as_words_mut(&mut words), &mut layer.ffn_in);
             bias_act_backward_to_pairs(&t.f, &ffn_in.b.data, &dg, df, &mut ffn_in.b.grad, act);
             products::weight_grad_pairs_bf16(df, inter, &t.ffn_x, &mut ffn_in.w.grad, m);
-            products::input_grad_pairs_bf16(df, inter, &ffn_in.w.data, &mut dffn_x, m);
+            products::input_grad_pairs_bf16((df, inter), &ffn_in.w.data, &mut dffn_x, m, false);
             recycle(words);
         }
     }
@@ -805,23 +808,38 @@ fn layer_backward(
     }
     recycle(dffn_x);
     // s1 = dropout(ctx · Woᵀ + bo) + x
-    let mut dx = match packing.queries {
-        None => copied(&ds1),
-        Some(sel) => {
-            let mut dx = zeros(n * d);
-            sel.scatter_add(&ds1, &mut dx, d);
+    let mut dctx = scratch(m * d);
+    let mut dx = match compute {
+        Compute::F32 => {
+            let dx = residual_grad(&ds1, packing.queries, (n, d));
+            let mut da = ds1;
+            if let Some(mask) = &t.masks[1] {
+                drop_rows_of(mask, &mut da, rows, d);
+            }
+            layer
+                .attn_out
+                .backward(&t.ctx, &da, Some(&mut dctx), m, false);
+            recycle(da);
             dx
         }
+        Compute::Bf16 => {
+            let attn_out = &mut layer.attn_out;
+            let da = output_grad_pairs(&ds1, t.masks[1].as_ref(), rows, &mut attn_out.b.grad);
+            let words = as_words(&da);
+            products::weight_grad_pairs_bf16(words, d, &t.ctx, &mut attn_out.w.grad, m);
+            products::input_grad_pairs_bf16((words, d), &attn_out.w.data, &mut dctx, m, false);
+            recycle(da);
+            match packing.queries {
+                // ds1 is not needed any more: the residual's gradient.
+                None => ds1,
+                Some(_) => {
+                    let dx = residual_grad(&ds1, packing.queries, (n, d));
+                    recycle(ds1);
+                    dx
+                }
+            }
+        }
     };
-    let mut da = ds1;
-    if let Some(mask) = &t.masks[1] {
-        drop_rows_of(mask, &mut da, rows, d);
-    }
-    let mut dctx = scratch(m * d);
-    layer
-        .attn_out
-        .backward(&t.ctx, &da, Some(&mut dctx), m, false);
-    recycle(da);
     let attn_in = if pre { &t.attn_in } else { &t.x };
     // d(attention input), on every row: into dx directly after post-LN.
     let mut dn1 = match pre {
@@ -847,20 +865,24 @@ fn layer_backward(
             );
             recycle(dctx);
             // Q, K, V: one multiply each way on the stacked weights.
-            let mut dw = zeros(3 * d * d);
-            compute.weight_grad(&dqkv, attn_in, &mut dw, n);
-            let mut db = zeros(3 * d);
-            column_sums(&dqkv, &mut db);
+            let (mut dw, mut db) = (zeros(3 * d * d), zeros(3 * d));
+            let into = match &mut dn1 {
+                Some(dn1) => (dn1.as_mut_slice(), false),
+                None => (dx.as_mut_slice(), true),
+            };
+            linear_backward(
+                compute,
+                (&dqkv, attn_in),
+                (&layer.qkv_w, &mut dw, &mut db),
+                into,
+                n,
+            );
             for (i, lin) in [&mut layer.q, &mut layer.k, &mut layer.v]
                 .into_iter()
                 .enumerate()
             {
                 add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
                 add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
-            }
-            match &mut dn1 {
-                Some(dn1) => compute.input_grad(&dqkv, &layer.qkv_w, dn1, n, false),
-                None => compute.input_grad(&dqkv, &layer.qkv_w, &mut dx, n, true),
             }
             recycle(dqkv);
         }
@@ -879,21 +901,19 @@ fn layer_backward(
                 t.masks[0].as_ref(),
             );
             recycle(dctx);
-            compute.weight_grad(&dq, &t.q_in, &mut layer.q.w.grad, m);
-            column_sums(&dq, &mut layer.q.b.grad);
-            let mut dw = zeros(2 * d * d);
-            compute.weight_grad(&dkv, attn_in, &mut dw, n);
-            let mut db = zeros(2 * d);
-            column_sums(&dkv, &mut db);
+            let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
+            let mut dq_in = scratch(m * d);
+            let q = &mut layer.q;
+            let grads = (w_q, &mut q.w.grad[..], &mut q.b.grad[..]);
+            linear_backward(compute, (&dq, &t.q_in), grads, (&mut dq_in, false), m);
+            let (mut dw, mut db) = (zeros(2 * d * d), zeros(2 * d));
+            let into = dn1.as_mut().unwrap_or(&mut dx);
+            let grads = (w_kv, &mut dw[..], &mut db[..]);
+            linear_backward(compute, (&dkv, attn_in), grads, (into, !pre), n);
             for (i, lin) in [&mut layer.k, &mut layer.v].into_iter().enumerate() {
                 add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
                 add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
             }
-            let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
-            let into = dn1.as_mut().unwrap_or(&mut dx);
-            compute.input_grad(&dkv, w_kv, into, n, !pre);
-            let mut dq_in = scratch(m * d);
-            compute.input_grad(&dq, w_q, &mut dq_in, m, false);
             sel.scatter_add(&dq_in, into, d);
             recycle(dq_in);
             recycle(dq);
@@ -908,6 +928,69 @@ fn layer_backward(
         recycle(tmp);
     }
     dx
+}
+
+/// A linear layer's backward from its output gradient `dy` and input `x`:
+/// the weight and bias gradients added into `grads` (beside the weight),
+/// the input gradient written, or (`into.1`) added, into `into.0`. In bf16,
+/// `dy` is rounded once, into the pairs both products read, in the pass
+/// that sums the bias gradient.
+fn linear_backward(
+    compute: Compute,
+    (dy, x): (&[f32], &[f32]),
+    (w, dw, db): (&[f32], &mut [f32], &mut [f32]),
+    (dx, accumulate): (&mut [f32], bool),
+    m: usize,
+) {
+    match compute {
+        Compute::F32 => {
+            compute.weight_grad(dy, x, dw, m);
+            column_sums(dy, db);
+            compute.input_grad(dy, w, dx, m, accumulate);
+        }
+        Compute::Bf16 => {
+            let n = db.len();
+            let mut words = scratch(m * n.div_ceil(2));
+            grad_to_pairs(dy, as_words_mut(&mut words), db, |_, _| {});
+            let pairs = as_words(&words);
+            products::weight_grad_pairs_bf16(pairs, n, x, dw, m);
+            products::input_grad_pairs_bf16((pairs, n), w, dx, m, accumulate);
+            recycle(words);
+        }
+    }
+}
+
+/// [`grad_to_pairs`] of a layer's output gradient on `rows`, through its
+/// dropout `mask`: the pairs (the words of a step buffer), the bias
+/// gradient added into `dbias`.
+fn output_grad_pairs(
+    dy: &[f32],
+    mask: Option<&DropoutMask>,
+    rows: Rows,
+    dbias: &mut [f32],
+) -> Vec<f32> {
+    let d = dbias.len();
+    let mut words = scratch(rows.count() * d.div_ceil(2));
+    grad_to_pairs(dy, as_words_mut(&mut words), dbias, |r, row| {
+        if let Some(mask) = mask {
+            mask.apply_row(mask.row_key(&rows.key(r)), row);
+        }
+    });
+    words
+}
+
+/// The gradient the residual path hands a layer's input `[n, d]`: the
+/// output rows' `ds1` (every row, or the selection's scattered, 0 on the
+/// other rows).
+fn residual_grad(ds1: &[f32], queries: Option<&Selection>, (n, d): (usize, usize)) -> Vec<f32> {
+    match queries {
+        None => copied(ds1),
+        Some(sel) => {
+            let mut dx = zeros(n * d);
+            sel.scatter_add(ds1, &mut dx, d);
+            dx
+        }
+    }
 }
 
 /// Whether attention's Q, K and V are kept as the bf16 pairs their

@@ -275,7 +275,7 @@ impl<'a> MlmHead<'a> {
                     let bias_grad = &mut self.decoder_bias.grad;
                     let ce =
                         cross_entropy_to_pairs(&logits, vocab, &targets, weight, pairs, bias_grad);
-                    input_grad_pairs_bf16(pairs, vocab, &decoder.data, &mut dz, masked);
+                    input_grad_pairs_bf16((pairs, vocab), &decoder.data, &mut dz, masked, false);
                     let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
                     weight_grad_pairs_bf16(pairs, vocab, &z, &mut decoder.grad, masked);
                     kept.pairs = words;

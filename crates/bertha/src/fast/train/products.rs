@@ -8,8 +8,8 @@ use crate::fast::buffers::scratch;
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
-    product_bf16, product_bf16_act, product_bf16_new, product_bf16_pairs, product_bf16_pairs_new,
-    product_bf16_right_pairs, product_bf16_to_pairs_new, product_bf16_transposed_pairs, Strided,
+    product_bf16, product_bf16_act, product_bf16_both_pairs, product_bf16_new, product_bf16_pairs,
+    product_bf16_pairs_new, product_bf16_to_pairs_new, product_bf16_transposed_pairs, Strided,
     Sums,
 };
 
@@ -161,12 +161,21 @@ pub(crate) fn forward_pairs_bf16(
     product_bf16_pairs_new((m, n, k), pairs, Strided::transposed(w, k), bias)
 }
 
-/// `dx[m, k] = dy · w[n, k]` in bf16 products, for `dy` given as `m` rows
-/// of `⌈n / 2⌉` bf16 pairs (rounded where it was made).
-pub(crate) fn input_grad_pairs_bf16(dy: &[u32], n: usize, w: &[f32], dx: &mut [f32], m: usize) {
+/// `dx[m, k] (+)= dy · w[n, k]` in bf16 products, for `dy` given as `m`
+/// rows of `⌈n / 2⌉` bf16 pairs (rounded where it was made).
+pub(crate) fn input_grad_pairs_bf16(
+    (dy, n): (&[u32], usize),
+    w: &[f32],
+    dx: &mut [f32],
+    m: usize,
+    accumulate: bool,
+) {
     let k = dx.len() / m.max(1);
     check("linear weight", w, n, k);
-    let sums = Sums::default();
+    let sums = Sums {
+        bias: None,
+        accumulate,
+    };
     product_bf16_pairs((m, k, n), dy, Strided::rows(w, k), dx, sums);
 }
 
@@ -178,12 +187,17 @@ pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [
     product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, ACCUMULATE);
 }
 
-/// `dw[n, k] += dy[m, n]ᵀ · x` in bf16 products, for `x` given as `m` rows
-/// of `⌈k / 2⌉` bf16 pairs (as the tiles that made it stored it).
-pub(crate) fn weight_grad_of_pairs_bf16(dy: &[f32], x: &[u32], k: usize, dw: &mut [f32], m: usize) {
-    let n = dy.len() / m.max(1);
+/// `dw[n, k] += dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
+/// `⌈n / 2⌉` bf16 pairs and `x` as `m` rows of `⌈k / 2⌉` (both rounded
+/// where they were made).
+pub(crate) fn weight_grad_both_pairs_bf16(
+    (dy, n): (&[u32], usize),
+    (x, k): (&[u32], usize),
+    dw: &mut [f32],
+    m: usize,
+) {
     check("weight gradient", dw, n, k);
-    product_bf16_right_pairs((n, k, m), Strided::transposed(dy, n), x, dw, ACCUMULATE);
+    product_bf16_both_pairs((n, k, m), dy, x, dw, ACCUMULATE);
 }
 
 /// A matrix operand: its first element, row stride and column stride.
