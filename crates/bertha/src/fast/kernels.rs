@@ -120,6 +120,43 @@ pub fn layer_norm_into(src: &[f32], dst: &mut [f32], gamma: &[f32], beta: &[f32]
         });
 }
 
+/// Rows `s` (of `gamma.len()`) finished in place by `prepare(row, values)`
+/// (a dropout mask and the residual add), then `y = LayerNorm(s)`, and `y`
+/// also as bf16 pairs, `⌈d / 2⌉` per row (the next bf16 product's rounded
+/// input): one pass over each block of rows in place of a mask pass, an
+/// add pass, the norm and the product's rounding. The bits of those passes
+/// ([`norm_rows`] on the finished rows, then rounding).
+pub(crate) fn finish_norm_pairs(
+    s: &mut [f32],
+    (y, pairs): (&mut [f32], &mut [u32]),
+    (gamma, beta, eps): (&[f32], &[f32], f32),
+    prepare: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let d = gamma.len();
+    let (d2, rows) = (d.div_ceil(2), s.len() / d.max(1));
+    assert!(
+        s.len() == rows * d && y.len() == s.len() && pairs.len() == rows * d2,
+        "finish_norm_pairs: the rows, their norm and its pairs are not [{rows}, {d}], [{rows}, {d}] and [{rows}, {d2}]"
+    );
+    if d == 0 {
+        return;
+    }
+    s.par_chunks_mut(d * ROWS_PER_TASK)
+        .zip(y.par_chunks_mut(d * ROWS_PER_TASK))
+        .zip(pairs.par_chunks_mut(d2 * ROWS_PER_TASK))
+        .enumerate()
+        .for_each(|(block, ((s, y), pairs))| {
+            for (r, row) in s.chunks_exact_mut(d).enumerate() {
+                prepare(block * ROWS_PER_TASK + r, row);
+            }
+            y.copy_from_slice(s);
+            norm_rows(y, None, gamma, beta, eps);
+            for (row, out) in y.chunks_exact(d).zip(pairs.chunks_exact_mut(d2)) {
+                crate::fast::matmul::round_row(row, out);
+            }
+        });
+}
+
 #[inline(always)]
 pub(crate) fn lane_sum(v: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];

@@ -1262,7 +1262,7 @@ pub(crate) fn product_bf16_pairs_new(
 /// apart. Both new buffers, written whole (not zeroed first).
 pub(crate) fn product_bf16_act(
     (m, n, k): (usize, usize, usize),
-    a: Strided,
+    a: LeftIn,
     b: Strided,
     (bias, act): (&[f32], Act),
 ) -> (Vec<f32>, Vec<f32>) {
@@ -1274,7 +1274,7 @@ pub(crate) fn product_bf16_act(
         act,
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
-    product_bf16_writing((m, n, k), Left::Strided(a), Right::F32(b), &mut c, store);
+    product_bf16_writing((m, n, k), a.left(), Right::F32(b), &mut c, store);
     // SAFETY: product_bf16_writing wrote every value of c, and its tiles
     // every pair of each row (⌈n / 2⌉ words).
     unsafe { (c.assume_written(), pairs.assume_written()) }
@@ -1286,7 +1286,7 @@ pub(crate) fn product_bf16_act(
 /// V), so no fp32 copy is stored. The bits of rounding the fp32 sums.
 pub(crate) fn product_bf16_to_pairs_new(
     (m, n, k): (usize, usize, usize),
-    a: Strided,
+    a: LeftIn,
     b: Strided,
     bias: &[f32],
 ) -> Vec<f32> {
@@ -1307,7 +1307,7 @@ pub(crate) fn product_bf16_to_pairs_new(
     // SAFETY: the tiles write only the pairs (m × ⌈n / 2⌉, the buffer's
     // length), never the fp32 destination (null, rows 0 apart).
     with_buffers(|buffers| unsafe {
-        let (a, b) = (Left::Strided(a), Right::F32(b));
+        let (a, b) = (a.left(), Right::F32(b));
         product_bf16_into(
             run,
             (m, n, k),
@@ -1333,6 +1333,24 @@ fn product_bf16_sums(
 ) {
     let store = Store::Sums(sums);
     with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+}
+
+/// A forward product's left operand as its callers give it: fp32 rows
+/// (rounded on the call) or rows of `⌈k / 2⌉` bf16 pairs rounded before
+/// (a LayerNorm's output, stored beside its fp32 rows).
+#[derive(Clone, Copy)]
+pub(crate) enum LeftIn<'a> {
+    F32(Strided<'a>),
+    Pairs(&'a [u32]),
+}
+
+impl<'a> LeftIn<'a> {
+    fn left(self) -> Left<'a> {
+        match self {
+            Self::F32(a) => Left::Strided(a),
+            Self::Pairs(p) => Left::Pairs(p),
+        }
+    }
 }
 
 /// A product's left operand.
@@ -1896,7 +1914,7 @@ mod tests {
             product_bf16((m, n, k), a, b, &mut want, sums);
             let got = product_bf16_new((m, n, k), a, b, Some(&bias));
             assert_eq!(as_words(&got), as_words(&want), "[{m}, {n}, {k}]");
-            let (f, pairs) = product_bf16_act((m, n, k), a, b, (&bias, Act::GeluErf));
+            let (f, pairs) = product_bf16_act((m, n, k), LeftIn::F32(a), b, (&bias, Act::GeluErf));
             let mut raw = vec![0f32; m * n];
             product_bf16((m, n, k), a, b, &mut raw, Sums::default());
             assert_eq!(

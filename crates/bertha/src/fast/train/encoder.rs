@@ -114,6 +114,11 @@ impl<'a> Norm<'a> {
         kernels::layer_norm_into(x, y, &self.gamma.data, &self.beta.data, self.eps);
     }
 
+    /// `(gamma, beta, eps)`, as the fused norm passes take them.
+    fn params(&self) -> (&[f32], &[f32], f32) {
+        (&self.gamma.data, &self.beta.data, self.eps)
+    }
+
     /// `dx` from the input `x` and the output gradient `dy`; adds the
     /// parameter gradients.
     pub fn backward(&mut self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
@@ -490,13 +495,16 @@ impl<'a> Encoder<'a> {
             drop_rows(m, &mut x, &offsets, d);
         }
         let mut tapes = Vec::with_capacity(self.layers.len());
+        let mut x_pairs = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let last = i + 1 == self.layers.len();
             let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), last);
-            let (y, tape) = self.layer_forward(layer, x, packing, &mask_of);
+            let (y, y_pairs, tape) =
+                self.layer_forward(layer, (x, x_pairs), (packing, !last), &mask_of);
             tapes.push(tape);
-            x = y;
+            (x, x_pairs) = (y, y_pairs);
         }
+        recycle(x_pairs.unwrap_or_default());
         let mut final_in = Vec::new();
         if let Some(norm) = &self.final_norm {
             let mut y = scratch(x.len());
@@ -521,14 +529,16 @@ impl<'a> Encoder<'a> {
     }
 
     /// One layer on every row, or, with `packing.queries`, its outputs at
-    /// those rows only.
+    /// those rows only. In bf16, `x_pairs` are `x`'s bf16 pairs when the
+    /// pass that made `x` stored them, and with `pairs_out` the output's
+    /// are returned when this layer's last pass can store them (post-LN).
     fn layer_forward(
         &self,
         layer: &Layer,
-        x: Vec<f32>,
-        packing: Packing,
+        (mut x, x_pairs): (Vec<f32>, Option<Vec<f32>>),
+        (packing, pairs_out): (Packing, bool),
         mask_of: &dyn Fn(&Dropout) -> Option<DropoutMask>,
-    ) -> (Vec<f32>, LayerTape) {
+    ) -> (Vec<f32>, Option<Vec<f32>>, LayerTape) {
         let (d, n) = (self.hidden, packing.offsets.last().copied().unwrap_or(0));
         let rows = packing.rows();
         let m = rows.count();
@@ -543,29 +553,56 @@ impl<'a> Encoder<'a> {
                 mask_of(&self.hidden_dropout),
             ];
             t.x = x;
-            return (Vec::new(), t);
+            recycle(x_pairs.unwrap_or_default());
+            return (Vec::new(), None, t);
         }
-        let pre = self.norm_position == NormPosition::Pre;
+        let (pre, bf16) = (
+            self.norm_position == NormPosition::Pre,
+            self.compute == Compute::Bf16,
+        );
+        let mut in_pairs = x_pairs.filter(|_| !pre);
         if pre {
             t.attn_in = scratch(n * d);
-            layer.attn_norm.forward(&x, &mut t.attn_in);
+            match bf16 {
+                true => {
+                    let mut pairs = scratch(n * d.div_ceil(2));
+                    let out = (&mut t.attn_in[..], as_words_mut(&mut pairs));
+                    kernels::finish_norm_pairs(&mut x, out, layer.attn_norm.params(), |_, _| {});
+                    in_pairs = Some(pairs);
+                }
+                false => layer.attn_norm.forward(&x, &mut t.attn_in),
+            }
         }
         let attn_in = if pre { &t.attn_in } else { &x };
         let pairs = qkv_pairs(self.compute, self.heads);
-        let project = |x: &[f32], w: &[f32], b: &[f32], rows: usize| match pairs {
-            true => products::forward_to_pairs_bf16(x, w, b, rows),
-            false => self.compute.forward_new(x, w, b, rows),
+        // Q, K and V from the input's pairs where its pass stored them.
+        let project = |x: &[f32], x_pairs: Option<&[f32]>, (w, b): (&[f32], &[f32]), rows| {
+            let input = match x_pairs {
+                Some(p) => products::Input::Pairs(as_words(p)),
+                None => products::Input::F32(x),
+            };
+            match (pairs, input) {
+                (true, _) => products::forward_to_pairs_bf16(input, w, b, rows),
+                (false, products::Input::Pairs(p)) => {
+                    products::forward_pairs_bf16(p, d, w, b, rows)
+                }
+                (false, products::Input::F32(x)) => self.compute.forward_new(x, w, b, rows),
+            }
         };
+        let x_words = in_pairs.as_deref();
         match packing.queries {
-            None => t.qkv = project(attn_in, &layer.qkv_w, &layer.qkv_b, n),
+            None => t.qkv = project(attn_in, x_words, (&layer.qkv_w, &layer.qkv_b), n),
             Some(sel) => {
                 let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
                 let (b_q, b_kv) = layer.qkv_b.split_at(d);
-                t.qkv = project(attn_in, w_kv, b_kv, n);
+                t.qkv = project(attn_in, x_words, (w_kv, b_kv), n);
                 t.q_in = sel.gather(attn_in, d);
-                t.q = project(&t.q_in, w_q, b_q, m);
+                let q_pairs = x_words.map(|p| sel.gather(p, d.div_ceil(2)));
+                t.q = project(&t.q_in, q_pairs.as_deref(), (w_q, b_q), m);
+                recycle(q_pairs.unwrap_or_default());
             }
         }
+        recycle(in_pairs.unwrap_or_default());
         let qkv = match packing.queries {
             None => Qkv::fused(&t.qkv, d, pairs),
             Some(_) => Qkv::split(&t.q, &t.qkv, d, pairs),
@@ -584,19 +621,42 @@ impl<'a> Encoder<'a> {
         );
         t.s1 = layer.attn_out.forward_new(&t.ctx, m);
         t.masks[1] = mask_of(&self.hidden_dropout);
-        if let Some(mask) = &t.masks[1] {
-            drop_rows_of(mask, &mut t.s1, rows, d);
-        }
-        match packing.queries {
-            None => add(&mut t.s1, &x),
-            Some(sel) => sel.add_gathered(&mut t.s1, &x, d),
-        }
         t.ffn_x = scratch(m * d);
-        if pre {
-            layer.ffn_norm.forward(&t.s1, &mut t.ffn_x);
+        let norm1 = if pre {
+            &layer.ffn_norm
         } else {
-            layer.attn_norm.forward(&t.s1, &mut t.ffn_x);
-        }
+            &layer.attn_norm
+        };
+        // In bf16 the dropout, the residual add, the norm and FFN-in's
+        // rounded input in one pass.
+        let ffn_x_pairs = match bf16 {
+            true => {
+                let mut pairs = scratch(m * d.div_ceil(2));
+                let (mask, out) = (
+                    t.masks[1].as_ref(),
+                    (&mut t.ffn_x[..], as_words_mut(&mut pairs)),
+                );
+                kernels::finish_norm_pairs(&mut t.s1, out, norm1.params(), |r, row| {
+                    if let Some(mask) = mask {
+                        mask.apply_row(mask.row_key(&rows.key(r)), row);
+                    }
+                    let at = rows.packed(r) * d;
+                    add(row, &x[at..at + d]);
+                });
+                Some(pairs)
+            }
+            false => {
+                if let Some(mask) = &t.masks[1] {
+                    drop_rows_of(mask, &mut t.s1, rows, d);
+                }
+                match packing.queries {
+                    None => add(&mut t.s1, &x),
+                    Some(sel) => sel.add_gathered(&mut t.s1, &x, d),
+                }
+                norm1.forward(&t.s1, &mut t.ffn_x);
+                None
+            }
+        };
         let (w_in, b_in) = (&layer.ffn_in.w.data, &layer.ffn_in.b.data);
         let mut o = match self.compute {
             Compute::F32 => {
@@ -612,29 +672,49 @@ impl<'a> Encoder<'a> {
             Compute::Bf16 => {
                 // The activation's output exists only as FFN-out's rounded
                 // input, stored by FFN-in's tiles beside the pre-activation.
-                let (f, g) = products::forward_act_bf16(&t.ffn_x, w_in, (b_in, self.act), m);
+                let input = match &ffn_x_pairs {
+                    Some(p) => products::Input::Pairs(as_words(p)),
+                    None => products::Input::F32(&t.ffn_x),
+                };
+                let (f, g) = products::forward_act_bf16(input, w_in, (b_in, self.act), m);
                 let (w_out, b_out) = (&layer.ffn_out.w.data, &layer.ffn_out.b.data);
                 let o = products::forward_pairs_bf16(as_words(&g), inter, w_out, b_out, m);
                 (t.f, t.g) = (f, g);
                 o
             }
         };
+        recycle(ffn_x_pairs.unwrap_or_default());
         t.masks[2] = mask_of(&self.hidden_dropout);
-        if let Some(mask) = &t.masks[2] {
-            drop_rows_of(mask, &mut o, rows, d);
+        if pre || !(bf16 && pairs_out) {
+            if let Some(mask) = &t.masks[2] {
+                drop_rows_of(mask, &mut o, rows, d);
+            }
         }
-        let y = if pre {
+        let (y, y_pairs) = if pre {
             add(&mut o, &t.s1);
-            o
+            (o, None)
+        } else if bf16 && pairs_out {
+            // The next layer's QKV input rounded in the norm's pass.
+            let (mut y, mut pairs) = (scratch(m * d), scratch(m * d.div_ceil(2)));
+            let (mask, ffn_x) = (t.masks[2].as_ref(), &t.ffn_x);
+            let out = (&mut y[..], as_words_mut(&mut pairs));
+            kernels::finish_norm_pairs(&mut o, out, layer.ffn_norm.params(), |r, row| {
+                if let Some(mask) = mask {
+                    mask.apply_row(mask.row_key(&rows.key(r)), row);
+                }
+                add(row, &ffn_x[r * d..(r + 1) * d]);
+            });
+            t.s2 = o;
+            (y, Some(pairs))
         } else {
             add(&mut o, &t.ffn_x);
             t.s2 = o;
             let mut y = scratch(m * d);
             layer.ffn_norm.forward(&t.s2, &mut y);
-            y
+            (y, None)
         };
         t.x = x;
-        (y, t)
+        (y, y_pairs, t)
     }
 
     /// Adds the gradients of every parameter from `dy`, the gradient of

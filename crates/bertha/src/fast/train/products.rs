@@ -9,8 +9,8 @@ use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
     product_bf16, product_bf16_act, product_bf16_both_pairs, product_bf16_new, product_bf16_pairs,
-    product_bf16_pairs_new, product_bf16_to_pairs_new, product_bf16_transposed_pairs, Strided,
-    Sums,
+    product_bf16_pairs_new, product_bf16_to_pairs_new, product_bf16_transposed_pairs, LeftIn,
+    Strided, Sums,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -123,27 +123,53 @@ const ACCUMULATE: Sums<'static> = Sums {
 /// [`forward_pairs_bf16`]'s input). Both new buffers, written whole by the
 /// tiles (not zeroed first).
 pub(crate) fn forward_act_bf16(
-    x: &[f32],
+    x: Input,
     w: &[f32],
     (bias, act): (&[f32], Act),
     m: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    let (n, k) = (bias.len(), x.len() / m.max(1));
-    check("linear input", x, m, k);
+    let (n, k) = (bias.len(), w.len() / bias.len().max(1));
     check("linear weight", w, n, k);
-    let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
-    product_bf16_act((m, n, k), a, b, (bias, act))
+    let b = Strided::transposed(w, k);
+    product_bf16_act((m, n, k), x.left(m, k), b, (bias, act))
+}
+
+/// A forward product's input rows `[m, k]`: fp32, or the bf16 pairs
+/// stored beside them (`⌈k / 2⌉` per row) by the pass that made them.
+#[derive(Clone, Copy)]
+pub(crate) enum Input<'a> {
+    F32(&'a [f32]),
+    Pairs(&'a [u32]),
+}
+
+impl<'a> Input<'a> {
+    fn left(self, m: usize, k: usize) -> LeftIn<'a> {
+        match self {
+            Self::F32(x) => {
+                check("linear input", x, m, k);
+                LeftIn::F32(Strided::rows(x, k))
+            }
+            Self::Pairs(p) => {
+                assert_eq!(
+                    p.len(),
+                    m * k.div_ceil(2),
+                    "linear input pairs are not [{m}, {}]",
+                    k.div_ceil(2)
+                );
+                LeftIn::Pairs(p)
+            }
+        }
+    }
 }
 
 /// `x · w[n, k]ᵀ + bias` in bf16 products, stored only as bf16 pairs
 /// `[m, ⌈n / 2⌉]` (the words of a new fp32 buffer, written whole by the
 /// tiles): attention's Q, K and V, whose every use is a product operand.
-pub(crate) fn forward_to_pairs_bf16(x: &[f32], w: &[f32], bias: &[f32], m: usize) -> Vec<f32> {
-    let (n, k) = (bias.len(), x.len() / m.max(1));
-    check("linear input", x, m, k);
+pub(crate) fn forward_to_pairs_bf16(x: Input, w: &[f32], bias: &[f32], m: usize) -> Vec<f32> {
+    let (n, k) = (bias.len(), w.len() / bias.len().max(1));
     check("linear weight", w, n, k);
-    let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
-    product_bf16_to_pairs_new((m, n, k), a, b, bias)
+    let b = Strided::transposed(w, k);
+    product_bf16_to_pairs_new((m, n, k), x.left(m, k), b, bias)
 }
 
 /// `y[m, n] = a · w[n, k]ᵀ + bias` in bf16 products into a new buffer, for

@@ -116,6 +116,14 @@ impl Rows<'_> {
         }
     }
 
+    /// The packed row of pass row `r`.
+    pub fn packed(&self, r: usize) -> usize {
+        match self {
+            Rows::Packed(_) => r,
+            Rows::Selected(sel) => sel.rows[r],
+        }
+    }
+
     pub fn count(&self) -> usize {
         match self {
             Rows::Packed(offsets) => offsets.last().copied().unwrap_or(0),
