@@ -590,10 +590,55 @@ pub(crate) fn interleave_transposed(
 /// reads or writes meanwhile.
 pub(crate) unsafe fn product_pairs_serial(
     a: LeftPairs,
-    (m, n, k2): (usize, usize, usize),
+    dims: (usize, usize, usize),
     panels: &[u16],
     (c, ldc): (*mut f32, usize),
     scale: f32,
+) {
+    let (m, n, _) = dims;
+    // SAFETY: the caller's contract.
+    unsafe { pairs_serial(a, dims, panels, SerialOut::F32(c, ldc)) };
+    if scale != 1.0 {
+        for r in 0..m {
+            // SAFETY: row r of the caller's m × n destination.
+            let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) };
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+}
+
+/// [`product_pairs_serial`] (no scale) stored as bf16 pairs of adjacent
+/// columns, `m` rows of `⌈n / 2⌉` words `ldc` words apart: a product whose
+/// only use is another product's operand (attention's context).
+///
+/// # Safety
+/// `c` must address `m` rows of `⌈n / 2⌉` words, `ldc` apart, that nothing
+/// else reads or writes meanwhile.
+pub(crate) unsafe fn product_pairs_serial_to_pairs(
+    a: LeftPairs,
+    dims: (usize, usize, usize),
+    panels: &[u16],
+    (c, ldc): (*mut u32, usize),
+) {
+    // SAFETY: the caller's contract.
+    unsafe { pairs_serial(a, dims, panels, SerialOut::Pairs(c, ldc)) }
+}
+
+/// Where [`pairs_serial`] stores: fp32 rows or bf16 pairs, and the row
+/// stride.
+#[derive(Clone, Copy)]
+enum SerialOut {
+    F32(*mut f32, usize),
+    Pairs(*mut u32, usize),
+}
+
+/// # Safety
+/// As [`product_pairs_serial`] / [`product_pairs_serial_to_pairs`].
+unsafe fn pairs_serial(
+    a: LeftPairs,
+    (m, n, k2): (usize, usize, usize),
+    panels: &[u16],
+    out: SerialOut,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -631,21 +676,20 @@ pub(crate) unsafe fn product_pairs_serial(
                     pair: MR_BF16,
                 },
             };
-            let out = TileOut::F32 {
-                c: c.wrapping_add(r0 * ldc + p * NR),
-                ldc,
-                accumulate: false,
+            let out = match out {
+                SerialOut::F32(c, ldc) => TileOut::F32 {
+                    c: c.wrapping_add(r0 * ldc + p * NR),
+                    ldc,
+                    accumulate: false,
+                },
+                SerialOut::Pairs(c, ldc) => TileOut::Pairs {
+                    c: c.wrapping_add(r0 * ldc + p * NR / 2),
+                    ldc,
+                },
             };
             // SAFETY: a holds rows r0..r0 + mr of k2 pairs (asserted
             // above), the panel k2 pair rows; the caller owns c's tile.
             unsafe { tile(simd, a, k2, mr, panel, &zeros[..cols], None, out) };
-        }
-    }
-    if scale != 1.0 {
-        for r in 0..m {
-            // SAFETY: row r of the caller's m × n destination.
-            let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) };
-            row.iter_mut().for_each(|v| *v *= scale);
         }
     }
 }

@@ -12,8 +12,8 @@ use rayon::prelude::*;
 use super::products::{product, Compute};
 use super::rows::{Rows, Selection};
 use crate::fast::matmul::{
-    as_words, interleave_transposed, pack_panels_into, pack_row_pairs, pack_transposed_pairs,
-    product_bf16_serial, product_pairs_serial, round_row, LeftPairs, Strided,
+    as_words, interleave_transposed, pack_row_pairs, pack_transposed_pairs, product_bf16_serial,
+    product_pairs_serial, product_pairs_serial_to_pairs, round_row, LeftPairs, Strided,
 };
 use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
@@ -313,10 +313,13 @@ pub(crate) fn forward(
         qkv.covers(queries, tokens, d),
         "attention: Q, K, V do not cover {queries} queries and {tokens} keys"
     );
+    // With Q, K and V as pairs, ctx is stored as pairs too (the words of
+    // fp32 storage): only the attention output's products read it.
+    let width = if qkv.pairs { d / 2 } else { d };
     assert_eq!(
         ctx.len(),
-        queries * d,
-        "attention: ctx is not [{queries}, {d}]"
+        queries * width,
+        "attention: ctx is not [{queries}, {width}]"
     );
     let (p_offsets, total) = probability_offsets(packing, heads);
     assert_eq!(probs.len(), total, "attention: probabilities buffer");
@@ -333,7 +336,7 @@ pub(crate) fn forward(
             // head columns are written by no other task.
             unsafe {
                 let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), t.len * t.keys);
-                let ctx = ctx_out.at(t.q_start * d + t.h * heads.dim);
+                let ctx = ctx_out.at(t.q_start * width + t.h * heads.dim / 2).cast();
                 forward_pairs(sc, qkv, (t, heads, packing), p, ctx, dropout)
             }
         };
@@ -413,7 +416,9 @@ pub(crate) fn backward(
     let queries = packing.rows().count();
     assert!(qkv.covers(queries, tokens, d), "attention backward: qkv");
     assert!(dqkv.covers(queries, tokens, d), "attention backward: dqkv");
-    assert_eq!(dctx.len(), queries * d, "attention backward: dctx");
+    // dctx as pairs beside Q, K and V as pairs (see forward).
+    let width = if qkv.pairs { d / 2 } else { d };
+    assert_eq!(dctx.len(), queries * width, "attention backward: dctx");
     let (p_offsets, total) = probability_offsets(packing, heads);
     assert_eq!(probs.len(), total, "attention backward: probabilities");
     let scale = 1.0 / (heads.dim as f32).sqrt();
@@ -425,7 +430,7 @@ pub(crate) fn backward(
         );
         let run = |sc: &mut PairScratch, t: Task| {
             let p = &probs[t.p_at..t.p_at + t.len * t.keys];
-            let dc = &dctx[t.q_start * d + t.h * heads.dim..];
+            let dc = &as_words(dctx)[t.q_start * width + t.h * heads.dim / 2..];
             // SAFETY: the task's rows and head columns of dQ, dK and dV
             // are written by no other task (extents asserted above).
             unsafe { backward_pairs(sc, qkv, (t, heads, packing), (p, dc), out, dropout) }
@@ -566,18 +571,18 @@ fn round_rows_into(x: &[f32], stride: usize, (len, width): (usize, usize), out: 
 /// operand. The bits of the fp32-operand path.
 ///
 /// # Safety
-/// `ctx` must address the task's `len` rows (`D` apart) of its head's
-/// columns, written by no one else meanwhile.
+/// `ctx` must address the task's `len` rows (`D / 2` words apart) of its
+/// head's pairs, written by no one else meanwhile.
 unsafe fn forward_pairs(
     sc: &mut PairScratch,
     qkv: Qkv,
     (t, heads, packing): (Task, Heads, Packing),
     p: &mut [f32],
-    ctx: *mut f32,
+    ctx: *mut u32,
     dropout: Option<&DropoutMask>,
 ) {
     let (len, hd, nk) = (t.len, heads.dim, t.keys);
-    let (hw, nk2, d) = (hd / 2, nk.div_ceil(2), heads.width());
+    let (hw, nk2, d2) = (hd / 2, nk.div_ceil(2), heads.width() / 2);
     let scale = 1.0 / (hd as f32).sqrt();
     let h = head_pairs(qkv, t, heads);
     pack_transposed_pairs(h.k.0, h.k.1, (nk, hw), &mut sc.panels);
@@ -612,7 +617,7 @@ unsafe fn forward_pairs(
         stride: nk2,
     };
     // SAFETY: the caller's contract for ctx.
-    unsafe { product_pairs_serial(used, (len, hd, nk2), &sc.panels, (ctx, d), 1.0) };
+    unsafe { product_pairs_serial_to_pairs(used, (len, hd, nk2), &sc.panels, (ctx, d2)) };
 }
 
 /// One task of [`backward`] on bf16 pairs (see [`forward_pairs`]); the
@@ -625,12 +630,13 @@ unsafe fn backward_pairs(
     sc: &mut PairScratch,
     qkv: Qkv,
     (t, heads, packing): (Task, Heads, Packing),
-    (p, dc): (&[f32], &[f32]),
+    (p, dc): (&[f32], &[u32]),
     out: &QkvGrad,
     dropout: Option<&DropoutMask>,
 ) {
     let (len, hd, nk) = (t.len, heads.dim, t.keys);
     let (hw, nk2, len2, d) = (hd / 2, nk.div_ceil(2), len.div_ceil(2), heads.width());
+    let d2 = d / 2;
     let scale = 1.0 / (hd as f32).sqrt();
     let h = head_pairs(qkv, t, heads);
     let dq_at = out.q.at(t.q_start * out.q_stride + t.h * hd);
@@ -657,7 +663,7 @@ unsafe fn backward_pairs(
     // extents are checked by the products.
     // dV = usedᵀ · dctx (key rows only; padding rows are no keys)
     interleave_transposed(used, nk, (len, nk), &mut sc.left);
-    pack_panels_into(Strided::rows(dc, d), len, hd, &mut sc.panels);
+    pack_row_pairs(dc, d2, (len, hd), &mut sc.panels);
     let used_t = LeftPairs::Interleaved(&sc.left);
     unsafe {
         product_pairs_serial(
@@ -669,12 +675,11 @@ unsafe fn backward_pairs(
         )
     };
     // d(used) = dctx · Vᵀ, then through the mask.
-    round_rows_into(dc, d, (len, hd), &mut sc.left);
     pack_transposed_pairs(h.v.0, h.v.1, (nk, hw), &mut sc.panels);
     sc.dp.resize(len * nk, 0.0);
     let dc_pairs = LeftPairs::Rows {
-        words: &sc.left,
-        stride: hw,
+        words: dc,
+        stride: d2,
     };
     unsafe {
         product_pairs_serial(
@@ -738,7 +743,9 @@ mod tests {
 
     /// Q, K and V kept as bf16 pairs give, bit for bit, what the bf16
     /// products give from fp32 Q, K and V (they round them the same way):
-    /// context, probabilities, dQ, dK and dV, with and without dropout, on
+    /// context (stored as pairs then: compared with the fp32 context
+    /// rounded), probabilities, dQ, dK and dV from the context's gradient
+    /// (as pairs, or rounded by the products), with and without dropout, on
     /// every row and on selected queries, with padding rows that are no
     /// keys and sequences of odd lengths (a partial tile, an odd pair).
     #[test]
@@ -779,10 +786,13 @@ mod tests {
                 ),
             };
             let (_, total) = probability_offsets(packing, heads);
+            // The context's gradient, and with pairs, as pairs (the
+            // context comes as pairs then: compared rounded).
             let dctx: Vec<f32> = (0..m * d).map(|i| val(i, 3)).collect();
+            let dctx_pairs = as_pairs(&dctx, d);
             let mut outs = Vec::new();
-            for qkv in [qkv_f32, qkv_bf16] {
-                let mut ctx = vec![f32::NAN; m * d];
+            for (qkv, dctx) in [(qkv_f32, &dctx), (qkv_bf16, &dctx_pairs)] {
+                let mut ctx = vec![f32::NAN; dctx.len()];
                 let mut probs = vec![f32::NAN; total];
                 let cfg = (heads, Compute::Bf16);
                 forward(qkv, &mut ctx, &mut probs, packing, cfg, dropout.as_ref());
@@ -791,7 +801,10 @@ mod tests {
                     None => QkvGrad::fused(&mut dkv, d),
                     Some(_) => QkvGrad::split(&mut dq, &mut dkv, d),
                 };
-                backward(qkv, &probs, &dctx, grad, packing, cfg, dropout.as_ref());
+                backward(qkv, &probs, dctx, grad, packing, cfg, dropout.as_ref());
+                if !qkv.pairs {
+                    ctx = as_pairs(&ctx, d);
+                }
                 outs.push([ctx, probs, dq, dkv]);
             }
             for (what, (a, b)) in ["ctx", "probs", "dq", "dkv"]

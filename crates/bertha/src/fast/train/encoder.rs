@@ -609,7 +609,8 @@ impl<'a> Encoder<'a> {
         };
         let (_, total) = attention::probability_offsets(packing, self.heads);
         t.probs = scratch(total);
-        t.ctx = scratch(m * d);
+        // With Q, K and V as pairs, the context is stored as pairs too.
+        t.ctx = scratch(m * if pairs { d / 2 } else { d });
         t.masks[0] = mask_of(&self.attention_dropout);
         attention::forward(
             qkv,
@@ -619,7 +620,13 @@ impl<'a> Encoder<'a> {
             (self.heads, self.compute),
             t.masks[0].as_ref(),
         );
-        t.s1 = layer.attn_out.forward_new(&t.ctx, m);
+        t.s1 = match pairs {
+            true => {
+                let (w, b) = (&layer.attn_out.w.data, &layer.attn_out.b.data);
+                products::forward_pairs_bf16(as_words(&t.ctx), d, w, b, m)
+            }
+            false => layer.attn_out.forward_new(&t.ctx, m),
+        };
         t.masks[1] = mask_of(&self.hidden_dropout);
         t.ffn_x = scratch(m * d);
         let norm1 = if pre {
@@ -888,9 +895,11 @@ fn layer_backward(
     }
     recycle(dffn_x);
     // s1 = dropout(ctx · Woᵀ + bo) + x
-    let mut dctx = scratch(m * d);
+    let pairs = qkv_pairs(compute, heads);
+    let mut dctx: Vec<f32>;
     let mut dx = match compute {
         Compute::F32 => {
+            dctx = scratch(m * d);
             let dx = residual_grad(&ds1, packing.queries, (n, d));
             let mut da = ds1;
             if let Some(mask) = &t.masks[1] {
@@ -905,9 +914,17 @@ fn layer_backward(
         Compute::Bf16 => {
             let attn_out = &mut layer.attn_out;
             let da = output_grad_pairs(&ds1, t.masks[1].as_ref(), rows, &mut attn_out.b.grad);
-            let words = as_words(&da);
-            products::weight_grad_pairs_bf16(words, d, &t.ctx, &mut attn_out.w.grad, m);
-            products::input_grad_pairs_bf16((words, d), &attn_out.w.data, &mut dctx, m, false);
+            let (words, w) = (as_words(&da), &attn_out.w.data);
+            if pairs {
+                // The context and its gradient as pairs (see attention).
+                let ctx = (as_words(&t.ctx), d);
+                products::weight_grad_both_pairs_bf16((words, d), ctx, &mut attn_out.w.grad, m);
+                dctx = products::input_grad_to_pairs_bf16((words, d), w, m);
+            } else {
+                products::weight_grad_pairs_bf16(words, d, &t.ctx, &mut attn_out.w.grad, m);
+                dctx = scratch(m * d);
+                products::input_grad_pairs_bf16((words, d), w, &mut dctx, m, false);
+            }
             recycle(da);
             match packing.queries {
                 // ds1 is not needed any more: the residual's gradient.

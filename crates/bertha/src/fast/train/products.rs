@@ -213,6 +213,17 @@ pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [
     product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, ACCUMULATE);
 }
 
+/// `dy · w[n, k]` in bf16 products, for `dy` given as `m` rows of `⌈n /
+/// 2⌉` bf16 pairs, stored only as bf16 pairs `[m, ⌈k / 2⌉]` in a new
+/// buffer (the words of fp32 storage, written whole by the tiles):
+/// attention's context gradient, which only attention's products read.
+pub(crate) fn input_grad_to_pairs_bf16((dy, n): (&[u32], usize), w: &[f32], m: usize) -> Vec<f32> {
+    let k = w.len() / n.max(1);
+    check("linear weight", w, n, k);
+    let no_bias = vec![0f32; k];
+    product_bf16_to_pairs_new((m, k, n), LeftIn::Pairs(dy), Strided::rows(w, k), &no_bias)
+}
+
 /// `dw[n, k] += dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
 /// `⌈n / 2⌉` bf16 pairs and `x` as `m` rows of `⌈k / 2⌉` (both rounded
 /// where they were made).
