@@ -470,18 +470,22 @@ impl<'a> Encoder<'a> {
         let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
         // Embeddings: word + position (+ type), LayerNorm, dropout.
         let mut embed_sum = scratch(n * d);
-        for (r, row) in embed_sum.chunks_exact_mut(d).enumerate() {
-            let id = ids[r] as usize;
-            row.copy_from_slice(&self.word.data[id * d..(id + 1) * d]);
-            add(
-                row,
-                &self.position.data[positions[r] * d..(positions[r] + 1) * d],
-            );
-            if let Some(tt) = &self.token_type {
-                let t = types[r] as usize;
-                add(row, &tt.data[t * d..(t + 1) * d]);
-            }
-        }
+        let (word, position) = (&self.word.data[..], &self.position.data[..]);
+        let token_type = self.token_type.as_ref().map(|t| &t.data[..]);
+        embed_sum
+            .par_chunks_mut(d.max(1))
+            .enumerate()
+            .with_min_len(64)
+            .for_each(|(r, row)| {
+                let id = ids[r] as usize;
+                row.copy_from_slice(&word[id * d..(id + 1) * d]);
+                let p = positions[r];
+                add(row, &position[p * d..(p + 1) * d]);
+                if let Some(tt) = token_type {
+                    let t = types[r] as usize;
+                    add(row, &tt[t * d..(t + 1) * d]);
+                }
+            });
         let mut x = match &self.embed_norm {
             Some(norm) => {
                 let mut y = scratch(n * d);
@@ -774,17 +778,22 @@ impl<'a> Encoder<'a> {
         recycle(embed_sum);
         // The lookups' gradients: rows added into the tables (the padding
         // id's row gets none, as `nn.Embedding(padding_idx=..)`).
-        for (r, row) in de.chunks_exact(d).enumerate() {
-            let id = ids[r] as usize;
-            if ids[r] != self.pad_id {
-                add(&mut self.word.grad[id * d..(id + 1) * d], row);
-            }
-            let p = positions[r];
-            add(&mut self.position.grad[p * d..(p + 1) * d], row);
-            if let Some(tt) = &mut self.token_type {
-                let t = types[r] as usize;
-                add(&mut tt.grad[t * d..(t + 1) * d], row);
-            }
+        let (pad, word_ids) = (self.pad_id, ids.iter().map(|&i| i as usize));
+        let words = word_ids.enumerate().filter(|&(r, _)| ids[r] != pad);
+        scatter_rows(&de, words, &mut self.word.grad, d);
+        scatter_rows(
+            &de,
+            positions.iter().copied().enumerate(),
+            &mut self.position.grad,
+            d,
+        );
+        if let Some(tt) = &mut self.token_type {
+            scatter_rows(
+                &de,
+                types.iter().map(|&t| t as usize).enumerate(),
+                &mut tt.grad,
+                d,
+            );
         }
         recycle(de);
     }
@@ -825,18 +834,21 @@ fn layer_backward(
     }
     let inter = layer.ffn_in.out_dim();
     let compute = layer.ffn_in.compute;
-    // d(s1) collects the residual path and the FFN's input gradient.
-    let (mut ds1, mut d_o) = if pre {
-        (copied(&dy), dy)
+    // The gradient of the layer's last sum (before the norm after post-LN):
+    // it goes to the FFN's output (through the mask) and, as d(s1), along
+    // the residual path, which collects the FFN's input gradient too.
+    let ds = if pre {
+        dy
     } else {
         let mut ds2 = scratch(m * d);
         layer.ffn_norm.backward(&t.s2, &dy, &mut ds2);
         recycle(dy);
-        (copied(&ds2), ds2)
+        ds2
     };
     let mut dg = scratch(m * inter);
     match compute {
         Compute::F32 => {
+            let mut d_o = copied(&ds);
             if let Some(mask) = &t.masks[2] {
                 drop_rows_of(mask, &mut d_o, rows, d);
             }
@@ -845,19 +857,21 @@ fn layer_backward(
             bias_act_forward(&t.f, &layer.ffn_in.b.data, &mut g, act);
             layer.ffn_out.backward(&g, &d_o, Some(&mut dg), m, false);
             recycle(g);
+            recycle(d_o);
         }
         Compute::Bf16 => {
             // The output gradient (through the mask) as its products'
-            // pairs; FFN-out's input as the forward's tiles stored it.
+            // pairs, read from ds, which stays d(s1); FFN-out's input as
+            // the forward's tiles stored it.
             let ffn_out = &mut layer.ffn_out;
-            let dz = output_grad_pairs(&d_o, t.masks[2].as_ref(), rows, &mut ffn_out.b.grad);
+            let dz = output_grad_pairs(&ds, t.masks[2].as_ref(), rows, &mut ffn_out.b.grad);
             let (g, words) = (as_words(&t.g), as_words(&dz));
             products::weight_grad_both_pairs_bf16((words, d), (g, inter), &mut ffn_out.w.grad, m);
             products::input_grad_pairs_bf16((words, d), &ffn_out.w.data, &mut dg, m, false);
             recycle(dz);
         }
     }
-    recycle(d_o);
+    let mut ds1 = ds;
     let mut dffn_x = scratch(m * d);
     match compute {
         Compute::F32 => {
@@ -1088,6 +1102,38 @@ fn residual_grad(ds1: &[f32], queries: Option<&Selection>, (n, d): (usize, usize
             dx
         }
     }
+}
+
+/// Rows `r` of `src` (rows of `d`) added into rows `at` of `table` for
+/// each `(r, at)` of `targets`: an embedding lookup's gradient. The
+/// table's rows in parallel, each taking its rows in the order of `r` (the
+/// order of a serial loop, so the same sums).
+fn scatter_rows(
+    src: &[f32],
+    targets: impl Iterator<Item = (usize, usize)>,
+    table: &mut [f32],
+    d: usize,
+) {
+    let mut order: Vec<(usize, usize)> = targets.map(|(r, at)| (at, r)).collect();
+    order.sort_unstable();
+    // The sources of table row `t`: order[starts[t]..starts[t + 1]].
+    let rows = table.len() / d.max(1);
+    let mut starts = vec![0usize; rows + 1];
+    for &(at, _) in &order {
+        starts[at + 1] += 1;
+    }
+    for t in 0..rows {
+        starts[t + 1] += starts[t];
+    }
+    table
+        .par_chunks_mut(d.max(1))
+        .enumerate()
+        .with_min_len(256)
+        .for_each(|(t, row)| {
+            for &(_, r) in &order[starts[t]..starts[t + 1]] {
+                add(row, &src[r * d..(r + 1) * d]);
+            }
+        });
 }
 
 /// Whether attention's Q, K and V are kept as the bf16 pairs their
