@@ -30,6 +30,7 @@ pub(crate) const LANES: usize = 16;
 
 multiversion! {
     fn norm_rows = norm_rows_body(x: &mut [f32], residual: Option<&[f32]>, gamma: &[f32], beta: &[f32], eps: f32);
+    fn norm_rows_into = norm_rows_into_body(x: &[f32], y: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32);
     fn add_chunk = add_body(x: &mut [f32], y: &[f32]);
     fn attend = attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize);
 }
@@ -149,8 +150,7 @@ pub(crate) fn finish_norm_pairs(
             for (r, row) in s.chunks_exact_mut(d).enumerate() {
                 prepare(block * ROWS_PER_TASK + r, row);
             }
-            y.copy_from_slice(s);
-            norm_rows(y, None, gamma, beta, eps);
+            norm_rows_into(s, y, gamma, beta, eps);
             for (row, out) in y.chunks_exact(d).zip(pairs.chunks_exact_mut(d2)) {
                 crate::fast::matmul::round_row(row, out);
             }
@@ -168,6 +168,19 @@ pub(crate) fn lane_sum(v: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// [`norm_rows_body`] (no residual) from `x` into `y`: the same
+/// operations, without copying the rows first.
+#[inline(always)]
+fn norm_rows_into_body(x: &[f32], y: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    let d = gamma.len();
+    for (row, out) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+        let (mean, rstd) = row_stats(row, eps);
+        for (((o, v), g), b) in out.iter_mut().zip(row).zip(gamma).zip(beta) {
+            *o = (*v - mean) * rstd * g + b;
+        }
+    }
 }
 
 #[inline(always)]
