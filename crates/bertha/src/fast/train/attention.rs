@@ -296,8 +296,9 @@ unsafe fn head_product(
 }
 
 /// `ctx = dropout(softmax(Q Kᵀ / √d)) V` per (sequence, head) from the
-/// `qkv` rows, `ctx` on the query rows; `probs` receives the softmax
-/// output. The two products run in `compute`; the softmax in fp32.
+/// `qkv` rows, `ctx` on the query rows (as bf16 pairs when `qkv` holds
+/// pairs); `probs` receives the softmax output. The two products run in
+/// `compute`; the softmax in fp32.
 pub(crate) fn forward(
     qkv: Qkv,
     ctx: &mut [f32],
@@ -399,7 +400,8 @@ struct Scratch {
 }
 
 /// The backward of [`forward`]: dQ, dK and dV into `dqkv` from `dctx`
-/// (the query rows), the saved probabilities and the same dropout mask.
+/// (the query rows; bf16 pairs when `qkv` holds pairs), the saved
+/// probabilities and the same dropout mask.
 /// dK and dV are written on key rows only, and not at all for sequences
 /// without queries.
 pub(crate) fn backward(
