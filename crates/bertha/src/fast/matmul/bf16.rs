@@ -564,6 +564,13 @@ pub(crate) enum LeftPairs<'a> {
     Interleaved(&'a [u32]),
 }
 
+/// `m` rows of `k` values (one after another) rounded to bf16 pairs,
+/// `⌈k / 2⌉` per row, on the calling thread ([`LeftPairs::Rows`]):
+/// attention's `dS`.
+pub(crate) fn round_rows_serial(x: &[f32], (m, k): (usize, usize), out: &mut Vec<u32>) {
+    round_rows_strided(features().bf16, false, (x, k), m, k, k.div_ceil(2), out);
+}
+
 /// The transpose of `x` (`k` rows of `m` values, rows `stride` apart) as a
 /// product's left operand `[m, k]`, rounded to bf16 ([`LeftPairs::Interleaved`]),
 /// on the calling thread: attention's `Pᵀ` and `dSᵀ`.
@@ -1238,23 +1245,36 @@ fn product_bf16_writing(
     (m, n, k): (usize, usize, usize),
     a: Left,
     b: Right,
-    c: &mut Unwritten,
+    c: Option<&mut Unwritten>,
     store: Store,
 ) {
-    assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
     if let Store::Sums(sums) = store {
         assert!(
             !sums.accumulate,
             "product_bf16: a new output cannot accumulate"
         );
     }
+    // Only a Store::Pairs has no fp32 output (its tiles never write one).
+    let c = match c {
+        Some(c) => {
+            assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
+            c.as_mut_ptr()
+        }
+        None => {
+            assert!(
+                matches!(store, Store::Pairs { .. }),
+                "product_bf16: no output"
+            );
+            std::ptr::null_mut()
+        }
+    };
     let run = Run {
         simd: features().bf16,
         parallel: true,
     };
-    let c = c.as_mut_ptr();
-    // SAFETY: c addresses m × n values owned by the caller's buffer; a
-    // Store::Both's pairs were checked to be m × ⌈n / 2⌉ by its maker.
+    // SAFETY: c addresses m × n values owned by the caller's buffer (or,
+    // null, is never written: Store::Pairs); a Store::Both's or
+    // Store::Pairs's pairs were checked to be m × ⌈n / 2⌉ by their maker.
     with_buffers(|buffers| unsafe {
         product_bf16_into(run, (m, n, k), a, b, (c, n), store, buffers)
     });
@@ -1272,7 +1292,7 @@ fn product_bf16_fresh(
         bias,
         accumulate: false,
     });
-    product_bf16_writing((m, n, k), a, b, &mut c, store);
+    product_bf16_writing((m, n, k), a, b, Some(&mut c), store);
     // SAFETY: product_bf16_writing wrote every value.
     unsafe { c.assume_written() }
 }
@@ -1318,7 +1338,7 @@ pub(crate) fn product_bf16_act(
         act,
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
-    product_bf16_writing((m, n, k), a.left(), Right::F32(b), &mut c, store);
+    product_bf16_writing((m, n, k), a.left(), Right::F32(b), Some(&mut c), store);
     // SAFETY: product_bf16_writing wrote every value of c, and its tiles
     // every pair of each row (⌈n / 2⌉ words).
     unsafe { (c.assume_written(), pairs.assume_written()) }
@@ -1344,24 +1364,7 @@ pub(crate) fn product_bf16_to_pairs_new(
         bias,
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
-    let run = Run {
-        simd: features().bf16,
-        parallel: true,
-    };
-    // SAFETY: the tiles write only the pairs (m × ⌈n / 2⌉, the buffer's
-    // length), never the fp32 destination (null, rows 0 apart).
-    with_buffers(|buffers| unsafe {
-        let (a, b) = (a.left(), Right::F32(b));
-        product_bf16_into(
-            run,
-            (m, n, k),
-            a,
-            b,
-            (std::ptr::null_mut(), 0),
-            store,
-            buffers,
-        )
-    });
+    product_bf16_writing((m, n, k), a.left(), Right::F32(b), None, store);
     // SAFETY: the tiles wrote every pair of each row (⌈n / 2⌉ words).
     unsafe { pairs.assume_written() }
 }

@@ -13,7 +13,8 @@ use super::products::{product, Compute};
 use super::rows::{Rows, Selection};
 use crate::fast::matmul::{
     as_words, interleave_transposed, pack_row_pairs, pack_transposed_pairs, product_bf16_serial,
-    product_pairs_serial, product_pairs_serial_to_pairs, round_row, LeftPairs, Strided,
+    product_pairs_serial, product_pairs_serial_to_pairs, round_row, round_rows_serial, LeftPairs,
+    Strided,
 };
 use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
@@ -557,16 +558,6 @@ fn head_pairs<'a>(qkv: Qkv<'a>, t: Task, heads: Heads) -> HeadPairs<'a> {
     }
 }
 
-/// `len` rows of `width` values `stride` apart rounded to bf16 pairs,
-/// one after another in `out`.
-fn round_rows_into(x: &[f32], stride: usize, (len, width): (usize, usize), out: &mut Vec<u32>) {
-    let w2 = width.div_ceil(2);
-    out.resize(len * w2, 0);
-    for (i, pairs) in out.chunks_exact_mut(w2.max(1)).take(len).enumerate() {
-        round_row(&x[i * stride..][..width], pairs);
-    }
-}
-
 /// One task of [`forward`] on bf16 pairs: the products read Q, K and V as
 /// stored (K's and V's panels moved as words, no rounding); the
 /// probabilities after dropout are rounded once, as the next product's
@@ -698,7 +689,7 @@ unsafe fn backward_pairs(
     sc.ds.resize(len * nk, 0.0);
     softmax_backward(p, &sc.dp, &mut sc.ds, nk.max(1));
     // dQ = scale · dS · K
-    round_rows_into(&sc.ds, nk, (len, nk), &mut sc.left);
+    round_rows_serial(&sc.ds, (len, nk), &mut sc.left);
     pack_row_pairs(h.k.0, h.k.1, (nk, hd), &mut sc.panels);
     let ds = LeftPairs::Rows {
         words: &sc.left,
