@@ -94,14 +94,14 @@ pub fn has_bf16() -> bool {
 /// Defines `fn $name` that runs `$body` (an `#[inline(always)]` function)
 /// compiled for the best instruction set available.
 macro_rules! multiversion {
-    ($($vis:vis fn $name:ident = $body:ident($($arg:ident: $ty:ty),*);)*) => {$(
-        $vis fn $name($($arg: $ty),*) {
+    ($($vis:vis fn $name:ident = $body:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {$(
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")]
-                fn avx512($($arg: $ty),*) { $body($($arg),*) }
+                fn avx512($($arg: $ty),*) $(-> $ret)? { $body($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
-                fn avx2($($arg: $ty),*) { $body($($arg),*) }
+                fn avx2($($arg: $ty),*) $(-> $ret)? { $body($($arg),*) }
                 match $crate::fast::cpu::simd() {
                     // SAFETY: simd() checked that the CPU has these features.
                     $crate::fast::cpu::Simd::Avx512 => return unsafe { avx512($($arg),*) },

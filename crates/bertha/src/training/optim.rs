@@ -300,7 +300,7 @@ impl GradAccumulator {
             .collect();
         let sums: Vec<f64> = chunks
             .par_iter()
-            .map(|(_, c)| c.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>())
+            .map(|(_, c)| sum_squares(c))
             .collect();
         // Per parameter, then over parameters: the order the sums had when
         // each parameter had its own buffer (runs resume bit for bit).
@@ -368,6 +368,39 @@ fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Coeffs) {
         .zip(v.par_chunks_mut(NORM_CHUNK))
         .zip(g.par_chunks(NORM_CHUNK))
         .for_each(|(((p, m), v), g)| update_chunk(p, m, v, g, k));
+}
+
+multiversion! {
+    fn sum_squares = sum_squares_body(x: &[f32]) -> f64;
+}
+
+/// Lanes of [`sum_squares`]: 16 f64 partial sums (two AVX-512 registers),
+/// enough independent additions to hide the adds' latency.
+const SQUARE_LANES: usize = 16;
+
+/// `Σ x²` in f64: lane `j` sums elements `j, j + 16, ..` in order, the
+/// lanes then combine pairwise in a fixed tree, the tail last. Fixed by
+/// the length alone (no thread count), so runs resume bit for bit; a
+/// single running f64 sum (one dependent add per element, not
+/// vectorised) cost 1.2 % of a `small` bf16 pre-training step.
+#[inline(always)]
+fn sum_squares_body(x: &[f32]) -> f64 {
+    let mut lanes = [0f64; SQUARE_LANES];
+    let mut blocks = x.chunks_exact(SQUARE_LANES);
+    for block in &mut blocks {
+        for (acc, v) in lanes.iter_mut().zip(block) {
+            *acc += f64::from(*v) * f64::from(*v);
+        }
+    }
+    let mut width = SQUARE_LANES;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            lanes[j] += lanes[j + width];
+        }
+    }
+    let tail: f64 = blocks.remainder().iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    lanes[0] + tail
 }
 
 multiversion! {
