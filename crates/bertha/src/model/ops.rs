@@ -230,41 +230,6 @@ pub(crate) fn bias_act_backward(
     add_into(dbias, &sums);
 }
 
-/// [`bias_act_backward`] with `dz` stored only as bf16 pairs, `⌈d / 2⌉`
-/// per row, as a bf16 product's operand reads it: the training step's
-/// FFN input gradient, which feeds only the products (and the bias
-/// gradient, summed here from the fp32 values as [`bias_act_backward`]
-/// sums them, in the same order). The same bits as that function's `dz`
-/// rounded apart, without writing or reading the fp32 `dz`.
-pub(crate) fn bias_act_backward_to_pairs(
-    x: &[f32],
-    bias: &[f32],
-    dy: &[f32],
-    dz: &mut [u32],
-    dbias: &mut [f32],
-    act: Act,
-) {
-    let d = bias.len();
-    let (d2, rows) = (d.div_ceil(2), x.len() / d.max(1));
-    assert!(
-        x.len() == rows * d && dy.len() == x.len() && dz.len() == rows * d2,
-        "bias_act_backward_to_pairs: x, dy and the pairs are not [{rows}, {d}] and [{rows}, {d2}]"
-    );
-    if d == 0 {
-        return;
-    }
-    let mut sums = vec![0f32; d];
-    rows_with_sums(dz, d2, &mut sums, d, |at, pairs, part| {
-        let mut row = vec![0f32; d];
-        for (r, out) in pairs.chunks_exact_mut(d2).enumerate() {
-            let span = at + r * d..at + (r + 1) * d;
-            bias_act_bwd_rows(&x[span.clone()], bias, &dy[span], &mut row, part, act);
-            round_row(&row, out);
-        }
-    });
-    add_into(dbias, &sums);
-}
-
 /// An output gradient `dy` (rows of `dbias.len()`), each row first passed
 /// through `prepare(row, values)` (a dropout mask), stored only as bf16
 /// pairs in `dz` (`⌈d / 2⌉` per row) with its column sums added into
@@ -605,7 +570,7 @@ fn bias_act_rows_body(x: &[f32], bias: &[f32], y: &mut [f32], act: Act) {
 
 /// d act(z) / dz.
 #[inline(always)]
-fn act_grad(z: f32, act: Act) -> f32 {
+pub(crate) fn act_grad(z: f32, act: Act) -> f32 {
     match act {
         // Φ(z) + z·φ(z), φ(z) from erf's own exp(-(z/√2)²)
         Act::GeluErf => {
@@ -699,38 +664,6 @@ fn bias_act_bwd_rows_body(
             Act::GeluErf => each!(Act::GeluErf),
             Act::GeluTanh => each!(Act::GeluTanh),
             Act::Relu => each!(Act::Relu),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The pairs pass stores the bits of rounding the fp32 pass's `dz` row
-    /// by row, and adds the same bias gradient, over several blocks of rows
-    /// and an odd width.
-    #[test]
-    fn the_pairs_pass_equals_the_fp32_pass_then_rounding() {
-        let (rows, d) = (2 * ROWS_PER_TASK + 3, 37);
-        let val = |i: usize, s: f32| ((i as f32) * 0.377 + s).sin() * 2.0;
-        let x: Vec<f32> = (0..rows * d).map(|i| val(i, 0.0)).collect();
-        let dy: Vec<f32> = (0..rows * d).map(|i| val(i, 1.0)).collect();
-        let bias: Vec<f32> = (0..d).map(|i| val(i, 2.0) * 0.1).collect();
-        for act in [Act::GeluErf, Act::GeluTanh, Act::Relu] {
-            let start: Vec<f32> = (0..d).map(|i| val(i, 3.0)).collect();
-            let (mut dz, mut want_db) = (vec![0f32; rows * d], start.clone());
-            bias_act_backward(&x, &bias, &dy, &mut dz, &mut want_db, act);
-            let d2 = d.div_ceil(2);
-            let mut want = vec![0u32; rows * d2];
-            for (row, out) in dz.chunks_exact(d).zip(want.chunks_exact_mut(d2)) {
-                round_row(row, out);
-            }
-            let (mut got, mut db) = (vec![7u32; rows * d2], start);
-            bias_act_backward_to_pairs(&x, &bias, &dy, &mut got, &mut db, act);
-            assert_eq!(got, want, "{act:?}: pairs");
-            assert_eq!(db, want_db, "{act:?}: bias gradient");
-            assert!(want.iter().any(|&w| w != 0), "{act:?}: a gradient");
         }
     }
 }

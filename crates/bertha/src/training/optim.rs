@@ -298,10 +298,7 @@ impl GradAccumulator {
             .filter_map(|(i, g)| g.as_deref().map(|g| (i, g)))
             .flat_map(|(i, g)| g.chunks(NORM_CHUNK).map(move |c| (i, c)))
             .collect();
-        let sums: Vec<f64> = chunks
-            .par_iter()
-            .map(|(_, c)| sum_squares(c))
-            .collect();
+        let sums: Vec<f64> = chunks.par_iter().map(|(_, c)| sum_squares(c)).collect();
         // Per parameter, then over parameters: the order the sums had when
         // each parameter had its own buffer (runs resume bit for bit).
         let mut total = 0.0f64;
@@ -399,7 +396,11 @@ fn sum_squares_body(x: &[f32]) -> f64 {
             lanes[j] += lanes[j + width];
         }
     }
-    let tail: f64 = blocks.remainder().iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    let tail: f64 = blocks
+        .remainder()
+        .iter()
+        .map(|v| f64::from(*v) * f64::from(*v))
+        .sum();
     lanes[0] + tail
 }
 

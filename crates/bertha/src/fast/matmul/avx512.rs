@@ -55,36 +55,78 @@ macro_rules! store_tile {
 /// registers: the next multiply's rounded input, rounded as
 /// [`round_row_bf16`] rounds (`vcvtne2ps2bf16`), so the same bits.
 /// Columns past `bias.len()` are 0 (their weights and bias are), which
-/// pairs an odd last column with 0 as the rounding does. With `raw` (fp32
-/// rows and their stride), each row's sums are first stored there as they
-/// are, before bias and activation: a layer's pre-activation for its
-/// backward and the next multiply's rounded input from one tile.
+/// pairs an odd last column with 0 as the rounding does. With `slopes`
+/// (fp32 rows and their stride) and `act`, each row's `act'(sums + bias)`
+/// is stored there too: the activation's slope, all its backward needs,
+/// and the next multiply's rounded input from one tile.
 macro_rules! store_pairs {
-    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr, $raw:expr) => {{
+    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr, $slopes:expr) => {{
         let (c, ldc, bias, act): (*mut u32, usize, &[f32], Option<Act>) = ($c, $ldc, $bias, $act);
-        let raw: Option<(*mut f32, usize)> = $raw;
+        let slopes: Option<(*mut f32, usize)> = $slopes;
         let (m0, m1) = masks(bias.len());
         let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
         let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
         let pairs = bias.len().div_ceil(2);
         let mask: __mmask16 = if pairs >= 16 { u16::MAX } else { (1u16 << pairs) - 1 };
         assert!($acc.len() <= 12, "store_pairs! stores at most 12 rows");
-        store_pairs!(@rows $acc, c, ldc, bias0, bias1, m0, m1, mask, act, raw; 0 1 2 3 4 5 6 7 8 9 10 11);
+        store_pairs!(@rows $acc, c, ldc, bias0, bias1, m0, m1, mask, act, slopes; 0 1 2 3 4 5 6 7 8 9 10 11);
     }};
     (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $m0:ident, $m1:ident,
-     $mask:ident, $act:ident, $raw:ident; $($r:literal)*) => {
+     $mask:ident, $act:ident, $slopes:ident; $($r:literal)*) => {
         $(
             if let Some(acc) = $acc.get($r) {
-                if let Some((raw, ld)) = $raw {
-                    let dst = raw.add($r * ld);
-                    _mm512_mask_storeu_ps(dst, $m0, acc[0]);
-                    _mm512_mask_storeu_ps(dst.wrapping_add(16), $m1, acc[1]);
-                }
                 let (mut v0, mut v1) = (_mm512_add_ps(acc[0], $b0), _mm512_add_ps(acc[1], $b1));
-                if let Some(act) = $act {
-                    (v0, v1) = (activate(v0, act), activate(v1, act));
+                match ($act, $slopes) {
+                    (Some(act), Some((slopes, ld))) => {
+                        let ((y0, g0), (y1, g1)) = (act_and_grad(v0, act), act_and_grad(v1, act));
+                        let dst = slopes.add($r * ld);
+                        _mm512_mask_storeu_ps(dst, $m0, g0);
+                        _mm512_mask_storeu_ps(dst.wrapping_add(16), $m1, g1);
+                        (v0, v1) = (y0, y1);
+                    }
+                    (Some(act), None) => (v0, v1) = (activate(v0, act), activate(v1, act)),
+                    (None, _) => {}
                 }
                 let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(v1, v0));
+                _mm512_mask_storeu_epi32($c.add($r * $ldc) as *mut i32, $mask, packed);
+            }
+        )*
+    };
+}
+
+/// Stores `R` rows × `cols.len()` (≤ 32) columns of an activation's input
+/// gradient from the sums `dy` of its output gradient: `dz = dy · slope`,
+/// the slopes `act'(f + bias)` stored by the forward's tiles (fp32 rows
+/// `lds` apart), as bf16 pairs at `c` (rows `ldc` pairs apart), the tile's
+/// column sums of `dz` added into `sums` (32 values: the bias gradient's
+/// share of the task). The bits of storing the sums, multiplying and
+/// rounding apart.
+macro_rules! store_act_grad {
+    ($acc:ident, $slopes:expr, $lds:expr, $c:expr, $ldc:expr, $sums:expr, $cols:expr) => {{
+        let (slopes, lds, c, ldc, sums, cols): (*const f32, usize, *mut u32, usize, *mut f32, usize) =
+            ($slopes, $lds, $c, $ldc, $sums, $cols);
+        let (m0, m1) = masks(cols);
+        let pairs = cols.div_ceil(2);
+        let mask: __mmask16 = if pairs >= 16 { u16::MAX } else { (1u16 << pairs) - 1 };
+        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        assert!($acc.len() <= 12, "store_act_grad! stores at most 12 rows");
+        store_act_grad!(@rows $acc, slopes, lds, c, ldc, m0, m1, mask, s0, s1;
+            0 1 2 3 4 5 6 7 8 9 10 11);
+        _mm512_mask_storeu_ps(sums, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, sums), s0));
+        let sums1 = sums.wrapping_add(16);
+        _mm512_mask_storeu_ps(sums1, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, sums1), s1));
+    }};
+    (@rows $acc:ident, $slopes:ident, $lds:ident, $c:ident, $ldc:ident,
+     $m0:ident, $m1:ident, $mask:ident, $s0:ident, $s1:ident; $($r:literal)*) => {
+        $(
+            if let Some(acc) = $acc.get($r) {
+                let row = $slopes.add($r * $lds);
+                // Lanes past the columns: 0 · 0.
+                let d0 = _mm512_mul_ps(acc[0], _mm512_maskz_loadu_ps($m0, row));
+                let d1 = _mm512_mul_ps(acc[1], _mm512_maskz_loadu_ps($m1, row.wrapping_add(16)));
+                $s0 = _mm512_add_ps($s0, d0);
+                $s1 = _mm512_add_ps($s1, d1);
+                let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(d1, d0));
                 _mm512_mask_storeu_epi32($c.add($r * $ldc) as *mut i32, $mask, packed);
             }
         )*
@@ -210,6 +252,14 @@ pub(super) unsafe fn activate(x: __m512, act: Act) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn erf(x: __m512) -> __m512 {
+    erf_and_gauss(x).0
+}
+
+/// [`crate::fast::kernels::erf_and_gauss`] on 16 lanes: `erf(x)` and the
+/// `exp(-x²)` it is made from, by the same operations in the same order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn erf_and_gauss(x: __m512) -> (__m512, __m512) {
     let sign = _mm512_set1_epi32(i32::MIN);
     let xi = _mm512_castps_si512(x);
     let a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, xi));
@@ -225,10 +275,57 @@ unsafe fn erf(x: __m512) -> __m512 {
     poly = _mm512_add_ps(c(0.254_829_6), _mm512_mul_ps(t, poly));
     poly = _mm512_mul_ps(t, poly);
     let neg_a = _mm512_castsi512_ps(_mm512_xor_si512(sign, _mm512_castps_si512(a)));
-    let y = _mm512_sub_ps(one, _mm512_mul_ps(poly, exp(_mm512_mul_ps(neg_a, a))));
+    let gauss = exp(_mm512_mul_ps(neg_a, a));
+    let y = _mm512_sub_ps(one, _mm512_mul_ps(poly, gauss));
     // y.copysign(x)
     let y = _mm512_andnot_si512(sign, _mm512_castps_si512(y));
-    _mm512_castsi512_ps(_mm512_or_si512(y, _mm512_and_si512(sign, xi)))
+    let e = _mm512_castsi512_ps(_mm512_or_si512(y, _mm512_and_si512(sign, xi)));
+    (e, gauss)
+}
+
+/// [`activate`] and [`crate::model::ops::act_grad`] on 16 lanes: `act(z)`
+/// and `act'(z)` from one evaluation of what they share (erf and its
+/// Gaussian, or the tanh), each by the same operations in the same order
+/// as apart, so the same bits (a test sweeps them).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn act_and_grad(z: __m512, act: Act) -> (__m512, __m512) {
+    let c = |v: f32| _mm512_set1_ps(v);
+    let (half, one) = (c(0.5), c(1.0));
+    match act {
+        // 0.5·z·(1 + erf(z/√2)); Φ(z) + z·φ(z)
+        Act::GeluErf => {
+            let (e, gauss) = erf_and_gauss(_mm512_mul_ps(z, c(std::f32::consts::FRAC_1_SQRT_2)));
+            let y = _mm512_mul_ps(_mm512_mul_ps(half, z), _mm512_add_ps(one, e));
+            let density = _mm512_mul_ps(_mm512_mul_ps(z, gauss), c(0.398_942_3));
+            let slope = _mm512_add_ps(_mm512_mul_ps(half, _mm512_add_ps(one, e)), density);
+            (y, slope)
+        }
+        // 0.5·z·(1 + t); 0.5·(1 + t) + 0.5·z·(1 - t²)·√(2/π)·(1 + 3·0.044715·z²)
+        Act::GeluTanh => {
+            let cube = _mm512_mul_ps(_mm512_mul_ps(c(0.044_715), z), z);
+            let cube = _mm512_mul_ps(cube, z);
+            let inner = _mm512_mul_ps(c(0.797_884_6), _mm512_add_ps(z, cube));
+            let e = exp(_mm512_mul_ps(c(2.0), inner));
+            let t = _mm512_sub_ps(one, _mm512_div_ps(c(2.0), _mm512_add_ps(e, one)));
+            let y = _mm512_mul_ps(_mm512_mul_ps(half, z), _mm512_add_ps(one, t));
+            let left = _mm512_mul_ps(half, _mm512_add_ps(one, t));
+            let mut right = _mm512_mul_ps(half, z);
+            right = _mm512_mul_ps(right, _mm512_sub_ps(one, _mm512_mul_ps(t, t)));
+            right = _mm512_mul_ps(right, c(0.797_884_6));
+            let zz = _mm512_mul_ps(_mm512_mul_ps(c(0.134_145), z), z);
+            right = _mm512_mul_ps(right, _mm512_add_ps(one, zz));
+            (y, _mm512_add_ps(left, right))
+        }
+        // The slope is 0 at z = 0, as PyTorch's.
+        Act::Relu => {
+            let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(z, _mm512_setzero_ps());
+            (
+                _mm512_max_ps(z, _mm512_setzero_ps()),
+                _mm512_maskz_mov_ps(positive, one),
+            )
+        }
+    }
 }
 
 /// [`crate::fast::kernels::fast_exp`] on 16 lanes.
@@ -369,6 +466,16 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     out: TileOut,
 ) {
     debug_assert!(panel.len() >= k2 * NR * 2);
+    if let TileOut::ActGrad { slopes, lds, .. } = out {
+        // The epilogue reads the tile's slopes, rows far apart in a buffer
+        // much larger than the caches: asked for now, they arrive while
+        // the sums are made.
+        for r in 0..R {
+            let row = slopes.wrapping_add(r * lds) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(row);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
+        }
+    }
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     let (ap, bp) = (a.ptr, panel.as_ptr());
     let (a_row, a_pair) = (a.row, a.pair);
@@ -389,9 +496,20 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     match out {
         TileOut::F32 { c, ldc, accumulate } => store_tile!(acc, c, ldc, bias, act, accumulate),
         TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act, None),
-        TileOut::Both { c, ldc, pairs, ldp } => {
-            store_pairs!(acc, pairs, ldp, bias, act, Some((c, ldc)))
-        }
+        TileOut::Both {
+            slopes,
+            lds,
+            pairs,
+            ldp,
+            act,
+        } => store_pairs!(acc, pairs, ldp, bias, Some(act), Some((slopes, lds))),
+        TileOut::ActGrad {
+            slopes,
+            lds,
+            pairs,
+            ldp,
+            sums,
+        } => store_act_grad!(acc, slopes, lds, pairs, ldp, sums, bias.len()),
     }
 }
 

@@ -11,6 +11,7 @@ use crate::fast::buffers::Unwritten;
 use crate::fast::cpu::{features, multiversion};
 use crate::fast::kernels::{activate_body, Act};
 use crate::io::quantized::PackedData;
+use crate::model::ops::act_grad;
 
 /// Output rows per register tile (as fp32's: 12 × 2 accumulators).
 const MR_BF16: usize = 12;
@@ -246,14 +247,26 @@ pub(super) enum TileOut {
     /// bf16 pairs of adjacent columns (the low half the even one), rows
     /// `ldc` pairs apart: a following multiply's rounded input.
     Pairs { c: *mut u32, ldc: usize },
-    /// Both: the sums without bias or activation as fp32 rows at `c`, and
-    /// the bias and activation applied, as pairs at `pairs` (rows `ldp`
-    /// pairs apart).
+    /// An activation's input: `act(sums + bias)` as pairs at `pairs`
+    /// (rows `ldp` pairs apart), and its slope `act'(sums + bias)` as fp32
+    /// rows at `slopes` (`lds` apart), all the activation's backward reads.
     Both {
-        c: *mut f32,
-        ldc: usize,
+        slopes: *mut f32,
+        lds: usize,
         pairs: *mut u32,
         ldp: usize,
+        act: Act,
+    },
+    /// The sums are an activation's output gradient: its input gradient
+    /// `sums · slope` (the slopes [`TileOut::Both`] stored, rows `lds`
+    /// apart) as pairs at `pairs` (rows `ldp` pairs apart), its column sums
+    /// added into `sums` (the tile's columns).
+    ActGrad {
+        slopes: *const f32,
+        lds: usize,
+        pairs: *mut u32,
+        ldp: usize,
+        sums: *mut f32,
     },
 }
 
@@ -387,6 +400,9 @@ unsafe fn tile(
     }
     let _ = simd;
     let mut sums = [0f32; NR];
+    // ActGrad's column sums over the tile's rows, added to the task's
+    // after its last row (as the AVX-512 kernel adds them).
+    let mut tile_sums = [0f32; NR];
     for r in 0..mr {
         let sums = &mut sums[..bias.len()];
         for (j, s) in sums.iter_mut().enumerate() {
@@ -413,37 +429,74 @@ unsafe fn tile(
                 }
             }
             TileOut::Pairs { c, ldc } => {
-                let raw = None;
                 // SAFETY: row r < mr of the caller's tile.
-                unsafe { store_pairs_row(sums, bias, act, (c.add(r * ldc), raw)) };
+                unsafe { store_pairs_row(sums, bias, act, (c.add(r * ldc), None)) };
             }
-            TileOut::Both { c, ldc, pairs, ldp } => {
-                let raw = Some(c.wrapping_add(r * ldc));
+            TileOut::Both {
+                slopes,
+                lds,
+                pairs,
+                ldp,
+                act,
+            } => {
+                let slopes = Some(slopes.wrapping_add(r * lds));
                 // SAFETY: row r < mr of the caller's tile.
-                unsafe { store_pairs_row(sums, bias, act, (pairs.add(r * ldp), raw)) };
+                unsafe { store_pairs_row(sums, bias, Some(act), (pairs.add(r * ldp), slopes)) };
+            }
+            TileOut::ActGrad {
+                slopes,
+                lds,
+                pairs,
+                ldp,
+                sums: column_sums,
+            } => {
+                // SAFETY: row r < mr of the caller's tile: bias.len()
+                // slopes, as many column sums, their pairs.
+                let (slopes, column_sums, to) = unsafe {
+                    (
+                        std::slice::from_raw_parts(slopes.add(r * lds), bias.len()),
+                        std::slice::from_raw_parts_mut(column_sums, bias.len()),
+                        std::slice::from_raw_parts_mut(pairs.add(r * ldp), bias.len().div_ceil(2)),
+                    )
+                };
+                for ((s, slope), t) in sums.iter_mut().zip(slopes).zip(&mut tile_sums[..]) {
+                    *s *= slope;
+                    *t += *s;
+                }
+                round_row_on(false, sums, to);
+                if r + 1 == mr {
+                    column_sums
+                        .iter_mut()
+                        .zip(&tile_sums[..])
+                        .for_each(|(c, t)| *c += t);
+                }
             }
         }
     }
 }
 
 /// One row of the scalar tile stored as bf16 pairs of `act(sums + bias)`
-/// at `to`, after the sums as they are at `raw` (when given): the scalar
-/// twin of the AVX-512 kernel's `store_pairs!`.
+/// at `to`, and with `act`, the slopes `act'(sums + bias)` at `slopes`
+/// (when given): the scalar twin of the AVX-512 kernel's `store_pairs!`.
 ///
 /// # Safety
-/// `to` must address `⌈sums.len() / 2⌉` pairs and `raw` `sums.len()`
+/// `to` must address `⌈sums.len() / 2⌉` pairs and `slopes` `sums.len()`
 /// values that no one else reads or writes meanwhile.
 unsafe fn store_pairs_row(
     sums: &mut [f32],
     bias: &[f32],
     act: Option<Act>,
-    (to, raw): (*mut u32, Option<*mut f32>),
+    (to, slopes): (*mut u32, Option<*mut f32>),
 ) {
-    if let Some(raw) = raw {
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(raw, sums.len()) }.copy_from_slice(sums);
-    }
     sums.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
+    if let (Some(act), Some(slopes)) = (act, slopes) {
+        // SAFETY: the caller's contract.
+        let slopes = unsafe { std::slice::from_raw_parts_mut(slopes, sums.len()) };
+        slopes
+            .iter_mut()
+            .zip(&*sums)
+            .for_each(|(g, z)| *g = act_grad(*z, act));
+    }
     if let Some(act) = act {
         activate_body(sums, act);
     }
@@ -1242,6 +1295,18 @@ pub(crate) fn product_bf16_both_pairs(
 /// must not accumulate): every row block's tiles store every panel's
 /// columns, reading none of them first, so `c` needs no zeroing.
 fn product_bf16_writing(
+    dims: (usize, usize, usize),
+    a: Left,
+    b: Right,
+    c: Option<&mut Unwritten>,
+    store: Store,
+) {
+    product_bf16_writing_on(features().bf16, dims, a, b, c, store)
+}
+
+/// [`product_bf16_writing`] on AVX512-BF16 or the scalar loop (`simd`).
+fn product_bf16_writing_on(
+    simd: bool,
     (m, n, k): (usize, usize, usize),
     a: Left,
     b: Right,
@@ -1254,7 +1319,8 @@ fn product_bf16_writing(
             "product_bf16: a new output cannot accumulate"
         );
     }
-    // Only a Store::Pairs has no fp32 output (its tiles never write one).
+    // Only a Store::Pairs or ActGrad has no fp32 output (its tiles never
+    // write one).
     let c = match c {
         Some(c) => {
             assert_eq!(c.len(), m * n, "product_bf16: output is not [{m}, {n}]");
@@ -1262,14 +1328,14 @@ fn product_bf16_writing(
         }
         None => {
             assert!(
-                matches!(store, Store::Pairs { .. }),
+                matches!(store, Store::Pairs { .. } | Store::ActGrad { .. }),
                 "product_bf16: no output"
             );
             std::ptr::null_mut()
         }
     };
     let run = Run {
-        simd: features().bf16,
+        simd,
         parallel: true,
     };
     // SAFETY: c addresses m × n values owned by the caller's buffer (or,
@@ -1317,13 +1383,14 @@ pub(crate) fn product_bf16_pairs_new(
     product_bf16_fresh(dims, Left::Pairs(a), Right::F32(b), Some(bias))
 }
 
-/// `c[m, n] = bf16(a)[m, k] · bf16(b)[k, n]` with fp32 sums and, from the
-/// same register tiles, `pairs` `[m, ⌈n / 2⌉]` (the words of an fp32
-/// buffer): `act(c + bias)` as bf16 pairs. A layer's pre-activation, kept
-/// for its backward, and the next product's rounded input
-/// ([`product_bf16_pairs`]) without a pass over either between the two
-/// products. The pairs are the bits of rounding `act(c + bias)` computed
-/// apart. Both new buffers, written whole (not zeroed first).
+/// `z = bf16(a)[m, k] · bf16(b)[k, n] + bias` with fp32 sums, stored from
+/// the register tiles as the activation's slopes `act'(z)` `[m, n]` and
+/// `pairs` `[m, ⌈n / 2⌉]` (the words of an fp32 buffer): `act(z)` as bf16
+/// pairs. All the activation's backward reads ([`product_bf16_act_grad`]),
+/// and the next product's rounded input ([`product_bf16_pairs`]), without
+/// a pass over either between the two products. The bits of computing
+/// `act(z)`, rounding it, and `act'(z)` apart. Both new buffers, written
+/// whole (not zeroed first).
 pub(crate) fn product_bf16_act(
     (m, n, k): (usize, usize, usize),
     a: LeftIn,
@@ -1338,6 +1405,7 @@ pub(crate) fn product_bf16_act(
         act,
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
+    // The slopes are the product's fp32 output.
     product_bf16_writing((m, n, k), a.left(), Right::F32(b), Some(&mut c), store);
     // SAFETY: product_bf16_writing wrote every value of c, and its tiles
     // every pair of each row (⌈n / 2⌉ words).
@@ -1365,6 +1433,56 @@ pub(crate) fn product_bf16_to_pairs_new(
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
     product_bf16_writing((m, n, k), a.left(), Right::F32(b), None, store);
+    // SAFETY: the tiles wrote every pair of each row (⌈n / 2⌉ words).
+    unsafe { pairs.assume_written() }
+}
+
+/// `dz = (a · b) ⊙ slopes`, `a · b` an activation's output gradient (`[m,
+/// n]`, bf16 products, fp32 sums) and `slopes` its slopes `act'(z)` `[m,
+/// n]` ([`product_bf16_act`]'s): the activation's input gradient as bf16
+/// pairs `[m, ⌈n / 2⌉]` in a new buffer (the words of fp32 storage,
+/// written whole by the tiles), its column sums added into `dbias`. The
+/// output gradient is never stored, nor read back by a pass of its own.
+/// The pairs are the bits of the stored product times the slopes,
+/// rounded; the column sums are added tile by tile, task by
+/// task (rows of [`super::ROWS_PER_TASK`]), then over the tasks in row
+/// order: fixed by the shapes, not the threads.
+pub(crate) fn product_bf16_act_grad(
+    dims: (usize, usize, usize),
+    a: &[u32],
+    b: Strided,
+    slopes: &[f32],
+    dbias: &mut [f32],
+) -> Vec<f32> {
+    act_grad_on(features().bf16, dims, a, b, slopes, dbias)
+}
+
+/// [`product_bf16_act_grad`] on AVX512-BF16 or the scalar loop (`simd`).
+fn act_grad_on(
+    simd: bool,
+    (m, n, k): (usize, usize, usize),
+    a: &[u32],
+    b: Strided,
+    slopes: &[f32],
+    dbias: &mut [f32],
+) -> Vec<f32> {
+    assert!(
+        slopes.len() == m * n && dbias.len() == n,
+        "product_bf16_act_grad: the slopes or the bias gradient are not [{m}, {n}], [{n}]"
+    );
+    let blocks = m.div_ceil(super::ROWS_PER_TASK);
+    let mut sums = crate::fast::buffers::zeros(blocks * n);
+    let mut pairs = Unwritten::new(m * n.div_ceil(2));
+    let store = Store::ActGrad {
+        slopes: SharedIn(slopes.as_ptr()),
+        pairs: SharedPairs(pairs.as_mut_ptr().cast()),
+        sums: SharedOut(sums.as_mut_ptr()),
+    };
+    product_bf16_writing_on(simd, (m, n, k), Left::Pairs(a), Right::F32(b), None, store);
+    for block in sums.chunks_exact(n.max(1)) {
+        dbias.iter_mut().zip(block).for_each(|(d, s)| *d += s);
+    }
+    crate::fast::buffers::recycle(sums);
     // SAFETY: the tiles wrote every pair of each row (⌈n / 2⌉ words).
     unsafe { pairs.assume_written() }
 }
@@ -1425,8 +1543,8 @@ pub(crate) enum Right<'a> {
 enum Store<'a> {
     /// The sums, as [`Sums`] says.
     Sums(Sums<'a>),
-    /// The sums as they are and `act(sums + bias)` as bf16 pairs
-    /// ([`TileOut::Both`]), `⌈n / 2⌉` per row.
+    /// `act'(sums + bias)` as the fp32 output and `act(sums + bias)` as
+    /// bf16 pairs ([`TileOut::Both`]), `⌈n / 2⌉` per row.
     Both {
         bias: &'a [f32],
         act: Act,
@@ -1435,6 +1553,29 @@ enum Store<'a> {
     /// Only `sums + bias` as bf16 pairs ([`TileOut::Pairs`]), `⌈n / 2⌉`
     /// per row: a product whose every use is another product's operand.
     Pairs { bias: &'a [f32], pairs: SharedPairs },
+    /// The sums are an activation's output gradient ([`TileOut::ActGrad`]):
+    /// its input gradient as pairs, `⌈n / 2⌉` per row, from the
+    /// activation's `slopes` (`[m, n]`); the column sums of each task's
+    /// rows into row `rows.start / ROWS_PER_TASK` of `sums` (`[⌈m /
+    /// ROWS_PER_TASK⌉, n]`, zeroed by the caller).
+    ActGrad {
+        slopes: SharedIn,
+        pairs: SharedPairs,
+        sums: SharedOut,
+    },
+}
+
+/// A read-only input tasks share.
+#[derive(Clone, Copy)]
+struct SharedIn(*const f32);
+// SAFETY: tasks only read through it, while the caller's borrow lasts.
+unsafe impl Send for SharedIn {}
+unsafe impl Sync for SharedIn {}
+
+impl SharedIn {
+    fn at(self, offset: usize) -> *const f32 {
+        self.0.wrapping_add(offset)
+    }
 }
 
 /// `f` with this thread's product buffers; a product started while they
@@ -1541,6 +1682,7 @@ unsafe fn product_bf16_into(
         Store::Sums(sums) => (sums.bias, None),
         Store::Both { bias, act, .. } => (Some(bias), Some(act)),
         Store::Pairs { bias, .. } => (Some(bias), None),
+        Store::ActGrad { .. } => (None, None),
     };
     if let Some(bias) = bias {
         assert_eq!(bias.len(), n, "product_bf16: bias is not [{n}]");
@@ -1619,6 +1761,7 @@ unsafe fn product_bf16_into(
         let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
         let cs = p * NR..(p * NR + NR).min(n);
         let bias = bias.map_or(&zeros[..cs.len()], |b| &b[cs]);
+        let block = rows.start / super::ROWS_PER_TASK;
         for r0 in rows.step_by(MR_BF16) {
             let mr = MR_BF16.min(m - r0);
             let a = left(r0);
@@ -1633,15 +1776,27 @@ unsafe fn product_bf16_into(
                     ldc,
                     accumulate: sums.accumulate,
                 },
-                Store::Both { pairs: to, .. } => TileOut::Both {
-                    c,
-                    ldc,
+                Store::Both { pairs: to, act, .. } => TileOut::Both {
+                    slopes: c,
+                    lds: ldc,
                     pairs: to.at(r0 * n2 + p * NR / 2),
                     ldp: n2,
+                    act,
                 },
                 Store::Pairs { pairs: to, .. } => TileOut::Pairs {
                     c: to.at(r0 * n2 + p * NR / 2),
                     ldc: n2,
+                },
+                Store::ActGrad {
+                    slopes,
+                    pairs: to,
+                    sums,
+                } => TileOut::ActGrad {
+                    slopes: slopes.at(r0 * n + p * NR),
+                    lds: n,
+                    pairs: to.at(r0 * n2 + p * NR / 2),
+                    ldp: n2,
+                    sums: sums.at(block * n + p * NR),
                 },
             };
             unsafe { tile(simd, a, k2, mr, panel, bias, act, dest) };
@@ -1961,20 +2116,22 @@ mod tests {
             product_bf16((m, n, k), a, b, &mut want, sums);
             let got = product_bf16_new((m, n, k), a, b, Some(&bias));
             assert_eq!(as_words(&got), as_words(&want), "[{m}, {n}, {k}]");
-            let (f, pairs) = product_bf16_act((m, n, k), LeftIn::F32(a), b, (&bias, Act::GeluErf));
+            let (slopes, pairs) =
+                product_bf16_act((m, n, k), LeftIn::F32(a), b, (&bias, Act::GeluErf));
             let mut raw = vec![0f32; m * n];
             product_bf16((m, n, k), a, b, &mut raw, Sums::default());
-            assert_eq!(
-                as_words(&f),
-                as_words(&raw),
-                "[{m}, {n}, {k}] pre-activation"
-            );
             let n2 = n.div_ceil(2);
             let mut act: Vec<f32> = raw
                 .iter()
                 .zip(bias.iter().cycle())
                 .map(|(v, b)| v + b)
                 .collect();
+            let want_slopes: Vec<f32> = act.iter().map(|z| act_grad(*z, Act::GeluErf)).collect();
+            assert_eq!(
+                as_words(&slopes),
+                as_words(&want_slopes),
+                "[{m}, {n}, {k}] slopes"
+            );
             crate::fast::kernels::activate_body(&mut act, Act::GeluErf);
             let mut rounded = vec![0u32; m * n2];
             for (row, out) in act.chunks_exact(n).zip(rounded.chunks_exact_mut(n2)) {
@@ -2031,11 +2188,15 @@ mod tests {
         }
     }
 
-    /// A training FFN's two products: the first stores its sums and the
-    /// activation's bf16 pairs from the same tiles, the second reads those
-    /// pairs; both equal the products on fp32 operands rounded apart, bit
-    /// for bit, on AVX512-BF16 (where the CPU has it) and the scalar loop,
-    /// for strided (transposed) weights, odd widths and partial tiles.
+    /// A training FFN's two products: the first stores the activation's
+    /// slopes and its output's bf16 pairs from the same tiles, the second
+    /// reads those pairs; both equal the products on fp32 operands rounded
+    /// apart, bit for bit, on AVX512-BF16 (where the CPU has it) and the
+    /// scalar loop, for strided (transposed) weights, odd widths and
+    /// partial tiles. Backward, the second's input gradient times the
+    /// slopes (from the tiles' registers) gives the pairs of that product
+    /// stored, multiplied and rounded apart, bit for bit, and the bias
+    /// gradient its column sums.
     #[test]
     fn stored_pairs_feed_the_next_product_as_rounding_apart_does() {
         let val = |i: usize| ((i as f32) * 0.377).sin();
@@ -2046,7 +2207,12 @@ mod tests {
             vec![false]
         };
         for simd in sims {
-            for (m, k, mid, n) in [(1, 4, 3, 2), (13, 40, 37, 9), (30, 64, 70, 33)] {
+            for (m, k, mid, n) in [
+                (1, 4, 3, 2),
+                (13, 40, 37, 9),
+                (30, 64, 70, 33),
+                (200, 24, 40, 9),
+            ] {
                 let x: Vec<f32> = (0..m * k).map(val).collect();
                 // nn.Linear weights [out, in], read transposed.
                 let w1: Vec<f32> = (0..mid * k).map(|i| val(i + 100)).collect();
@@ -2080,16 +2246,20 @@ mod tests {
                     store,
                     (m, mid, k),
                 );
-                assert_eq!(
-                    bits(&f),
-                    bits(&want_f),
-                    "sums, [{m}, {k}] -> {mid}, simd {simd}"
-                );
                 let mut h = want_f.clone();
-                for row in h.chunks_exact_mut(mid) {
+                let mut slopes = vec![0f32; m * mid];
+                for (row, slopes) in h.chunks_exact_mut(mid).zip(slopes.chunks_exact_mut(mid)) {
                     row.iter_mut().zip(&b1).for_each(|(v, b)| *v += b);
+                    for (g, z) in slopes.iter_mut().zip(&*row) {
+                        *g = act_grad(*z, Act::GeluErf);
+                    }
                     activate_body(row, Act::GeluErf);
                 }
+                assert_eq!(
+                    bits(&f),
+                    bits(&slopes),
+                    "slopes, [{m}, {k}] -> {mid}, simd {simd}"
+                );
                 let mut want_pairs = vec![0u32; m * mid.div_ceil(2)];
                 round_rows(false, &h, m, mid, mid.div_ceil(2), &mut want_pairs);
                 assert_eq!(pairs, want_pairs, "pairs, [{m}, {k}] -> {mid}, simd {simd}");
@@ -2104,6 +2274,33 @@ mod tests {
                 );
                 run(Left::Pairs(&pairs), w2_t, &mut got, none, (m, n, mid));
                 assert_eq!(bits(&got), bits(&want), "{mid} -> {n}, simd {simd}");
+                // Backward: the output gradient dy [m, n] as pairs, the
+                // activation's output gradient dy · w2 [m, mid].
+                let dy: Vec<f32> = (0..m * n).map(|i| val(i + 7000)).collect();
+                let mut dy_pairs = vec![0u32; m * n.div_ceil(2)];
+                round_rows(false, &dy, m, n, n.div_ceil(2), &mut dy_pairs);
+                let w2_rows = Strided::rows(&w2, mid);
+                let mut dg = vec![0f32; m * mid];
+                run(Left::Pairs(&dy_pairs), w2_rows, &mut dg, none, (m, mid, n));
+                let dz: Vec<f32> = dg.iter().zip(&slopes).map(|(g, s)| g * s).collect();
+                let mut want_pairs = vec![0u32; m * mid.div_ceil(2)];
+                // Rounded as the tiles round (vcvtne2ps2bf16 flushes
+                // subnormal inputs to 0; the scalar loop does not).
+                round_rows(simd, &dz, m, mid, mid.div_ceil(2), &mut want_pairs);
+                let start: Vec<f32> = (0..mid).map(|j| val(j + 9000)).collect();
+                let mut dbias = start.clone();
+                let dims = (m, mid, n);
+                let got = act_grad_on(simd, dims, &dy_pairs, w2_rows, &slopes, &mut dbias);
+                assert_eq!(as_words(&got), &want_pairs[..], "act grad, simd {simd}");
+                for (j, (got, start)) in dbias.iter().zip(&start).enumerate() {
+                    let want: f64 =
+                        f64::from(*start) + (0..m).map(|r| f64::from(dz[r * mid + j])).sum::<f64>();
+                    let scale: f64 = (0..m).map(|r| f64::from(dz[r * mid + j]).abs()).sum();
+                    assert!(
+                        (f64::from(*got) - want).abs() <= 1e-6 * (scale + 1.0),
+                        "bias gradient {j}: {got} vs {want}, simd {simd}"
+                    );
+                }
             }
         }
     }

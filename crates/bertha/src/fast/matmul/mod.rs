@@ -28,10 +28,10 @@ mod bf16;
 
 pub(crate) use bf16::{
     as_f32, as_f32_mut, as_words, as_words_mut, interleave_transposed, pack_panels_into,
-    pack_row_pairs, pack_transposed_pairs, product_bf16_act, product_bf16_both_pairs,
-    product_bf16_new, product_bf16_pairs_new, product_bf16_serial, product_bf16_to_pairs_new,
-    product_pairs_serial, product_pairs_serial_to_pairs, round_row, round_rows_serial, tile_bf16,
-    LeftIn, LeftPairs, BF16_TILE_ROWS,
+    pack_row_pairs, pack_transposed_pairs, product_bf16_act, product_bf16_act_grad,
+    product_bf16_both_pairs, product_bf16_new, product_bf16_pairs_new, product_bf16_serial,
+    product_bf16_to_pairs_new, product_pairs_serial, product_pairs_serial_to_pairs, round_row,
+    round_rows_serial, tile_bf16, LeftIn, LeftPairs, BF16_TILE_ROWS,
 };
 pub use bf16::{
     product_bf16, product_bf16_pairs, product_bf16_transposed_pairs, PackedBf16, Strided, Sums,
@@ -1023,6 +1023,31 @@ mod tests {
             }
             for ((x, w), g) in xs.iter().zip(&want).zip(&got) {
                 assert_eq!(w.to_bits(), g.to_bits(), "{act:?}({x}): {w} vs {g}");
+            }
+            // With the slope (the FFN-in tiles' store): the same outputs,
+            // and the slopes of the scalar derivative.
+            for (chunk, want) in xs.chunks_exact(16).zip(want.chunks_exact(16)) {
+                let (mut y, mut slope) = ([0f32; 16], [0f32; 16]);
+                // SAFETY: the CPU has AVX-512F (checked); 16 lanes each.
+                unsafe {
+                    let (v, g) = avx512::act_and_grad(_mm512_loadu_ps(chunk.as_ptr()), act);
+                    _mm512_storeu_ps(y.as_mut_ptr(), v);
+                    _mm512_storeu_ps(slope.as_mut_ptr(), g);
+                }
+                for (j, x) in chunk.iter().enumerate() {
+                    let w = crate::model::ops::act_grad(*x, act);
+                    assert_eq!(
+                        want[j].to_bits(),
+                        y[j].to_bits(),
+                        "{act:?}({x}) with its slope"
+                    );
+                    assert_eq!(
+                        w.to_bits(),
+                        slope[j].to_bits(),
+                        "{act:?}'({x}): {w} vs {}",
+                        slope[j]
+                    );
+                }
             }
         }
     }

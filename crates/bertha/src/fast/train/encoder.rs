@@ -27,8 +27,7 @@ use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
 use crate::fast::matmul::{as_words, as_words_mut};
 use crate::model::ops::{
-    bias_act_backward, bias_act_backward_to_pairs, bias_act_forward, column_sums, grad_to_pairs,
-    layer_norm_backward,
+    bias_act_backward, bias_act_forward, column_sums, grad_to_pairs, layer_norm_backward,
 };
 use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
 
@@ -203,7 +202,8 @@ struct LayerTape {
     s1: Vec<f32>,
     /// The FFN's input.
     ffn_x: Vec<f32>,
-    /// The FFN expansion before bias and activation.
+    /// fp32: the FFN expansion before bias and activation; bf16: the
+    /// activation's slopes `act'(f + b)` there, all its backward reads.
     f: Vec<f32>,
     /// bf16: the activation's output as FFN-out's rounded input (bf16
     /// pairs in fp32-sized words), kept for FFN-out's weight gradient
@@ -845,9 +845,13 @@ fn layer_backward(
         recycle(dy);
         ds2
     };
-    let mut dg = scratch(m * inter);
+    // FFN-out's backward ends at the activation's input gradient: in fp32
+    // through the activation's output gradient `dg`; in bf16 as the FFN-in
+    // products' pairs, made by the tiles of FFN-out's input gradient.
+    let (mut dg, mut df_words) = (Vec::new(), Vec::new());
     match compute {
         Compute::F32 => {
+            dg = scratch(m * inter);
             let mut d_o = copied(&ds);
             if let Some(mask) = &t.masks[2] {
                 drop_rows_of(mask, &mut d_o, rows, d);
@@ -863,11 +867,14 @@ fn layer_backward(
             // The output gradient (through the mask) as its products'
             // pairs, read from ds, which stays d(s1); FFN-out's input as
             // the forward's tiles stored it.
-            let ffn_out = &mut layer.ffn_out;
+            let (ffn_out, ffn_in) = (&mut layer.ffn_out, &mut layer.ffn_in);
             let dz = output_grad_pairs(&ds, t.masks[2].as_ref(), rows, &mut ffn_out.b.grad);
             let (g, words) = (as_words(&t.g), as_words(&dz));
             products::weight_grad_both_pairs_bf16((words, d), (g, inter), &mut ffn_out.w.grad, m);
-            products::input_grad_pairs_bf16((words, d), &ffn_out.w.data, &mut dg, m, false);
+            // The activation's input gradient feeds only FFN-in's two
+            // products (and its bias gradient, summed by the tiles).
+            let (w, dbias) = (&ffn_out.w.data, &mut ffn_in.b.grad);
+            df_words = products::input_grad_act_to_pairs_bf16((words, d), w, &t.f, dbias, m);
             recycle(dz);
         }
     }
@@ -883,17 +890,13 @@ fn layer_backward(
             recycle(df);
         }
         Compute::Bf16 => {
-            // The input gradient feeds only the two products (and the bias
-            // gradient, summed as it is made): made as their bf16 pairs.
-            let mut words = scratch(m * inter.div_ceil(2));
-            let (df, ffn_in) = (as_words_mut(&mut words), &mut layer.ffn_in);
-            bias_act_backward_to_pairs(&t.f, &ffn_in.b.data, &dg, df, &mut ffn_in.b.grad, act);
+            let (df, ffn_in) = (as_words(&df_words), &mut layer.ffn_in);
             products::weight_grad_pairs_bf16(df, inter, &t.ffn_x, &mut ffn_in.w.grad, m);
             products::input_grad_pairs_bf16((df, inter), &ffn_in.w.data, &mut dffn_x, m, false);
-            recycle(words);
         }
     }
     recycle(dg);
+    recycle(df_words);
     if pre {
         // ffn_x = LN2(s1)
         let mut tmp = scratch(m * d);

@@ -8,9 +8,9 @@ use crate::fast::buffers::scratch;
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
-    product_bf16, product_bf16_act, product_bf16_both_pairs, product_bf16_new, product_bf16_pairs,
-    product_bf16_pairs_new, product_bf16_to_pairs_new, product_bf16_transposed_pairs, LeftIn,
-    Strided, Sums,
+    product_bf16, product_bf16_act, product_bf16_act_grad, product_bf16_both_pairs,
+    product_bf16_new, product_bf16_pairs, product_bf16_pairs_new, product_bf16_to_pairs_new,
+    product_bf16_transposed_pairs, LeftIn, Strided, Sums,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -116,12 +116,12 @@ const ACCUMULATE: Sums<'static> = Sums {
     accumulate: true,
 };
 
-/// `f[m, n] = x[m, k] · w[n, k]ᵀ` in bf16 products and, from the same
-/// tiles, `act(f + bias)` as bf16 pairs `[m, ⌈n / 2⌉]` (the words of an
-/// fp32 buffer): an FFN's input layer, whose pre-activation the backward
-/// reads and whose output only the next product does (as
-/// [`forward_pairs_bf16`]'s input). Both new buffers, written whole by the
-/// tiles (not zeroed first).
+/// An FFN's input layer `z = x[m, k] · w[n, k]ᵀ + bias` in bf16 products,
+/// stored by its tiles as the activation's slopes `act'(z)` `[m, n]` (all
+/// its backward reads: [`input_grad_act_to_pairs_bf16`]) and `act(z)` as
+/// bf16 pairs `[m, ⌈n / 2⌉]` (the words of an fp32 buffer), which only the
+/// next product reads ([`forward_pairs_bf16`]'s input). Both new buffers,
+/// written whole by the tiles (not zeroed first).
 pub(crate) fn forward_act_bf16(
     x: Input,
     w: &[f32],
@@ -203,6 +203,26 @@ pub(crate) fn input_grad_pairs_bf16(
         accumulate,
     };
     product_bf16_pairs((m, k, n), dy, Strided::rows(w, k), dx, sums);
+}
+
+/// The input gradient of an activation whose output feeds a linear layer
+/// `w[n, k]`, from that layer's output gradient `dy` (`m` rows of `⌈n /
+/// 2⌉` bf16 pairs) and the activation's `slopes` `[m, k]` (as
+/// [`forward_act_bf16`] stores them): `(dy · w) ⊙ slopes` as bf16 pairs
+/// `[m, ⌈k / 2⌉]` (the words of a new fp32 buffer), its column sums (the
+/// bias gradient) added into `dbias`. The FFN's middle in one product:
+/// the activation's output gradient exists only in the tiles' registers.
+pub(crate) fn input_grad_act_to_pairs_bf16(
+    (dy, n): (&[u32], usize),
+    w: &[f32],
+    slopes: &[f32],
+    dbias: &mut [f32],
+    m: usize,
+) -> Vec<f32> {
+    let k = dbias.len();
+    check("linear weight", w, n, k);
+    check("activation slopes", slopes, m, k);
+    product_bf16_act_grad((m, k, n), dy, Strided::rows(w, k), slopes, dbias)
 }
 
 /// `dw[n, k] += dyᵀ · x[m, k]` in bf16 products, for `dy` given as `m`
