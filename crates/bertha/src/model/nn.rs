@@ -244,10 +244,79 @@ impl DropoutMask {
     pub(crate) fn apply_row(&self, row_key: u64, row: &mut [f32]) {
         mask_row(row_key, self.threshold, self.scale, row);
     }
+
+    /// The keep bits of the row keyed `row_key` (bit `j % 32` of word `j /
+    /// 32` set when element `j` keeps), for `bits.len() · 32` elements:
+    /// the mask drawn once, for a backward pass to apply again
+    /// ([`DropoutMask::apply_bits_into`]) without hashing every element anew.
+    pub(crate) fn row_bits(&self, row_key: u64, bits: &mut [u32]) {
+        mask_bits(row_key, self.threshold, bits);
+    }
+
+    /// `dst = src` times the mask that `bits` ([`DropoutMask::row_bits`])
+    /// records: what [`DropoutMask::apply_row`] makes of `src`, bit for
+    /// bit (kept elements times 1 / keep, the others times 0).
+    pub(crate) fn apply_bits_into(&self, bits: &[u32], src: &[f32], dst: &mut [f32]) {
+        assert!(
+            src.len() == dst.len() && bits.len() * 32 >= src.len(),
+            "dropout: {} keep bits for {} values into {}",
+            bits.len() * 32,
+            src.len(),
+            dst.len()
+        );
+        apply_mask_bits(bits, self.scale, src, dst);
+    }
+
+    /// [`DropoutMask::apply_bits_into`] on `row` in place.
+    pub(crate) fn apply_bits_in_place(&self, bits: &[u32], row: &mut [f32]) {
+        assert!(
+            bits.len() * 32 >= row.len(),
+            "dropout: {} keep bits for {} values",
+            bits.len() * 32,
+            row.len()
+        );
+        mask_bits_in_place(bits, self.scale, row);
+    }
 }
 
 multiversion! {
     fn mask_row = mask_row_body(row_key: u64, threshold: u64, scale: f32, row: &mut [f32]);
+    fn mask_bits = mask_bits_body(row_key: u64, threshold: u64, bits: &mut [u32]);
+    fn apply_mask_bits = apply_mask_bits_body(bits: &[u32], scale: f32, src: &[f32], dst: &mut [f32]);
+    fn mask_bits_in_place = mask_bits_in_place_body(bits: &[u32], scale: f32, row: &mut [f32]);
+}
+
+/// [`DropoutMask::apply_bits_in_place`]'s loop.
+#[inline(always)]
+fn mask_bits_in_place_body(bits: &[u32], scale: f32, row: &mut [f32]) {
+    for (word, row) in bits.iter().zip(row.chunks_mut(32)) {
+        for (b, v) in row.iter_mut().enumerate() {
+            *v *= if word >> b & 1 == 1 { scale } else { 0.0 };
+        }
+    }
+}
+
+/// [`DropoutMask::row_bits`]'s loop: [`mask_row_body`]'s hash and test,
+/// 32 elements a word.
+#[inline(always)]
+fn mask_bits_body(row_key: u64, threshold: u64, bits: &mut [u32]) {
+    for (w, word) in bits.iter_mut().enumerate() {
+        let mut v = 0u32;
+        for b in 0..32 {
+            v |= u32::from(keeps(row_key, (w * 32 + b) as u64, threshold)) << b;
+        }
+        *word = v;
+    }
+}
+
+/// [`DropoutMask::apply_bits_into`]'s loop.
+#[inline(always)]
+fn apply_mask_bits_body(bits: &[u32], scale: f32, src: &[f32], dst: &mut [f32]) {
+    for ((word, src), dst) in bits.iter().zip(src.chunks(32)).zip(dst.chunks_mut(32)) {
+        for (b, (s, d)) in src.iter().zip(dst).enumerate() {
+            *d = s * if word >> b & 1 == 1 { scale } else { 0.0 };
+        }
+    }
 }
 
 /// [`DropoutMask::apply_row`]'s loop, compiled per instruction set: one
@@ -255,9 +324,19 @@ multiversion! {
 #[inline(always)]
 fn mask_row_body(row_key: u64, threshold: u64, scale: f32, row: &mut [f32]) {
     for (j, v) in row.iter_mut().enumerate() {
-        let h = mix(row_key ^ (j as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)) >> 11;
-        *v *= if h < threshold { scale } else { 0.0 };
+        *v *= if keeps(row_key, j as u64, threshold) {
+            scale
+        } else {
+            0.0
+        };
     }
+}
+
+/// Whether element `j` of the row keyed `row_key` keeps: its hash's top 53
+/// bits below `threshold`.
+#[inline(always)]
+fn keeps(row_key: u64, j: u64, threshold: u64) -> bool {
+    mix(row_key ^ j.wrapping_mul(0xd6e8_feb8_6659_fd93)) >> 11 < threshold
 }
 
 /// The splitmix64 finaliser: a bijection whose outputs look independent
@@ -401,6 +480,41 @@ mod tests {
         assert!(flat
             .iter()
             .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+    }
+
+    /// A mask kept as bits and applied again gives what drawing it
+    /// element by element gives, bit for bit, into another row and in
+    /// place, for rows of whole and partial words.
+    #[test]
+    fn kept_bits_apply_the_mask_drawn() {
+        seed_dropout(11, 3);
+        let mask = Dropout::new(0.3).next_mask(true).unwrap();
+        for (n, key) in [
+            (1usize, [0, 0]),
+            (31, [1, 2]),
+            (32, [2, 0]),
+            (128, [3, 7]),
+            (77, [9, 1]),
+        ] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() + 1.5).collect();
+            let row_key = mask.row_key(&key);
+            let mut want = x.clone();
+            mask.apply_row(row_key, &mut want);
+            let mut bits = vec![u32::MAX; n.div_ceil(32)];
+            mask.row_bits(row_key, &mut bits);
+            let mut got = vec![f32::NAN; n];
+            mask.apply_bits_into(&bits, &x, &mut got);
+            let mut in_place = x.clone();
+            mask.apply_bits_in_place(&bits, &mut in_place);
+            let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(as_bits(&got), as_bits(&want), "{n} values");
+            assert_eq!(as_bits(&in_place), as_bits(&want), "{n} values in place");
+            let dropped = want.iter().filter(|v| **v == 0.0).count();
+            assert_eq!(
+                dropped,
+                (0..n).filter(|j| bits[j / 32] >> (j % 32) & 1 == 0).count()
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! in a padded batch.
 //!
 //! The forward keeps each task's probabilities (before dropout) for the
-//! backward; the dropout mask is recomputed from its key, not stored.
+//! backward, and the dropout mask it draws as bits (one per probability),
+//! which the backward applies again without drawing it anew.
 
 use rayon::prelude::*;
 
@@ -108,6 +109,15 @@ pub(crate) fn probability_offsets(packing: Packing, heads: Heads) -> (Vec<usize>
         }
     }
     (at, total)
+}
+
+/// The words (32 keep bits each) of the dropout mask of every (sequence,
+/// head)'s `queries × keys` probabilities, each query's row of keys in
+/// whole words: the size of [`forward`]'s and [`backward`]'s `bits`.
+pub(crate) fn mask_words(packing: Packing, heads: Heads) -> usize {
+    (0..packing.sequences())
+        .map(|s| packing.queries_of(s).1 * packing.key_count(s).div_ceil(32) * heads.count)
+        .sum()
 }
 
 /// Q, K and V rows: Q's rows `q_stride` apart, K at the start of `kv`'s
@@ -223,6 +233,26 @@ impl Shared {
     }
 }
 
+/// The dropout bits tasks share, each writing (or reading) its own block.
+#[derive(Clone, Copy)]
+struct SharedBits(*mut u32);
+// SAFETY: every task writes only its own block of words ([`Task::bits_at`]).
+unsafe impl Send for SharedBits {}
+unsafe impl Sync for SharedBits {}
+
+impl SharedBits {
+    /// Task `t`'s words.
+    ///
+    /// # Safety
+    /// The buffer must hold [`mask_words`] words, and no one else may use
+    /// the task's words while the slice (of any lifetime the caller picks)
+    /// lives.
+    unsafe fn of<'a>(self, t: Task) -> &'a mut [u32] {
+        // SAFETY: the caller's contract; the task's block lies inside.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(t.bits_at), t.len * t.row_words()) }
+    }
+}
+
 /// One task: sequence `s` (its queries `q_start..q_start + len` of Q,
 /// its rows from `start` in K and V, the first `keys` of them keys), head
 /// `h`, its probabilities at `p_at`. Sequences without queries have none.
@@ -235,17 +265,27 @@ struct Task {
     keys: usize,
     h: usize,
     p_at: usize,
+    /// Its dropout mask's words (`len` rows of `⌈keys / 32⌉`), in the
+    /// order of [`mask_words`].
+    bits_at: usize,
+}
+
+impl Task {
+    /// The words of one query's row of dropout bits.
+    fn row_words(&self) -> usize {
+        self.keys.div_ceil(32)
+    }
 }
 
 fn tasks(packing: Packing, heads: Heads, p_offsets: &[usize]) -> Vec<Task> {
-    let mut out = Vec::with_capacity(p_offsets.len());
+    let (mut out, mut bits_at) = (Vec::with_capacity(p_offsets.len()), 0);
     for s in 0..packing.sequences() {
         let (q_start, len) = packing.queries_of(s);
         if len == 0 {
             continue;
         }
         for h in 0..heads.count {
-            out.push(Task {
+            let task = Task {
                 s,
                 q_start,
                 len,
@@ -253,7 +293,10 @@ fn tasks(packing: Packing, heads: Heads, p_offsets: &[usize]) -> Vec<Task> {
                 keys: packing.key_count(s),
                 h,
                 p_at: p_offsets[s * heads.count + h],
-            });
+                bits_at,
+            };
+            bits_at += len * task.row_words();
+            out.push(task);
         }
     }
     out
@@ -298,15 +341,16 @@ unsafe fn head_product(
 
 /// `ctx = dropout(softmax(Q Kᵀ / √d)) V` per (sequence, head) from the
 /// `qkv` rows, `ctx` on the query rows (as bf16 pairs when `qkv` holds
-/// pairs); `probs` receives the softmax output. The two products run in
-/// `compute`; the softmax in fp32.
+/// pairs); `probs` receives the softmax output and, with dropout, its
+/// bits ([`mask_words`] words) the mask drawn, as keep bits, for the
+/// backward. The two products run in `compute`; the softmax in fp32.
 pub(crate) fn forward(
     qkv: Qkv,
     ctx: &mut [f32],
     probs: &mut [f32],
     packing: Packing,
     (heads, compute): (Heads, Compute),
-    dropout: Option<&DropoutMask>,
+    dropout: Option<(&DropoutMask, &mut [u32])>,
 ) {
     let d = heads.width();
     let tokens = packing.offsets.last().copied().unwrap_or(0);
@@ -325,6 +369,11 @@ pub(crate) fn forward(
     );
     let (p_offsets, total) = probability_offsets(packing, heads);
     assert_eq!(probs.len(), total, "attention: probabilities buffer");
+    let dropout = dropout.map(|(mask, bits)| {
+        let words = mask_words(packing, heads);
+        assert_eq!(bits.len(), words, "attention: dropout bits");
+        (mask, SharedBits(bits.as_mut_ptr()))
+    });
     let scale = 1.0 / (heads.dim as f32).sqrt();
     let (ctx_out, p_out) = (Shared(ctx.as_mut_ptr()), Shared(probs.as_mut_ptr()));
     if qkv.pairs {
@@ -333,12 +382,14 @@ pub(crate) fn forward(
             "attention: bf16 pairs need bf16 products and an even head width"
         );
         let run = |sc: &mut PairScratch, t: Task| {
-            // SAFETY: the task's probabilities block is its own (offsets
-            // from probability_offsets, total asserted); its ctx rows and
-            // head columns are written by no other task.
+            // SAFETY: the task's probabilities and bits blocks are its own
+            // (offsets from probability_offsets and tasks, totals
+            // asserted); its ctx rows and head columns are written by no
+            // other task.
             unsafe {
                 let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), t.len * t.keys);
                 let ctx = ctx_out.at(t.q_start * width + t.h * heads.dim / 2).cast();
+                let dropout = dropout.map(|(mask, bits)| (mask, bits.of(t)));
                 forward_pairs(sc, qkv, (t, heads, packing), p, ctx, dropout)
             }
         };
@@ -352,9 +403,9 @@ pub(crate) fn forward(
             let q = &qkv.q[t.q_start * qkv.q_stride + t.h * hd..];
             let k = &qkv.kv[t.start * qkv.kv_stride + t.h * hd..];
             let v = &k[d..];
-            // SAFETY: the task's probabilities block is its own; Q, K, V of
-            // its rows lie inside qkv (asserted extents); its ctx rows and
-            // head columns are written by no other task.
+            // SAFETY: the task's probabilities and bits blocks are its own;
+            // Q, K, V of its rows lie inside qkv (asserted extents); its ctx
+            // rows and head columns are written by no other task.
             unsafe {
                 let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), len * nk);
                 head_product(
@@ -368,12 +419,17 @@ pub(crate) fn forward(
                 );
                 softmax_rows(p, nk.max(1));
                 let used: &[f32] = match dropout {
-                    Some(mask) => {
-                        dropped.clear();
-                        dropped.extend_from_slice(p);
-                        for (i, row) in dropped.chunks_exact_mut(nk.max(1)).enumerate() {
+                    Some((mask, bits)) => {
+                        let (bits, w) = (bits.of(t), t.row_words());
+                        dropped.resize(len * nk, 0.0);
+                        let rows = p.chunks_exact(nk.max(1));
+                        for (i, (row, out)) in
+                            rows.zip(dropped.chunks_exact_mut(nk.max(1))).enumerate()
+                        {
                             let key = [t.s, t.h, packing.position(t.s, i)];
-                            mask.apply_row(mask.row_key(&key), row);
+                            let words = &mut bits[i * w..(i + 1) * w];
+                            mask.row_bits(mask.row_key(&key), words);
+                            mask.apply_bits_into(words, row, out);
                         }
                         dropped
                     }
@@ -402,7 +458,7 @@ struct Scratch {
 
 /// The backward of [`forward`]: dQ, dK and dV into `dqkv` from `dctx`
 /// (the query rows; bf16 pairs when `qkv` holds pairs), the saved
-/// probabilities and the same dropout mask.
+/// probabilities and the dropout mask with the bits the forward drew.
 /// dK and dV are written on key rows only, and not at all for sequences
 /// without queries.
 pub(crate) fn backward(
@@ -412,12 +468,18 @@ pub(crate) fn backward(
     dqkv: QkvGrad,
     packing: Packing,
     (heads, compute): (Heads, Compute),
-    dropout: Option<&DropoutMask>,
+    dropout: Option<(&DropoutMask, &[u32])>,
 ) {
     let d = heads.width();
     let tokens = packing.offsets.last().copied().unwrap_or(0);
     let queries = packing.rows().count();
     assert!(qkv.covers(queries, tokens, d), "attention backward: qkv");
+    if let Some((_, bits)) = dropout {
+        let words = mask_words(packing, heads);
+        assert_eq!(bits.len(), words, "attention backward: dropout bits");
+    }
+    // A task's bits: its rows' words.
+    let bits_of = |t: &Task| dropout.map(|(m, b)| (m, &b[t.bits_at..][..t.len * t.row_words()]));
     assert!(dqkv.covers(queries, tokens, d), "attention backward: dqkv");
     // dctx as pairs beside Q, K and V as pairs (see forward).
     let width = if qkv.pairs { d / 2 } else { d };
@@ -434,9 +496,10 @@ pub(crate) fn backward(
         let run = |sc: &mut PairScratch, t: Task| {
             let p = &probs[t.p_at..t.p_at + t.len * t.keys];
             let dc = &as_words(dctx)[t.q_start * width + t.h * heads.dim / 2..];
+            let dropout = bits_of(&t);
             // SAFETY: the task's rows and head columns of dQ, dK and dV
             // are written by no other task (extents asserted above).
-            unsafe { backward_pairs(sc, qkv, (t, heads, packing), (p, dc), out, dropout) }
+            unsafe { backward_pairs(sc, qkv, (t, heads), (p, dc), out, dropout) }
         };
         let each = tasks(packing, heads, &p_offsets).into_par_iter();
         return each.for_each_init(PairScratch::default, run);
@@ -450,17 +513,16 @@ pub(crate) fn backward(
             let k = &qkv.kv[t.start * qkv.kv_stride + t.h * hd..];
             let v = &k[d..];
             let dc = &dctx[t.q_start * d + t.h * hd..];
-            let mask_keys =
-                |i: usize| dropout.map(|m| (m, m.row_key(&[t.s, t.h, packing.position(t.s, i)])));
+            let (dropout, w) = (bits_of(&t), t.row_words());
             // The probabilities the forward multiplied V by.
             let used: &[f32] = match dropout {
-                Some(_) => {
-                    sc.dropped.clear();
-                    sc.dropped.extend_from_slice(p);
-                    for (i, row) in sc.dropped.chunks_exact_mut(nk.max(1)).enumerate() {
-                        if let Some((m, key)) = mask_keys(i) {
-                            m.apply_row(key, row);
-                        }
+                Some((m, bits)) => {
+                    sc.dropped.resize(len * nk, 0.0);
+                    let rows = p.chunks_exact(nk.max(1));
+                    for (i, (row, out)) in
+                        rows.zip(sc.dropped.chunks_exact_mut(nk.max(1))).enumerate()
+                    {
+                        m.apply_bits_into(&bits[i * w..(i + 1) * w], row, out);
                     }
                     &sc.dropped
                 }
@@ -496,9 +558,9 @@ pub(crate) fn backward(
                     1.0,
                 );
             }
-            for (i, row) in sc.dp.chunks_exact_mut(nk.max(1)).enumerate() {
-                if let Some((m, key)) = mask_keys(i) {
-                    m.apply_row(key, row);
+            if let Some((m, bits)) = dropout {
+                for (i, row) in sc.dp.chunks_exact_mut(nk.max(1)).enumerate() {
+                    m.apply_bits_in_place(&bits[i * w..(i + 1) * w], row);
                 }
             }
             softmax_backward(p, &sc.dp, &mut sc.ds, nk.max(1));
@@ -534,7 +596,6 @@ struct PairScratch {
     panels: Vec<u16>,
     left: Vec<u32>,
     row: Vec<f32>,
-    mask: Vec<f32>,
     dropped: Vec<f32>,
     dp: Vec<f32>,
     ds: Vec<f32>,
@@ -572,7 +633,7 @@ unsafe fn forward_pairs(
     (t, heads, packing): (Task, Heads, Packing),
     p: &mut [f32],
     ctx: *mut u32,
-    dropout: Option<&DropoutMask>,
+    mut dropout: Option<(&DropoutMask, &mut [u32])>,
 ) {
     let (len, hd, nk) = (t.len, heads.dim, t.keys);
     let (hw, nk2, d2) = (hd / 2, nk.div_ceil(2), heads.width() / 2);
@@ -588,17 +649,19 @@ unsafe fn forward_pairs(
     unsafe { product_pairs_serial(q, (len, nk, hw), &sc.panels, (p.as_mut_ptr(), nk), scale) };
     softmax_rows(p, nk.max(1));
     sc.left.resize(len * nk2, 0);
+    sc.row.resize(nk, 0.0);
+    let w = t.row_words();
     for (i, (row, pairs)) in p
         .chunks_exact(nk.max(1))
         .zip(sc.left.chunks_exact_mut(nk2.max(1)))
         .enumerate()
     {
-        match dropout {
-            Some(mask) => {
-                sc.row.clear();
-                sc.row.extend_from_slice(row);
+        match &mut dropout {
+            Some((mask, bits)) => {
                 let key = [t.s, t.h, packing.position(t.s, i)];
-                mask.apply_row(mask.row_key(&key), &mut sc.row);
+                let words = &mut bits[i * w..(i + 1) * w];
+                mask.row_bits(mask.row_key(&key), words);
+                mask.apply_bits_into(words, row, &mut sc.row);
                 round_row(&sc.row, pairs);
             }
             None => round_row(row, pairs),
@@ -613,8 +676,8 @@ unsafe fn forward_pairs(
     unsafe { product_pairs_serial_to_pairs(used, (len, hd, nk2), &sc.panels, (ctx, d2)) };
 }
 
-/// One task of [`backward`] on bf16 pairs (see [`forward_pairs`]); the
-/// dropout mask is drawn once, for the probabilities and their gradient.
+/// One task of [`backward`] on bf16 pairs (see [`forward_pairs`]), with
+/// the task's dropout bits.
 ///
 /// # Safety
 /// The task's rows and head columns of `out` must be written by no one
@@ -622,10 +685,10 @@ unsafe fn forward_pairs(
 unsafe fn backward_pairs(
     sc: &mut PairScratch,
     qkv: Qkv,
-    (t, heads, packing): (Task, Heads, Packing),
+    (t, heads): (Task, Heads),
     (p, dc): (&[f32], &[u32]),
     out: &QkvGrad,
-    dropout: Option<&DropoutMask>,
+    dropout: Option<(&DropoutMask, &[u32])>,
 ) {
     let (len, hd, nk) = (t.len, heads.dim, t.keys);
     let (hw, nk2, len2, d) = (hd / 2, nk.div_ceil(2), len.div_ceil(2), heads.width());
@@ -635,18 +698,15 @@ unsafe fn backward_pairs(
     let dq_at = out.q.at(t.q_start * out.q_stride + t.h * hd);
     let dk_at = out.kv.at(t.start * out.kv_stride + t.h * hd);
     let dv_at = dk_at.wrapping_add(d);
-    // The mask's factors (0 or 1 / keep), and the probabilities the
-    // forward multiplied V by.
+    // The probabilities the forward multiplied V by.
+    let w = t.row_words();
     let used: &[f32] = match dropout {
-        Some(m) => {
-            sc.mask.clear();
-            sc.mask.resize(len * nk, 1.0);
-            for (i, row) in sc.mask.chunks_exact_mut(nk.max(1)).enumerate() {
-                m.apply_row(m.row_key(&[t.s, t.h, packing.position(t.s, i)]), row);
+        Some((m, bits)) => {
+            sc.dropped.resize(len * nk, 0.0);
+            let rows = p.chunks_exact(nk.max(1));
+            for (i, (row, out)) in rows.zip(sc.dropped.chunks_exact_mut(nk.max(1))).enumerate() {
+                m.apply_bits_into(&bits[i * w..(i + 1) * w], row, out);
             }
-            sc.dropped.clear();
-            sc.dropped
-                .extend(p.iter().zip(&sc.mask).map(|(p, m)| p * m));
             &sc.dropped
         }
         None => p,
@@ -683,8 +743,10 @@ unsafe fn backward_pairs(
             1.0,
         )
     };
-    if dropout.is_some() {
-        sc.dp.iter_mut().zip(&sc.mask).for_each(|(g, m)| *g *= m);
+    if let Some((m, bits)) = dropout {
+        for (i, row) in sc.dp.chunks_exact_mut(nk.max(1)).enumerate() {
+            m.apply_bits_in_place(&bits[i * w..(i + 1) * w], row);
+        }
     }
     sc.ds.resize(len * nk, 0.0);
     softmax_backward(p, &sc.dp, &mut sc.ds, nk.max(1));
@@ -788,13 +850,16 @@ mod tests {
                 let mut ctx = vec![f32::NAN; dctx.len()];
                 let mut probs = vec![f32::NAN; total];
                 let cfg = (heads, Compute::Bf16);
-                forward(qkv, &mut ctx, &mut probs, packing, cfg, dropout.as_ref());
+                let mut bits = vec![u32::MAX; mask_words(packing, heads)];
+                let drawn = dropout.as_ref().map(|m| (m, &mut bits[..]));
+                forward(qkv, &mut ctx, &mut probs, packing, cfg, drawn);
                 let (mut dq, mut dkv) = (vec![0f32; m * q_w], vec![0f32; n * kv_w]);
                 let grad = match queries {
                     None => QkvGrad::fused(&mut dkv, d),
                     Some(_) => QkvGrad::split(&mut dq, &mut dkv, d),
                 };
-                backward(qkv, &probs, dctx, grad, packing, cfg, dropout.as_ref());
+                let drawn = dropout.as_ref().map(|m| (m, &bits[..]));
+                backward(qkv, &probs, dctx, grad, packing, cfg, drawn);
                 if !qkv.pairs {
                     ctx = as_pairs(&ctx, d);
                 }

@@ -197,6 +197,9 @@ struct LayerTape {
     q: Vec<f32>,
     q_in: Vec<f32>,
     probs: Vec<f32>,
+    /// The attention dropout's keep bits (words of fp32 storage), as the
+    /// forward drew them.
+    attn_bits: Vec<f32>,
     ctx: Vec<f32>,
     /// attention output + residual: a LayerNorm's input in both placements.
     s1: Vec<f32>,
@@ -225,6 +228,7 @@ impl Drop for LayerTape {
             &mut t.q,
             &mut t.q_in,
             &mut t.probs,
+            &mut t.attn_bits,
             &mut t.ctx,
             &mut t.s1,
             &mut t.ffn_x,
@@ -616,13 +620,19 @@ impl<'a> Encoder<'a> {
         // With Q, K and V as pairs, the context is stored as pairs too.
         t.ctx = scratch(m * if pairs { d / 2 } else { d });
         t.masks[0] = mask_of(&self.attention_dropout);
+        if t.masks[0].is_some() {
+            t.attn_bits = scratch(attention::mask_words(packing, self.heads));
+        }
+        let dropout = t.masks[0]
+            .as_ref()
+            .map(|m| (m, as_words_mut(&mut t.attn_bits)));
         attention::forward(
             qkv,
             &mut t.ctx,
             &mut t.probs,
             packing,
             (self.heads, self.compute),
-            t.masks[0].as_ref(),
+            dropout,
         );
         t.s1 = match pairs {
             true => {
@@ -975,7 +985,7 @@ fn layer_backward(
                 QkvGrad::fused(&mut dqkv, d),
                 packing,
                 (heads, compute),
-                t.masks[0].as_ref(),
+                t.masks[0].as_ref().map(|m| (m, as_words(&t.attn_bits))),
             );
             recycle(dctx);
             // Q, K, V: one multiply each way on the stacked weights.
@@ -1012,7 +1022,7 @@ fn layer_backward(
                 QkvGrad::split(&mut dq, &mut dkv, d),
                 packing,
                 (heads, compute),
-                t.masks[0].as_ref(),
+                t.masks[0].as_ref().map(|m| (m, as_words(&t.attn_bits))),
             );
             recycle(dctx);
             let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
