@@ -466,16 +466,6 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     out: TileOut,
 ) {
     debug_assert!(panel.len() >= k2 * NR * 2);
-    if let TileOut::ActGrad { slopes, lds, .. } = out {
-        // The epilogue reads the tile's slopes, rows far apart in a buffer
-        // much larger than the caches: asked for now, they arrive while
-        // the sums are made.
-        for r in 0..R {
-            let row = slopes.wrapping_add(r * lds) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(row);
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
-        }
-    }
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     let (ap, bp) = (a.ptr, panel.as_ptr());
     let (a_row, a_pair) = (a.row, a.pair);
