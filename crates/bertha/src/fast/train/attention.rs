@@ -341,8 +341,8 @@ unsafe fn head_product(
 
 /// `ctx = dropout(softmax(Q Kᵀ / √d)) V` per (sequence, head) from the
 /// `qkv` rows, `ctx` on the query rows (as bf16 pairs when `qkv` holds
-/// pairs); `probs` receives the softmax output and, with dropout, its
-/// bits ([`mask_words`] words) the mask drawn, as keep bits, for the
+/// pairs); `probs` receives the softmax output and, with dropout, the
+/// mask's `bits` (its [`mask_words`] words) the keep bits drawn, for the
 /// backward. The two products run in `compute`; the softmax in fp32.
 pub(crate) fn forward(
     qkv: Qkv,
