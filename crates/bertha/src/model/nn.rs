@@ -291,7 +291,7 @@ multiversion! {
 fn mask_bits_in_place_body(bits: &[u32], scale: f32, row: &mut [f32]) {
     for (word, row) in bits.iter().zip(row.chunks_mut(32)) {
         for (b, v) in row.iter_mut().enumerate() {
-            *v *= if word >> b & 1 == 1 { scale } else { 0.0 };
+            *v *= factor(*word, b, scale);
         }
     }
 }
@@ -309,12 +309,22 @@ fn mask_bits_body(row_key: u64, threshold: u64, bits: &mut [u32]) {
     }
 }
 
+/// Element `b`'s factor in a word of keep bits: `scale` when it keeps, else 0.
+#[inline(always)]
+fn factor(word: u32, b: usize, scale: f32) -> f32 {
+    if word >> b & 1 == 1 {
+        scale
+    } else {
+        0.0
+    }
+}
+
 /// [`DropoutMask::apply_bits_into`]'s loop.
 #[inline(always)]
 fn apply_mask_bits_body(bits: &[u32], scale: f32, src: &[f32], dst: &mut [f32]) {
     for ((word, src), dst) in bits.iter().zip(src.chunks(32)).zip(dst.chunks_mut(32)) {
         for (b, (s, d)) in src.iter().zip(dst).enumerate() {
-            *d = s * if word >> b & 1 == 1 { scale } else { 0.0 };
+            *d = s * factor(*word, b, scale);
         }
     }
 }

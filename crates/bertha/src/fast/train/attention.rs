@@ -14,8 +14,7 @@ use super::products::{product, Compute};
 use super::rows::{Rows, Selection};
 use crate::fast::matmul::{
     as_words, interleave_transposed, pack_row_pairs, pack_transposed_pairs, product_bf16_serial,
-    product_pairs_serial, product_pairs_serial_to_pairs, round_row, round_rows_serial, LeftPairs,
-    Strided,
+    product_pairs_serial, product_pairs_serial_to_pairs, round_rows_serial, LeftPairs, Strided,
 };
 use crate::model::ops::{softmax_backward, softmax_rows};
 use crate::model::DropoutMask;
@@ -171,10 +170,10 @@ impl<'a> Qkv<'a> {
 
 /// The gradients' [`Qkv`]: where dQ, dK and dV are written.
 pub(crate) struct QkvGrad<'a> {
-    q: Shared,
+    q: Shared<f32>,
     q_stride: usize,
     q_len: usize,
-    kv: Shared,
+    kv: Shared<f32>,
     kv_stride: usize,
     kv_len: usize,
     _rows: std::marker::PhantomData<&'a mut [f32]>,
@@ -220,36 +219,81 @@ fn fits(len: usize, rows: usize, stride: usize, width: usize) -> bool {
 }
 
 /// A pointer tasks share, each writing its own disjoint elements.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
+struct Shared<T>(*mut T);
 // SAFETY: every task writes only the rows of its sequence and the columns
-// of its head (and its own probabilities block).
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
+// of its head (and its own probabilities and dropout bits blocks).
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
 
-impl Shared {
-    fn at(self, offset: usize) -> *mut f32 {
+// Not derived: a derive would ask `T: Copy` of the pointee.
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Shared<T> {}
+
+impl<T> Shared<T> {
+    fn at(self, offset: usize) -> *mut T {
         self.0.wrapping_add(offset)
     }
 }
 
-/// The dropout bits tasks share, each writing (or reading) its own block.
-#[derive(Clone, Copy)]
-struct SharedBits(*mut u32);
-// SAFETY: every task writes only its own block of words ([`Task::bits_at`]).
-unsafe impl Send for SharedBits {}
-unsafe impl Sync for SharedBits {}
-
-impl SharedBits {
-    /// Task `t`'s words.
+impl Shared<u32> {
+    /// Task `t`'s dropout bits.
     ///
     /// # Safety
     /// The buffer must hold [`mask_words`] words, and no one else may use
     /// the task's words while the slice (of any lifetime the caller picks)
     /// lives.
-    unsafe fn of<'a>(self, t: Task) -> &'a mut [u32] {
+    unsafe fn task_bits<'a>(self, t: Task) -> &'a mut [u32] {
         // SAFETY: the caller's contract; the task's block lies inside.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(t.bits_at), t.len * t.row_words()) }
+        unsafe { std::slice::from_raw_parts_mut(self.at(t.bits_at), t.len * t.row_words()) }
+    }
+}
+
+/// Draws task `t`'s dropout mask into its `bits`, a row of words per query
+/// (keyed as the candle modules key row `[s, h, position]`).
+fn draw_mask(mask: &DropoutMask, bits: &mut [u32], t: Task, packing: Packing) {
+    let w = t.row_words();
+    for (i, words) in bits.chunks_exact_mut(w.max(1)).take(t.len).enumerate() {
+        let key = [t.s, t.h, packing.position(t.s, i)];
+        mask.row_bits(mask.row_key(&key), words);
+    }
+}
+
+/// Task `t`'s probabilities `p` (`len` rows of `keys`) as the forward
+/// multiplied V by: through the dropout mask's bits into `into`, or as
+/// they are without dropout.
+fn dropped<'a>(
+    dropout: Option<(&DropoutMask, &[u32])>,
+    t: Task,
+    p: &'a [f32],
+    into: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    let Some((mask, bits)) = dropout else {
+        return p;
+    };
+    into.resize(p.len(), 0.0);
+    let (w, nk) = (t.row_words(), t.keys.max(1));
+    for ((row, out), words) in p
+        .chunks_exact(nk)
+        .zip(into.chunks_exact_mut(nk))
+        .zip(bits.chunks(w.max(1)))
+    {
+        mask.apply_bits_into(words, row, out);
+    }
+    into
+}
+
+/// `x` (task `t`'s `len` rows of `keys`) through its dropout mask's bits,
+/// in place.
+fn drop_in_place(dropout: Option<(&DropoutMask, &[u32])>, t: Task, x: &mut [f32]) {
+    if let Some((mask, bits)) = dropout {
+        let (w, nk) = (t.row_words(), t.keys.max(1));
+        for (row, words) in x.chunks_exact_mut(nk).zip(bits.chunks(w.max(1))) {
+            mask.apply_bits_in_place(words, row);
+        }
     }
 }
 
@@ -372,7 +416,7 @@ pub(crate) fn forward(
     let dropout = dropout.map(|(mask, bits)| {
         let words = mask_words(packing, heads);
         assert_eq!(bits.len(), words, "attention: dropout bits");
-        (mask, SharedBits(bits.as_mut_ptr()))
+        (mask, Shared(bits.as_mut_ptr()))
     });
     let scale = 1.0 / (heads.dim as f32).sqrt();
     let (ctx_out, p_out) = (Shared(ctx.as_mut_ptr()), Shared(probs.as_mut_ptr()));
@@ -389,7 +433,7 @@ pub(crate) fn forward(
             unsafe {
                 let p = std::slice::from_raw_parts_mut(p_out.at(t.p_at), t.len * t.keys);
                 let ctx = ctx_out.at(t.q_start * width + t.h * heads.dim / 2).cast();
-                let dropout = dropout.map(|(mask, bits)| (mask, bits.of(t)));
+                let dropout = dropout.map(|(mask, bits)| (mask, bits.task_bits(t)));
                 forward_pairs(sc, qkv, (t, heads, packing), p, ctx, dropout)
             }
         };
@@ -398,7 +442,7 @@ pub(crate) fn forward(
     }
     tasks(packing, heads, &p_offsets)
         .into_par_iter()
-        .for_each_init(Vec::new, |dropped: &mut Vec<f32>, t| {
+        .for_each_init(Vec::new, |dropped_buf: &mut Vec<f32>, t| {
             let (len, hd, nk) = (t.len, heads.dim, t.keys);
             let q = &qkv.q[t.q_start * qkv.q_stride + t.h * hd..];
             let k = &qkv.kv[t.start * qkv.kv_stride + t.h * hd..];
@@ -418,23 +462,12 @@ pub(crate) fn forward(
                     scale,
                 );
                 softmax_rows(p, nk.max(1));
-                let used: &[f32] = match dropout {
-                    Some((mask, bits)) => {
-                        let (bits, w) = (bits.of(t), t.row_words());
-                        dropped.resize(len * nk, 0.0);
-                        let rows = p.chunks_exact(nk.max(1));
-                        for (i, (row, out)) in
-                            rows.zip(dropped.chunks_exact_mut(nk.max(1))).enumerate()
-                        {
-                            let key = [t.s, t.h, packing.position(t.s, i)];
-                            let words = &mut bits[i * w..(i + 1) * w];
-                            mask.row_bits(mask.row_key(&key), words);
-                            mask.apply_bits_into(words, row, out);
-                        }
-                        dropped
-                    }
-                    None => p,
-                };
+                let drawn = dropout.map(|(mask, bits)| {
+                    let bits = bits.task_bits(t);
+                    draw_mask(mask, bits, t, packing);
+                    (mask, &*bits)
+                });
+                let used = dropped(drawn, t, p, dropped_buf);
                 head_product(
                     compute,
                     (len, hd, nk),
@@ -513,21 +546,8 @@ pub(crate) fn backward(
             let k = &qkv.kv[t.start * qkv.kv_stride + t.h * hd..];
             let v = &k[d..];
             let dc = &dctx[t.q_start * d + t.h * hd..];
-            let (dropout, w) = (bits_of(&t), t.row_words());
-            // The probabilities the forward multiplied V by.
-            let used: &[f32] = match dropout {
-                Some((m, bits)) => {
-                    sc.dropped.resize(len * nk, 0.0);
-                    let rows = p.chunks_exact(nk.max(1));
-                    for (i, (row, out)) in
-                        rows.zip(sc.dropped.chunks_exact_mut(nk.max(1))).enumerate()
-                    {
-                        m.apply_bits_into(&bits[i * w..(i + 1) * w], row, out);
-                    }
-                    &sc.dropped
-                }
-                None => p,
-            };
+            let dropout = bits_of(&t);
+            let used = dropped(dropout, t, p, &mut sc.dropped);
             sc.dp.resize(len * nk, 0.0);
             sc.ds.resize(len * nk, 0.0);
             let dq_at = out.q.at(t.q_start * out.q_stride + t.h * hd);
@@ -558,11 +578,7 @@ pub(crate) fn backward(
                     1.0,
                 );
             }
-            if let Some((m, bits)) = dropout {
-                for (i, row) in sc.dp.chunks_exact_mut(nk.max(1)).enumerate() {
-                    m.apply_bits_in_place(&bits[i * w..(i + 1) * w], row);
-                }
-            }
+            drop_in_place(dropout, t, &mut sc.dp);
             softmax_backward(p, &sc.dp, &mut sc.ds, nk.max(1));
             // SAFETY: as above.
             unsafe {
@@ -595,7 +611,6 @@ pub(crate) fn backward(
 struct PairScratch {
     panels: Vec<u16>,
     left: Vec<u32>,
-    row: Vec<f32>,
     dropped: Vec<f32>,
     dp: Vec<f32>,
     ds: Vec<f32>,
@@ -633,7 +648,7 @@ unsafe fn forward_pairs(
     (t, heads, packing): (Task, Heads, Packing),
     p: &mut [f32],
     ctx: *mut u32,
-    mut dropout: Option<(&DropoutMask, &mut [u32])>,
+    dropout: Option<(&DropoutMask, &mut [u32])>,
 ) {
     let (len, hd, nk) = (t.len, heads.dim, t.keys);
     let (hw, nk2, d2) = (hd / 2, nk.div_ceil(2), heads.width() / 2);
@@ -648,25 +663,12 @@ unsafe fn forward_pairs(
     // checked by the product.
     unsafe { product_pairs_serial(q, (len, nk, hw), &sc.panels, (p.as_mut_ptr(), nk), scale) };
     softmax_rows(p, nk.max(1));
-    sc.left.resize(len * nk2, 0);
-    sc.row.resize(nk, 0.0);
-    let w = t.row_words();
-    for (i, (row, pairs)) in p
-        .chunks_exact(nk.max(1))
-        .zip(sc.left.chunks_exact_mut(nk2.max(1)))
-        .enumerate()
-    {
-        match &mut dropout {
-            Some((mask, bits)) => {
-                let key = [t.s, t.h, packing.position(t.s, i)];
-                let words = &mut bits[i * w..(i + 1) * w];
-                mask.row_bits(mask.row_key(&key), words);
-                mask.apply_bits_into(words, row, &mut sc.row);
-                round_row(&sc.row, pairs);
-            }
-            None => round_row(row, pairs),
-        }
-    }
+    let drawn = dropout.map(|(mask, bits)| {
+        draw_mask(mask, bits, t, packing);
+        (mask, &*bits)
+    });
+    let used = dropped(drawn, t, p, &mut sc.dropped);
+    round_rows_serial(used, (len, nk), &mut sc.left);
     pack_row_pairs(h.v.0, h.v.1, (nk, hd), &mut sc.panels);
     let used = LeftPairs::Rows {
         words: &sc.left,
@@ -699,18 +701,7 @@ unsafe fn backward_pairs(
     let dk_at = out.kv.at(t.start * out.kv_stride + t.h * hd);
     let dv_at = dk_at.wrapping_add(d);
     // The probabilities the forward multiplied V by.
-    let w = t.row_words();
-    let used: &[f32] = match dropout {
-        Some((m, bits)) => {
-            sc.dropped.resize(len * nk, 0.0);
-            let rows = p.chunks_exact(nk.max(1));
-            for (i, (row, out)) in rows.zip(sc.dropped.chunks_exact_mut(nk.max(1))).enumerate() {
-                m.apply_bits_into(&bits[i * w..(i + 1) * w], row, out);
-            }
-            &sc.dropped
-        }
-        None => p,
-    };
+    let used = dropped(dropout, t, p, &mut sc.dropped);
     // SAFETY (all products): the destinations are the task's own rows and
     // head columns (the caller's contract) or its scratch; the operands'
     // extents are checked by the products.
@@ -743,11 +734,7 @@ unsafe fn backward_pairs(
             1.0,
         )
     };
-    if let Some((m, bits)) = dropout {
-        for (i, row) in sc.dp.chunks_exact_mut(nk.max(1)).enumerate() {
-            m.apply_bits_in_place(&bits[i * w..(i + 1) * w], row);
-        }
-    }
+    drop_in_place(dropout, t, &mut sc.dp);
     sc.ds.resize(len * nk, 0.0);
     softmax_backward(p, &sc.dp, &mut sc.ds, nk.max(1));
     // dQ = scale · dS · K
@@ -776,7 +763,7 @@ unsafe fn backward_pairs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fast::matmul::as_words_mut;
+    use crate::fast::matmul::{as_words_mut, round_row};
     use crate::model::Dropout;
 
     fn val(i: usize, seed: usize) -> f32 {
