@@ -307,6 +307,7 @@ pub fn broadcast_params(group: &dyn ProcessGroup, params: &ParamStore) -> Result
         let mut values = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
         group.broadcast_f32(&mut values)?;
         let t = candle_core::Tensor::from_vec(values, var.shape(), var.device())?;
+        super::optim::weight_written(var.as_tensor());
         var.set(&t)?;
     }
     Ok(())

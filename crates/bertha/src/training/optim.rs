@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::{backprop::GradStore, CpuStorage, DType, InplaceOp1, Layout, Tensor};
+use candle_core::{backprop::GradStore, CpuStorage, DType, InplaceOp1, Layout, Tensor, TensorId};
 use rayon::prelude::*;
 
 use super::params::ParamStore;
@@ -358,13 +358,83 @@ struct Coeffs {
 }
 
 /// torch's AdamW on one parameter's values, in parallel chunks:
-/// `p -= lr·wd·p; p -= (lr / bc1) · m / (sqrt(v)/sqrt(bc2) + eps)`.
-fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Coeffs) {
-    p.par_chunks_mut(NORM_CHUNK)
-        .zip(m.par_chunks_mut(NORM_CHUNK))
-        .zip(v.par_chunks_mut(NORM_CHUNK))
-        .zip(g.par_chunks(NORM_CHUNK))
-        .for_each(|(((p, m), v), g)| update_chunk(p, m, v, g, k));
+/// `p -= lr·wd·p; p -= (lr / bc1) · m / (sqrt(v)/sqrt(bc2) + eps)`. With a
+/// `writer`, chunks are whole blocks of rows (from multiples of 32), each
+/// handed to it as soon as it is written.
+fn update(
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    k: Coeffs,
+    writer: Option<&dyn RowWriter>,
+) {
+    let Some(writer) = writer else {
+        p.par_chunks_mut(NORM_CHUNK)
+            .zip(m.par_chunks_mut(NORM_CHUNK))
+            .zip(v.par_chunks_mut(NORM_CHUNK))
+            .zip(g.par_chunks(NORM_CHUNK))
+            .for_each(|(((p, m), v), g)| update_chunk(p, m, v, g, k));
+        return;
+    };
+    let row = writer.row_len().max(1);
+    let rows = (NORM_CHUNK / row).max(1).next_multiple_of(32);
+    p.par_chunks_mut(rows * row)
+        .zip(m.par_chunks_mut(rows * row))
+        .zip(v.par_chunks_mut(rows * row))
+        .zip(g.par_chunks(rows * row))
+        .enumerate()
+        .for_each(|(i, (((p, m), v), g))| {
+            update_chunk(p, m, v, g, k);
+            writer.rows_written(i * rows, p);
+        });
+}
+
+/// What else an optimizer step writes the weights into, while they are in
+/// cache: the fast path's bf16 panels of its weights
+/// (`fast::train::WeightPacks`), which it would otherwise pack from
+/// memory in the next step.
+pub trait UpdateSink: Sync {
+    /// A writer for `t`'s new values (the write counted `version`, see
+    /// [`weight_written`]), or `None` when the sink keeps nothing of `t`.
+    fn writer<'s>(&'s self, t: &Tensor, version: u64) -> Option<Box<dyn RowWriter + 's>>;
+}
+
+/// Receives one tensor's new values, block of rows by block, from the
+/// optimizer's threads.
+pub trait RowWriter: Sync {
+    /// Values per row (the tensor's last dimension).
+    fn row_len(&self) -> usize;
+
+    /// Rows from `r0` (a multiple of 32) were written: `values`, whole
+    /// rows. Blocks arrive in any order, from any thread, never twice.
+    fn rows_written(&self, r0: usize, values: &[f32]);
+
+    /// Every row was written (and handed over).
+    fn finish(self: Box<Self>);
+}
+
+/// How many times each training weight was written in this process: by
+/// an optimizer step, or replaced whole (a checkpoint's weights loaded,
+/// process 0's broadcast). A copy of a weight stamped with an older count
+/// (see [`UpdateSink`]) is stale. Counted per tensor, so one model's
+/// writes leave another's copies current (tests train several at once).
+static WRITES: std::sync::LazyLock<std::sync::Mutex<HashMap<TensorId, u64>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Records that `t`'s values are about to change; returns its new count
+/// (from 1), which copies made from the new values carry.
+pub fn weight_written(t: &Tensor) -> u64 {
+    let mut writes = WRITES.lock().unwrap_or_else(|e| e.into_inner());
+    let count = writes.entry(t.id()).or_insert(0);
+    *count += 1;
+    *count
+}
+
+/// `t`'s write count now (0: never written; see [`weight_written`]).
+pub fn weight_version(t: &Tensor) -> u64 {
+    let writes = WRITES.lock().unwrap_or_else(|e| e.into_inner());
+    writes.get(&t.id()).copied().unwrap_or(0)
 }
 
 multiversion! {
@@ -427,6 +497,7 @@ struct InPlace<'a> {
     v: std::sync::Mutex<&'a mut [f32]>,
     g: &'a [f32],
     k: Coeffs,
+    writer: Option<&'a dyn RowWriter>,
 }
 
 impl InplaceOp1 for InPlace<'_> {
@@ -441,7 +512,7 @@ impl InplaceOp1 for InPlace<'_> {
         let lock_err = || candle_core::Error::Msg("adamw: moments lock poisoned".into());
         let mut m = self.m.lock().map_err(|_| lock_err())?;
         let mut v = self.v.lock().map_err(|_| lock_err())?;
-        update(&mut data[a..b], &mut m, &mut v, self.g, self.k);
+        update(&mut data[a..b], &mut m, &mut v, self.g, self.k, self.writer);
         Ok(())
     }
 }
@@ -505,6 +576,18 @@ impl AdamW {
     /// gradients read where the accumulator holds them; the weights are
     /// updated in their variables' storage.
     pub fn step(&mut self, params: &ParamStore, acc: GradAccumulator, lr: f64) -> Result<f64> {
+        self.step_with(params, acc, lr, None)
+    }
+
+    /// [`AdamW::step`], handing each updated weight to `sink` as it is
+    /// written.
+    pub fn step_with(
+        &mut self,
+        params: &ParamStore,
+        acc: GradAccumulator,
+        lr: f64,
+        sink: Option<&dyn UpdateSink>,
+    ) -> Result<f64> {
         self.adopt(&acc.layout)?;
         let scale_acc = 1.0 / acc.micro_batches.max(1) as f64;
         let norm = acc.norm(scale_acc).sqrt();
@@ -560,17 +643,23 @@ impl AdamW {
             };
             let (m, v, g) = (&mut self.m[seg.range()], &mut self.v[seg.range()], &*g);
             let tensor = var.as_tensor();
+            let version = weight_written(tensor);
+            let writer = sink.and_then(|s| s.writer(tensor, version));
             if tensor.device().is_cpu() && tensor.dtype() == DType::F32 {
                 tensor.inplace_op1(&InPlace {
                     m: std::sync::Mutex::new(m),
                     v: std::sync::Mutex::new(v),
                     g,
                     k,
+                    writer: writer.as_deref(),
                 })?;
             } else {
                 let mut p = tensor.flatten_all()?.to_vec1::<f32>()?;
-                update(&mut p, m, v, g, k);
+                update(&mut p, m, v, g, k, writer.as_deref());
                 var.set(&Tensor::from_vec(p, tensor.shape(), tensor.device())?)?;
+            }
+            if let Some(writer) = writer {
+                writer.finish();
             }
         }
         Ok(norm)

@@ -193,6 +193,7 @@ impl ParamStore {
                     ),
                 });
             }
+            super::optim::weight_written(var.as_tensor());
             var.set(&t.to_dtype(DType::F32)?)?;
         }
         Ok(())

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use candle_core::{Device, Tensor, D};
 
 use super::distributed::{deals, ProcessGroup};
+use super::optim::UpdateSink;
 use super::run_dir::Fingerprint;
 use super::trainer::{
     target_shares, Chart, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep,
@@ -15,7 +16,7 @@ use super::trainer::{
 };
 use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
-use crate::fast::train::{Compute, MlmBatch, MlmBuffers, MlmHead};
+use crate::fast::train::{Compute, MlmBatch, MlmBuffers, MlmHead, WeightPacks};
 use crate::model::{
     BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, HeadOptions, TaskOutput,
     IGNORE_INDEX,
@@ -85,6 +86,9 @@ pub struct Pretraining {
     compute: Compute,
     /// The fast path's largest buffers, kept from step to step.
     kept: std::sync::Mutex<MlmBuffers>,
+    /// The bf16 panels of the largest weights, which the optimizer writes
+    /// (made at the first bf16 fast step).
+    packs: std::sync::OnceLock<WeightPacks>,
 }
 
 /// What pre-training reads: the packed corpus, its held-out part, how
@@ -182,6 +186,7 @@ impl Pretrainer {
                 pad_id,
                 device: Device::Cpu,
                 kept: Default::default(),
+                packs: Default::default(),
             })
         })
     }
@@ -260,11 +265,17 @@ impl Pretraining {
             Ok(shares) => shares,
             Err(done) => return Ok(done),
         };
-        let head = MlmHead::of(&self.model)?
+        let mut head = MlmHead::of(&self.model)?
             .ok_or_else(|| {
                 Error::Input("internal: the fast path no longer covers the model".into())
             })?
             .with_compute(self.compute);
+        if self.compute == Compute::Bf16 {
+            let packs = self
+                .packs
+                .get_or_init(|| WeightPacks::of(head.packed_weights()));
+            head = head.with_packs(packs);
+        }
         let batch = MlmBatch {
             sequences: ids
                 .iter()
@@ -500,5 +511,9 @@ impl Objective for Pretraining {
 
     fn options_json(&self) -> serde_json::Value {
         serde_json::to_value(&self.opts).unwrap_or_default()
+    }
+
+    fn update_sink(&self) -> Option<&dyn UpdateSink> {
+        self.packs.get().map(|p| p as &dyn UpdateSink)
     }
 }

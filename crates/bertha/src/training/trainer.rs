@@ -23,7 +23,7 @@ use super::distributed::{
     DEFAULT_BUCKET_BYTES,
 };
 use super::log::{rewind_metrics, write_json, EvalMetrics, Event, MetricsFile, StepMetrics};
-use super::optim::{AdamW, AdamWConfig, GradAccumulator};
+use super::optim::{AdamW, AdamWConfig, GradAccumulator, UpdateSink};
 use super::params::ParamStore;
 use super::plan::{EpochOrder, RunLength, TrainPlan, Warmup};
 use super::run_dir::{self, Fingerprint};
@@ -287,6 +287,12 @@ pub trait Objective {
     /// Files written beside every saved model (e.g. `training_args.json`).
     fn write_extras(&self, _dir: &Path) -> Result<()> {
         Ok(())
+    }
+
+    /// What the optimizer also writes the updated weights into (the fast
+    /// path's packed bf16 weights), if anything.
+    fn update_sink(&self) -> Option<&dyn UpdateSink> {
+        None
     }
 }
 
@@ -890,7 +896,7 @@ impl<O: Objective> Trainer<O> {
             0.0
         } else {
             self.optim
-                .step(&self.params, acc, lr)
+                .step_with(&self.params, acc, lr, self.objective.update_sink())
                 .map_err(|e| match e {
                     // The optimiser knows the step, the loop the folder.
                     Error::Diverged {

@@ -889,6 +889,7 @@ fn pack_panels_reusing(b: Right, k: usize, n: usize, panels: &mut Vec<u16>, para
         }
         match b {
             Right::F32(b) => pack_panel(&b, k, c0, cols, panel),
+            Right::Packed(_) => unreachable!("packed panels are not packed again"),
             Right::Pairs(words) => {
                 let row = stride_of(words.len(), k, n, "the right operand's pairs");
                 pack_panel_pairs(words, row, k, c0, cols, panel)
@@ -1273,16 +1274,29 @@ pub fn product_bf16(
     product_bf16_sums((m, n, k), Left::Strided(a), Right::F32(b), c, sums)
 }
 
-/// [`product_bf16`] with the left operand already rounded: `m` rows of
-/// `⌈k / 2⌉` bf16 pairs, as [`product_bf16_act`] writes them.
-pub fn product_bf16_pairs(
+/// [`product_bf16`] with any right operand (a weight's panels packed
+/// already: [`WeightPanels`]).
+pub(crate) fn product_bf16_right(
     (m, n, k): (usize, usize, usize),
-    a: &[u32],
-    b: Strided,
+    a: Strided,
+    b: Right,
     c: &mut [f32],
     sums: Sums,
 ) {
-    product_bf16_sums((m, n, k), Left::Pairs(a), Right::F32(b), c, sums)
+    product_bf16_sums((m, n, k), Left::Strided(a), b, c, sums)
+}
+
+/// [`product_bf16_right`] with the left operand already rounded: `m`
+/// rows of `⌈k / 2⌉` bf16 pairs (padded or not: [`pair_stride`]), as the
+/// tiles store them.
+pub(crate) fn product_bf16_pairs_right(
+    (m, n, k): (usize, usize, usize),
+    a: &[u32],
+    b: Right,
+    c: &mut [f32],
+    sums: Sums,
+) {
+    product_bf16_sums((m, n, k), Left::Pairs(a), b, c, sums)
 }
 
 /// [`product_bf16`] with the left operand the transpose of a matrix
@@ -1402,28 +1416,28 @@ pub(crate) fn product_bf16_new(
     product_bf16_fresh(dims, Left::Strided(a), Right::F32(b), bias)
 }
 
-/// [`product_bf16_pairs`] into a new buffer (sums plus `bias`).
+/// [`product_bf16_pairs_right`] into a new buffer (sums plus `bias`).
 pub(crate) fn product_bf16_pairs_new(
     dims: (usize, usize, usize),
     a: &[u32],
-    b: Strided,
+    b: Right,
     bias: &[f32],
 ) -> Vec<f32> {
-    product_bf16_fresh(dims, Left::Pairs(a), Right::F32(b), Some(bias))
+    product_bf16_fresh(dims, Left::Pairs(a), b, Some(bias))
 }
 
 /// `z = bf16(a)[m, k] · bf16(b)[k, n] + bias` with fp32 sums, stored from
 /// the register tiles as the activation's slopes `act'(z)` `[m, n]` and
 /// `pairs` `[m, ⌈n / 2⌉]` (the words of an fp32 buffer): `act(z)` as bf16
 /// pairs. All the activation's backward reads ([`product_bf16_act_grad`]),
-/// and the next product's rounded input ([`product_bf16_pairs`]), without
+/// and the next product's rounded input ([`product_bf16_pairs_right`]), without
 /// a pass over either between the two products. The bits of computing
 /// `act(z)`, rounding it, and `act'(z)` apart. Both new buffers, written
 /// whole (not zeroed first).
 pub(crate) fn product_bf16_act(
     (m, n, k): (usize, usize, usize),
     a: LeftIn,
-    b: Strided,
+    b: Right,
     (bias, act): (&[f32], Act),
 ) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(bias.len(), n, "product_bf16_act: bias is not [{n}]");
@@ -1437,7 +1451,7 @@ pub(crate) fn product_bf16_act(
         ldp,
     };
     // The slopes are the product's fp32 output.
-    product_bf16_writing((m, n, k), a.left(), Right::F32(b), Some(&mut c), store);
+    product_bf16_writing((m, n, k), a.left(), b, Some(&mut c), store);
     // SAFETY: product_bf16_writing wrote every value of c, its tiles every
     // pair of each row (⌈n / 2⌉ words), padded_pairs the rest.
     unsafe { (c.assume_written(), pairs.assume_written()) }
@@ -1450,7 +1464,7 @@ pub(crate) fn product_bf16_act(
 pub(crate) fn product_bf16_to_pairs_new(
     (m, n, k): (usize, usize, usize),
     a: LeftIn,
-    b: Strided,
+    b: Right,
     bias: &[f32],
 ) -> Vec<f32> {
     assert_eq!(
@@ -1463,7 +1477,7 @@ pub(crate) fn product_bf16_to_pairs_new(
         bias,
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
     };
-    product_bf16_writing((m, n, k), a.left(), Right::F32(b), None, store);
+    product_bf16_writing((m, n, k), a.left(), b, None, store);
     // SAFETY: the tiles wrote every pair of each row (⌈n / 2⌉ words).
     unsafe { pairs.assume_written() }
 }
@@ -1481,7 +1495,7 @@ pub(crate) fn product_bf16_to_pairs_new(
 pub(crate) fn product_bf16_act_grad(
     dims: (usize, usize, usize),
     a: &[u32],
-    b: Strided,
+    b: Right,
     slopes: &[f32],
     dbias: &mut [f32],
 ) -> Vec<f32> {
@@ -1493,7 +1507,7 @@ fn act_grad_on(
     simd: bool,
     (m, n, k): (usize, usize, usize),
     a: &[u32],
-    b: Strided,
+    b: Right,
     slopes: &[f32],
     dbias: &mut [f32],
 ) -> Vec<f32> {
@@ -1510,7 +1524,7 @@ fn act_grad_on(
         ldp: pair_stride(n),
         sums: SharedOut(sums.as_mut_ptr()),
     };
-    product_bf16_writing_on(simd, (m, n, k), Left::Pairs(a), Right::F32(b), None, store);
+    product_bf16_writing_on(simd, (m, n, k), Left::Pairs(a), b, None, store);
     for block in sums.chunks_exact(n.max(1)) {
         dbias.iter_mut().zip(block).for_each(|(d, s)| *d += s);
     }
@@ -1586,6 +1600,126 @@ pub(crate) enum Right<'a> {
     F32(Strided<'a>),
     /// Rows of `⌈n / 2⌉` bf16 pairs, rounded before.
     Pairs(&'a [u32]),
+    /// Packed already ([`PackedBf16`]'s panels: a weight's
+    /// [`WeightPanels`]).
+    Packed(&'a [u16]),
+}
+
+/// A weight `w` `[n, k]` (`nn.Linear`'s `[out, in]`) packed for both
+/// products of a training step that read it: the forward `x · wᵀ` (the
+/// panels of `wᵀ` `[k, n]`) and the input gradient `dy · w` (the panels of
+/// `w` `[n, k]`), the bits [`pack_panels`] makes of each. Written block of
+/// rows by block ([`PanelWriter::pack_rows`]) by the optimizer as it
+/// updates the rows, while they are in cache: packed in the step instead,
+/// every weight was read from memory twice more per step.
+#[derive(Debug)]
+pub(crate) struct WeightPanels {
+    forward: Vec<u16>,
+    backward: Vec<u16>,
+    n: usize,
+    k: usize,
+}
+
+impl WeightPanels {
+    pub fn new(n: usize, k: usize) -> Self {
+        Self {
+            forward: vec![0; n.div_ceil(NR) * k.div_ceil(2) * NR * 2],
+            backward: vec![0; k.div_ceil(NR) * n.div_ceil(2) * NR * 2],
+            n,
+            k,
+        }
+    }
+
+    /// The weight's shape `[n, k]`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The forward product's right operand `wᵀ` `[k, n]`.
+    pub fn forward(&self) -> Right<'_> {
+        Right::Packed(&self.forward)
+    }
+
+    /// The input gradient's right operand `w` `[n, k]`.
+    pub fn backward(&self) -> Right<'_> {
+        Right::Packed(&self.backward)
+    }
+
+    /// A writer of blocks of rows, which threads share.
+    pub fn writer(&mut self) -> PanelWriter<'_> {
+        PanelWriter {
+            forward: self.forward.as_mut_ptr(),
+            backward: self.backward.as_mut_ptr(),
+            n: self.n,
+            k: self.k,
+            _panels: std::marker::PhantomData,
+        }
+    }
+}
+
+/// Packs blocks of a weight's rows into its [`WeightPanels`], from any
+/// thread: each block writes its own forward panels and its own pair rows
+/// of every backward panel.
+pub(crate) struct PanelWriter<'a> {
+    forward: *mut u16,
+    backward: *mut u16,
+    n: usize,
+    k: usize,
+    _panels: std::marker::PhantomData<&'a mut WeightPanels>,
+}
+
+// SAFETY: blocks of rows starting at multiples of NR write disjoint values
+// (pack_rows), and the writer borrows the panels mutably.
+unsafe impl Send for PanelWriter<'_> {}
+unsafe impl Sync for PanelWriter<'_> {}
+
+impl PanelWriter<'_> {
+    /// Packs rows `r0..r0 + rows.len() / k` of the weight, whose values
+    /// `rows` holds. `r0` must be a multiple of [`NR`] (a block starts a
+    /// forward panel and a pair row); blocks packed at once must not
+    /// overlap.
+    pub fn pack_rows(&self, r0: usize, rows: &[f32]) {
+        let (n, k) = (self.n, self.k);
+        let count = rows.len() / k.max(1);
+        assert!(
+            r0.is_multiple_of(NR) && rows.len() == count * k && r0 + count <= n,
+            "pack_rows: rows {r0}..+{count} of a [{n}, {k}] weight from {} values",
+            rows.len()
+        );
+        if count == 0 || k == 0 {
+            return;
+        }
+        // Forward: the panels of these rows' columns of wᵀ.
+        let (k2, wt) = (k.div_ceil(2), Strided::transposed(rows, k));
+        for p in r0 / NR..(r0 + count).div_ceil(NR) {
+            let (c0, cols) = (p * NR - r0, NR.min(r0 + count - p * NR));
+            // SAFETY: panel p lies in the forward panels (p < ⌈n / NR⌉),
+            // written by this block only (its rows are the panel's).
+            let panel = unsafe {
+                std::slice::from_raw_parts_mut(self.forward.add(p * k2 * NR * 2), k2 * NR * 2)
+            };
+            if cols < NR {
+                panel.fill(0);
+            }
+            pack_panel(&wt, k, c0, cols, panel);
+        }
+        // Backward: these rows' pair rows of every panel of w.
+        let (n2, pairs, w) = (n.div_ceil(2), count.div_ceil(2), Strided::rows(rows, k));
+        for q in 0..k.div_ceil(NR) {
+            let (c0, cols) = (q * NR, NR.min(k - q * NR));
+            // SAFETY: pair rows r0 / 2.. of panel q (r0 even), as many as
+            // the block's rows make, lie inside the backward panels and
+            // belong to this block only.
+            let panel = unsafe {
+                let at = (q * n2 + r0 / 2) * NR * 2;
+                std::slice::from_raw_parts_mut(self.backward.add(at), pairs * NR * 2)
+            };
+            if cols < NR {
+                panel.fill(0);
+            }
+            pack_panel(&w, count, c0, cols, panel);
+        }
+    }
 }
 
 /// What a product's tiles store.
@@ -1721,8 +1855,14 @@ unsafe fn product_bf16_into(
     store: Store,
     buffers: &mut ProductBuffers,
 ) {
-    if let Right::F32(b) = b {
-        b.check(k, n, "product_bf16 right operand");
+    match b {
+        Right::F32(b) => b.check(k, n, "product_bf16 right operand"),
+        Right::Packed(p) => assert_eq!(
+            p.len(),
+            n.div_ceil(NR) * k.div_ceil(2) * NR * 2,
+            "product_bf16: the packed right operand is not [{k}, {n}]"
+        ),
+        Right::Pairs(_) => {}
     }
     let (bias, act) = match store {
         Store::Sums(sums) => (sums.bias, None),
@@ -1785,8 +1925,13 @@ unsafe fn product_bf16_into(
             }
         }
     };
-    pack_panels_reusing(b, k, n, panels, parallel);
-    let panels = &panels[..];
+    let panels: &[u16] = match b {
+        Right::Packed(p) => p,
+        _ => {
+            pack_panels_reusing(b, k, n, panels, parallel);
+            panels
+        }
+    };
     let left = |r0: usize| match interleaved {
         // Tiles start at multiples of MR_BF16 (tasks at multiples of
         // ROWS_PER_TASK, a const assertion above), so r0 starts a block.
@@ -1860,6 +2005,10 @@ unsafe fn product_bf16_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
 
     /// The bf16 multiply equals an f64 sum of the bf16-rounded operands
     /// (up to fp32 accumulation) for shapes with partial panels, odd `k`,
@@ -2164,8 +2313,12 @@ mod tests {
             product_bf16((m, n, k), a, b, &mut want, sums);
             let got = product_bf16_new((m, n, k), a, b, Some(&bias));
             assert_eq!(as_words(&got), as_words(&want), "[{m}, {n}, {k}]");
-            let (slopes, pairs) =
-                product_bf16_act((m, n, k), LeftIn::F32(a), b, (&bias, Act::GeluErf));
+            let (slopes, pairs) = product_bf16_act(
+                (m, n, k),
+                LeftIn::F32(a),
+                Right::F32(b),
+                (&bias, Act::GeluErf),
+            );
             let mut raw = vec![0f32; m * n];
             product_bf16((m, n, k), a, b, &mut raw, Sums::default());
             let n2 = n.div_ceil(2);
@@ -2189,13 +2342,13 @@ mod tests {
             // FFN-out's product on those pairs, into a new buffer.
             let w2: Vec<f32> = (0..5 * n).map(|i| val(i + 900)).collect();
             let b2 = Strided::transposed(&w2, n);
-            let y = product_bf16_pairs_new((m, 5, n), &rounded, b2, &[0.5; 5]);
+            let y = product_bf16_pairs_new((m, 5, n), &rounded, Right::F32(b2), &[0.5; 5]);
             let mut want = vec![0f32; m * 5];
             let sums = Sums {
                 bias: Some(&[0.5; 5]),
                 accumulate: false,
             };
-            product_bf16_pairs((m, 5, n), &rounded, b2, &mut want, sums);
+            product_bf16_pairs_right((m, 5, n), &rounded, Right::F32(b2), &mut want, sums);
             assert_eq!(as_words(&y), as_words(&want), "[{m}, 5, {n}] from pairs");
         }
     }
@@ -2351,6 +2504,7 @@ mod tests {
                 let start: Vec<f32> = (0..mid).map(|j| val(j + 9000)).collect();
                 let mut dbias = start.clone();
                 let dims = (m, mid, n);
+                let w2_rows = Right::F32(w2_rows);
                 let got = act_grad_on(simd, dims, &dy_pairs, w2_rows, &slopes, &mut dbias);
                 let got = as_words(&got);
                 assert_eq!(got.len(), m * ldp, "act grad rows, simd {simd}");
@@ -2394,6 +2548,66 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A weight packed block of rows by block (in reverse, as threads may
+    /// finish them) has the panels of packing it whole for both products,
+    /// and products reading them the bits of products packing the fp32
+    /// weight: partial panels, odd widths and row counts, blocks of one
+    /// and of two panels' rows.
+    #[test]
+    fn weight_panels_packed_by_rows_equal_packing_whole() {
+        let val = |i: usize| ((i as f32) * 0.711).sin();
+        for (n, k, block) in [
+            (70, 33, NR),
+            (64, 512, NR),
+            (31, 7, NR),
+            (1, 1, NR),
+            (97, 64, 2 * NR),
+        ] {
+            let w: Vec<f32> = (0..n * k).map(val).collect();
+            let mut panels = WeightPanels::new(n, k);
+            let writer = panels.writer();
+            for r0 in (0..n).step_by(block).rev() {
+                let r1 = (r0 + block).min(n);
+                writer.pack_rows(r0, &w[r0 * k..r1 * k]);
+            }
+            let (Right::Packed(fwd), Right::Packed(bwd)) = (panels.forward(), panels.backward())
+            else {
+                unreachable!("weight panels are packed operands")
+            };
+            assert_eq!(
+                fwd,
+                &pack_panels(Strided::transposed(&w, k), k, n)[..],
+                "[{n}, {k}]"
+            );
+            assert_eq!(
+                bwd,
+                &pack_panels(Strided::rows(&w, k), n, k)[..],
+                "[{n}, {k}]ᵀ"
+            );
+            let m = 13;
+            let x: Vec<f32> = (0..m * k).map(|i| val(i + 400)).collect();
+            let dy: Vec<f32> = (0..m * n).map(|i| val(i + 900)).collect();
+            let mut buffers = ProductBuffers::default();
+            let mut product = |a: Strided, b: Right, (m, n, k)| {
+                let mut c = vec![0f32; m * n];
+                let (a, none) = (Left::Strided(a), Store::Sums(Sums::default()));
+                product_bf16_on(features().bf16, (m, n, k), a, b, &mut c, none, &mut buffers);
+                bits(&c)
+            };
+            let (x_rows, dy_rows) = (Strided::rows(&x, k), Strided::rows(&dy, n));
+            assert_eq!(
+                product(x_rows, panels.forward(), (m, n, k)),
+                product(x_rows, Right::F32(Strided::transposed(&w, k)), (m, n, k)),
+                "x · wᵀ, [{n}, {k}]"
+            );
+            assert_eq!(
+                product(dy_rows, panels.backward(), (m, k, n)),
+                product(dy_rows, Right::F32(Strided::rows(&w, k)), (m, k, n)),
+                "dy · w, [{n}, {k}]"
+            );
         }
     }
 

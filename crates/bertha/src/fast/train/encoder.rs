@@ -15,9 +15,14 @@
 //! its keys and values on every row and everything else (queries,
 //! attention output, FFN, LayerNorms) on those rows alone.
 
+use std::sync::RwLockReadGuard;
+
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 use super::attention::{self, Heads, Packing, Qkv, QkvGrad};
+use super::packs::WeightPacks;
+use super::products::Weight;
 use super::products::{self, Compute};
 use super::rows::{Rows, Selection};
 use super::Param;
@@ -25,7 +30,7 @@ use crate::config::NormPosition;
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
-use crate::fast::matmul::{as_words, as_words_mut};
+use crate::fast::matmul::{as_words, as_words_mut, WeightPanels};
 use crate::model::ops::{
     bias_act_backward, bias_act_forward, column_sums, grad_to_pairs, layer_norm_backward,
 };
@@ -37,6 +42,9 @@ pub(crate) struct Linear<'a> {
     pub b: Param<'a>,
     /// The number format of its products.
     pub compute: Compute,
+    /// The weight's bf16 panels, when the optimizer made them from its
+    /// current values (held for the step: [`WeightPacks`]).
+    panels: Option<RwLockReadGuard<'a, WeightPanels>>,
 }
 
 impl<'a> Linear<'a> {
@@ -46,6 +54,15 @@ impl<'a> Linear<'a> {
             w,
             b,
             compute: Compute::F32,
+            panels: None,
+        }
+    }
+
+    /// The weight as its bf16 products read it (its panels when packed).
+    pub fn weight(&self) -> Weight<'_> {
+        Weight {
+            data: &self.w.data,
+            panels: self.panels.as_deref(),
         }
     }
 
@@ -391,6 +408,29 @@ impl<'a> Encoder<'a> {
         }
     }
 
+    /// The linear weights whose bf16 panels the optimizer can keep
+    /// ([`WeightPacks`]): each layer's attention output and FFN (Q, K and
+    /// V are multiplied stacked, from a copy).
+    pub fn packed_weights(&self) -> Vec<&'a Tensor> {
+        let packed = |l: &Layer<'a>| {
+            [
+                l.attn_out.w.tensor(),
+                l.ffn_in.w.tensor(),
+                l.ffn_out.w.tensor(),
+            ]
+        };
+        self.layers.iter().flat_map(packed).collect()
+    }
+
+    /// Reads the packed weights' panels from `packs` where current.
+    pub fn use_packs(&mut self, packs: &'a WeightPacks) {
+        for l in &mut self.layers {
+            for lin in [&mut l.attn_out, &mut l.ffn_in, &mut l.ffn_out] {
+                lin.panels = packs.current(lin.w.tensor());
+            }
+        }
+    }
+
     /// The last hidden states of the packed `sequences` (`(ids, token
     /// types)`), and the tape of the pass. With `train`, dropout draws its
     /// masks in the order the candle modules do, so both drop the same
@@ -592,7 +632,7 @@ impl<'a> Encoder<'a> {
             match (pairs, input) {
                 (true, _) => products::forward_to_pairs_bf16(input, w, b, rows),
                 (false, products::Input::Pairs(p)) => {
-                    products::forward_pairs_bf16(p, d, w, b, rows)
+                    products::forward_pairs_bf16(p, d, w.into(), b, rows)
                 }
                 (false, products::Input::F32(x)) => self.compute.forward_new(x, w, b, rows),
             }
@@ -636,7 +676,7 @@ impl<'a> Encoder<'a> {
         );
         t.s1 = match pairs {
             true => {
-                let (w, b) = (&layer.attn_out.w.data, &layer.attn_out.b.data);
+                let (w, b) = (layer.attn_out.weight(), &layer.attn_out.b.data);
                 products::forward_pairs_bf16(as_words(&t.ctx), d, w, b, m)
             }
             false => layer.attn_out.forward_new(&t.ctx, m),
@@ -697,8 +737,9 @@ impl<'a> Encoder<'a> {
                     Some(p) => products::Input::Pairs(as_words(p)),
                     None => products::Input::F32(&t.ffn_x),
                 };
+                let w_in = layer.ffn_in.weight();
                 let (f, g) = products::forward_act_bf16(input, w_in, (b_in, self.act), m);
-                let (w_out, b_out) = (&layer.ffn_out.w.data, &layer.ffn_out.b.data);
+                let (w_out, b_out) = (layer.ffn_out.weight(), &layer.ffn_out.b.data);
                 let o = products::forward_pairs_bf16(as_words(&g), inter, w_out, b_out, m);
                 (t.f, t.g) = (f, g);
                 o
@@ -883,7 +924,7 @@ fn layer_backward(
             products::weight_grad_both_pairs_bf16((words, d), (g, inter), &mut ffn_out.w.grad, m);
             // The activation's input gradient feeds only FFN-in's two
             // products (and its bias gradient, summed by the tiles).
-            let (w, dbias) = (&ffn_out.w.data, &mut ffn_in.b.grad);
+            let (w, dbias) = (ffn_out.weight(), &mut ffn_in.b.grad);
             df_words = products::input_grad_act_to_pairs_bf16((words, d), w, &t.f, dbias, m);
             recycle(dz);
         }
@@ -902,7 +943,8 @@ fn layer_backward(
         Compute::Bf16 => {
             let (df, ffn_in) = (as_words(&df_words), &mut layer.ffn_in);
             products::weight_grad_pairs_bf16(df, inter, &t.ffn_x, &mut ffn_in.w.grad, m);
-            products::input_grad_pairs_bf16((df, inter), &ffn_in.w.data, &mut dffn_x, m, false);
+            let w = ffn_in.weight();
+            products::input_grad_weight_pairs_bf16((df, inter), w, &mut dffn_x, m, false);
         }
     }
     recycle(dg);
@@ -941,16 +983,17 @@ fn layer_backward(
         Compute::Bf16 => {
             let attn_out = &mut layer.attn_out;
             let da = output_grad_pairs(&ds1, t.masks[1].as_ref(), rows, &mut attn_out.b.grad);
-            let (words, w) = (as_words(&da), &attn_out.w.data);
+            let words = as_words(&da);
             if pairs {
                 // The context and its gradient as pairs (see attention).
                 let ctx = (as_words(&t.ctx), d);
                 products::weight_grad_both_pairs_bf16((words, d), ctx, &mut attn_out.w.grad, m);
-                dctx = products::input_grad_to_pairs_bf16((words, d), w, m);
+                dctx = products::input_grad_to_pairs_bf16((words, d), attn_out.weight(), m);
             } else {
                 products::weight_grad_pairs_bf16(words, d, &t.ctx, &mut attn_out.w.grad, m);
                 dctx = scratch(m * d);
-                products::input_grad_pairs_bf16((words, d), w, &mut dctx, m, false);
+                let w = attn_out.weight();
+                products::input_grad_weight_pairs_bf16((words, d), w, &mut dctx, m, false);
             }
             recycle(da);
             match packing.queries {

@@ -2,11 +2,12 @@
 //! only (+ next-sentence prediction on the pooled `[CLS]` rows).
 
 use candle_core::backprop::GradStore;
+use candle_core::Tensor;
 
 use super::encoder::{Encoder, Linear, Norm};
 use super::losses::{cross_entropy, cross_entropy_to_pairs};
-use super::products::Compute;
-use super::products::{input_grad_pairs_bf16, weight_grad_pairs_bf16};
+use super::packs::WeightPacks;
+use super::products::{input_grad_weight_pairs_bf16, weight_grad_pairs_bf16, Compute, Weight};
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, recycle, scratch, zeros, StepBuffers};
@@ -83,6 +84,8 @@ pub struct MlmHead<'a> {
     /// Pooler and `seq_relationship` (with NSP).
     nsp: Option<(Linear<'a>, Linear<'a>)>,
     compute: Compute,
+    /// The weights' bf16 panels the optimizer made (see [`WeightPacks`]).
+    packs: Option<&'a WeightPacks>,
 }
 
 pub(super) fn linear<'a>(dense: &'a Dense, what: &str) -> Result<Linear<'a>> {
@@ -137,7 +140,25 @@ impl<'a> MlmHead<'a> {
             encoder,
             nsp,
             compute: Compute::F32,
+            packs: None,
         }))
+    }
+
+    /// The weights whose bf16 panels the optimizer can keep for the steps
+    /// ([`WeightPacks`]): the decoder's matrix (the word embeddings when
+    /// tied, the largest) and the encoder's ([`Encoder::packed_weights`]).
+    pub fn packed_weights(&self) -> Vec<&'a Tensor> {
+        let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
+        let mut weights = vec![decoder.tensor()];
+        weights.extend(self.encoder.packed_weights());
+        weights
+    }
+
+    /// Reads the weights' panels from `packs` where they are current.
+    pub fn with_packs(mut self, packs: &'a WeightPacks) -> Self {
+        self.packs = Some(packs);
+        self.encoder.use_packs(packs);
+        self
     }
 
     /// Runs the encoder's and the MLM head's linear products in `compute`
@@ -243,14 +264,19 @@ impl<'a> MlmHead<'a> {
             let mut z = scratch(masked * width);
             self.transform_norm.forward(&u, &mut z);
             let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
+            // Packed by the optimizer (bf16 only): held for both products.
+            let panels = match self.compute {
+                Compute::Bf16 => self.packs.and_then(|p| p.current(decoder.tensor())),
+                Compute::F32 => None,
+            };
+            let decoder_weight = Weight {
+                data: &decoder.data,
+                panels: panels.as_deref(),
+            };
             let mut logits = MlmBuffers::take(&mut kept.logits, masked * vocab);
-            self.compute.forward(
-                &z,
-                &decoder.data,
-                Some(&self.decoder_bias.data),
-                &mut logits,
-                masked,
-            );
+            let bias = Some(&self.decoder_bias.data[..]);
+            self.compute
+                .forward_weight(&z, decoder_weight, bias, &mut logits, masked);
             let weight = (weights[0] / masked as f64) as f32;
             let mut dz = scratch(masked * width);
             // Backward: logits turn into their gradient in place (and, for
@@ -275,7 +301,8 @@ impl<'a> MlmHead<'a> {
                     let bias_grad = &mut self.decoder_bias.grad;
                     let ce =
                         cross_entropy_to_pairs(&logits, vocab, &targets, weight, pairs, bias_grad);
-                    input_grad_pairs_bf16((pairs, vocab), &decoder.data, &mut dz, masked, false);
+                    let w = decoder_weight;
+                    input_grad_weight_pairs_bf16((pairs, vocab), w, &mut dz, masked, false);
                     let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
                     weight_grad_pairs_bf16(pairs, vocab, &z, &mut decoder.grad, masked);
                     kept.pairs = words;

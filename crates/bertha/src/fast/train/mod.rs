@@ -17,6 +17,7 @@ mod encoder;
 mod heads;
 mod losses;
 mod mlm;
+mod packs;
 mod products;
 mod rows;
 
@@ -28,6 +29,7 @@ use crate::fast::buffers;
 
 pub use heads::{FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
 pub use mlm::{MlmBatch, MlmBuffers, MlmHead, MlmOutcome};
+pub use packs::WeightPacks;
 pub use products::Compute;
 
 /// One parameter: its variable, its values this step and its gradient.
@@ -49,6 +51,11 @@ impl<'a> Param<'a> {
             grad: buffers::zeros(data.len()),
             data,
         })
+    }
+
+    /// Its variable.
+    pub fn tensor(&self) -> &'a Tensor {
+        self.tensor
     }
 
     /// Whether `t` is this parameter's variable (a tied weight).

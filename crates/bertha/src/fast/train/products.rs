@@ -9,8 +9,9 @@ use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
     product_bf16, product_bf16_act, product_bf16_act_grad, product_bf16_both_pairs,
-    product_bf16_new, product_bf16_pairs, product_bf16_pairs_new, product_bf16_to_pairs_new,
-    product_bf16_transposed_pairs, LeftIn, Strided, Sums,
+    product_bf16_new, product_bf16_pairs_new, product_bf16_pairs_right, product_bf16_right,
+    product_bf16_to_pairs_new, product_bf16_transposed_pairs, LeftIn, Right, Strided, Sums,
+    WeightPanels,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -40,6 +41,39 @@ impl std::str::FromStr for Compute {
     }
 }
 
+/// A linear layer's weight `[n, k]`: its values, and its bf16 panels when
+/// the optimizer packed them ([`super::WeightPacks`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Weight<'a> {
+    pub data: &'a [f32],
+    pub panels: Option<&'a WeightPanels>,
+}
+
+impl<'a> From<&'a [f32]> for Weight<'a> {
+    /// A weight not packed: each product packs it.
+    fn from(data: &'a [f32]) -> Self {
+        Self { data, panels: None }
+    }
+}
+
+impl<'a> Weight<'a> {
+    /// The forward product's right operand `wᵀ` `[k, n]`.
+    fn forward(self, k: usize) -> Right<'a> {
+        match self.panels {
+            Some(p) => p.forward(),
+            None => Right::F32(Strided::transposed(self.data, k)),
+        }
+    }
+
+    /// The input gradient's right operand `w` `[n, k]`.
+    fn backward(self, k: usize) -> Right<'a> {
+        match self.panels {
+            Some(p) => p.backward(),
+            None => Right::F32(Strided::rows(self.data, k)),
+        }
+    }
+}
+
 impl Compute {
     /// What this CPU runs: bf16 needs AVX512-BF16, else fp32 with a
     /// warning.
@@ -53,18 +87,29 @@ impl Compute {
 
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`.
     pub fn forward(self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32], m: usize) {
+        self.forward_weight(x, w.into(), bias, y, m)
+    }
+
+    /// [`Compute::forward`] of a [`Weight`] (its panels when packed).
+    pub(crate) fn forward_weight(
+        self,
+        x: &[f32],
+        w: Weight,
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        m: usize,
+    ) {
         if self == Self::F32 {
-            return forward(x, w, bias, y, m);
+            return forward(x, w.data, bias, y, m);
         }
         let n = bias.map_or_else(|| y.len() / m.max(1), <[f32]>::len);
         let k = x.len() / m.max(1);
-        check("linear weight", w, n, k);
-        let (a, b) = (Strided::rows(x, k), Strided::transposed(w, k));
+        check("linear weight", w.data, n, k);
         let sums = Sums {
             bias,
             accumulate: false,
         };
-        product_bf16((m, n, k), a, b, y, sums);
+        product_bf16_right((m, n, k), Strided::rows(x, k), w.forward(k), y, sums);
     }
 
     /// [`Compute::forward`] with a bias into a new buffer `[m, n]`: in bf16
@@ -124,14 +169,13 @@ const ACCUMULATE: Sums<'static> = Sums {
 /// written whole by the tiles (not zeroed first).
 pub(crate) fn forward_act_bf16(
     x: Input,
-    w: &[f32],
+    w: Weight,
     (bias, act): (&[f32], Act),
     m: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    let (n, k) = (bias.len(), w.len() / bias.len().max(1));
-    check("linear weight", w, n, k);
-    let b = Strided::transposed(w, k);
-    product_bf16_act((m, n, k), x.left(m, k), b, (bias, act))
+    let (n, k) = (bias.len(), w.data.len() / bias.len().max(1));
+    check("linear weight", w.data, n, k);
+    product_bf16_act((m, n, k), x.left(m, k), w.forward(k), (bias, act))
 }
 
 /// A forward product's input rows `[m, k]`: fp32, or the bf16 pairs
@@ -168,7 +212,7 @@ impl<'a> Input<'a> {
 pub(crate) fn forward_to_pairs_bf16(x: Input, w: &[f32], bias: &[f32], m: usize) -> Vec<f32> {
     let (n, k) = (bias.len(), w.len() / bias.len().max(1));
     check("linear weight", w, n, k);
-    let b = Strided::transposed(w, k);
+    let b = Right::F32(Strided::transposed(w, k));
     product_bf16_to_pairs_new((m, n, k), x.left(m, k), b, bias)
 }
 
@@ -178,13 +222,13 @@ pub(crate) fn forward_to_pairs_bf16(x: Input, w: &[f32], bias: &[f32], m: usize)
 pub(crate) fn forward_pairs_bf16(
     pairs: &[u32],
     k: usize,
-    w: &[f32],
+    w: Weight,
     bias: &[f32],
     m: usize,
 ) -> Vec<f32> {
     let n = bias.len();
-    check("linear weight", w, n, k);
-    product_bf16_pairs_new((m, n, k), pairs, Strided::transposed(w, k), bias)
+    check("linear weight", w.data, n, k);
+    product_bf16_pairs_new((m, n, k), pairs, w.forward(k), bias)
 }
 
 /// `dx[m, k] (+)= dy · w[n, k]` in bf16 products, for `dy` given as `m`
@@ -196,13 +240,24 @@ pub(crate) fn input_grad_pairs_bf16(
     m: usize,
     accumulate: bool,
 ) {
+    input_grad_weight_pairs_bf16((dy, n), w.into(), dx, m, accumulate)
+}
+
+/// [`input_grad_pairs_bf16`] of a [`Weight`] (its panels when packed).
+pub(crate) fn input_grad_weight_pairs_bf16(
+    (dy, n): (&[u32], usize),
+    w: Weight,
+    dx: &mut [f32],
+    m: usize,
+    accumulate: bool,
+) {
     let k = dx.len() / m.max(1);
-    check("linear weight", w, n, k);
+    check("linear weight", w.data, n, k);
     let sums = Sums {
         bias: None,
         accumulate,
     };
-    product_bf16_pairs((m, k, n), dy, Strided::rows(w, k), dx, sums);
+    product_bf16_pairs_right((m, k, n), dy, w.backward(k), dx, sums);
 }
 
 /// The input gradient of an activation whose output feeds a linear layer
@@ -214,15 +269,15 @@ pub(crate) fn input_grad_pairs_bf16(
 /// the activation's output gradient exists only in the tiles' registers.
 pub(crate) fn input_grad_act_to_pairs_bf16(
     (dy, n): (&[u32], usize),
-    w: &[f32],
+    w: Weight,
     slopes: &[f32],
     dbias: &mut [f32],
     m: usize,
 ) -> Vec<f32> {
     let k = dbias.len();
-    check("linear weight", w, n, k);
+    check("linear weight", w.data, n, k);
     check("activation slopes", slopes, m, k);
-    product_bf16_act_grad((m, k, n), dy, Strided::rows(w, k), slopes, dbias)
+    product_bf16_act_grad((m, k, n), dy, w.backward(k), slopes, dbias)
 }
 
 /// `dw[n, k] += dyᵀ · x[m, k]` in bf16 products, for `dy` given as `m`
@@ -237,11 +292,11 @@ pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [
 /// 2⌉` bf16 pairs, stored only as bf16 pairs `[m, ⌈k / 2⌉]` in a new
 /// buffer (the words of fp32 storage, written whole by the tiles):
 /// attention's context gradient, which only attention's products read.
-pub(crate) fn input_grad_to_pairs_bf16((dy, n): (&[u32], usize), w: &[f32], m: usize) -> Vec<f32> {
-    let k = w.len() / n.max(1);
-    check("linear weight", w, n, k);
+pub(crate) fn input_grad_to_pairs_bf16((dy, n): (&[u32], usize), w: Weight, m: usize) -> Vec<f32> {
+    let k = w.data.len() / n.max(1);
+    check("linear weight", w.data, n, k);
     let no_bias = vec![0f32; k];
-    product_bf16_to_pairs_new((m, k, n), LeftIn::Pairs(dy), Strided::rows(w, k), &no_bias)
+    product_bf16_to_pairs_new((m, k, n), LeftIn::Pairs(dy), w.backward(k), &no_bias)
 }
 
 /// `dw[n, k] += dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
