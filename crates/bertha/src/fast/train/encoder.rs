@@ -944,7 +944,7 @@ fn layer_backward(
             let (df, ffn_in) = (as_words(&df_words), &mut layer.ffn_in);
             products::weight_grad_pairs_bf16(df, inter, &t.ffn_x, &mut ffn_in.w.grad, m);
             let w = ffn_in.weight();
-            products::input_grad_weight_pairs_bf16((df, inter), w, &mut dffn_x, m, false);
+            products::input_grad_pairs_bf16((df, inter), w, &mut dffn_x, m, false);
         }
     }
     recycle(dg);
@@ -993,7 +993,7 @@ fn layer_backward(
                 products::weight_grad_pairs_bf16(words, d, &t.ctx, &mut attn_out.w.grad, m);
                 dctx = scratch(m * d);
                 let w = attn_out.weight();
-                products::input_grad_weight_pairs_bf16((words, d), w, &mut dctx, m, false);
+                products::input_grad_pairs_bf16((words, d), w, &mut dctx, m, false);
             }
             recycle(da);
             match packing.queries {
@@ -1121,7 +1121,7 @@ fn linear_backward(
             grad_to_pairs(dy, as_words_mut(&mut words), db, |_, _| {});
             let pairs = as_words(&words);
             products::weight_grad_pairs_bf16(pairs, n, x, dw, m);
-            products::input_grad_pairs_bf16((pairs, n), w, dx, m, accumulate);
+            products::input_grad_pairs_bf16((pairs, n), w.into(), dx, m, accumulate);
             recycle(words);
         }
     }

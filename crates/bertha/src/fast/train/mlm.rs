@@ -7,7 +7,7 @@ use candle_core::Tensor;
 use super::encoder::{Encoder, Linear, Norm};
 use super::losses::{cross_entropy, cross_entropy_to_pairs};
 use super::packs::WeightPacks;
-use super::products::{input_grad_weight_pairs_bf16, weight_grad_pairs_bf16, Compute, Weight};
+use super::products::{input_grad_pairs_bf16, weight_grad_pairs_bf16, Compute, Weight};
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, recycle, scratch, zeros, StepBuffers};
@@ -302,7 +302,7 @@ impl<'a> MlmHead<'a> {
                     let ce =
                         cross_entropy_to_pairs(&logits, vocab, &targets, weight, pairs, bias_grad);
                     let w = decoder_weight;
-                    input_grad_weight_pairs_bf16((pairs, vocab), w, &mut dz, masked, false);
+                    input_grad_pairs_bf16((pairs, vocab), w, &mut dz, masked, false);
                     let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
                     weight_grad_pairs_bf16(pairs, vocab, &z, &mut decoder.grad, masked);
                     kept.pairs = words;

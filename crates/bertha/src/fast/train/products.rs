@@ -232,19 +232,9 @@ pub(crate) fn forward_pairs_bf16(
 }
 
 /// `dx[m, k] (+)= dy · w[n, k]` in bf16 products, for `dy` given as `m`
-/// rows of `⌈n / 2⌉` bf16 pairs (rounded where it was made).
+/// rows of `⌈n / 2⌉` bf16 pairs (rounded where it was made), `w` read
+/// from its panels when packed.
 pub(crate) fn input_grad_pairs_bf16(
-    (dy, n): (&[u32], usize),
-    w: &[f32],
-    dx: &mut [f32],
-    m: usize,
-    accumulate: bool,
-) {
-    input_grad_weight_pairs_bf16((dy, n), w.into(), dx, m, accumulate)
-}
-
-/// [`input_grad_pairs_bf16`] of a [`Weight`] (its panels when packed).
-pub(crate) fn input_grad_weight_pairs_bf16(
     (dy, n): (&[u32], usize),
     w: Weight,
     dx: &mut [f32],
