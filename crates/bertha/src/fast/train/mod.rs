@@ -29,7 +29,7 @@ use crate::fast::buffers;
 
 pub use heads::{FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
 pub use mlm::{MlmBatch, MlmBuffers, MlmHead, MlmOutcome};
-pub use packs::WeightPacks;
+pub(crate) use packs::WeightPacks;
 pub use products::Compute;
 
 /// One parameter: its variable, its values this step and its gradient.
