@@ -460,17 +460,32 @@ fn losses(trainer: &mut Pretrainer) -> Vec<StepMetrics> {
     out
 }
 
+/// A run resumed from its step-3 checkpoint repeats the uninterrupted one
+/// bit for bit: MLM and MLM + NSP, in fp32 and in bf16 (where the straight
+/// run's steps 2.. read the weights' bf16 panels the optimizer packed, and
+/// the resumed run's first step packs them itself).
 #[test]
 fn resumed_run_repeats_the_uninterrupted_one() {
+    use bertha::fast::train::Compute;
     let corpus = fixtures().join("corpus-wiki-slice.txt");
-    for nsp in [false, true] {
+    // bf16 where the CPU has it (else it would train in fp32 again).
+    let mut precisions = vec![Compute::F32, Compute::Bf16.on_this_cpu()];
+    precisions.dedup();
+    for (nsp, precision) in [false, true]
+        .into_iter()
+        .flat_map(|nsp| precisions.iter().map(move |&p| (nsp, p)))
+    {
         let tmp = tempfile::tempdir().unwrap();
+        let with = |mut o: PretrainOptions| {
+            o.train.precision = precision;
+            o
+        };
         let straight = losses(&mut trainer(
             &corpus,
-            options(&tmp.path().join("a"), 6, nsp),
+            with(options(&tmp.path().join("a"), 6, nsp)),
             48,
         ));
-        let mut first = options(&tmp.path().join("b"), 6, nsp);
+        let mut first = with(options(&tmp.path().join("b"), 6, nsp));
         first.train.save_every = Some(3);
         // Stop after 3 of 6 steps: a run whose checkpoint-3 is written and
         // whose steps 4..6 are then thrown away.
@@ -491,7 +506,7 @@ fn resumed_run_repeats_the_uninterrupted_one() {
         let key = |m: &StepMetrics| (m.step, m.loss, m.figures["mlm_accuracy"], m.grad_norm, m.lr);
         let joined: Vec<_> = before.iter().chain(&after).map(key).collect();
         let want: Vec<_> = straight.iter().map(key).collect();
-        assert_eq!(joined, want, "nsp {nsp}");
+        assert_eq!(joined, want, "nsp {nsp}, {precision:?}");
         if nsp {
             assert!(straight.iter().all(|m| m.figures.contains_key("nsp_loss")));
         }
@@ -508,7 +523,7 @@ fn resumed_run_repeats_the_uninterrupted_one() {
                 .unwrap()
                 .to_scalar::<f32>()
                 .unwrap();
-            assert_eq!(d, 0.0, "{name}");
+            assert_eq!(d, 0.0, "{name}, {precision:?}");
         }
     }
 }
