@@ -872,16 +872,25 @@ fn pack_panels(b: Strided, k: usize, n: usize) -> Vec<u16> {
     panels
 }
 
-/// [`pack_panels`] into the first `⌈n / NR⌉ · ⌈k / 2⌉ · NR · 2` values of
+/// Values in the panels of a `[k, n]` right operand ([`PackedBf16`]'s
+/// layout): `⌈n / NR⌉` panels of `⌈k / 2⌉` pair rows.
+fn panels_len(k: usize, n: usize) -> usize {
+    n.div_ceil(NR) * k.div_ceil(2) * NR * 2
+}
+
+/// [`pack_panels`] into the first [`panels_len`] values of
 /// `panels`, grown when short and otherwise not cleared: the packing
 /// writes every value but a partial last panel's padding columns, which
 /// are zeroed here.
 fn pack_panels_reusing(b: Right, k: usize, n: usize, panels: &mut Vec<u16>, parallel: bool) {
-    let k2 = k.div_ceil(2);
-    let len = n.div_ceil(NR) * k2 * NR * 2;
+    let (k2, len) = (k.div_ceil(2), panels_len(k, n));
     if panels.len() < len {
         panels.resize(len, 0);
     }
+    let row = match b {
+        Right::Pairs(words) => stride_of(words.len(), k, n, "the right operand's pairs"),
+        _ => 0,
+    };
     let pack = |(p, panel): (usize, &mut [u16])| {
         let (c0, cols) = (p * NR, NR.min(n - p * NR));
         if cols < NR {
@@ -890,10 +899,7 @@ fn pack_panels_reusing(b: Right, k: usize, n: usize, panels: &mut Vec<u16>, para
         match b {
             Right::F32(b) => pack_panel(&b, k, c0, cols, panel),
             Right::Packed(_) => unreachable!("packed panels are not packed again"),
-            Right::Pairs(words) => {
-                let row = stride_of(words.len(), k, n, "the right operand's pairs");
-                pack_panel_pairs(words, row, k, c0, cols, panel)
-            }
+            Right::Pairs(words) => pack_panel_pairs(words, row, k, c0, cols, panel),
         }
     };
     each_chunk(
@@ -1623,8 +1629,8 @@ pub(crate) struct WeightPanels {
 impl WeightPanels {
     pub fn new(n: usize, k: usize) -> Self {
         Self {
-            forward: vec![0; n.div_ceil(NR) * k.div_ceil(2) * NR * 2],
-            backward: vec![0; k.div_ceil(NR) * n.div_ceil(2) * NR * 2],
+            forward: vec![0; panels_len(k, n)],
+            backward: vec![0; panels_len(n, k)],
             n,
             k,
         }
@@ -1859,7 +1865,7 @@ unsafe fn product_bf16_into(
         Right::F32(b) => b.check(k, n, "product_bf16 right operand"),
         Right::Packed(p) => assert_eq!(
             p.len(),
-            n.div_ceil(NR) * k.div_ceil(2) * NR * 2,
+            panels_len(k, n),
             "product_bf16: the packed right operand is not [{k}, {n}]"
         ),
         Right::Pairs(_) => {}
