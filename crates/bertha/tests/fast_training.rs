@@ -265,14 +265,28 @@ fn dropout_steps_equal_the_candle_path_in_both_norm_placements() {
                 (got_loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
                 "{what}: loss {got_loss} vs candle {want_loss}"
             );
-            // Without the same masks the losses would differ by far more.
+            // Without the same masks the gradients would differ by far
+            // more than the tolerance. (Not the loss: on these randomly
+            // initialised weights, 0.02 apart, the logits are nearly 0 and
+            // the loss nearly ln(vocab) whatever the masks; it once moved
+            // by less than 1e-3.)
             seed_dropout(100, 0);
             let other = MlmHead::of(&model)
                 .unwrap()
                 .unwrap()
                 .step(&rows.batch(), [1.0, 1.0], true)
                 .unwrap();
-            assert!((other.mlm_loss + other.nsp_loss - want_loss).abs() > 1e-3);
+            let apart = vars(&varmap)
+                .values()
+                .filter_map(|var| {
+                    let g = other.gradients.get(var.as_tensor())?;
+                    Some(rel_diff(g, want.get(var.as_tensor())?).0)
+                })
+                .fold(0f32, f32::max);
+            assert!(
+                apart > 1e-2,
+                "{what}: another dropout seed moved no gradient ({apart:e} relative)"
+            );
             let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
             assert!(checked >= 30, "{what}: only {checked} gradients compared");
         }
