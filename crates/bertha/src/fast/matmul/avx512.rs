@@ -1,7 +1,7 @@
 //! The AVX-512 micro-kernels of [`super`]: fp32 tiles and int8 VNNI
 //! products, and the activation quantizer, in registers.
 
-use super::bf16::{PairsIn, Source, TileOut};
+use super::bf16::{Blocks, PairsIn, Source, TileOut};
 use super::{group_quads, GroupQuant, I8Tile, NR};
 
 /// How far ahead (panel rows: 128 bytes each, in both kernels) the
@@ -60,19 +60,31 @@ macro_rules! store_tile {
 /// is stored there too: the activation's slope, all its backward needs,
 /// and the next multiply's rounded input from one tile.
 macro_rules! store_pairs {
-    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr, $slopes:expr) => {{
+    ($acc:ident, $c:expr, $ldc:expr, $bias:expr, $act:expr, $slopes:expr, $panel:expr) => {{
         let (c, ldc, bias, act): (*mut u32, usize, &[f32], Option<Act>) = ($c, $ldc, $bias, $act);
         let slopes: Option<(*mut f32, usize)> = $slopes;
+        let panel: Option<*mut u32> = $panel;
         let (m0, m1) = masks(bias.len());
         let bias0 = _mm512_maskz_loadu_ps(m0, bias.as_ptr());
         let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
         let pairs = bias.len().div_ceil(2);
         let mask: __mmask16 = if pairs >= 16 { u16::MAX } else { (1u16 << pairs) - 1 };
+        // The even row's values until the odd one comes (the panel's
+        // words pair them), 0 past the columns.
+        let columns: __mmask32 = if bias.len() >= 32 { u32::MAX } else { (1u32 << bias.len()) - 1 };
+        let mut even = _mm512_setzero_si512();
         assert!($acc.len() <= 12, "store_pairs! stores at most 12 rows");
-        store_pairs!(@rows $acc, c, ldc, bias0, bias1, m0, m1, mask, act, slopes; 0 1 2 3 4 5 6 7 8 9 10 11);
+        store_pairs!(@rows $acc, c, ldc, bias0, bias1, m0, m1, mask, act, slopes, panel, columns, even;
+            0 1 2 3 4 5 6 7 8 9 10 11);
+        if let Some(panel) = panel {
+            if $acc.len() % 2 == 1 {
+                // An odd last row pairs with a row of zeros.
+                store_panel_pair(panel.add($acc.len() / 2 * NR), even, _mm512_setzero_si512());
+            }
+        }
     }};
     (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $m0:ident, $m1:ident,
-     $mask:ident, $act:ident, $slopes:ident; $($r:literal)*) => {
+     $mask:ident, $act:ident, $slopes:ident, $panel:ident, $columns:ident, $even:ident; $($r:literal)*) => {
         $(
             if let Some(acc) = $acc.get($r) {
                 let (mut v0, mut v1) = (_mm512_add_ps(acc[0], $b0), _mm512_add_ps(acc[1], $b1));
@@ -89,9 +101,72 @@ macro_rules! store_pairs {
                 }
                 let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(v1, v0));
                 _mm512_mask_storeu_epi32($c.add($r * $ldc) as *mut i32, $mask, packed);
+                if let Some(panel) = $panel {
+                    let packed = _mm512_maskz_mov_epi16($columns, packed);
+                    if $r % 2 == 0 {
+                        $even = packed;
+                    } else {
+                        store_panel_pair(panel.add($r / 2 * NR), $even, packed);
+                    }
+                }
             }
         )*
     };
+}
+
+/// Two rows' 32 bf16 values (`even` row `2i`, `odd` row `2i + 1`) as 32
+/// words, word `j` column `j` of both rows (the even row's in the low
+/// half): columns 0..16, then 16..32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pair_words(even: __m512i, odd: __m512i) -> [__m512i; 2] {
+    static LOW: [u16; 32] = [
+        0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12,
+        44, 13, 45, 14, 46, 15, 47,
+    ];
+    static HIGH: [u16; 32] = [
+        16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27,
+        59, 28, 60, 29, 61, 30, 62, 31, 63,
+    ];
+    let low = _mm512_loadu_si512(LOW.as_ptr() as *const __m512i);
+    let high = _mm512_loadu_si512(HIGH.as_ptr() as *const __m512i);
+    [
+        _mm512_permutex2var_epi16(even, low, odd),
+        _mm512_permutex2var_epi16(even, high, odd),
+    ]
+}
+
+/// Two rows' values ([`pair_words`]) as pair row `i` of a right operand's
+/// panel at `dst` (32 words), the layout `pack_panels` makes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn store_panel_pair(dst: *mut u32, even: __m512i, odd: __m512i) {
+    let [w0, w1] = pair_words(even, odd);
+    _mm512_storeu_si512(dst as *mut __m512i, w0);
+    _mm512_storeu_si512(dst.add(16) as *mut __m512i, w1);
+}
+
+/// Two rows' values ([`pair_words`]), their first `cols` columns, as the
+/// tile's pair of rows `i` of the transposed blocks (each run of columns
+/// inside one block of `MR_BF16` by a masked store; a lane masked off
+/// neither writes nor faults).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn store_blocks_pair(blocks: Blocks, i: usize, cols: usize, even: __m512i, odd: __m512i) {
+    const B: usize = crate::fast::matmul::BF16_TILE_ROWS;
+    for (v, words) in pair_words(even, odd).into_iter().enumerate() {
+        let (first, lanes) = (16 * v, cols.saturating_sub(16 * v).min(16));
+        let mut l = 0;
+        while l < lanes {
+            let j = blocks.c0 + first + l;
+            let run = (B - j % B).min(lanes - l);
+            let mask = (((1u32 << run) - 1) << l) as __mmask16;
+            // Lane l lands on column j's word.
+            let dst = blocks.word(i, first + l).wrapping_sub(l) as *mut i32;
+            _mm512_mask_storeu_epi32(dst, mask, words);
+            l += run;
+        }
+    }
 }
 
 /// Stores `R` rows × `cols.len()` (≤ 32) columns of an activation's input
@@ -102,22 +177,30 @@ macro_rules! store_pairs {
 /// share of the task). The bits of storing the sums, multiplying and
 /// rounding apart.
 macro_rules! store_act_grad {
-    ($acc:ident, $slopes:expr, $lds:expr, $c:expr, $ldc:expr, $sums:expr, $cols:expr) => {{
+    ($acc:ident, $slopes:expr, $lds:expr, $c:expr, $ldc:expr, $sums:expr, $cols:expr, $blocks:expr) => {{
         let (slopes, lds, c, ldc, sums, cols): (*const f32, usize, *mut u32, usize, *mut f32, usize) =
             ($slopes, $lds, $c, $ldc, $sums, $cols);
+        let blocks: Blocks = $blocks;
         let (m0, m1) = masks(cols);
         let pairs = cols.div_ceil(2);
         let mask: __mmask16 = if pairs >= 16 { u16::MAX } else { (1u16 << pairs) - 1 };
         let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        // The even row's values until the odd one comes.
+        let mut even = _mm512_setzero_si512();
         assert!($acc.len() <= 12, "store_act_grad! stores at most 12 rows");
-        store_act_grad!(@rows $acc, slopes, lds, c, ldc, m0, m1, mask, s0, s1;
+        store_act_grad!(@rows $acc, slopes, lds, c, ldc, m0, m1, mask, s0, s1, blocks, cols, even;
             0 1 2 3 4 5 6 7 8 9 10 11);
+        if $acc.len() % 2 == 1 {
+            // An odd last row pairs with a row of zeros.
+            store_blocks_pair(blocks, $acc.len() / 2, cols, even, _mm512_setzero_si512());
+        }
         _mm512_mask_storeu_ps(sums, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, sums), s0));
         let sums1 = sums.wrapping_add(16);
         _mm512_mask_storeu_ps(sums1, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, sums1), s1));
     }};
     (@rows $acc:ident, $slopes:ident, $lds:ident, $c:ident, $ldc:ident,
-     $m0:ident, $m1:ident, $mask:ident, $s0:ident, $s1:ident; $($r:literal)*) => {
+     $m0:ident, $m1:ident, $mask:ident, $s0:ident, $s1:ident, $blocks:ident, $cols:ident,
+     $even:ident; $($r:literal)*) => {
         $(
             if let Some(acc) = $acc.get($r) {
                 let row = $slopes.add($r * $lds);
@@ -128,6 +211,11 @@ macro_rules! store_act_grad {
                 $s1 = _mm512_add_ps($s1, d1);
                 let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(d1, d0));
                 _mm512_mask_storeu_epi32($c.add($r * $ldc) as *mut i32, $mask, packed);
+                if $r % 2 == 0 {
+                    $even = packed;
+                } else {
+                    store_blocks_pair($blocks, $r / 2, $cols, $even, packed);
+                }
             }
         )*
     };
@@ -485,21 +573,23 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     }
     match out {
         TileOut::F32 { c, ldc, accumulate } => store_tile!(acc, c, ldc, bias, act, accumulate),
-        TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act, None),
+        TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act, None, None),
         TileOut::Both {
             slopes,
             lds,
             pairs,
             ldp,
             act,
-        } => store_pairs!(acc, pairs, ldp, bias, Some(act), Some((slopes, lds))),
+            panel,
+        } => store_pairs!(acc, pairs, ldp, bias, Some(act), Some((slopes, lds)), panel),
         TileOut::ActGrad {
             slopes,
             lds,
             pairs,
             ldp,
             sums,
-        } => store_act_grad!(acc, slopes, lds, pairs, ldp, sums, bias.len()),
+            blocks,
+        } => store_act_grad!(acc, slopes, lds, pairs, ldp, sums, bias.len(), blocks),
     }
 }
 

@@ -275,25 +275,55 @@ pub(super) enum TileOut {
     Pairs { c: *mut u32, ldc: usize },
     /// An activation's input: `act(sums + bias)` as pairs at `pairs`
     /// (rows `ldp` pairs apart), and its slope `act'(sums + bias)` as fp32
-    /// rows at `slopes` (`lds` apart), all the activation's backward reads.
+    /// rows at `slopes` (`lds` apart), all the activation's backward reads;
+    /// with `panel`, `act(sums + bias)` once more as a right operand's
+    /// panel rows (`NR` words per pair of rows, the tile's first at
+    /// `panel`): the next layer's weight gradient `dyᵀ · act(…)` reads it
+    /// so, unpacked.
     Both {
         slopes: *mut f32,
         lds: usize,
         pairs: *mut u32,
         ldp: usize,
         act: Act,
+        panel: Option<*mut u32>,
     },
     /// The sums are an activation's output gradient: its input gradient
     /// `sums · slope` (the slopes [`TileOut::Both`] stored, rows `lds`
     /// apart) as pairs at `pairs` (rows `ldp` pairs apart), its column sums
-    /// added into `sums` (the tile's columns).
+    /// added into `sums` (the tile's columns); and once more as the
+    /// transpose's interleaved blocks ([`Blocks`]) that the weight
+    /// gradient `dzᵀ · x` reads as its left operand.
     ActGrad {
         slopes: *const f32,
         lds: usize,
         pairs: *mut u32,
         ldp: usize,
         sums: *mut f32,
+        blocks: Blocks,
     },
+}
+
+/// Where a tile stores its sums transposed, as [`interleave_rows`] lays
+/// out a transposed left operand: column `j` of the tile's pair of rows
+/// `i` (the even row in the low half) at word `(j / MR_BF16) · stride + i
+/// · MR_BF16 + j % MR_BF16` from `at` (`at` already at the tile's first
+/// pair of rows; `stride` = `MR_BF16` × the pairs of rows in all), for the
+/// tile's columns `c0..` (its panel's).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Blocks {
+    pub at: *mut u32,
+    pub stride: usize,
+    pub c0: usize,
+}
+
+impl Blocks {
+    /// Column `j`'s word of the tile's pair of rows `i`.
+    pub(super) fn word(self, i: usize, j: usize) -> *mut u32 {
+        let j = self.c0 + j;
+        self.at
+            .wrapping_add(j / MR_BF16 * self.stride + i * MR_BF16 + j % MR_BF16)
+    }
 }
 
 /// A tile's left operand: pair `i` of row `r` at `ptr[r · row + i · pair]`.
@@ -464,10 +494,25 @@ unsafe fn tile(
                 pairs,
                 ldp,
                 act,
+                panel,
             } => {
                 let slopes = Some(slopes.wrapping_add(r * lds));
+                let to = pairs.wrapping_add(r * ldp);
                 // SAFETY: row r < mr of the caller's tile.
-                unsafe { store_pairs_row(sums, bias, Some(act), (pairs.add(r * ldp), slopes)) };
+                unsafe { store_pairs_row(sums, bias, Some(act), (to, slopes)) };
+                if let Some(panel) = panel {
+                    // SAFETY: the tile's pair rows of its panel (NR words
+                    // each) are the caller's; the row's pairs were just
+                    // written.
+                    unsafe {
+                        let halves = std::slice::from_raw_parts(to.cast::<u16>(), bias.len());
+                        store_panel_half(panel.add(r / 2 * NR), r % 2, halves);
+                        if r % 2 == 0 && r + 1 == mr {
+                            // An odd last row pairs with a row of zeros.
+                            store_panel_half(panel.add(r / 2 * NR), 1, &[]);
+                        }
+                    }
+                }
             }
             TileOut::ActGrad {
                 slopes,
@@ -475,6 +520,7 @@ unsafe fn tile(
                 pairs,
                 ldp,
                 sums: column_sums,
+                blocks,
             } => {
                 // SAFETY: row r < mr of the caller's tile: bias.len()
                 // slopes, as many column sums, their pairs.
@@ -490,6 +536,20 @@ unsafe fn tile(
                     *t += *s;
                 }
                 round_row_on(false, sums, to);
+                // The row's halves once more, transposed (an odd last row
+                // pairs with zeros).
+                let halves = || to.iter().flat_map(|w| [*w as u16, (w >> 16) as u16]);
+                for (j, h) in halves().take(bias.len()).enumerate() {
+                    // SAFETY: the tile's words of the blocks are the
+                    // caller's; half r % 2 of a u32 is a u16.
+                    unsafe {
+                        let word = blocks.word(r / 2, j).cast::<u16>();
+                        *word.add(r % 2) = h;
+                        if r % 2 == 0 && r + 1 == mr {
+                            *word.add(1) = 0;
+                        }
+                    }
+                }
                 if r + 1 == mr {
                     column_sums
                         .iter_mut()
@@ -498,6 +558,19 @@ unsafe fn tile(
                 }
             }
         }
+    }
+}
+
+/// Half `half` (0: the even row's) of a panel's pair row at `row` (`NR`
+/// words): `values`, then zeros to `NR` columns.
+///
+/// # Safety
+/// `row` must address `NR` words no one else reads or writes meanwhile.
+unsafe fn store_panel_half(row: *mut u32, half: usize, values: &[u16]) {
+    // SAFETY: the caller's contract; the words' halves are u16s.
+    let row = unsafe { std::slice::from_raw_parts_mut(row.cast::<u16>(), NR * 2) };
+    for (j, word) in row.chunks_exact_mut(2).enumerate() {
+        word[half] = values.get(j).copied().unwrap_or(0);
     }
 }
 
@@ -1066,6 +1139,13 @@ fn pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mu
     }
 }
 
+/// fp32 storage holding bf16 values (panels) seen as them.
+pub(crate) fn as_halves(x: &[f32]) -> &[u16] {
+    // SAFETY: two u16 fill an f32's bytes, u16's alignment is smaller, and
+    // every bit pattern is a u16.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len() * 2) }
+}
+
 /// bf16 pairs seen as the f32 bit patterns [`super::transpose16`] moves.
 pub(crate) fn as_f32(x: &[u32]) -> &[f32] {
     // SAFETY: u32 and f32 have one size and alignment, and every bit
@@ -1438,29 +1518,88 @@ pub(crate) fn product_bf16_pairs_new(
 /// pairs. All the activation's backward reads ([`product_bf16_act_grad`]),
 /// and the next product's rounded input ([`product_bf16_pairs_right`]), without
 /// a pass over either between the two products. The bits of computing
-/// `act(z)`, rounding it, and `act'(z)` apart. Both new buffers, written
-/// whole (not zeroed first).
+/// `act(z)`, rounding it, and `act'(z)` apart. And `act(z)` once more as
+/// the panels of a right operand `[m, n]` (`panels_len(m, n) / 2` words
+/// of an fp32 buffer, the bits `pack_panels` makes of the pairs): the
+/// next product's weight gradient reads them unpacked
+/// ([`product_bf16_transposed_pairs_packed`]). The three new buffers,
+/// written whole (not zeroed first).
 pub(crate) fn product_bf16_act(
+    dims: (usize, usize, usize),
+    a: LeftIn,
+    b: Right,
+    (bias, act): (&[f32], Act),
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    product_bf16_act_on(features().bf16, dims, a, b, (bias, act))
+}
+
+/// [`product_bf16_act`] on AVX512-BF16 or the scalar loop (`simd`).
+fn product_bf16_act_on(
+    simd: bool,
     (m, n, k): (usize, usize, usize),
     a: LeftIn,
     b: Right,
     (bias, act): (&[f32], Act),
-) -> (Vec<f32>, Vec<f32>) {
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     assert_eq!(bias.len(), n, "product_bf16_act: bias is not [{n}]");
     let mut c = Unwritten::new(m * n);
     let ldp = pair_stride(n);
     let mut pairs = padded_pairs(m, n);
+    let mut panels = Unwritten::new(panels_len(m, n) / 2);
     let store = Store::Both {
         bias,
         act,
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
         ldp,
+        panels: SharedPairs(panels.as_mut_ptr().cast()),
     };
     // The slopes are the product's fp32 output.
-    product_bf16_writing((m, n, k), a.left(), b, Some(&mut c), store);
+    product_bf16_writing_on(simd, (m, n, k), a.left(), b, Some(&mut c), store);
     // SAFETY: product_bf16_writing wrote every value of c, its tiles every
-    // pair of each row (⌈n / 2⌉ words), padded_pairs the rest.
-    unsafe { (c.assume_written(), pairs.assume_written()) }
+    // pair of each row (⌈n / 2⌉ words), padded_pairs the rest, and every
+    // pair row of every panel (each tile its rows' pairs, all NR columns,
+    // an odd last row's partner zeros).
+    unsafe {
+        (
+            c.assume_written(),
+            pairs.assume_written(),
+            panels.assume_written(),
+        )
+    }
+}
+
+/// `c[m, n] (+)= bf16(a) · bf16(b)`, `a` `[m, k]` given as the
+/// interleaved transpose [`product_bf16_act_grad`] stores (the words of
+/// fp32 storage) and `b` as fp32 rows: a weight gradient `dzᵀ · x` whose
+/// `dz` the product that made it stored so.
+pub(crate) fn product_bf16_interleaved(
+    (m, n, k): (usize, usize, usize),
+    a: &[u32],
+    b: Strided,
+    c: &mut [f32],
+    sums: Sums,
+) {
+    product_bf16_sums((m, n, k), Left::Interleaved(a), Right::F32(b), c, sums)
+}
+
+/// `c[m, n] += bf16(a)ᵀ · b`, `a` given as `k` rows of `⌈m / 2⌉` bf16
+/// pairs and `b` `[k, n]` as its panels (`panels_len(k, n)` halves, as
+/// [`product_bf16_act`] stores them): a weight gradient whose input was
+/// stored as panels by the product that made it.
+pub(crate) fn product_bf16_transposed_pairs_packed(
+    (m, n, k): (usize, usize, usize),
+    a: &[u32],
+    b: &[u16],
+    c: &mut [f32],
+    sums: Sums,
+) {
+    product_bf16_sums(
+        (m, n, k),
+        Left::TransposedPairs(a),
+        Right::Packed(b),
+        c,
+        sums,
+    )
 }
 
 /// `bf16(a)[m, k] · bf16(b)[k, n] + bias` as bf16 pairs only, `[m, ⌈n /
@@ -1497,14 +1636,16 @@ pub(crate) fn product_bf16_to_pairs_new(
 /// The pairs are the bits of the stored product times the slopes,
 /// rounded; the column sums are added tile by tile, task by
 /// task (rows of [`super::ROWS_PER_TASK`]), then over the tasks in row
-/// order: fixed by the shapes, not the threads.
+/// order: fixed by the shapes, not the threads. Beside the pairs, their
+/// transpose as the weight gradient `dzᵀ · x` reads it, interleaved
+/// ([`product_bf16_interleaved`]'s left operand), from the same tiles.
 pub(crate) fn product_bf16_act_grad(
     dims: (usize, usize, usize),
     a: &[u32],
     b: Right,
     slopes: &[f32],
     dbias: &mut [f32],
-) -> Vec<f32> {
+) -> (Vec<f32>, Vec<f32>) {
     act_grad_on(features().bf16, dims, a, b, slopes, dbias)
 }
 
@@ -1516,19 +1657,21 @@ fn act_grad_on(
     b: Right,
     slopes: &[f32],
     dbias: &mut [f32],
-) -> Vec<f32> {
+) -> (Vec<f32>, Vec<f32>) {
     assert!(
         slopes.len() == m * n && dbias.len() == n,
         "product_bf16_act_grad: the slopes or the bias gradient are not [{m}, {n}], [{n}]"
     );
-    let blocks = m.div_ceil(super::ROWS_PER_TASK);
-    let mut sums = crate::fast::buffers::zeros(blocks * n);
+    let tasks = m.div_ceil(super::ROWS_PER_TASK);
+    let mut sums = crate::fast::buffers::zeros(tasks * n);
     let mut pairs = padded_pairs(m, n);
+    let mut blocks = transposed_blocks(n, m);
     let store = Store::ActGrad {
         slopes: SharedIn(slopes.as_ptr()),
         pairs: SharedPairs(pairs.as_mut_ptr().cast()),
         ldp: pair_stride(n),
         sums: SharedOut(sums.as_mut_ptr()),
+        blocks: SharedPairs(blocks.as_mut_ptr().cast()),
     };
     product_bf16_writing_on(simd, (m, n, k), Left::Pairs(a), b, None, store);
     for block in sums.chunks_exact(n.max(1)) {
@@ -1536,8 +1679,31 @@ fn act_grad_on(
     }
     crate::fast::buffers::recycle(sums);
     // SAFETY: the tiles wrote every pair of each row (⌈n / 2⌉ words),
-    // padded_pairs the rest.
-    unsafe { pairs.assume_written() }
+    // padded_pairs the rest; and every word of the blocks' n rows (each
+    // tile its columns of its pairs of rows, an odd last row's partner
+    // zeros), transposed_blocks those past them.
+    unsafe { (pairs.assume_written(), blocks.assume_written()) }
+}
+
+/// A new buffer for the transpose of a `[k, m]` matrix as the interleaved
+/// blocks of a left operand `[m, k]` ([`Blocks`]): `⌈m / MR_BF16⌉` blocks
+/// of `⌈k / 2⌉` steps of `MR_BF16` words, the words of the last block's
+/// rows past `m` zeroed (no tile reads them; whoever writes the others
+/// leaves them).
+fn transposed_blocks(m: usize, k: usize) -> Unwritten {
+    let (k2, full) = (k.div_ceil(2), m / MR_BF16);
+    let mut blocks = Unwritten::new(m.div_ceil(MR_BF16) * MR_BF16 * k2);
+    if !m.is_multiple_of(MR_BF16) {
+        let words: *mut u32 = blocks.as_mut_ptr().cast();
+        for i in 0..k2 {
+            // SAFETY: the last block's step i lies inside the buffer.
+            let step = unsafe {
+                std::slice::from_raw_parts_mut(words.add((full * k2 + i) * MR_BF16), MR_BF16)
+            };
+            step[m % MR_BF16..].fill(0);
+        }
+    }
+    blocks
 }
 
 /// A new buffer of `m` rows of `n` values as bf16 pairs, [`pair_stride`]
@@ -1597,6 +1763,9 @@ enum Left<'a> {
     Pairs(&'a [u32]),
     /// The transpose of `k` rows of `⌈m / 2⌉` bf16 pairs.
     TransposedPairs(&'a [u32]),
+    /// A transpose interleaved already, as [`interleave_rows`] lays it out
+    /// (`⌈m / MR_BF16⌉ · MR_BF16 · ⌈k / 2⌉` words).
+    Interleaved(&'a [u32]),
 }
 
 /// A product's right operand `[k, n]`.
@@ -1734,12 +1903,14 @@ enum Store<'a> {
     /// The sums, as [`Sums`] says.
     Sums(Sums<'a>),
     /// `act'(sums + bias)` as the fp32 output and `act(sums + bias)` as
-    /// bf16 pairs ([`TileOut::Both`]), `⌈n / 2⌉` per row.
+    /// bf16 pairs ([`TileOut::Both`]), `⌈n / 2⌉` per row, and as the
+    /// panels of a right operand `[m, n]` (`panels_len(m, n) / 2` words).
     Both {
         bias: &'a [f32],
         act: Act,
         pairs: SharedPairs,
         ldp: usize,
+        panels: SharedPairs,
     },
     /// Only `sums + bias` as bf16 pairs ([`TileOut::Pairs`]), `⌈n / 2⌉`
     /// per row: a product whose every use is another product's operand.
@@ -1754,6 +1925,9 @@ enum Store<'a> {
         pairs: SharedPairs,
         ldp: usize,
         sums: SharedOut,
+        /// The input gradient transposed, as [`Blocks`] (`⌈n / MR_BF16⌉`
+        /// blocks of `MR_BF16 · ⌈m / 2⌉` words).
+        blocks: SharedPairs,
     },
 }
 
@@ -1885,6 +2059,11 @@ unsafe fn product_bf16_into(
     let a_stride = match a {
         Left::Pairs(p) => stride_of(p.len(), m, k, "the left operand's pairs"),
         Left::TransposedPairs(p) => stride_of(p.len(), k, m, "the left operand's pairs"),
+        Left::Interleaved(p) => {
+            let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
+            assert_eq!(p.len(), len, "product_bf16: the interleaved left operand");
+            k2
+        }
         Left::Strided(_) => k2,
     };
     if let Right::Pairs(p) = b {
@@ -1900,10 +2079,10 @@ unsafe fn product_bf16_into(
     let interleaved = match a {
         Left::Strided(a) => a.cs != 1 && a.rs == 1,
         Left::Pairs(_) => false,
-        Left::TransposedPairs(_) => true,
+        Left::TransposedPairs(_) | Left::Interleaved(_) => true,
     };
     let pairs: &[u32] = match a {
-        Left::Pairs(p) => p,
+        Left::Pairs(p) | Left::Interleaved(p) => p,
         Left::TransposedPairs(p) => {
             let src = Source::Pairs {
                 data: p,
@@ -1973,6 +2152,7 @@ unsafe fn product_bf16_into(
                     pairs: to,
                     ldp,
                     act,
+                    panels,
                     ..
                 } => TileOut::Both {
                     slopes: c,
@@ -1980,6 +2160,9 @@ unsafe fn product_bf16_into(
                     pairs: to.at(r0 * ldp + p * NR / 2),
                     ldp,
                     act,
+                    // Panel p's pair rows, m.div_ceil(2) of NR words; r0 is
+                    // even (a multiple of MR_BF16).
+                    panel: Some(panels.at((p * m.div_ceil(2) + r0 / 2) * NR)),
                 },
                 Store::Pairs { pairs: to, .. } => TileOut::Pairs {
                     c: to.at(r0 * n2 + p * NR / 2),
@@ -1990,12 +2173,19 @@ unsafe fn product_bf16_into(
                     pairs: to,
                     ldp,
                     sums,
+                    blocks,
                 } => TileOut::ActGrad {
                     slopes: slopes.at(r0 * n + p * NR),
                     lds: n,
                     pairs: to.at(r0 * ldp + p * NR / 2),
                     ldp,
                     sums: sums.at(block * n + p * NR),
+                    // r0 is even (a multiple of MR_BF16).
+                    blocks: Blocks {
+                        at: blocks.at(r0 / 2 * MR_BF16),
+                        stride: MR_BF16 * m.div_ceil(2),
+                        c0: p * NR,
+                    },
                 },
             };
             unsafe { tile(simd, a, k2, mr, panel, bias, act, dest) };
@@ -2319,12 +2509,13 @@ mod tests {
             product_bf16((m, n, k), a, b, &mut want, sums);
             let got = product_bf16_new((m, n, k), a, b, Some(&bias));
             assert_eq!(as_words(&got), as_words(&want), "[{m}, {n}, {k}]");
-            let (slopes, pairs) = product_bf16_act(
+            let (slopes, pairs, panels) = product_bf16_act(
                 (m, n, k),
                 LeftIn::F32(a),
                 Right::F32(b),
                 (&bias, Act::GeluErf),
             );
+            assert_eq!(panels.len() * 2, panels_len(m, n), "[{m}, {n}, {k}] panels");
             let mut raw = vec![0f32; m * n];
             product_bf16((m, n, k), a, b, &mut raw, Sums::default());
             let n2 = n.div_ceil(2);
@@ -2445,11 +2636,14 @@ mod tests {
                 // no product may read them.
                 let (mid2, ldp) = (mid.div_ceil(2), pair_stride(mid));
                 let (mut f, mut pairs) = (vec![f32::NAN; m * mid], vec![u32::MAX; m * ldp]);
+                // Garbage where the tiles must write every word.
+                let mut panels = vec![u16::MAX; panels_len(m, mid)];
                 let store = Store::Both {
                     bias: &b1,
                     act: Act::GeluErf,
                     pairs: SharedPairs(pairs.as_mut_ptr()),
                     ldp,
+                    panels: SharedPairs(panels.as_mut_ptr().cast()),
                 };
                 run(
                     Left::Strided(Strided::rows(&x, k)),
@@ -2511,7 +2705,8 @@ mod tests {
                 let mut dbias = start.clone();
                 let dims = (m, mid, n);
                 let w2_rows = Right::F32(w2_rows);
-                let got = act_grad_on(simd, dims, &dy_pairs, w2_rows, &slopes, &mut dbias);
+                let (got, blocks) =
+                    act_grad_on(simd, dims, &dy_pairs, w2_rows, &slopes, &mut dbias);
                 let got = as_words(&got);
                 assert_eq!(got.len(), m * ldp, "act grad rows, simd {simd}");
                 assert_eq!(dense(got), want_pairs, "act grad, simd {simd}");
@@ -2527,16 +2722,56 @@ mod tests {
                     bits(&c)
                 };
                 let dy_t = Left::TransposedPairs(&dy_pairs);
+                let want_dw = products(dy_t, Right::Pairs(&g_pairs), (n, mid, m));
                 assert_eq!(
                     products(dy_t, Right::Pairs(&pairs), (n, mid, m)),
-                    products(dy_t, Right::Pairs(&g_pairs), (n, mid, m)),
+                    want_dw,
                     "FFN-out weight gradient, simd {simd}"
                 );
+                // The tiles' panels of g are those packing its pairs
+                // makes (an odd m's last pair row half zeros, a partial
+                // last panel's columns zeros), and the weight gradient
+                // reading them unpacked has the same bits.
+                let mut packed = Vec::new();
+                pack_panels_reusing(Right::Pairs(&g_pairs), m, mid, &mut packed, false);
+                assert!(panels == packed, "g's panels, [{m}] -> {mid}, simd {simd}");
+                assert_eq!(
+                    products(dy_t, Right::Packed(&panels), (n, mid, m)),
+                    want_dw,
+                    "FFN-out weight gradient from the panels, simd {simd}"
+                );
                 let x_rows = Right::F32(Strided::rows(&x, k));
+                let want_dw = products(Left::TransposedPairs(&want_pairs), x_rows, (mid, k, m));
                 assert_eq!(
                     products(Left::TransposedPairs(got), x_rows, (mid, k, m)),
-                    products(Left::TransposedPairs(&want_pairs), x_rows, (mid, k, m)),
+                    want_dw,
                     "FFN-in weight gradient, simd {simd}"
+                );
+                // The tiles' transpose of dz is what interleaving its
+                // pairs makes (an odd m's last step's high halves zeros),
+                // and the weight gradient reading it has the same bits.
+                let mut interleaved = Vec::new();
+                let src = Source::Pairs {
+                    data: &want_pairs,
+                    row: mid2,
+                };
+                interleave_rows(src, m, mid, &mut interleaved, false);
+                let blocks = as_words(&blocks);
+                let m2 = m.div_ceil(2);
+                assert_eq!(blocks.len(), mid.div_ceil(MR_BF16) * MR_BF16 * m2);
+                for (b, (got, want)) in blocks
+                    .chunks_exact(MR_BF16)
+                    .zip(interleaved.chunks_exact(MR_BF16))
+                    .enumerate()
+                {
+                    // The last block's rows past mid are padding.
+                    let rows = (mid - b / m2 * MR_BF16).min(MR_BF16);
+                    assert_eq!(got[..rows], want[..rows], "dz's transpose, simd {simd}");
+                }
+                assert_eq!(
+                    products(Left::Interleaved(blocks), x_rows, (mid, k, m)),
+                    want_dw,
+                    "FFN-in weight gradient from the transpose, simd {simd}"
                 );
                 let w1_rows = Right::F32(Strided::rows(&w1, k));
                 assert_eq!(

@@ -27,12 +27,13 @@
 mod bf16;
 
 pub(crate) use bf16::{
-    as_f32, as_f32_mut, as_words, as_words_mut, interleave_transposed, pack_panels_into,
+    as_f32, as_f32_mut, as_halves, as_words, as_words_mut, interleave_transposed, pack_panels_into,
     pack_row_pairs, pack_transposed_pairs, product_bf16_act, product_bf16_act_grad,
-    product_bf16_both_pairs, product_bf16_new, product_bf16_pairs_new, product_bf16_pairs_right,
-    product_bf16_right, product_bf16_serial, product_bf16_to_pairs_new, product_pairs_serial,
-    product_pairs_serial_to_pairs, round_row, round_rows_serial, tile_bf16, LeftIn, LeftPairs,
-    PanelWriter, Right, WeightPanels, BF16_TILE_ROWS,
+    product_bf16_both_pairs, product_bf16_interleaved, product_bf16_new, product_bf16_pairs_new,
+    product_bf16_pairs_right, product_bf16_right, product_bf16_serial, product_bf16_to_pairs_new,
+    product_bf16_transposed_pairs_packed, product_pairs_serial, product_pairs_serial_to_pairs,
+    round_row, round_rows_serial, tile_bf16, LeftIn, LeftPairs, PanelWriter, Right, WeightPanels,
+    BF16_TILE_ROWS,
 };
 pub use bf16::{product_bf16, product_bf16_transposed_pairs, PackedBf16, Strided, Sums};
 

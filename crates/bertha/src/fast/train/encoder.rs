@@ -225,9 +225,9 @@ struct LayerTape {
     /// fp32: the FFN expansion before bias and activation; bf16: the
     /// activation's slopes `act'(f + b)` there, all its backward reads.
     f: Vec<f32>,
-    /// bf16: the activation's output as FFN-out's rounded input (bf16
-    /// pairs in fp32-sized words), kept for FFN-out's weight gradient
-    /// (fp32 recomputes it from `f`).
+    /// bf16: the activation's output as FFN-out's weight gradient reads
+    /// it (a right operand's bf16 panels in fp32-sized words, stored by
+    /// FFN-in's tiles); fp32 recomputes it from `f`.
     g: Vec<f32>,
     /// Post-LN: FFN output + residual, the output LayerNorm's input.
     s2: Vec<f32>,
@@ -738,10 +738,11 @@ impl<'a> Encoder<'a> {
                     None => products::Input::F32(&t.ffn_x),
                 };
                 let w_in = layer.ffn_in.weight();
-                let (f, g) = products::forward_act_bf16(input, w_in, (b_in, self.act), m);
+                let (f, g, g_panels) = products::forward_act_bf16(input, w_in, (b_in, self.act), m);
                 let (w_out, b_out) = (layer.ffn_out.weight(), &layer.ffn_out.b.data);
                 let o = products::forward_pairs_bf16(as_words(&g), inter, w_out, b_out, m);
-                (t.f, t.g) = (f, g);
+                recycle(g);
+                (t.f, t.g) = (f, g_panels);
                 o
             }
         };
@@ -899,7 +900,7 @@ fn layer_backward(
     // FFN-out's backward ends at the activation's input gradient: in fp32
     // through the activation's output gradient `dg`; in bf16 as the FFN-in
     // products' pairs, made by the tiles of FFN-out's input gradient.
-    let (mut dg, mut df_words) = (Vec::new(), Vec::new());
+    let (mut dg, mut df_words, mut df_blocks) = (Vec::new(), Vec::new(), Vec::new());
     match compute {
         Compute::F32 => {
             dg = scratch(m * inter);
@@ -920,12 +921,13 @@ fn layer_backward(
             // the forward's tiles stored it.
             let (ffn_out, ffn_in) = (&mut layer.ffn_out, &mut layer.ffn_in);
             let dz = output_grad_pairs(&ds, t.masks[2].as_ref(), rows, &mut ffn_out.b.grad);
-            let (g, words) = (as_words(&t.g), as_words(&dz));
-            products::weight_grad_both_pairs_bf16((words, d), (g, inter), &mut ffn_out.w.grad, m);
+            let words = as_words(&dz);
+            products::weight_grad_panels_bf16((words, d), (&t.g, inter), &mut ffn_out.w.grad, m);
             // The activation's input gradient feeds only FFN-in's two
             // products (and its bias gradient, summed by the tiles).
             let (w, dbias) = (ffn_out.weight(), &mut ffn_in.b.grad);
-            df_words = products::input_grad_act_to_pairs_bf16((words, d), w, &t.f, dbias, m);
+            (df_words, df_blocks) =
+                products::input_grad_act_to_pairs_bf16((words, d), w, &t.f, dbias, m);
             recycle(dz);
         }
     }
@@ -942,13 +944,15 @@ fn layer_backward(
         }
         Compute::Bf16 => {
             let (df, ffn_in) = (as_words(&df_words), &mut layer.ffn_in);
-            products::weight_grad_pairs_bf16(df, inter, &t.ffn_x, &mut ffn_in.w.grad, m);
+            let df_t = (&df_blocks[..], inter);
+            products::weight_grad_interleaved_bf16(df_t, &t.ffn_x, &mut ffn_in.w.grad, m);
             let w = ffn_in.weight();
             products::input_grad_pairs_bf16((df, inter), w, &mut dffn_x, m, false);
         }
     }
     recycle(dg);
     recycle(df_words);
+    recycle(df_blocks);
     if pre {
         // ffn_x = LN2(s1)
         let mut tmp = scratch(m * d);

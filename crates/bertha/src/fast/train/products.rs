@@ -8,10 +8,11 @@ use crate::fast::buffers::scratch;
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
-    product_bf16, product_bf16_act, product_bf16_act_grad, product_bf16_both_pairs,
-    product_bf16_new, product_bf16_pairs_new, product_bf16_pairs_right, product_bf16_right,
-    product_bf16_to_pairs_new, product_bf16_transposed_pairs, LeftIn, Right, Strided, Sums,
-    WeightPanels,
+    as_halves, as_words, product_bf16, product_bf16_act, product_bf16_act_grad,
+    product_bf16_both_pairs, product_bf16_interleaved, product_bf16_new, product_bf16_pairs_new,
+    product_bf16_pairs_right, product_bf16_right, product_bf16_to_pairs_new,
+    product_bf16_transposed_pairs, product_bf16_transposed_pairs_packed, LeftIn, Right, Strided,
+    Sums, WeightPanels,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -163,16 +164,18 @@ const ACCUMULATE: Sums<'static> = Sums {
 
 /// An FFN's input layer `z = x[m, k] · w[n, k]ᵀ + bias` in bf16 products,
 /// stored by its tiles as the activation's slopes `act'(z)` `[m, n]` (all
-/// its backward reads: [`input_grad_act_to_pairs_bf16`]) and `act(z)` as
-/// bf16 pairs `[m, ⌈n / 2⌉]` (the words of an fp32 buffer), which only the
-/// next product reads ([`forward_pairs_bf16`]'s input). Both new buffers,
-/// written whole by the tiles (not zeroed first).
+/// its backward reads: [`input_grad_act_to_pairs_bf16`]), `act(z)` as
+/// bf16 pairs `[m, ⌈n / 2⌉]` (the words of an fp32 buffer), which the next
+/// product reads ([`forward_pairs_bf16`]'s input), and `act(z)` as that
+/// product's weight gradient reads it, a right operand's panels
+/// ([`weight_grad_panels_bf16`]). New buffers, written whole by the tiles
+/// (not zeroed first).
 pub(crate) fn forward_act_bf16(
     x: Input,
     w: Weight,
     (bias, act): (&[f32], Act),
     m: usize,
-) -> (Vec<f32>, Vec<f32>) {
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (n, k) = (bias.len(), w.data.len() / bias.len().max(1));
     check("linear weight", w.data, n, k);
     product_bf16_act((m, n, k), x.left(m, k), w.forward(k), (bias, act))
@@ -257,13 +260,15 @@ pub(crate) fn input_grad_pairs_bf16(
 /// `[m, ⌈k / 2⌉]` (the words of a new fp32 buffer), its column sums (the
 /// bias gradient) added into `dbias`. The FFN's middle in one product:
 /// the activation's output gradient exists only in the tiles' registers.
+/// Beside the pairs, their transpose as the layer's weight gradient reads
+/// it ([`weight_grad_interleaved_bf16`]), from the same tiles.
 pub(crate) fn input_grad_act_to_pairs_bf16(
     (dy, n): (&[u32], usize),
     w: Weight,
     slopes: &[f32],
     dbias: &mut [f32],
     m: usize,
-) -> Vec<f32> {
+) -> (Vec<f32>, Vec<f32>) {
     let k = dbias.len();
     check("linear weight", w.data, n, k);
     check("activation slopes", slopes, m, k);
@@ -276,6 +281,33 @@ pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [
     let k = x.len() / m.max(1);
     check("weight gradient", dw, n, k);
     product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, ACCUMULATE);
+}
+
+/// `dw[n, k] += dyᵀ · x[m, k]` in bf16 products, for `dy`'s transpose
+/// given as [`input_grad_act_to_pairs_bf16`] stores it (interleaved).
+pub(crate) fn weight_grad_interleaved_bf16(
+    (dy_t, n): (&[f32], usize),
+    x: &[f32],
+    dw: &mut [f32],
+    m: usize,
+) {
+    let k = x.len() / m.max(1);
+    check("weight gradient", dw, n, k);
+    let a = as_words(dy_t);
+    product_bf16_interleaved((n, k, m), a, Strided::rows(x, k), dw, ACCUMULATE);
+}
+
+/// `dw[n, k] += dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
+/// `⌈n / 2⌉` bf16 pairs and `x` `[m, k]` as the panels
+/// [`forward_act_bf16`] stores (the words of fp32 storage).
+pub(crate) fn weight_grad_panels_bf16(
+    (dy, n): (&[u32], usize),
+    (x, k): (&[f32], usize),
+    dw: &mut [f32],
+    m: usize,
+) {
+    check("weight gradient", dw, n, k);
+    product_bf16_transposed_pairs_packed((n, k, m), dy, as_halves(x), dw, ACCUMULATE);
 }
 
 /// `dy · w[n, k]` in bf16 products, for `dy` given as `m` rows of `⌈n /
