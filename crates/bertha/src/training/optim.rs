@@ -369,24 +369,26 @@ fn update(
     k: Coeffs,
     writer: Option<&dyn RowWriter>,
 ) {
-    let Some(writer) = writer else {
-        p.par_chunks_mut(NORM_CHUNK)
-            .zip(m.par_chunks_mut(NORM_CHUNK))
-            .zip(v.par_chunks_mut(NORM_CHUNK))
-            .zip(g.par_chunks(NORM_CHUNK))
-            .for_each(|(((p, m), v), g)| update_chunk(p, m, v, g, k));
-        return;
+    // With a writer, chunks of whole rows (a multiple of 32), each a block
+    // it can pack.
+    let (rows, chunk) = match writer {
+        Some(w) => {
+            let row = w.row_len().max(1);
+            let rows = (NORM_CHUNK / row).max(1).next_multiple_of(32);
+            (rows, rows * row)
+        }
+        None => (0, NORM_CHUNK),
     };
-    let row = writer.row_len().max(1);
-    let rows = (NORM_CHUNK / row).max(1).next_multiple_of(32);
-    p.par_chunks_mut(rows * row)
-        .zip(m.par_chunks_mut(rows * row))
-        .zip(v.par_chunks_mut(rows * row))
-        .zip(g.par_chunks(rows * row))
+    p.par_chunks_mut(chunk)
+        .zip(m.par_chunks_mut(chunk))
+        .zip(v.par_chunks_mut(chunk))
+        .zip(g.par_chunks(chunk))
         .enumerate()
         .for_each(|(i, (((p, m), v), g))| {
             update_chunk(p, m, v, g, k);
-            writer.rows_written(i * rows, p);
+            if let Some(writer) = writer {
+                writer.rows_written(i * rows, p);
+            }
         });
 }
 
