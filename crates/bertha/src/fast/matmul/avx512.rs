@@ -608,6 +608,8 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     let (ap, bp) = (a.ptr, panel.as_ptr());
     let (a_row, a_pair) = (a.row, a.pair);
+    // The k-steps of a range: the loop runs in two parts, around the
+    // epilogue's prefetch, with the accumulators kept in registers.
     macro_rules! steps {
         ($range:expr) => {
             for i in $range {
