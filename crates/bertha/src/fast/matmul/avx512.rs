@@ -563,30 +563,31 @@ unsafe fn prefetch_out(out: TileOut, rows: usize, cols: usize) {
         }
     };
     let (f32s, words) = (cols * 4, cols.div_ceil(2) * 4);
+    // The fp32 rows (and their stride), and the pairs' rows if any.
+    let (f32_rows, pair_rows) = match out {
+        TileOut::F32 { c, ldc, .. } => (Some((c as *const f32, ldc)), None),
+        TileOut::Pairs { c, ldc } => (None, Some((c, ldc))),
+        TileOut::Both {
+            slopes,
+            lds,
+            pairs,
+            ldp,
+            ..
+        } => (Some((slopes as *const f32, lds)), Some((pairs, ldp))),
+        TileOut::ActGrad {
+            slopes,
+            lds,
+            pairs,
+            ldp,
+            ..
+        } => (Some((slopes, lds)), Some((pairs, ldp))),
+    };
     for r in 0..rows {
-        match out {
-            TileOut::F32 { c, ldc, .. } => line(c.wrapping_add(r * ldc) as _, f32s),
-            TileOut::Pairs { c, ldc } => line(c.wrapping_add(r * ldc) as _, words),
-            TileOut::Both {
-                slopes,
-                lds,
-                pairs,
-                ldp,
-                ..
-            } => {
-                line(slopes.wrapping_add(r * lds) as _, f32s);
-                line(pairs.wrapping_add(r * ldp) as _, words);
-            }
-            TileOut::ActGrad {
-                slopes,
-                lds,
-                pairs,
-                ldp,
-                ..
-            } => {
-                line(slopes.wrapping_add(r * lds) as _, f32s);
-                line(pairs.wrapping_add(r * ldp) as _, words);
-            }
+        if let Some((base, stride)) = f32_rows {
+            line(base.wrapping_add(r * stride) as _, f32s);
+        }
+        if let Some((pairs, ldp)) = pair_rows {
+            line(pairs.wrapping_add(r * ldp) as _, words);
         }
     }
 }
