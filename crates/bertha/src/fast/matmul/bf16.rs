@@ -1333,6 +1333,33 @@ pub struct Sums<'a> {
     pub accumulate: bool,
 }
 
+/// A [`Sums`] product's fp32 output.
+pub(crate) enum Dst<'a> {
+    /// Rows it overwrites, or adds to ([`Sums::accumulate`]).
+    Rows(&'a mut [f32]),
+    /// A new buffer it writes whole (not accumulating): a weight
+    /// gradient's first product of a step, with no pass zeroing it first.
+    New(&'a mut Unwritten),
+}
+
+impl<'a> From<&'a mut [f32]> for Dst<'a> {
+    fn from(c: &'a mut [f32]) -> Self {
+        Self::Rows(c)
+    }
+}
+
+impl<'a> From<&'a mut Vec<f32>> for Dst<'a> {
+    fn from(c: &'a mut Vec<f32>) -> Self {
+        Self::Rows(c)
+    }
+}
+
+impl<'a> From<&'a mut Unwritten> for Dst<'a> {
+    fn from(c: &'a mut Unwritten) -> Self {
+        Self::New(c)
+    }
+}
+
 /// The operands of the products on one thread, rounded and packed into
 /// buffers kept between calls: a training step makes a few hundred
 /// products, and fresh buffers cost a page fault and a zeroing each.
@@ -1350,11 +1377,11 @@ thread_local! {
 /// `c[m, n] (+)= bf16(a)[m, k] · bf16(b)[k, n] (+ bias)` with fp32 sums,
 /// `c` row-major: both operands rounded (and `b` packed) on this call, for
 /// products whose operands change every call (a training step's).
-pub fn product_bf16(
+pub fn product_bf16<'c>(
     (m, n, k): (usize, usize, usize),
     a: Strided,
     b: Strided,
-    c: &mut [f32],
+    c: impl Into<Dst<'c>>,
     sums: Sums,
 ) {
     product_bf16_sums((m, n, k), Left::Strided(a), Right::F32(b), c, sums)
@@ -1389,11 +1416,11 @@ pub(crate) fn product_bf16_pairs_right(
 /// already rounded: `a` holds `k` rows of `⌈m / 2⌉` bf16 pairs (a weight
 /// gradient's `dy`, as the pass that made it stored it), and the product
 /// reads `aᵀ` `[m, k]`.
-pub fn product_bf16_transposed_pairs(
+pub fn product_bf16_transposed_pairs<'c>(
     (m, n, k): (usize, usize, usize),
     a: &[u32],
     b: Strided,
-    c: &mut [f32],
+    c: impl Into<Dst<'c>>,
     sums: Sums,
 ) {
     product_bf16_sums((m, n, k), Left::TransposedPairs(a), Right::F32(b), c, sums)
@@ -1404,11 +1431,11 @@ pub fn product_bf16_transposed_pairs(
 /// `b` `k` rows of `⌈n / 2⌉` pairs (as the tiles store them): a
 /// weight gradient whose output gradient and input were both stored as
 /// pairs.
-pub(crate) fn product_bf16_both_pairs(
+pub(crate) fn product_bf16_both_pairs<'c>(
     (m, n, k): (usize, usize, usize),
     a: &[u32],
     b: &[u32],
-    c: &mut [f32],
+    c: impl Into<Dst<'c>>,
     sums: Sums,
 ) {
     product_bf16_sums(
@@ -1572,11 +1599,11 @@ fn product_bf16_act_on(
 /// interleaved transpose [`product_bf16_act_grad`] stores (the words of
 /// fp32 storage) and `b` as fp32 rows: a weight gradient `dzᵀ · x` whose
 /// `dz` the product that made it stored so.
-pub(crate) fn product_bf16_interleaved(
+pub(crate) fn product_bf16_interleaved<'c>(
     (m, n, k): (usize, usize, usize),
     a: &[u32],
     b: Strided,
-    c: &mut [f32],
+    c: impl Into<Dst<'c>>,
     sums: Sums,
 ) {
     product_bf16_sums((m, n, k), Left::Interleaved(a), Right::F32(b), c, sums)
@@ -1586,11 +1613,11 @@ pub(crate) fn product_bf16_interleaved(
 /// pairs and `b` `[k, n]` as its panels (`panels_len(k, n)` halves, as
 /// [`product_bf16_act`] stores them): a weight gradient whose input was
 /// stored as panels by the product that made it.
-pub(crate) fn product_bf16_transposed_pairs_packed(
+pub(crate) fn product_bf16_transposed_pairs_packed<'c>(
     (m, n, k): (usize, usize, usize),
     a: &[u32],
     b: &[u16],
-    c: &mut [f32],
+    c: impl Into<Dst<'c>>,
     sums: Sums,
 ) {
     product_bf16_sums(
@@ -1725,15 +1752,20 @@ fn padded_pairs(m: usize, n: usize) -> Unwritten {
 
 /// A product of these operands into `c` (`[m, n]`, row-major) as `sums`
 /// says, on every core, with this thread's buffers.
-fn product_bf16_sums(
+fn product_bf16_sums<'c>(
     (m, n, k): (usize, usize, usize),
     a: Left,
     b: Right,
-    c: &mut [f32],
+    c: impl Into<Dst<'c>>,
     sums: Sums,
 ) {
     let store = Store::Sums(sums);
-    with_buffers(|buffers| product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers))
+    match c.into() {
+        Dst::Rows(c) => with_buffers(|buffers| {
+            product_bf16_on(features().bf16, (m, n, k), a, b, c, store, buffers)
+        }),
+        Dst::New(c) => product_bf16_writing((m, n, k), a, b, Some(c), store),
+    }
 }
 
 /// A forward product's left operand as its callers give it: fp32 rows

@@ -32,8 +32,8 @@ pub(crate) use bf16::{
     product_bf16_both_pairs, product_bf16_interleaved, product_bf16_new, product_bf16_pairs_new,
     product_bf16_pairs_right, product_bf16_right, product_bf16_serial, product_bf16_to_pairs_new,
     product_bf16_transposed_pairs_packed, product_pairs_serial, product_pairs_serial_to_pairs,
-    round_row, round_rows_serial, tile_bf16, LeftIn, LeftPairs, PanelWriter, Right, WeightPanels,
-    BF16_TILE_ROWS,
+    round_row, round_rows_serial, tile_bf16, Dst, LeftIn, LeftPairs, PanelWriter, Right,
+    WeightPanels, BF16_TILE_ROWS,
 };
 pub use bf16::{product_bf16, product_bf16_transposed_pairs, PackedBf16, Strided, Sums};
 

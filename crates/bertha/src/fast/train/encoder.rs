@@ -22,10 +22,10 @@ use rayon::prelude::*;
 
 use super::attention::{self, Heads, Packing, Qkv, QkvGrad};
 use super::packs::WeightPacks;
-use super::products::Weight;
 use super::products::{self, Compute};
+use super::products::{GradSink, Weight};
 use super::rows::{Rows, Selection};
-use super::Param;
+use super::{GradTarget, Param};
 use crate::config::NormPosition;
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
@@ -102,8 +102,10 @@ impl<'a> Linear<'a> {
         m: usize,
         accumulate: bool,
     ) {
-        self.compute.weight_grad(dy, x, &mut self.w.grad, m);
-        column_sums(dy, &mut self.b.grad);
+        let compute = self.compute;
+        self.w
+            .grad_product(|dw| compute.weight_grad_into(dy, x, dw, m));
+        column_sums(dy, self.b.grad_mut());
         if let Some(dx) = dx {
             self.compute.input_grad(dy, &self.w.data, dx, m, accumulate);
         }
@@ -138,14 +140,9 @@ impl<'a> Norm<'a> {
     /// `dx` from the input `x` and the output gradient `dy`; adds the
     /// parameter gradients.
     pub fn backward(&mut self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
-        layer_norm_backward(
-            x,
-            &self.gamma.data,
-            dy,
-            dx,
-            (&mut self.gamma.grad, &mut self.beta.grad),
-            self.eps,
-        );
+        let (gamma, dgamma) = self.gamma.data_and_grad();
+        let grads = (dgamma, self.beta.grad_mut());
+        layer_norm_backward(x, gamma, dy, dx, grads, self.eps);
     }
 }
 
@@ -832,18 +829,18 @@ impl<'a> Encoder<'a> {
         // id's row gets none, as `nn.Embedding(padding_idx=..)`).
         let (pad, word_ids) = (self.pad_id, ids.iter().map(|&i| i as usize));
         let words = word_ids.enumerate().filter(|&(r, _)| ids[r] != pad);
-        scatter_rows(&de, words, &mut self.word.grad, d);
+        scatter_rows(&de, words, self.word.grad_mut(), d);
         scatter_rows(
             &de,
             positions.iter().copied().enumerate(),
-            &mut self.position.grad,
+            self.position.grad_mut(),
             d,
         );
         if let Some(tt) = &mut self.token_type {
             scatter_rows(
                 &de,
                 types.iter().map(|&t| t as usize).enumerate(),
-                &mut tt.grad,
+                tt.grad_mut(),
                 d,
             );
         }
@@ -920,12 +917,15 @@ fn layer_backward(
             // pairs, read from ds, which stays d(s1); FFN-out's input as
             // the forward's tiles stored it.
             let (ffn_out, ffn_in) = (&mut layer.ffn_out, &mut layer.ffn_in);
-            let dz = output_grad_pairs(&ds, t.masks[2].as_ref(), rows, &mut ffn_out.b.grad);
+            let dz = output_grad_pairs(&ds, t.masks[2].as_ref(), rows, ffn_out.b.grad_mut());
             let words = as_words(&dz);
-            products::weight_grad_panels_bf16((words, d), (&t.g, inter), &mut ffn_out.w.grad, m);
+            let g = (&t.g[..], inter);
+            let weight_grad =
+                |dw: GradSink| products::weight_grad_panels_bf16((words, d), g, dw, m);
+            ffn_out.w.grad_product(weight_grad);
             // The activation's input gradient feeds only FFN-in's two
             // products (and its bias gradient, summed by the tiles).
-            let (w, dbias) = (ffn_out.weight(), &mut ffn_in.b.grad);
+            let (w, dbias) = (ffn_out.weight(), ffn_in.b.grad_mut());
             (df_words, df_blocks) =
                 products::input_grad_act_to_pairs_bf16((words, d), w, &t.f, dbias, m);
             recycle(dz);
@@ -937,15 +937,20 @@ fn layer_backward(
         Compute::F32 => {
             let mut df = scratch(m * inter);
             let ffn_in = &mut layer.ffn_in;
-            bias_act_backward(&t.f, &ffn_in.b.data, &dg, &mut df, &mut ffn_in.b.grad, act);
-            compute.weight_grad(&df, &t.ffn_x, &mut ffn_in.w.grad, m);
+            let (bias, dbias) = ffn_in.b.data_and_grad();
+            bias_act_backward(&t.f, bias, &dg, &mut df, dbias, act);
+            ffn_in
+                .w
+                .grad_product(|dw| compute.weight_grad_into(&df, &t.ffn_x, dw, m));
             compute.input_grad(&df, &ffn_in.w.data, &mut dffn_x, m, false);
             recycle(df);
         }
         Compute::Bf16 => {
             let (df, ffn_in) = (as_words(&df_words), &mut layer.ffn_in);
             let df_t = (&df_blocks[..], inter);
-            products::weight_grad_interleaved_bf16(df_t, &t.ffn_x, &mut ffn_in.w.grad, m);
+            let weight_grad =
+                |dw: GradSink| products::weight_grad_interleaved_bf16(df_t, &t.ffn_x, dw, m);
+            ffn_in.w.grad_product(weight_grad);
             let w = ffn_in.weight();
             products::input_grad_pairs_bf16((df, inter), w, &mut dffn_x, m, false);
         }
@@ -986,15 +991,19 @@ fn layer_backward(
         }
         Compute::Bf16 => {
             let attn_out = &mut layer.attn_out;
-            let da = output_grad_pairs(&ds1, t.masks[1].as_ref(), rows, &mut attn_out.b.grad);
+            let da = output_grad_pairs(&ds1, t.masks[1].as_ref(), rows, attn_out.b.grad_mut());
             let words = as_words(&da);
             if pairs {
                 // The context and its gradient as pairs (see attention).
                 let ctx = (as_words(&t.ctx), d);
-                products::weight_grad_both_pairs_bf16((words, d), ctx, &mut attn_out.w.grad, m);
+                let weight_grad =
+                    |dw: GradSink| products::weight_grad_both_pairs_bf16((words, d), ctx, dw, m);
+                attn_out.w.grad_product(weight_grad);
                 dctx = products::input_grad_to_pairs_bf16((words, d), attn_out.weight(), m);
             } else {
-                products::weight_grad_pairs_bf16(words, d, &t.ctx, &mut attn_out.w.grad, m);
+                let weight_grad =
+                    |dw: GradSink| products::weight_grad_pairs_bf16(words, d, &t.ctx, dw, m);
+                attn_out.w.grad_product(weight_grad);
                 dctx = scratch(m * d);
                 let w = attn_out.weight();
                 products::input_grad_pairs_bf16((words, d), w, &mut dctx, m, false);
@@ -1036,7 +1045,7 @@ fn layer_backward(
             );
             recycle(dctx);
             // Q, K, V: one multiply each way on the stacked weights.
-            let (mut dw, mut db) = (zeros(3 * d * d), zeros(3 * d));
+            let (mut dw, mut db) = (scratch(3 * d * d), zeros(3 * d));
             let into = match &mut dn1 {
                 Some(dn1) => (dn1.as_mut_slice(), false),
                 None => (dx.as_mut_slice(), true),
@@ -1044,7 +1053,7 @@ fn layer_backward(
             linear_backward(
                 compute,
                 (&dqkv, attn_in),
-                (&layer.qkv_w, &mut dw, &mut db),
+                (&layer.qkv_w, GradSink::Overwrite(&mut dw), &mut db),
                 into,
                 n,
             );
@@ -1052,9 +1061,10 @@ fn layer_backward(
                 .into_iter()
                 .enumerate()
             {
-                add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
-                add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
+                lin.w.add_grad(&dw[i * d * d..(i + 1) * d * d]);
+                lin.b.add_grad(&db[i * d..(i + 1) * d]);
             }
+            recycle(dw);
             recycle(dqkv);
         }
         Some(sel) => {
@@ -1075,16 +1085,17 @@ fn layer_backward(
             let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
             let mut dq_in = scratch(m * d);
             let q = &mut layer.q;
-            let grads = (w_q, &mut q.w.grad[..], &mut q.b.grad[..]);
+            let grads = (w_q, &mut q.w, q.b.grad_mut());
             linear_backward(compute, (&dq, &t.q_in), grads, (&mut dq_in, false), m);
-            let (mut dw, mut db) = (zeros(2 * d * d), zeros(2 * d));
+            let (mut dw, mut db) = (scratch(2 * d * d), zeros(2 * d));
             let into = dn1.as_mut().unwrap_or(&mut dx);
-            let grads = (w_kv, &mut dw[..], &mut db[..]);
+            let grads = (w_kv, GradSink::Overwrite(&mut dw), &mut db[..]);
             linear_backward(compute, (&dkv, attn_in), grads, (into, !pre), n);
             for (i, lin) in [&mut layer.k, &mut layer.v].into_iter().enumerate() {
-                add(&mut lin.w.grad, &dw[i * d * d..(i + 1) * d * d]);
-                add(&mut lin.b.grad, &db[i * d..(i + 1) * d]);
+                lin.w.add_grad(&dw[i * d * d..(i + 1) * d * d]);
+                lin.b.add_grad(&db[i * d..(i + 1) * d]);
             }
+            recycle(dw);
             sel.scatter_add(&dq_in, into, d);
             recycle(dq_in);
             recycle(dq);
@@ -1109,13 +1120,13 @@ fn layer_backward(
 fn linear_backward(
     compute: Compute,
     (dy, x): (&[f32], &[f32]),
-    (w, dw, db): (&[f32], &mut [f32], &mut [f32]),
+    (w, dw, db): (&[f32], impl GradTarget, &mut [f32]),
     (dx, accumulate): (&mut [f32], bool),
     m: usize,
 ) {
     match compute {
         Compute::F32 => {
-            compute.weight_grad(dy, x, dw, m);
+            dw.product(|dw| compute.weight_grad_into(dy, x, dw, m));
             column_sums(dy, db);
             compute.input_grad(dy, w, dx, m, accumulate);
         }
@@ -1124,7 +1135,7 @@ fn linear_backward(
             let mut words = scratch(m * n.div_ceil(2));
             grad_to_pairs(dy, as_words_mut(&mut words), db, |_, _| {});
             let pairs = as_words(&words);
-            products::weight_grad_pairs_bf16(pairs, n, x, dw, m);
+            dw.product(|dw| products::weight_grad_pairs_bf16(pairs, n, x, dw, m));
             products::input_grad_pairs_bf16((pairs, n), w.into(), dx, m, accumulate);
             recycle(words);
         }

@@ -7,7 +7,7 @@ use candle_core::Tensor;
 use super::encoder::{Encoder, Linear, Norm};
 use super::losses::{cross_entropy, cross_entropy_to_pairs};
 use super::packs::WeightPacks;
-use super::products::{input_grad_pairs_bf16, weight_grad_pairs_bf16, Compute, Weight};
+use super::products::{input_grad_pairs_bf16, weight_grad_pairs_bf16, Compute, GradSink, Weight};
 use super::{grad_store, Param};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, recycle, scratch, zeros, StepBuffers};
@@ -288,23 +288,23 @@ impl<'a> MlmHead<'a> {
                     let dlogits = &logits;
                     self.compute
                         .input_grad(dlogits, &decoder.data, &mut dz, masked, false);
-                    column_sums(dlogits, &mut self.decoder_bias.grad);
+                    column_sums(dlogits, self.decoder_bias.grad_mut());
                     let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
-                    self.compute
-                        .weight_grad(dlogits, &z, &mut decoder.grad, masked);
+                    let compute = self.compute;
+                    decoder.grad_product(|dw| compute.weight_grad_into(dlogits, &z, dw, masked));
                     ce
                 }
                 Compute::Bf16 => {
                     // The gradient exists only as both products' operand.
                     let mut words = MlmBuffers::take(&mut kept.pairs, masked * vocab.div_ceil(2));
                     let pairs = as_words_mut(&mut words);
-                    let bias_grad = &mut self.decoder_bias.grad;
+                    let bias_grad = self.decoder_bias.grad_mut();
                     let ce =
                         cross_entropy_to_pairs(&logits, vocab, &targets, weight, pairs, bias_grad);
                     let w = decoder_weight;
                     input_grad_pairs_bf16((pairs, vocab), w, &mut dz, masked, false);
                     let decoder = self.decoder.as_mut().unwrap_or(&mut self.encoder.word);
-                    weight_grad_pairs_bf16(pairs, vocab, &z, &mut decoder.grad, masked);
+                    decoder.grad_product(|dw| weight_grad_pairs_bf16(pairs, vocab, &z, dw, masked));
                     kept.pairs = words;
                     ce
                 }
@@ -319,16 +319,11 @@ impl<'a> MlmHead<'a> {
             recycle(dz);
             recycle(u);
             let mut dt = scratch(masked * width);
-            bias_act_backward(
-                &t,
-                &self.transform.b.data,
-                &du,
-                &mut dt,
-                &mut self.transform.b.grad,
-                self.act,
-            );
-            self.compute
-                .weight_grad(&dt, &hm, &mut self.transform.w.grad, masked);
+            let (bias, dbias) = self.transform.b.data_and_grad();
+            bias_act_backward(&t, bias, &du, &mut dt, dbias, self.act);
+            let compute = self.compute;
+            let weight_grad = |dw: GradSink| compute.weight_grad_into(&dt, &hm, dw, masked);
+            self.transform.w.grad_product(weight_grad);
             recycle(du);
             recycle(t);
             recycle(hm);

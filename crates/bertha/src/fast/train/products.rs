@@ -4,15 +4,15 @@
 //! operands through strides, so none of them copies a transpose; the
 //! weight stays in `nn.Linear`'s `[out, in]` layout throughout.
 
-use crate::fast::buffers::scratch;
+use crate::fast::buffers::{scratch, Unwritten};
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
 use crate::fast::matmul::{
     as_halves, as_words, product_bf16, product_bf16_act, product_bf16_act_grad,
     product_bf16_both_pairs, product_bf16_interleaved, product_bf16_new, product_bf16_pairs_new,
     product_bf16_pairs_right, product_bf16_right, product_bf16_to_pairs_new,
-    product_bf16_transposed_pairs, product_bf16_transposed_pairs_packed, LeftIn, Right, Strided,
-    Sums, WeightPanels,
+    product_bf16_transposed_pairs, product_bf16_transposed_pairs_packed, Dst, LeftIn, Right,
+    Strided, Sums, WeightPanels,
 };
 
 /// The number format of a training step's matrix products: fp32, or bf16
@@ -145,22 +145,75 @@ impl Compute {
 
     /// `dw[n, k] += dy[m, n]ᵀ · x[m, k]`.
     pub fn weight_grad(self, dy: &[f32], x: &[f32], dw: &mut [f32], m: usize) {
+        self.weight_grad_into(dy, x, GradSink::Add(dw), m)
+    }
+
+    /// `dw[n, k] (+)= dy[m, n]ᵀ · x[m, k]`, as `dw` says.
+    pub(crate) fn weight_grad_into(self, dy: &[f32], x: &[f32], dw: GradSink, m: usize) {
         if self == Self::F32 {
             return weight_grad(dy, x, dw, m);
         }
         let n = dy.len() / m.max(1);
         let k = x.len() / m.max(1);
-        check("weight gradient", dw, n, k);
+        check_sink(&dw, n, k);
         let (a, b) = (Strided::transposed(dy, n), Strided::rows(x, k));
-        product_bf16((n, k, m), a, b, dw, ACCUMULATE);
+        let (dw, sums) = dw.bf16();
+        product_bf16((n, k, m), a, b, dw, sums);
     }
 }
 
-/// A weight gradient's sums: added to what the gradient holds.
-const ACCUMULATE: Sums<'static> = Sums {
-    bias: None,
-    accumulate: true,
-};
+/// A weight gradient's destination.
+pub(crate) enum GradSink<'a> {
+    /// Sums added to what it holds.
+    Add(&'a mut [f32]),
+    /// Overwritten (a buffer whose old values are of no use).
+    Overwrite(&'a mut [f32]),
+    /// A new buffer, written whole: the step's first product into a
+    /// parameter's gradient, with no pass zeroing it first
+    /// ([`super::Param::grad_product`]). Every product taking a sink
+    /// writes this one whole, also with no rows to sum.
+    New(&'a mut Unwritten),
+}
+
+impl<'a> GradSink<'a> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Add(c) | Self::Overwrite(c) => c.len(),
+            Self::New(c) => c.len(),
+        }
+    }
+
+    /// The bf16 product's output and its sums (added, or not).
+    fn bf16(self) -> (Dst<'a>, Sums<'static>) {
+        let (dst, accumulate) = match self {
+            Self::Add(c) => (Dst::Rows(c), true),
+            Self::Overwrite(c) => (Dst::Rows(c), false),
+            Self::New(c) => (Dst::New(c), false),
+        };
+        let sums = Sums {
+            bias: None,
+            accumulate,
+        };
+        (dst, sums)
+    }
+
+    /// The first value's address and whether the product adds.
+    fn raw(self) -> (*mut f32, bool) {
+        match self {
+            Self::Add(c) => (c.as_mut_ptr(), true),
+            Self::Overwrite(c) => (c.as_mut_ptr(), false),
+            Self::New(c) => (c.as_mut_ptr(), false),
+        }
+    }
+}
+
+fn check_sink(dw: &GradSink, rows: usize, cols: usize) {
+    assert_eq!(
+        dw.len(),
+        rows * cols,
+        "weight gradient is not [{rows}, {cols}]"
+    );
+}
 
 /// An FFN's input layer `z = x[m, k] · w[n, k]ᵀ + bias` in bf16 products,
 /// stored by its tiles as the activation's slopes `act'(z)` `[m, n]` (all
@@ -275,39 +328,41 @@ pub(crate) fn input_grad_act_to_pairs_bf16(
     product_bf16_act_grad((m, k, n), dy, w.backward(k), slopes, dbias)
 }
 
-/// `dw[n, k] += dyᵀ · x[m, k]` in bf16 products, for `dy` given as `m`
+/// `dw[n, k] (+)= dyᵀ · x[m, k]` in bf16 products, for `dy` given as `m`
 /// rows of `⌈n / 2⌉` bf16 pairs (rounded where it was made).
-pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: &mut [f32], m: usize) {
+pub(crate) fn weight_grad_pairs_bf16(dy: &[u32], n: usize, x: &[f32], dw: GradSink, m: usize) {
     let k = x.len() / m.max(1);
-    check("weight gradient", dw, n, k);
-    product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, ACCUMULATE);
+    check_sink(&dw, n, k);
+    let (dw, sums) = dw.bf16();
+    product_bf16_transposed_pairs((n, k, m), dy, Strided::rows(x, k), dw, sums);
 }
 
-/// `dw[n, k] += dyᵀ · x[m, k]` in bf16 products, for `dy`'s transpose
+/// `dw[n, k] (+)= dyᵀ · x[m, k]` in bf16 products, for `dy`'s transpose
 /// given as [`input_grad_act_to_pairs_bf16`] stores it (interleaved).
 pub(crate) fn weight_grad_interleaved_bf16(
     (dy_t, n): (&[f32], usize),
     x: &[f32],
-    dw: &mut [f32],
+    dw: GradSink,
     m: usize,
 ) {
     let k = x.len() / m.max(1);
-    check("weight gradient", dw, n, k);
-    let a = as_words(dy_t);
-    product_bf16_interleaved((n, k, m), a, Strided::rows(x, k), dw, ACCUMULATE);
+    check_sink(&dw, n, k);
+    let (dw, sums) = dw.bf16();
+    product_bf16_interleaved((n, k, m), as_words(dy_t), Strided::rows(x, k), dw, sums);
 }
 
-/// `dw[n, k] += dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
+/// `dw[n, k] (+)= dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
 /// `⌈n / 2⌉` bf16 pairs and `x` `[m, k]` as the panels
 /// [`forward_act_bf16`] stores (the words of fp32 storage).
 pub(crate) fn weight_grad_panels_bf16(
     (dy, n): (&[u32], usize),
     (x, k): (&[f32], usize),
-    dw: &mut [f32],
+    dw: GradSink,
     m: usize,
 ) {
-    check("weight gradient", dw, n, k);
-    product_bf16_transposed_pairs_packed((n, k, m), dy, as_halves(x), dw, ACCUMULATE);
+    check_sink(&dw, n, k);
+    let (dw, sums) = dw.bf16();
+    product_bf16_transposed_pairs_packed((n, k, m), dy, as_halves(x), dw, sums);
 }
 
 /// `dy · w[n, k]` in bf16 products, for `dy` given as `m` rows of `⌈n /
@@ -321,17 +376,18 @@ pub(crate) fn input_grad_to_pairs_bf16((dy, n): (&[u32], usize), w: Weight, m: u
     product_bf16_to_pairs_new((m, k, n), LeftIn::Pairs(dy), w.backward(k), &no_bias)
 }
 
-/// `dw[n, k] += dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
+/// `dw[n, k] (+)= dyᵀ · x` in bf16 products, for `dy` given as `m` rows of
 /// `⌈n / 2⌉` bf16 pairs and `x` as `m` rows of `⌈k / 2⌉` (both rounded
 /// where they were made).
 pub(crate) fn weight_grad_both_pairs_bf16(
     (dy, n): (&[u32], usize),
     (x, k): (&[u32], usize),
-    dw: &mut [f32],
+    dw: GradSink,
     m: usize,
 ) {
-    check("weight gradient", dw, n, k);
-    product_bf16_both_pairs((n, k, m), dy, x, dw, ACCUMULATE);
+    check_sink(&dw, n, k);
+    let (dw, sums) = dw.bf16();
+    product_bf16_both_pairs((n, k, m), dy, x, dw, sums);
 }
 
 /// A matrix operand: its first element, row stride and column stride.
@@ -395,8 +451,9 @@ pub(crate) unsafe fn product(
     if k == 0 {
         if !accumulate {
             for r in 0..m {
-                // SAFETY: row r of the m × n destination.
-                unsafe { std::slice::from_raw_parts_mut(dst.add(r * dst_rs), n).fill(0.0) };
+                // SAFETY: row r of the m × n destination (written, not
+                // read: it may be a new buffer).
+                unsafe { std::ptr::write_bytes(dst.add(r * dst_rs), 0, n) };
             }
         }
         return;
@@ -485,20 +542,21 @@ pub(crate) fn input_grad(dy: &[f32], w: &[f32], dx: &mut [f32], m: usize, accumu
     }
 }
 
-/// `dw[n, k] += dy[m, n]ᵀ · x[m, k]`: the weight gradient, accumulated.
-pub(crate) fn weight_grad(dy: &[f32], x: &[f32], dw: &mut [f32], m: usize) {
+/// `dw[n, k] (+)= dy[m, n]ᵀ · x[m, k]`: the weight gradient.
+pub(crate) fn weight_grad(dy: &[f32], x: &[f32], dw: GradSink, m: usize) {
     let n = dy.len() / m.max(1);
     let k = x.len() / m.max(1);
     check("output gradient", dy, m, n);
     check("input", x, m, k);
-    check("weight gradient", dw, n, k);
+    check_sink(&dw, n, k);
+    let (dw, accumulate) = dw.raw();
     // SAFETY: shapes checked above.
     unsafe {
         product(
             (n, k, m),
-            dw.as_mut_ptr(),
+            dw,
             k,
-            true,
+            accumulate,
             Operand::transposed(dy, n),
             Operand::rows(x, k),
             1.0,
@@ -526,7 +584,7 @@ mod tests {
         let mut dx = vec![1f32; m * k];
         input_grad(&dy, &w, &mut dx, m, true);
         let mut dw = vec![0.5f32; n * k];
-        weight_grad(&dy, &x, &mut dw, m);
+        weight_grad(&dy, &x, GradSink::Add(&mut dw), m);
         for i in 0..m {
             for j in 0..n {
                 let want: f32 = b[j] + (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum::<f32>();
@@ -543,5 +601,105 @@ mod tests {
                 assert!((dw[j * k + c] - want).abs() < 1e-4);
             }
         }
+    }
+
+    /// Every weight gradient's product written whole into a buffer of
+    /// garbage (`accumulate` off: the step's first) has the bits of the one
+    /// added into zeros, in both number formats and from every operand
+    /// form the backward hands them (fp32 rows, pairs, the forward's
+    /// panels, the activation gradient's interleaved blocks).
+    #[test]
+    fn weight_gradients_written_whole_equal_those_added_into_zeros() {
+        use crate::fast::matmul::round_row;
+        let (m, n, k) = (37, 21, 45);
+        let (x, w, b, dy) = (data(m * k, 5), data(n * k, 6), data(k, 7), data(m * n, 8));
+        let pairs_of = |v: &[f32], cols: usize| {
+            let mut out = vec![0u32; (v.len() / cols) * cols.div_ceil(2)];
+            for (row, o) in v
+                .chunks_exact(cols)
+                .zip(out.chunks_exact_mut(cols.div_ceil(2)))
+            {
+                round_row(row, o);
+            }
+            out
+        };
+        let (dy_pairs, x_pairs) = (pairs_of(&dy, n), pairs_of(&x, k));
+        // x as the FFN-in forward stores its output's panels, and the
+        // activation gradient's blocks (w as that layer's weight [n, k]).
+        let x_in = data(m * n, 9);
+        let w_in = data(k * n, 10);
+        let (slopes, _, panels) = forward_act_bf16(
+            Input::F32(&x_in),
+            Weight::from(&w_in[..]),
+            (&b, Act::GeluErf),
+            m,
+        );
+        let mut dbias = vec![0f32; k];
+        let (_, blocks) = input_grad_act_to_pairs_bf16(
+            (&dy_pairs, n),
+            Weight::from(&w[..]),
+            &slopes,
+            &mut dbias,
+            m,
+        );
+        type Product<'p> = Box<dyn Fn(GradSink) + 'p>;
+        let cases: Vec<(&str, usize, Product)> = vec![
+            (
+                "f32",
+                n * k,
+                Box::new(|s| Compute::F32.weight_grad_into(&dy, &x, s, m)),
+            ),
+            (
+                "bf16",
+                n * k,
+                Box::new(|s| Compute::Bf16.weight_grad_into(&dy, &x, s, m)),
+            ),
+            (
+                "pairs",
+                n * k,
+                Box::new(|s| weight_grad_pairs_bf16(&dy_pairs, n, &x, s, m)),
+            ),
+            (
+                "both pairs",
+                n * k,
+                Box::new(|s| weight_grad_both_pairs_bf16((&dy_pairs, n), (&x_pairs, k), s, m)),
+            ),
+            (
+                "panels",
+                n * k,
+                Box::new(|s| weight_grad_panels_bf16((&dy_pairs, n), (&panels, k), s, m)),
+            ),
+            (
+                "interleaved",
+                k * k,
+                Box::new(|s| weight_grad_interleaved_bf16((&blocks, k), &x, s, m)),
+            ),
+        ];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (name, len, product) in cases {
+            let mut added = vec![0f32; len];
+            product(GradSink::Add(&mut added));
+            assert!(added.iter().all(|v| v.is_finite() && *v != 0.0), "{name}");
+            let mut over = vec![f32::NAN; len];
+            product(GradSink::Overwrite(&mut over));
+            assert_eq!(bits(&over), bits(&added), "{name}: overwritten");
+            // NaN-filled in these debug builds: a value left unwritten shows.
+            let mut new = Unwritten::new(len);
+            product(GradSink::New(&mut new));
+            // SAFETY: the product under test writes a New sink whole.
+            let new = unsafe { new.assume_written() };
+            assert_eq!(bits(&new), bits(&added), "{name}: new");
+            let mut twice = added.clone();
+            product(GradSink::Add(&mut twice));
+            for (t, a) in twice.iter().zip(&added) {
+                assert_eq!(*t, a + a, "{name}: added to");
+            }
+        }
+        // No rows to sum: a new gradient is zeros.
+        let mut new = Unwritten::new(n * k);
+        weight_grad_both_pairs_bf16((&[], n), (&[], k), GradSink::New(&mut new), 0);
+        // SAFETY: as above.
+        let new = unsafe { new.assume_written() };
+        assert!(new.iter().all(|v| v.to_bits() == 0));
     }
 }
