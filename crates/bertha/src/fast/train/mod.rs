@@ -76,6 +76,9 @@ impl<'a> Param<'a> {
 
     /// Runs a weight gradient's `product` into its gradient: the step's
     /// first writes a new buffer whole (not zeroed first), later ones add.
+    /// `product` must pass the sink it is given to one of the weight
+    /// gradients' products (`products::weight_grad*`, which write a
+    /// [`GradSink::New`] whole, also with no rows to sum).
     pub fn grad_product(&mut self, product: impl FnOnce(GradSink)) {
         if self.grad.len() == self.data.len() {
             return product(GradSink::Add(&mut self.grad));
