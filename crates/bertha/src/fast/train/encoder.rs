@@ -107,7 +107,7 @@ impl<'a> Linear<'a> {
             .grad_product(|dw| compute.weight_grad_into(dy, x, dw, m));
         column_sums(dy, self.b.grad_mut());
         if let Some(dx) = dx {
-            self.compute.input_grad(dy, &self.w.data, dx, m, accumulate);
+            compute.input_grad(dy, &self.w.data, dx, m, accumulate);
         }
     }
 }

@@ -208,11 +208,7 @@ impl<'a> GradSink<'a> {
 }
 
 fn check_sink(dw: &GradSink, rows: usize, cols: usize) {
-    assert_eq!(
-        dw.len(),
-        rows * cols,
-        "weight gradient is not [{rows}, {cols}]"
-    );
+    check_len("weight gradient", dw.len(), rows, cols);
 }
 
 /// An FFN's input layer `z = x[m, k] · w[n, k]ᵀ + bias` in bf16 products,
@@ -490,7 +486,11 @@ pub(crate) unsafe fn product(
 }
 
 fn check(what: &str, v: &[f32], rows: usize, cols: usize) {
-    assert_eq!(v.len(), rows * cols, "{what} is not [{rows}, {cols}]");
+    check_len(what, v.len(), rows, cols);
+}
+
+fn check_len(what: &str, len: usize, rows: usize, cols: usize) {
+    assert_eq!(len, rows * cols, "{what} is not [{rows}, {cols}]");
 }
 
 /// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`: a linear layer's forward.
