@@ -146,6 +146,49 @@ unsafe fn store_panel_pair(dst: *mut u32, even: __m512i, odd: __m512i) {
     _mm512_storeu_si512(dst.add(16) as *mut __m512i, w1);
 }
 
+/// Rows ahead [`pack_pair_rows`] asks for.
+const PACK_AHEAD: usize = 8;
+
+/// Pair rows of one panel from `k` rows of bf16 pairs (`row` words apart,
+/// from word `w0`): pair row `i` holds rows `2i` and `2i + 1`'s first
+/// `words` words (≤ 16) side by side as [`pair_words`] lays them (an odd
+/// last row pairs with zeros), `2 · words` words of each `NR` written.
+/// The words `pack_panel_pairs_body` moves one half at a time.
+///
+/// # Safety
+/// `src` must hold words `w0..w0 + words` of rows `0..k`, `row` apart;
+/// `out` `⌈k / 2⌉` pair rows of `NR` words.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn pack_pair_rows(
+    src: *const u32,
+    row: usize,
+    k: usize,
+    words: usize,
+    out: *mut u32,
+) {
+    debug_assert!(words <= 16);
+    let load: __mmask16 = ((1u32 << words) - 1) as __mmask16;
+    let n = 2 * words;
+    let store0: __mmask16 = ((1u32 << n.min(16)) - 1) as __mmask16;
+    let store1: __mmask16 = ((1u32 << n.saturating_sub(16)) - 1) as __mmask16;
+    for i in 0..k.div_ceil(2) {
+        // Rows a head's columns are read from lie far apart (Q, K and V
+        // rows of every head side by side): ask for them ahead.
+        let ahead = src.wrapping_add((2 * i + PACK_AHEAD) * row) as *const i8;
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(4 * row));
+        let even = _mm512_maskz_loadu_epi32(load, src.add(2 * i * row) as *const i32);
+        let odd = match 2 * i + 1 < k {
+            true => _mm512_maskz_loadu_epi32(load, src.add((2 * i + 1) * row) as *const i32),
+            false => _mm512_setzero_si512(),
+        };
+        let [w0, w1] = pair_words(even, odd);
+        let dst = out.add(i * NR) as *mut i32;
+        _mm512_mask_storeu_epi32(dst, store0, w0);
+        _mm512_mask_storeu_epi32(dst.add(16), store1, w1);
+    }
+}
+
 /// Two rows' values ([`pair_words`]), their first `cols` columns, as the
 /// tile's pair of rows `i` of the transposed blocks (each run of columns
 /// inside one block of `MR_BF16` by a masked store; a lane masked off

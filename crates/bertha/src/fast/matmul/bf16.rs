@@ -985,7 +985,43 @@ fn pack_panels_reusing(b: Right, k: usize, n: usize, panels: &mut Vec<u16>, para
 
 multiversion! {
     fn pack_panel = pack_panel_body(b: &Strided<'_>, k: usize, c0: usize, cols: usize, panel: &mut [u16]);
-    fn pack_panel_pairs = pack_panel_pairs_body(words: &[u32], row: usize, k: usize, c0: usize, cols: usize, panel: &mut [u16]);
+    fn pack_panel_pairs_rows = pack_panel_pairs_body(words: &[u32], row: usize, k: usize, c0: usize, cols: usize, panel: &mut [u16]);
+}
+
+/// [`pack_panel_pairs_body`], on AVX-512 a pair row at a time
+/// (`avx512::pack_pair_rows`, the same words).
+fn pack_panel_pairs(
+    words: &[u32],
+    row: usize,
+    k: usize,
+    c0: usize,
+    cols: usize,
+    panel: &mut [u16],
+) {
+    let wn = cols.div_ceil(2);
+    #[cfg(target_arch = "x86_64")]
+    if features().avx512_bw && k > 0 && wn > 0 {
+        // SAFETY: any two u16 are a valid u32.
+        let (head, out, _) = unsafe { panel.align_to_mut::<u32>() };
+        if head.is_empty() {
+            assert!(
+                words.len() >= (k - 1) * row + c0 / 2 + wn && out.len() >= k.div_ceil(2) * NR,
+                "pack_panel_pairs: {k} rows of {cols} columns from {c0} read or write past their buffers"
+            );
+            // SAFETY: the CPU has AVX-512 F + BW; the extents are asserted.
+            unsafe {
+                super::avx512::pack_pair_rows(
+                    words[c0 / 2..].as_ptr(),
+                    row,
+                    k,
+                    wn,
+                    out.as_mut_ptr(),
+                )
+            };
+            return;
+        }
+    }
+    pack_panel_pairs_rows(words, row, k, c0, cols, panel)
 }
 
 /// Columns `c0..c0 + cols` (`c0` even) of a matrix given as `k` rows of
@@ -2236,6 +2272,36 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Pair rows packed a pair row at a time (AVX-512) are the words the
+    /// scalar loop moves, for odd row counts (an odd last row pairs with
+    /// zeros), odd and partial column counts and offsets; columns past
+    /// `cols` keep what the panel held.
+    #[test]
+    fn pair_panels_equal_the_scalar_loop() {
+        let (rows, row) = (13, 40);
+        let words: Vec<u32> = (0..rows * row as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let cases: [(usize, usize, usize); 5] = [
+            (13, 0, 32),
+            (12, 2, 31),
+            (1, 8, 5),
+            (7, 48, 32),
+            (13, 60, 20),
+        ];
+        for (k, c0, cols) in cases {
+            // Whole words, so both take the word-aligned paths.
+            let mut fast = vec![0xbeef_beefu32; k.div_ceil(2) * NR];
+            let mut slow = fast.clone();
+            // SAFETY: any u32 is two valid u16.
+            let halves = |w: &mut Vec<u32>| unsafe { w.align_to_mut::<u16>().1.to_vec() };
+            let (mut f, mut s) = (halves(&mut fast), halves(&mut slow));
+            pack_panel_pairs(&words, row, k, c0, cols, &mut f);
+            pack_panel_pairs_body(&words, row, k, c0, cols, &mut s);
+            assert_eq!(f, s, "k {k}, columns {c0}..+{cols}");
+        }
     }
 
     /// The bf16 multiply equals an f64 sum of the bf16-rounded operands
