@@ -245,6 +245,14 @@ impl DropoutMask {
         mask_row(row_key, self.threshold, self.scale, row);
     }
 
+    /// `dst` = `src` through the mask of the row keyed `row_key`: what
+    /// [`DropoutMask::apply_row`] makes of a copy of `src`, bit for bit.
+    #[inline]
+    pub(crate) fn apply_row_into(&self, row_key: u64, src: &[f32], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "dropout: a row into another length");
+        mask_row_into(row_key, self.threshold, self.scale, src, dst);
+    }
+
     /// The keep bits of the row keyed `row_key` (bit `j % 32` of word `j /
     /// 32` set when element `j` keeps), for `bits.len() · 32` elements:
     /// the mask drawn once, for a backward pass to apply again
@@ -281,6 +289,7 @@ impl DropoutMask {
 
 multiversion! {
     fn mask_row = mask_row_body(row_key: u64, threshold: u64, scale: f32, row: &mut [f32]);
+    fn mask_row_into = mask_row_into_body(row_key: u64, threshold: u64, scale: f32, src: &[f32], dst: &mut [f32]);
     fn mask_bits = mask_bits_body(row_key: u64, threshold: u64, bits: &mut [u32]);
     fn apply_mask_bits = apply_mask_bits_body(bits: &[u32], scale: f32, src: &[f32], dst: &mut [f32]);
     fn mask_bits_in_place = mask_bits_in_place_body(bits: &[u32], scale: f32, row: &mut [f32]);
@@ -339,6 +348,20 @@ fn mask_row_body(row_key: u64, threshold: u64, scale: f32, row: &mut [f32]) {
         } else {
             0.0
         };
+    }
+}
+
+/// [`DropoutMask::apply_row_into`]'s loop: [`mask_row_body`]'s product,
+/// written elsewhere.
+#[inline(always)]
+fn mask_row_into_body(row_key: u64, threshold: u64, scale: f32, src: &[f32], dst: &mut [f32]) {
+    for (j, (d, s)) in dst.iter_mut().zip(src).enumerate() {
+        *d = *s
+            * if keeps(row_key, j as u64, threshold) {
+                scale
+            } else {
+                0.0
+            };
     }
 }
 
@@ -494,7 +517,8 @@ mod tests {
 
     /// A mask kept as bits and applied again gives what drawing it
     /// element by element gives, bit for bit, into another row and in
-    /// place, for rows of whole and partial words.
+    /// place, for rows of whole and partial words; so does drawing it into
+    /// another row.
     #[test]
     fn kept_bits_apply_the_mask_drawn() {
         seed_dropout(11, 3);
@@ -516,8 +540,15 @@ mod tests {
             mask.apply_bits_into(&bits, &x, &mut got);
             let mut in_place = x.clone();
             mask.apply_bits_in_place(&bits, &mut in_place);
+            let mut drawn_into = vec![f32::NAN; n];
+            mask.apply_row_into(row_key, &x, &mut drawn_into);
             let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(as_bits(&got), as_bits(&want), "{n} values");
+            assert_eq!(
+                as_bits(&drawn_into),
+                as_bits(&want),
+                "{n} values drawn into another row"
+            );
             assert_eq!(as_bits(&in_place), as_bits(&want), "{n} values in place");
             let dropped = want.iter().filter(|v| **v == 0.0).count();
             assert_eq!(

@@ -230,19 +230,17 @@ pub(crate) fn bias_act_backward(
     add_into(dbias, &sums);
 }
 
-/// An output gradient `dy` (rows of `dbias.len()`), each row first passed
-/// through `prepare(row, values)` (a dropout mask), stored only as bf16
+/// An output gradient `dy` (rows of `dbias.len()`), each row read as it is
+/// or as `prepare(row, values, into)` writes it (a dropout mask), stored only as bf16
 /// pairs in `dz` (`⌈d / 2⌉` per row) with its column sums added into
 /// `dbias`: a linear layer's output gradient in a bf16 step feeds only its
 /// two products (as pairs) and its bias gradient. One pass instead of
 /// masking, summing and rounding apart; the sums are [`column_sums`]'s
 /// (same blocks, same order) and the pairs those of rounding the rows.
-pub(crate) fn grad_to_pairs(
-    dy: &[f32],
-    dz: &mut [u32],
-    dbias: &mut [f32],
-    prepare: impl Fn(usize, &mut [f32]) + Sync,
-) {
+pub(crate) fn grad_to_pairs<P>(dy: &[f32], dz: &mut [u32], dbias: &mut [f32], prepare: Option<P>)
+where
+    P: Fn(usize, &[f32], &mut [f32]) + Sync,
+{
     let d = dbias.len();
     let (d2, rows) = (d.div_ceil(2), dy.len() / d.max(1));
     assert!(
@@ -253,12 +251,21 @@ pub(crate) fn grad_to_pairs(
         return;
     }
     rows_with_sums(dz, d2, dbias, d, |at, pairs, part| {
-        let mut row = vec![0f32; d];
+        let mut prepared = match prepare {
+            Some(_) => vec![0f32; d],
+            None => Vec::new(),
+        };
         for (r, out) in pairs.chunks_exact_mut(d2).enumerate() {
-            row.copy_from_slice(&dy[at + r * d..][..d]);
-            prepare(at / d + r, &mut row);
-            add_rows(part, &row);
-            round_row(&row, out);
+            let src = &dy[at + r * d..][..d];
+            let row = match &prepare {
+                Some(prepare) => {
+                    prepare(at / d + r, src, &mut prepared);
+                    &prepared[..]
+                }
+                None => src,
+            };
+            add_rows(part, row);
+            round_row(row, out);
         }
     });
 }

@@ -1133,7 +1133,12 @@ fn linear_backward(
         Compute::Bf16 => {
             let n = db.len();
             let mut words = scratch(m * n.div_ceil(2));
-            grad_to_pairs(dy, as_words_mut(&mut words), db, |_, _| {});
+            grad_to_pairs(
+                dy,
+                as_words_mut(&mut words),
+                db,
+                None::<fn(usize, &[f32], &mut [f32])>,
+            );
             let pairs = as_words(&words);
             dw.product(|dw| products::weight_grad_pairs_bf16(pairs, n, x, dw, m));
             products::input_grad_pairs_bf16((pairs, n), w.into(), dx, m, accumulate);
@@ -1153,11 +1158,12 @@ fn output_grad_pairs(
 ) -> Vec<f32> {
     let d = dbias.len();
     let mut words = scratch(rows.count() * d.div_ceil(2));
-    grad_to_pairs(dy, as_words_mut(&mut words), dbias, |r, row| {
-        if let Some(mask) = mask {
-            mask.apply_row(mask.row_key(&rows.key(r)), row);
+    let masked = mask.map(|mask| {
+        move |r: usize, src: &[f32], row: &mut [f32]| {
+            mask.apply_row_into(mask.row_key(&rows.key(r)), src, row)
         }
     });
+    grad_to_pairs(dy, as_words_mut(&mut words), dbias, masked);
     words
 }
 
