@@ -26,6 +26,7 @@ impl CrossEntropy {
 
 multiversion! {
     fn ce_rows = ce_rows_body(logits: &mut [f32], c: usize, targets: &[u32], weight: f32, out: &mut [(f64, bool)]);
+    fn ce_row_into = ce_row_into_body(logits: &[f32], grad: &mut [f32], y: u32, weight: f32) -> (f64, bool);
 }
 
 /// `logits` `[N, C]` against `targets` (each in `0..C`): the summed
@@ -90,14 +91,13 @@ pub(crate) fn cross_entropy_to_pairs(
         .zip(pairs.par_chunks_mut(c2 * SUM_BLOCK))
         .map(|(((l, t), o), p)| {
             let (mut sums, mut grad) = (vec![0f32; c], vec![0f32; c]);
-            for (((row, t), o), p) in l
+            for (((row, &y), o), p) in l
                 .chunks_exact(c)
-                .zip(t.chunks(1))
-                .zip(o.chunks_mut(1))
+                .zip(t)
+                .zip(o)
                 .zip(p.chunks_exact_mut(c2))
             {
-                grad.copy_from_slice(row);
-                ce_rows(&mut grad, c, t, weight, o);
+                *o = ce_row_into(row, &mut grad, y, weight);
                 round_row(&grad, p);
                 add(&mut sums, &grad);
             }
@@ -121,17 +121,45 @@ fn ce_rows_body(
     out: &mut [(f64, bool)],
 ) {
     for ((row, &y), o) in logits.chunks_exact_mut(c).zip(targets).zip(out) {
-        let y = y as usize;
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let arg = row.iter().position(|&v| v == max).unwrap_or(0);
-        let target = row[y];
+        let (max, arg, target) = ce_row_start(row, y as usize);
         row.iter_mut().for_each(|v| *v = fast_exp(*v - max));
-        let sum = lane_sum(row);
-        let scale = weight / sum;
-        row.iter_mut().for_each(|v| *v *= scale);
-        row[y] -= weight;
-        *o = (f64::from(sum.ln()) - f64::from(target - max), arg == y);
+        *o = ce_row_end(row, (y as usize, weight), (max, arg, target));
     }
+}
+
+/// [`ce_rows_body`] on one row, the gradient written into `grad` (the
+/// logits only read): the same operations, so the same bits.
+#[inline(always)]
+fn ce_row_into_body(logits: &[f32], grad: &mut [f32], y: u32, weight: f32) -> (f64, bool) {
+    let (max, arg, target) = ce_row_start(logits, y as usize);
+    for (g, &v) in grad.iter_mut().zip(logits) {
+        *g = fast_exp(v - max);
+    }
+    ce_row_end(grad, (y as usize, weight), (max, arg, target))
+}
+
+/// A row's largest logit, where it first is, and the target's logit.
+#[inline(always)]
+fn ce_row_start(row: &[f32], y: usize) -> (f32, usize, f32) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let arg = row.iter().position(|&v| v == max).unwrap_or(0);
+    (max, arg, row[y])
+}
+
+/// A row's loss and whether its largest logit is the target, its
+/// exponentials `exp` (of the logits less `max`) turned into the gradient
+/// `weight · (softmax − one-hot)` in place.
+#[inline(always)]
+fn ce_row_end(
+    exp: &mut [f32],
+    (y, weight): (usize, f32),
+    (max, arg, target): (f32, usize, f32),
+) -> (f64, bool) {
+    let sum = lane_sum(exp);
+    let scale = weight / sum;
+    exp.iter_mut().for_each(|v| *v *= scale);
+    exp[y] -= weight;
+    (f64::from(sum.ln()) - f64::from(target - max), arg == y)
 }
 
 #[cfg(test)]
