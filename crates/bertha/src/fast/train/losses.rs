@@ -91,12 +91,7 @@ pub(crate) fn cross_entropy_to_pairs(
         .zip(pairs.par_chunks_mut(c2 * SUM_BLOCK))
         .map(|(((l, t), o), p)| {
             let (mut sums, mut grad) = (vec![0f32; c], vec![0f32; c]);
-            for (((row, &y), o), p) in l
-                .chunks_exact(c)
-                .zip(t)
-                .zip(o)
-                .zip(p.chunks_exact_mut(c2))
-            {
+            for (((row, &y), o), p) in l.chunks_exact(c).zip(t).zip(o).zip(p.chunks_exact_mut(c2)) {
                 *o = ce_row_into(row, &mut grad, y, weight);
                 round_row(&grad, p);
                 add(&mut sums, &grad);
