@@ -150,13 +150,13 @@ unsafe fn store_panel_pair(dst: *mut u32, even: __m512i, odd: __m512i) {
 const PACK_AHEAD: usize = 8;
 
 /// Pair rows of one panel from `k` rows of bf16 pairs (`row` words apart,
-/// from word `w0`): pair row `i` holds rows `2i` and `2i + 1`'s first
+/// starting at `src`): pair row `i` holds rows `2i` and `2i + 1`'s first
 /// `words` words (≤ 16) side by side as [`pair_words`] lays them (an odd
 /// last row pairs with zeros), `2 · words` words of each `NR` written.
 /// The words `pack_panel_pairs_body` moves one half at a time.
 ///
 /// # Safety
-/// `src` must hold words `w0..w0 + words` of rows `0..k`, `row` apart;
+/// `src` must hold the first `words` words of rows `0..k`, `row` apart;
 /// `out` `⌈k / 2⌉` pair rows of `NR` words.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(super) unsafe fn pack_pair_rows(
