@@ -998,9 +998,9 @@ fn pack_panel_pairs(
     cols: usize,
     panel: &mut [u16],
 ) {
-    let wn = cols.div_ceil(2);
     #[cfg(target_arch = "x86_64")]
-    if features().avx512_bw && k > 0 && wn > 0 {
+    if features().avx512_bw && k > 0 && cols > 0 {
+        let wn = cols.div_ceil(2);
         // SAFETY: any two u16 are a valid u32.
         let (head, out, _) = unsafe { panel.align_to_mut::<u32>() };
         if head.is_empty() {
