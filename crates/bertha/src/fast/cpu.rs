@@ -22,6 +22,10 @@ pub(crate) struct Features {
     pub vnni: bool,
     /// AVX512-BF16 (with F + BW): bf16 pair products by `vdpbf16ps`.
     pub bf16: bool,
+    /// AMX-BF16 tiles (with AVX512-BF16, which the tiles' epilogues use),
+    /// granted by the OS: bf16 products by `tdpbf16ps`, 16 × 16 × 32 per
+    /// instruction. Off with `BERTHA_AMX=0`.
+    pub amx: bool,
 }
 
 /// The CPU's features, detected on the first call.
@@ -41,6 +45,7 @@ fn detect() -> Features {
             avx512_bw,
             vnni: avx512_bw && has!("avx512vnni"),
             bf16: avx512_bw && has!("avx512bf16"),
+            amx: avx512_bw && has!("avx512bf16") && amx_granted(),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -50,7 +55,42 @@ fn detect() -> Features {
         avx512_bw: false,
         vnni: false,
         bf16: false,
+        amx: false,
     }
+}
+
+/// Whether the CPU has AMX-BF16 tiles and Linux lets this process use them
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: the tile data,
+/// 8 KiB of state per thread, is saved on context switches only for
+/// processes that asked), unless `BERTHA_AMX=0`.
+#[cfg(target_arch = "x86_64")]
+fn amx_granted() -> bool {
+    if std::env::var_os("BERTHA_AMX").is_some_and(|v| v == "0") {
+        return false;
+    }
+    // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID leaf 7 exists on every CPU with AVX-512 (checked first).
+    let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx;
+    if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
+        return false;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: arch_prctl with this request only changes which state
+        // the kernel saves for this process; it fails where AMX is off.
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
 }
 
 /// The widest instruction set the row loops are compiled for that the CPU
@@ -83,6 +123,11 @@ pub(crate) fn simd() -> Simd {
 /// computes the same integers, slowly).
 pub fn has_vnni() -> bool {
     features().vnni
+}
+
+/// True when bf16 products run on AMX tiles (Intel's `tdpbf16ps`).
+pub fn has_amx() -> bool {
+    features().amx
 }
 
 /// True when bf16 products run on AVX512-BF16 instructions (else a scalar

@@ -196,13 +196,27 @@ pub(super) unsafe fn pack_pair_rows(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn store_blocks_pair(blocks: Blocks, i: usize, cols: usize, even: __m512i, odd: __m512i) {
-    const B: usize = crate::fast::matmul::BF16_TILE_ROWS;
+    let b = blocks.width;
+    if b == 1 {
+        // Rows of the transpose: column j's word is row j's, a scatter.
+        let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let index = _mm512_mullo_epi32(lane, _mm512_set1_epi32(blocks.stride as i32));
+        for (v, words) in pair_words(even, odd).into_iter().enumerate() {
+            let lanes = cols.saturating_sub(16 * v).min(16);
+            if lanes > 0 {
+                let mask = ((1u32 << lanes) - 1) as __mmask16;
+                let base = blocks.word(i, 16 * v) as *mut i32;
+                _mm512_mask_i32scatter_epi32::<4>(base, mask, index, words);
+            }
+        }
+        return;
+    }
     for (v, words) in pair_words(even, odd).into_iter().enumerate() {
         let (first, lanes) = (16 * v, cols.saturating_sub(16 * v).min(16));
         let mut l = 0;
         while l < lanes {
             let j = blocks.c0 + first + l;
-            let run = (B - j % B).min(lanes - l);
+            let run = (b - j % b).min(lanes - l);
             let mask = (((1u32 << run) - 1) << l) as __mmask16;
             // Lane l lands on column j's word.
             let dst = blocks.word(i, first + l).wrapping_sub(l) as *mut i32;
@@ -635,6 +649,43 @@ unsafe fn prefetch_out(out: TileOut, rows: usize, cols: usize) {
     }
 }
 
+/// Stores a bf16 tile's accumulators as `out` says (the epilogue both
+/// bf16 kernels share).
+macro_rules! store_out {
+    ($acc:ident, $bias:ident, $act:ident, $out:ident) => {
+        match $out {
+            TileOut::F32 { c, ldc, accumulate } => {
+                store_tile!($acc, c, ldc, $bias, $act, accumulate)
+            }
+            TileOut::Pairs { c, ldc } => store_pairs!($acc, c, ldc, $bias, $act, None, None),
+            TileOut::Both {
+                slopes,
+                lds,
+                pairs,
+                ldp,
+                act,
+                panel,
+            } => store_pairs!(
+                $acc,
+                pairs,
+                ldp,
+                $bias,
+                Some(act),
+                Some((slopes, lds)),
+                panel
+            ),
+            TileOut::ActGrad {
+                slopes,
+                lds,
+                pairs,
+                ldp,
+                sums,
+                blocks,
+            } => store_act_grad!($acc, slopes, lds, pairs, ldp, sums, $bias.len(), blocks),
+        }
+    };
+}
+
 /// `R` rows × 32 columns of bf16 pair products (`vdpbf16ps`), summed in
 /// fp32 registers: `a` gives `R` rows of `k2` bf16 pairs (see
 /// [`PairsIn`]), `panel` `k2` rows of 32 columns × 2 bf16; stored as `out`
@@ -678,26 +729,130 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     steps!(0..split);
     prefetch_out(out, R, bias.len());
     steps!(split..k2);
-    match out {
-        TileOut::F32 { c, ldc, accumulate } => store_tile!(acc, c, ldc, bias, act, accumulate),
-        TileOut::Pairs { c, ldc } => store_pairs!(acc, c, ldc, bias, act, None, None),
-        TileOut::Both {
-            slopes,
-            lds,
-            pairs,
-            ldp,
-            act,
-            panel,
-        } => store_pairs!(acc, pairs, ldp, bias, Some(act), Some((slopes, lds)), panel),
-        TileOut::ActGrad {
-            slopes,
-            lds,
-            pairs,
-            ldp,
-            sums,
-            blocks,
-        } => store_act_grad!(acc, slopes, lds, pairs, ldp, sums, bias.len(), blocks),
+    store_out!(acc, bias, act, out);
+}
+
+/// [`tile_bf16`] with the sums from AMX tiles ([`super::amx::sums`]) for a
+/// left operand of rows (`a.pair == 1`), then the same epilogue.
+///
+/// # Safety
+/// As [`tile_bf16`]'s, and the CPU must have AMX, granted
+/// (`features().amx`).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn tile_amx<const R: usize>(
+    a: PairsIn,
+    k2: usize,
+    panel: &[u16],
+    bias: &[f32],
+    act: Option<Act>,
+    out: TileOut,
+) {
+    debug_assert!(a.pair == 1 && panel.len() >= k2 * NR * 2);
+    let mut sums = std::mem::MaybeUninit::<[f32; 16 * NR]>::uninit();
+    let sums = sums.as_mut_ptr().cast::<f32>();
+    prefetch_out(out, R, bias.len());
+    // SAFETY: the caller's contract: R rows of k2 pairs a.row apart, k2
+    // panel rows; sums writes R rows of NR values, which are all read.
+    super::amx::sums::<R>(a.ptr, a.row, k2, panel.as_ptr().cast(), sums);
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let row = sums.add(r * NR);
+        *acc = [_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))];
     }
+    store_out!(acc, bias, act, out);
+}
+
+/// Words `i0..i0 + 16` of rows `r0..r0 + 16` of the transpose `a[r, c] =
+/// src[c, r]` as rows of bf16 pairs (`transpose_rows`: word `i` of a row
+/// pairs `a[r, 2i]`, low half, with `a[r, 2i + 1]`, 0 past `k`), row `r0 +
+/// j` at `out + j · k2`: per step, source rows `2i` and `2i + 1` rounded
+/// by `vcvtne2ps2bf16` (as `round_bits` rounds; bf16 sources as they are)
+/// into one register of 16 words, then the 16 × 16 words transposed.
+///
+/// # Safety
+/// `src` must hold rows `0..k` of at least `r0 + 16` values, `i0 + 16 ≤
+/// ⌈k / 2⌉`, `out` 16 rows of `k2` words.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn transpose_pairs16(
+    src: Source,
+    k: usize,
+    r0: usize,
+    i0: usize,
+    out: *mut u32,
+    k2: usize,
+) {
+    debug_assert!(i0 + 16 <= k.div_ceil(2) && src.covers(k, r0 + 16));
+    let mut w = [_mm512_setzero_si512(); 16];
+    for (s, w) in w.iter_mut().enumerate() {
+        let i = i0 + s;
+        let has_hi = 2 * i + 1 < k;
+        let (lo, hi): (__m512i, __m512i) = match src {
+            Source::F32 { data, cs } => {
+                let lo = data.as_ptr().add(2 * i * cs + r0);
+                let l = _mm512_loadu_ps(lo);
+                let h = match has_hi {
+                    true => _mm512_loadu_ps(lo.add(cs)),
+                    false => _mm512_setzero_ps(),
+                };
+                // Low 256 bits: row 2i's 16 values; high: row 2i + 1's.
+                let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h, l));
+                (
+                    _mm512_cvtepu16_epi32(_mm512_castsi512_si256(both)),
+                    _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(both)),
+                )
+            }
+            Source::Pairs { data, row } => {
+                let halves = data.as_ptr() as *const u16;
+                let lo = halves.add(2 * (2 * i * row) + r0);
+                let l = _mm256_loadu_si256(lo as *const __m256i);
+                let h = match has_hi {
+                    true => _mm256_loadu_si256(lo.add(2 * row) as *const __m256i),
+                    false => _mm256_setzero_si256(),
+                };
+                (_mm512_cvtepu16_epi32(l), _mm512_cvtepu16_epi32(h))
+            }
+        };
+        // Lane j: the word of transposed row r0 + j at step i.
+        *w = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
+    }
+    for (j, row) in transpose16x16(w).into_iter().enumerate() {
+        _mm512_storeu_si512(out.add(j * k2 + i0) as *mut __m512i, row);
+    }
+}
+
+/// The 16 × 16 transpose of 32-bit lanes: lane `j` of row `s` becomes
+/// lane `s` of row `j`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for p in 0..8 {
+        t[2 * p] = _mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
+        t[2 * p + 1] = _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
+    }
+    let mut u = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        let b = 4 * q;
+        u[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
+        u[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
+        u[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+        u[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+    }
+    // u[4q + c] holds, in each 128-bit lane l, column 4l + c of rows
+    // 4q..4q + 4: gather the lanes.
+    for q in 0..2 {
+        for c in 0..4 {
+            let (a, b) = (u[8 * q + c], u[8 * q + 4 + c]);
+            t[8 * q + c] = _mm512_shuffle_i32x4::<0x88>(a, b);
+            t[8 * q + 4 + c] = _mm512_shuffle_i32x4::<0xdd>(a, b);
+        }
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for c in 0..8 {
+        out[c] = _mm512_shuffle_i32x4::<0x88>(t[c], t[8 + c]);
+        out[8 + c] = _mm512_shuffle_i32x4::<0xdd>(t[c], t[8 + c]);
+    }
+    out
 }
 
 /// Rows `r0..r0 + 48` of the transpose `a[r, c] = src[c, r]` as the

@@ -306,23 +306,47 @@ pub(super) enum TileOut {
 
 /// Where a tile stores its sums transposed, as [`interleave_rows`] lays
 /// out a transposed left operand: column `j` of the tile's pair of rows
-/// `i` (the even row in the low half) at word `(j / MR_BF16) · stride + i
-/// · MR_BF16 + j % MR_BF16` from `at` (`at` already at the tile's first
-/// pair of rows; `stride` = `MR_BF16` × the pairs of rows in all), for the
-/// tile's columns `c0..` (its panel's).
+/// `i` (the even row in the low half) at word `(j / width) · stride + i ·
+/// width + j % width` from `at` (`at` already at the tile's first pair of
+/// rows; `stride` = `width` × the pairs of rows in all), for the tile's
+/// columns `c0..` (its panel's). `width` is [`transposed_width`]'s.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Blocks {
     pub at: *mut u32,
     pub stride: usize,
     pub c0: usize,
+    pub width: usize,
 }
 
 impl Blocks {
     /// Column `j`'s word of the tile's pair of rows `i`.
     pub(super) fn word(self, i: usize, j: usize) -> *mut u32 {
-        let j = self.c0 + j;
-        self.at
-            .wrapping_add(j / MR_BF16 * self.stride + i * MR_BF16 + j % MR_BF16)
+        let (j, w) = (self.c0 + j, self.width);
+        self.at.wrapping_add(j / w * self.stride + i * w + j % w)
+    }
+}
+
+/// The rows of a transposed left operand's blocks ([`interleave_rows`]):
+/// [`MR_BF16`], a register tile's, every step's pairs of a block side by
+/// side; or 1 on AMX, whose tiles load each row's pairs as one run: the
+/// blocks are then the transpose's rows of pairs, [`PairsIn::rows`].
+pub(super) fn transposed_width() -> usize {
+    match features().amx {
+        true => 1,
+        false => MR_BF16,
+    }
+}
+
+/// A transposed left operand's tile from row `r0` (a multiple of
+/// [`MR_BF16`]) of `k2` pairs, laid out as [`interleave_rows`] lays it.
+fn transposed_left(words: &[u32], r0: usize, k2: usize) -> PairsIn {
+    match transposed_width() {
+        1 => PairsIn::rows(&words[r0 * k2..], k2),
+        width => PairsIn {
+            ptr: words[r0 * k2..].as_ptr(),
+            row: 1,
+            pair: width,
+        },
     }
 }
 
@@ -439,11 +463,16 @@ unsafe fn tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd {
+        let amx = a.pair == 1 && features().amx;
         macro_rules! dispatch {
             ($($n:literal)*) => {
                 match mr {
-                    // SAFETY: the CPU has AVX512-BF16 (the caller checked);
-                    // a gives mr rows of k2 pairs, the caller owns the tile.
+                    // SAFETY: the CPU has AVX512-BF16 (the caller checked)
+                    // and, for tile_amx, AMX; a gives mr rows of k2 pairs
+                    // (for tile_amx rows of pairs), the caller owns the tile.
+                    $($n if amx => unsafe {
+                        super::avx512::tile_amx::<$n>(a, k2, panel, bias, act, out)
+                    },)*
                     $($n => unsafe {
                         super::avx512::tile_bf16::<$n>(a, k2, panel, bias, act, out)
                     },)*
@@ -829,11 +858,7 @@ unsafe fn pairs_serial(
                     row: stride,
                     pair: 1,
                 },
-                LeftPairs::Interleaved(words) => PairsIn {
-                    ptr: words[r0 * k2..].as_ptr(),
-                    row: 1,
-                    pair: MR_BF16,
-                },
+                LeftPairs::Interleaved(words) => transposed_left(words, r0, k2),
             };
             let out = match out {
                 SerialOut::F32(c, ldc) => TileOut::F32 {
@@ -1260,6 +1285,10 @@ fn interleave_rows(src: Source, k: usize, m: usize, out: &mut Vec<u32>, parallel
     if out.len() < len {
         out.resize(len, 0);
     }
+    if transposed_width() == 1 {
+        out[m * k2..len].fill(0);
+        return transpose_rows(src, k, m, &mut out[..m * k2], parallel);
+    }
     let simd = features().bf16;
     let task = |(t, blocks): (usize, &mut [u32])| {
         let r0 = t * INTERLEAVE_BLOCKS * MR_BF16;
@@ -1280,6 +1309,62 @@ fn interleave_rows(src: Source, k: usize, m: usize, out: &mut Vec<u32>, parallel
 
 multiversion! {
     fn interleave_blocks = interleave_blocks_body(src: Source, k: usize, m: usize, r0: usize, out: &mut [u32]);
+    fn transpose_rows_at = transpose_rows_body(src: Source, k: usize, r0: usize, i0: usize, out: &mut [u32]);
+}
+
+/// Transposed rows per task of [`transpose_rows`].
+const TRANSPOSE_ROWS: usize = 16;
+
+/// [`interleave_rows`]'s layout on AMX: the transpose `a[r, c] = src[c,
+/// r]` (`[m, k]`) as rows of bf16 pairs, word `r · k2 + i` pairing
+/// `a[r, 2i]` (low half) with `a[r, 2i + 1]` (0 past `k`). Source rows
+/// `2i`, `2i + 1` are read 16 values at a time and 16 × 16 words
+/// transposed in registers, so each row's words are written a cache line
+/// at a time.
+fn transpose_rows(src: Source, k: usize, m: usize, out: &mut [u32], parallel: bool) {
+    let k2 = k.div_ceil(2);
+    debug_assert_eq!(out.len(), m * k2);
+    let simd = features().bf16;
+    let task = |(t, rows): (usize, &mut [u32])| {
+        let r0 = t * TRANSPOSE_ROWS;
+        let full = match simd && rows.len() == TRANSPOSE_ROWS * k2 {
+            true => k2 / 16 * 16,
+            false => 0,
+        };
+        #[cfg(target_arch = "x86_64")]
+        for i0 in (0..full).step_by(16) {
+            // SAFETY: the CPU has AVX512-BF16; steps i0..i0 + 16 < k2 and
+            // rows r0..r0 + 16 ≤ m of the source (k rows of m values,
+            // checked by the caller) and of the task's 16 rows of k2.
+            unsafe { super::avx512::transpose_pairs16(src, k, r0, i0, rows.as_mut_ptr(), k2) };
+        }
+        transpose_rows_at(src, k, r0, full, rows);
+    };
+    let chunk = (TRANSPOSE_ROWS * k2).max(1);
+    each_chunk(out, (chunk, 1), parallel, task);
+}
+
+/// Steps `i0..` of [`transpose_rows`]'s rows `r0..` (as many as `out`
+/// holds, `k2` words each), one word at a time.
+#[inline(always)]
+fn transpose_rows_body(src: Source, k: usize, r0: usize, i0: usize, out: &mut [u32]) {
+    let k2 = k.div_ceil(2);
+    let value = |r: usize, c: usize| -> u32 {
+        match src {
+            Source::F32 { data, cs } => round_bits(data[r * cs + c]),
+            Source::Pairs { data, row } => data[r * row + c / 2] >> (16 * (c % 2)) & 0xffff,
+        }
+    };
+    for (j, row) in out.chunks_exact_mut(k2).enumerate() {
+        let c = r0 + j;
+        for (i, w) in row.iter_mut().enumerate().skip(i0) {
+            let hi = match 2 * i + 1 < k {
+                true => value(2 * i + 1, c),
+                false => 0,
+            };
+            *w = value(2 * i, c) | hi << 16;
+        }
+    }
 }
 
 /// The blocks of [`interleave_rows`] from row `r0` (as many as `out`
@@ -1755,8 +1840,14 @@ fn act_grad_on(
 /// leaves them).
 fn transposed_blocks(m: usize, k: usize) -> Unwritten {
     let (k2, full) = (k.div_ceil(2), m / MR_BF16);
-    let mut blocks = Unwritten::new(m.div_ceil(MR_BF16) * MR_BF16 * k2);
-    if !m.is_multiple_of(MR_BF16) {
+    let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
+    let mut blocks = Unwritten::new(len);
+    if transposed_width() == 1 {
+        // Rows of pairs: the rows past m's.
+        let words: *mut u32 = blocks.as_mut_ptr().cast();
+        // SAFETY: words m · k2..len lie inside the buffer.
+        unsafe { std::slice::from_raw_parts_mut(words.add(m * k2), len - m * k2) }.fill(0);
+    } else if !m.is_multiple_of(MR_BF16) {
         let words: *mut u32 = blocks.as_mut_ptr().cast();
         for i in 0..k2 {
             // SAFETY: the last block's step i lies inside the buffer.
@@ -2188,15 +2279,11 @@ unsafe fn product_bf16_into(
     let left = |r0: usize| match interleaved {
         // Tiles start at multiples of MR_BF16 (tasks at multiples of
         // ROWS_PER_TASK, a const assertion above), so r0 starts a block.
-        true => PairsIn {
-            ptr: pairs[r0 * k2..].as_ptr(),
-            row: 1,
-            pair: MR_BF16,
-        },
+        true => transposed_left(pairs, r0, k2),
         false => PairsIn::rows(&pairs[r0 * a_stride..], a_stride),
     };
     let zeros = [0f32; NR];
-    let (out, n2) = (SharedOut(c), n.div_ceil(2));
+    let (out, n2, width) = (SharedOut(c), n.div_ceil(2), transposed_width());
     let task = |p: usize, rows: std::ops::Range<usize>| {
         let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
         let cs = p * NR..(p * NR + NR).min(n);
@@ -2250,9 +2337,10 @@ unsafe fn product_bf16_into(
                     sums: sums.at(block * n + p * NR),
                     // r0 is even (a multiple of MR_BF16).
                     blocks: Blocks {
-                        at: blocks.at(r0 / 2 * MR_BF16),
-                        stride: MR_BF16 * m.div_ceil(2),
+                        at: blocks.at(r0 / 2 * width),
+                        stride: width * m.div_ceil(2),
                         c0: p * NR,
+                        width,
                     },
                 },
             };
@@ -2301,6 +2389,104 @@ mod tests {
             pack_panel_pairs(&words, row, k, c0, cols, &mut f);
             pack_panel_pairs_body(&words, row, k, c0, cols, &mut s);
             assert_eq!(f, s, "k {k}, columns {c0}..+{cols}");
+        }
+    }
+
+    /// The transpose as rows of pairs (AMX's layout of a transposed left
+    /// operand) equals its scalar twin's words, from fp32 and bf16 sources,
+    /// with rows and steps past whole 16 × 16 blocks and an odd `k`.
+    #[test]
+    fn transposed_rows_equal_the_scalar_transpose() {
+        let val = |i: usize| ((i as f32) * 0.618).sin() * 3.0;
+        for (k, m) in [(67, 53), (64, 32), (5, 16), (33, 17)] {
+            let cs = m + 3;
+            let data: Vec<f32> = (0..k * cs).map(val).collect();
+            let pairs: Vec<u32> = (0..k * cs.div_ceil(2))
+                .map(|i| round_bits(val(2 * i)) | round_bits(val(2 * i + 1)) << 16)
+                .collect();
+            let sources = [
+                Source::F32 { data: &data, cs },
+                Source::Pairs {
+                    data: &pairs,
+                    row: cs.div_ceil(2),
+                },
+            ];
+            for src in sources {
+                let k2 = k.div_ceil(2);
+                let mut fast = vec![0u32; m * k2];
+                transpose_rows(src, k, m, &mut fast, true);
+                let mut slow = vec![0u32; m * k2];
+                for (t, rows) in slow.chunks_mut(TRANSPOSE_ROWS * k2).enumerate() {
+                    transpose_rows_body(src, k, t * TRANSPOSE_ROWS, 0, rows);
+                }
+                assert_eq!(fast, slow, "[{k}, {m}] transposed");
+                // Word (r, i) pairs source rows 2i and 2i + 1 of column r
+                // (0 past k): the last row's last word.
+                let value = |row: usize, c: usize| match src {
+                    Source::F32 { data, cs } => round_bits(data[row * cs + c]),
+                    Source::Pairs { data, row: w } => {
+                        data[row * w + c / 2] >> (16 * (c % 2)) & 0xffff
+                    }
+                };
+                let (r, i) = (m - 1, k2 - 1);
+                let hi = if 2 * i + 1 < k {
+                    value(2 * i + 1, r)
+                } else {
+                    0
+                };
+                assert_eq!(fast[r * k2 + i], value(2 * i, r) | hi << 16);
+            }
+        }
+    }
+
+    /// AMX tiles sum the same products as the AVX-512 register tiles (in
+    /// another order: equal up to fp32 rounding), for every tile height,
+    /// steps past whole 16-pair tile steps, partial panels and padded
+    /// left rows. Where the CPU has no AMX there is nothing to compare.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn amx_tiles_equal_the_register_tiles() {
+        if !features().amx {
+            eprintln!("no AMX here: the register tiles alone are tested");
+            return;
+        }
+        let val = |i: usize| ((i as f32) * 0.377).cos();
+        for k2 in [1, 15, 16, 17, 40] {
+            let lda = k2 + 3;
+            let a: Vec<u32> = (0..12 * lda)
+                .map(|i| round_bits(val(2 * i)) | round_bits(val(2 * i + 1)) << 16)
+                .collect();
+            let panel: Vec<u16> = (0..k2 * NR * 2).map(|i| to_bf16(val(i + 7))).collect();
+            let bias: Vec<f32> = (0..NR).map(|j| val(j + 3)).collect();
+            macro_rules! compare {
+                ($($r:literal)*) => {$(
+                    for cols in [NR, 20] {
+                        let [mut amx, mut reg] = [[0f32; 12 * NR]; 2];
+                        for (c, amx_kernel) in [(&mut amx, true), (&mut reg, false)] {
+                            let out = TileOut::F32 { c: c.as_mut_ptr(), ldc: NR, accumulate: false };
+                            let a = PairsIn::rows(&a, lda);
+                            // SAFETY: AMX and AVX512-BF16 (checked); a holds
+                            // 12 rows of k2 pairs lda apart, the panel k2
+                            // pair rows, c a 12 × NR tile.
+                            unsafe {
+                                match amx_kernel {
+                                    true => super::super::avx512::tile_amx::<$r>(a, k2, &panel, &bias[..cols], None, out),
+                                    false => super::super::avx512::tile_bf16::<$r>(a, k2, &panel, &bias[..cols], None, out),
+                                }
+                            }
+                        }
+                        for (i, (x, y)) in amx.iter().zip(&reg).enumerate() {
+                            let (r, j) = (i / NR, i % NR);
+                            let tol = 1e-6 * (2 * k2) as f32;
+                            match r < $r && j < cols {
+                                true => assert!((x - y).abs() <= tol, "{}-row tile, k2 {k2}, ({r}, {j}): {x} vs {y}", $r),
+                                false => assert_eq!((*x, *y), (0.0, 0.0), "written outside the tile"),
+                            }
+                        }
+                    }
+                )*};
+            }
+            compare!(1 2 3 4 5 6 7 8 9 10 11 12);
         }
     }
 

@@ -725,6 +725,8 @@ pub(crate) unsafe fn tile_f32(
 }
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 #[cfg(test)]
