@@ -748,12 +748,51 @@ pub(super) unsafe fn tile_amx<const R: usize>(
     out: TileOut,
 ) {
     debug_assert!(a.pair == 1 && panel.len() >= k2 * NR * 2);
-    let mut sums = std::mem::MaybeUninit::<[f32; 16 * NR]>::uninit();
+    let mut sums = std::mem::MaybeUninit::<[f32; 12 * NR]>::uninit();
     let sums = sums.as_mut_ptr().cast::<f32>();
     prefetch_out(out, R, bias.len());
     // SAFETY: the caller's contract: R rows of k2 pairs a.row apart, k2
     // panel rows; sums writes R rows of NR values, which are all read.
-    super::amx::sums::<R>(a.ptr, a.row, k2, panel.as_ptr().cast(), sums);
+    super::amx::sums::<R, 0>(a.ptr, a.row, k2, panel.as_ptr().cast(), sums);
+    store_sums::<R>(sums, bias, act, out);
+}
+
+/// Two tiles on AMX, rows `0..12` of `a` stored as `first` says and rows
+/// `12..12 + R` as `second` says: [`tile_amx`] twice, with each step's
+/// right operand loaded once for both.
+///
+/// # Safety
+/// As [`tile_amx`]'s, for `12 + R` rows of `a` and both tiles.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn tile_amx2<const R: usize>(
+    a: PairsIn,
+    k2: usize,
+    panel: &[u16],
+    bias: &[f32],
+    act: Option<Act>,
+    (first, second): (TileOut, TileOut),
+) {
+    debug_assert!(a.pair == 1 && panel.len() >= k2 * NR * 2);
+    let mut sums = std::mem::MaybeUninit::<[f32; 24 * NR]>::uninit();
+    let sums = sums.as_mut_ptr().cast::<f32>();
+    prefetch_out(first, 12, bias.len());
+    prefetch_out(second, R, bias.len());
+    // SAFETY: the caller's contract: 12 + R rows of k2 pairs a.row apart,
+    // k2 panel rows; sums writes 12 + R rows of NR values, all read.
+    super::amx::sums::<12, R>(a.ptr, a.row, k2, panel.as_ptr().cast(), sums);
+    store_sums::<12>(sums, bias, act, first);
+    store_sums::<R>(sums.add(12 * NR), bias, act, second);
+}
+
+/// `R` rows of [`NR`] fp32 sums at `sums` stored as `out` says.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn store_sums<const R: usize>(
+    sums: *const f32,
+    bias: &[f32],
+    act: Option<Act>,
+    out: TileOut,
+) {
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for (r, acc) in acc.iter_mut().enumerate() {
         let row = sums.add(r * NR);

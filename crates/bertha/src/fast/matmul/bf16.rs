@@ -212,25 +212,22 @@ impl PackedBf16 {
             let panel = &self.panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
             let cs = p * NR..(p * NR + NR).min(n);
             let bias = &bias[cs];
-            for r0 in rows.step_by(MR_BF16) {
-                let mr = MR_BF16.min(m - r0);
-                let a = PairsIn::rows(&pairs[r0 * k2..(r0 + mr) * k2], k2);
-                let out = match base {
-                    Base::F32(y) => TileOut::F32 {
-                        c: y.at(r0 * n + p * NR),
-                        ldc: n,
-                        accumulate: false,
-                    },
-                    Base::Pairs(y) => TileOut::Pairs {
-                        c: y.at(r0 * n2 + p * NR / 2),
-                        ldc: n2,
-                    },
-                };
-                // SAFETY: rows r0..r0+mr, the columns (or pairs) of panel p
-                // lie inside the output (shapes checked by the callers) and
-                // belong to this task only.
-                unsafe { tile(simd, a, k2, mr, panel, bias, act, out) };
-            }
+            let left = |r0: usize| PairsIn::rows(&pairs[r0 * k2..], k2);
+            let out = |r0: usize| match base {
+                Base::F32(y) => TileOut::F32 {
+                    c: y.at(r0 * n + p * NR),
+                    ldc: n,
+                    accumulate: false,
+                },
+                Base::Pairs(y) => TileOut::Pairs {
+                    c: y.at(r0 * n2 + p * NR / 2),
+                    ldc: n2,
+                },
+            };
+            // SAFETY: the task's rows, the columns (or pairs) of panel p
+            // lie inside the output (shapes checked by the callers) and
+            // belong to this task only; pairs holds m rows of k2.
+            unsafe { tiles(simd, rows, left, k2, panel, bias, act, out) };
         });
     }
 }
@@ -590,6 +587,56 @@ unsafe fn tile(
     }
 }
 
+/// The tiles of rows `rows` (from a multiple of [`MR_BF16`]) against one
+/// panel: [`tile`] after tile, `left(r0)` the operand and `out(r0)` the
+/// store of the tile from row `r0`; on AMX two tiles at a time where the
+/// left operand is rows ([`super::avx512::tile_amx2`]: each right tile is
+/// loaded once for 24 rows).
+///
+/// # Safety
+/// As [`tile`]'s, for each tile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiles(
+    simd: bool,
+    rows: std::ops::Range<usize>,
+    left: impl Fn(usize) -> PairsIn,
+    k2: usize,
+    panel: &[u16],
+    bias: &[f32],
+    act: Option<Act>,
+    out: impl Fn(usize) -> TileOut,
+) {
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let (a, left_rows) = (left(r0), rows.end - r0);
+        #[cfg(target_arch = "x86_64")]
+        if simd && a.pair == 1 && left_rows > MR_BF16 && features().amx {
+            let second = (MR_BF16).min(left_rows - MR_BF16);
+            let outs = (out(r0), out(r0 + MR_BF16));
+            macro_rules! dispatch {
+                ($($n:literal)*) => {
+                    match second {
+                        // SAFETY: AMX and AVX512-BF16 (checked); a holds
+                        // the rows of both tiles (rows of pairs, the
+                        // caller's), whose outputs the caller owns.
+                        $($n => unsafe {
+                            super::avx512::tile_amx2::<$n>(a, k2, panel, bias, act, outs)
+                        },)*
+                        _ => unreachable!("tiles have 1..=MR_BF16 rows"),
+                    }
+                };
+            }
+            dispatch!(1 2 3 4 5 6 7 8 9 10 11 12);
+            r0 += MR_BF16 + second;
+            continue;
+        }
+        let mr = MR_BF16.min(left_rows);
+        // SAFETY: the caller's contract.
+        unsafe { tile(simd, a, k2, mr, panel, bias, act, out(r0)) };
+        r0 += mr;
+    }
+}
+
 /// Half `half` (0: the even row's) of a panel's pair row at `row` (`NR`
 /// words): `values`, then zeros to `NR` columns.
 ///
@@ -850,31 +897,28 @@ unsafe fn pairs_serial(
     for p in 0..n.div_ceil(NR) {
         let panel = &panels[p * k2 * NR * 2..(p + 1) * k2 * NR * 2];
         let cols = NR.min(n - p * NR);
-        for b in 0..blocks {
-            let (r0, mr) = (b * MR_BF16, MR_BF16.min(m - b * MR_BF16));
-            let a = match a {
-                LeftPairs::Rows { words, stride } => PairsIn {
-                    ptr: words[r0 * stride..].as_ptr(),
-                    row: stride,
-                    pair: 1,
-                },
-                LeftPairs::Interleaved(words) => transposed_left(words, r0, k2),
-            };
-            let out = match out {
-                SerialOut::F32(c, ldc) => TileOut::F32 {
-                    c: c.wrapping_add(r0 * ldc + p * NR),
-                    ldc,
-                    accumulate: false,
-                },
-                SerialOut::Pairs(c, ldc) => TileOut::Pairs {
-                    c: c.wrapping_add(r0 * ldc + p * NR / 2),
-                    ldc,
-                },
-            };
-            // SAFETY: a holds rows r0..r0 + mr of k2 pairs (asserted
-            // above), the panel k2 pair rows; the caller owns c's tile.
-            unsafe { tile(simd, a, k2, mr, panel, &zeros[..cols], None, out) };
-        }
+        let left = |r0: usize| match a {
+            LeftPairs::Rows { words, stride } => PairsIn {
+                ptr: words[r0 * stride..].as_ptr(),
+                row: stride,
+                pair: 1,
+            },
+            LeftPairs::Interleaved(words) => transposed_left(words, r0, k2),
+        };
+        let out = |r0: usize| match out {
+            SerialOut::F32(c, ldc) => TileOut::F32 {
+                c: c.wrapping_add(r0 * ldc + p * NR),
+                ldc,
+                accumulate: false,
+            },
+            SerialOut::Pairs(c, ldc) => TileOut::Pairs {
+                c: c.wrapping_add(r0 * ldc + p * NR / 2),
+                ldc,
+            },
+        };
+        // SAFETY: a holds rows 0..m of k2 pairs (asserted above), the
+        // panel k2 pair rows; the caller owns c's tiles.
+        unsafe { tiles(simd, 0..m, left, k2, panel, &zeros[..cols], None, out) };
     }
 }
 
@@ -2289,15 +2333,9 @@ unsafe fn product_bf16_into(
         let cs = p * NR..(p * NR + NR).min(n);
         let bias = bias.map_or(&zeros[..cs.len()], |b| &b[cs]);
         let block = rows.start / super::ROWS_PER_TASK;
-        for r0 in rows.step_by(MR_BF16) {
-            let mr = MR_BF16.min(m - r0);
-            let a = left(r0);
-            // SAFETY: rows r0..r0+mr, columns of panel p lie inside c (the
-            // caller's m × n) and the pairs (m rows, n2 or the store's ldp
-            // apart) and belong to this task only; a reads pairs of rows
-            // r0..r0+mr inside `pairs` (m rows of k2, a_stride apart).
+        let dest = |r0: usize| {
             let c = out.at(r0 * ldc + p * NR);
-            let dest = match store {
+            match store {
                 Store::Sums(sums) => TileOut::F32 {
                     c,
                     ldc,
@@ -2343,9 +2381,13 @@ unsafe fn product_bf16_into(
                         width,
                     },
                 },
-            };
-            unsafe { tile(simd, a, k2, mr, panel, bias, act, dest) };
-        }
+            }
+        };
+        // SAFETY: the task's rows, columns of panel p lie inside c (the
+        // caller's m × n) and the pairs (m rows, n2 or the store's ldp
+        // apart) and belong to this task only; the tiles read pairs of
+        // their rows inside `pairs` (m rows of k2, a_stride apart).
+        unsafe { tiles(simd, rows, left, k2, panel, bias, act, dest) };
     };
     if parallel {
         for_each_task(m, n, std::mem::size_of_val(pairs), task);
@@ -2487,6 +2529,38 @@ mod tests {
                 )*};
             }
             compare!(1 2 3 4 5 6 7 8 9 10 11 12);
+            // Two tiles at once: 12 + R rows, each stored as its own.
+            let a24: Vec<u32> = (0..24 * lda)
+                .map(|i| round_bits(val(3 * i)) | round_bits(val(3 * i + 1)) << 16)
+                .collect();
+            macro_rules! compare2 {
+                ($($r:literal)*) => {$(
+                    let [mut amx, mut reg] = [[0f32; 24 * NR]; 2];
+                    let out = |c: &mut [f32; 24 * NR], r0: usize| TileOut::F32 {
+                        c: c[r0 * NR..].as_mut_ptr(),
+                        ldc: NR,
+                        accumulate: false,
+                    };
+                    let rows = |r0: usize| PairsIn::rows(&a24[r0 * lda..], lda);
+                    // SAFETY: AMX and AVX512-BF16 (checked); a24 holds 24
+                    // rows of k2 pairs lda apart, the panel k2 pair rows,
+                    // each output 12 + R rows of NR.
+                    unsafe {
+                        let outs = (out(&mut amx, 0), out(&mut amx, 12));
+                        super::super::avx512::tile_amx2::<$r>(rows(0), k2, &panel, &bias, None, outs);
+                        super::super::avx512::tile_bf16::<12>(rows(0), k2, &panel, &bias, None, out(&mut reg, 0));
+                        super::super::avx512::tile_bf16::<$r>(rows(12), k2, &panel, &bias, None, out(&mut reg, 12));
+                    }
+                    for (i, (x, y)) in amx.iter().zip(&reg).enumerate() {
+                        let tol = 1e-6 * (2 * k2) as f32;
+                        match i / NR < 12 + $r {
+                            true => assert!((x - y).abs() <= tol, "12 + {} rows, k2 {k2}, {i}: {x} vs {y}", $r),
+                            false => assert_eq!((*x, *y), (0.0, 0.0), "written outside the tiles"),
+                        }
+                    }
+                )*};
+            }
+            compare2!(1 5 11 12);
         }
     }
 
