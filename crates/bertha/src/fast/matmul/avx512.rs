@@ -27,8 +27,9 @@ macro_rules! store_tile {
         let bias1 = _mm512_maskz_loadu_ps(m1, bias.as_ptr().wrapping_add(16));
         // Rows by constant index (a loop over 11 or 12 rows is not
         // unrolled, and indexing by a variable keeps the array in memory).
-        assert!($acc.len() <= 12, "store_tile! stores at most 12 rows");
-        store_tile!(@rows $acc, c, ldc, bias0, bias1, m0, m1, act, accumulate; 0 1 2 3 4 5 6 7 8 9 10 11);
+        assert!($acc.len() <= 16, "store_tile! stores at most 16 rows");
+        store_tile!(@rows $acc, c, ldc, bias0, bias1, m0, m1, act, accumulate;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
     }};
     (@rows $acc:ident, $c:ident, $ldc:ident, $b0:ident, $b1:ident, $m0:ident, $m1:ident,
      $act:ident, $accumulate:ident; $($r:literal)*) => {
@@ -73,9 +74,9 @@ macro_rules! store_pairs {
         // words pair them), 0 past the columns.
         let columns: __mmask32 = if bias.len() >= 32 { u32::MAX } else { (1u32 << bias.len()) - 1 };
         let mut even = _mm512_setzero_si512();
-        assert!($acc.len() <= 12, "store_pairs! stores at most 12 rows");
+        assert!($acc.len() <= 16, "store_pairs! stores at most 16 rows");
         store_pairs!(@rows $acc, c, ldc, bias0, bias1, m0, m1, mask, act, slopes, panel, columns, even;
-            0 1 2 3 4 5 6 7 8 9 10 11);
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
         if let Some(panel) = panel {
             if $acc.len() % 2 == 1 {
                 // An odd last row pairs with a row of zeros.
@@ -244,9 +245,9 @@ macro_rules! store_act_grad {
         let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         // The even row's values until the odd one comes.
         let mut even = _mm512_setzero_si512();
-        assert!($acc.len() <= 12, "store_act_grad! stores at most 12 rows");
+        assert!($acc.len() <= 16, "store_act_grad! stores at most 16 rows");
         store_act_grad!(@rows $acc, slopes, lds, c, ldc, m0, m1, mask, s0, s1, blocks, cols, even;
-            0 1 2 3 4 5 6 7 8 9 10 11);
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
         if $acc.len() % 2 == 1 {
             // An odd last row pairs with a row of zeros.
             store_blocks_pair(blocks, $acc.len() / 2, cols, even, _mm512_setzero_si512());
@@ -732,11 +733,15 @@ pub(super) unsafe fn tile_bf16<const R: usize>(
     store_out!(acc, bias, act, out);
 }
 
-/// [`tile_bf16`] with the sums from AMX tiles ([`super::amx::sums`]) for a
-/// left operand of rows (`a.pair == 1`), then the same epilogue.
+/// Rows per AMX tile: a tile register's 16.
+pub(super) const AMX_ROWS: usize = 16;
+
+/// [`tile_bf16`] with the sums from an AMX tile ([`super::amx::sums`]) of
+/// `R` ≤ [`AMX_ROWS`] rows, for a left operand of rows (`a.pair == 1`),
+/// then the same epilogue.
 ///
 /// # Safety
-/// As [`tile_bf16`]'s, and the CPU must have AMX, granted
+/// As [`tile_bf16`]'s (for `R` rows), and the CPU must have AMX, granted
 /// (`features().amx`).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn tile_amx<const R: usize>(
@@ -748,21 +753,22 @@ pub(super) unsafe fn tile_amx<const R: usize>(
     out: TileOut,
 ) {
     debug_assert!(a.pair == 1 && panel.len() >= k2 * NR * 2);
-    let mut sums = std::mem::MaybeUninit::<[f32; 12 * NR]>::uninit();
+    let mut sums = std::mem::MaybeUninit::<[f32; AMX_ROWS * NR]>::uninit();
     let sums = sums.as_mut_ptr().cast::<f32>();
     prefetch_out(out, R, bias.len());
     // SAFETY: the caller's contract: R rows of k2 pairs a.row apart, k2
     // panel rows; sums writes R rows of NR values, which are all read.
     super::amx::sums::<R, 0>(a.ptr, a.row, k2, panel.as_ptr().cast(), sums);
-    store_sums::<R>(sums, bias, act, out);
+    let acc = SumRows::<R>(sums);
+    store_out!(acc, bias, act, out);
 }
 
-/// Two tiles on AMX, rows `0..12` of `a` stored as `first` says and rows
-/// `12..12 + R` as `second` says: [`tile_amx`] twice, with each step's
+/// Two tiles on AMX, rows `0..16` of `a` stored as `first` says and rows
+/// `16..16 + R` as `second` says: [`tile_amx`] twice, with each step's
 /// right operand loaded once for both.
 ///
 /// # Safety
-/// As [`tile_amx`]'s, for `12 + R` rows of `a` and both tiles.
+/// As [`tile_amx`]'s, for `16 + R` rows of `a` and both tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn tile_amx2<const R: usize>(
     a: PairsIn,
@@ -773,32 +779,38 @@ pub(super) unsafe fn tile_amx2<const R: usize>(
     (first, second): (TileOut, TileOut),
 ) {
     debug_assert!(a.pair == 1 && panel.len() >= k2 * NR * 2);
-    let mut sums = std::mem::MaybeUninit::<[f32; 24 * NR]>::uninit();
+    let mut sums = std::mem::MaybeUninit::<[f32; 2 * AMX_ROWS * NR]>::uninit();
     let sums = sums.as_mut_ptr().cast::<f32>();
-    prefetch_out(first, 12, bias.len());
+    prefetch_out(first, AMX_ROWS, bias.len());
     prefetch_out(second, R, bias.len());
-    // SAFETY: the caller's contract: 12 + R rows of k2 pairs a.row apart,
-    // k2 panel rows; sums writes 12 + R rows of NR values, all read.
-    super::amx::sums::<12, R>(a.ptr, a.row, k2, panel.as_ptr().cast(), sums);
-    store_sums::<12>(sums, bias, act, first);
-    store_sums::<R>(sums.add(12 * NR), bias, act, second);
+    // SAFETY: the caller's contract: 16 + R rows of k2 pairs a.row apart,
+    // k2 panel rows; sums writes 16 + R rows of NR values, all read.
+    super::amx::sums::<AMX_ROWS, R>(a.ptr, a.row, k2, panel.as_ptr().cast(), sums);
+    let acc = SumRows::<AMX_ROWS>(sums);
+    store_out!(acc, bias, act, first);
+    let acc = SumRows::<R>(sums.add(AMX_ROWS * NR));
+    store_out!(acc, bias, act, second);
 }
 
-/// `R` rows of [`NR`] fp32 sums at `sums` stored as `out` says.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn store_sums<const R: usize>(
-    sums: *const f32,
-    bias: &[f32],
-    act: Option<Act>,
-    out: TileOut,
-) {
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let row = sums.add(r * NR);
-        *acc = [_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))];
+/// `R` rows of [`NR`] fp32 sums an AMX tile stored, which the epilogue
+/// macros read as they read the register tiles' accumulators (`get(r)`,
+/// `len()`), one row's two registers at a time: loaded all at once, 32
+/// registers and the GELU's temporaries spilled to the stack.
+#[derive(Clone, Copy)]
+struct SumRows<const R: usize>(*const f32);
+
+impl<const R: usize> SumRows<R> {
+    fn len(&self) -> usize {
+        R
     }
-    store_out!(acc, bias, act, out);
+
+    /// Row `r`'s sums, columns 0..16 and 16..32; `None` past `R`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn get(&self, r: usize) -> Option<[__m512; 2]> {
+        let row = self.0.wrapping_add(r * NR);
+        (r < R).then(|| [_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))])
+    }
 }
 
 /// Words `i0..i0 + 16` of rows `r0..r0 + 16` of the transpose `a[r, c] =

@@ -589,9 +589,9 @@ unsafe fn tile(
 
 /// The tiles of rows `rows` (from a multiple of [`MR_BF16`]) against one
 /// panel: [`tile`] after tile, `left(r0)` the operand and `out(r0)` the
-/// store of the tile from row `r0`; on AMX two tiles at a time where the
-/// left operand is rows ([`super::avx512::tile_amx2`]: each right tile is
-/// loaded once for 24 rows).
+/// store of the tile from row `r0`; on AMX, where the left operand is
+/// rows, tiles of 16 rows two at a time ([`super::avx512::tile_amx2`]:
+/// each right tile is loaded once for 32 rows).
 ///
 /// # Safety
 /// As [`tile`]'s, for each tile.
@@ -610,24 +610,28 @@ unsafe fn tiles(
     while r0 < rows.end {
         let (a, left_rows) = (left(r0), rows.end - r0);
         #[cfg(target_arch = "x86_64")]
-        if simd && a.pair == 1 && left_rows > MR_BF16 && features().amx {
-            let second = (MR_BF16).min(left_rows - MR_BF16);
-            let outs = (out(r0), out(r0 + MR_BF16));
+        if simd && a.pair == 1 && features().amx {
+            use super::avx512::{tile_amx, tile_amx2, AMX_ROWS};
             macro_rules! dispatch {
-                ($($n:literal)*) => {
-                    match second {
+                ($rows:expr, $kernel:ident, $out:expr; $($n:literal)*) => {
+                    match $rows {
                         // SAFETY: AMX and AVX512-BF16 (checked); a holds
-                        // the rows of both tiles (rows of pairs, the
+                        // the rows of the tiles (rows of pairs, the
                         // caller's), whose outputs the caller owns.
-                        $($n => unsafe {
-                            super::avx512::tile_amx2::<$n>(a, k2, panel, bias, act, outs)
-                        },)*
-                        _ => unreachable!("tiles have 1..=MR_BF16 rows"),
+                        $($n => unsafe { $kernel::<$n>(a, k2, panel, bias, act, $out) },)*
+                        _ => unreachable!("AMX tiles have 1..=16 rows"),
                     }
                 };
             }
-            dispatch!(1 2 3 4 5 6 7 8 9 10 11 12);
-            r0 += MR_BF16 + second;
+            if left_rows > AMX_ROWS {
+                let second = AMX_ROWS.min(left_rows - AMX_ROWS);
+                let outs = (out(r0), out(r0 + AMX_ROWS));
+                dispatch!(second, tile_amx2, outs; 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+                r0 += AMX_ROWS + second;
+            } else {
+                dispatch!(left_rows, tile_amx, out(r0); 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+                r0 += left_rows;
+            }
             continue;
         }
         let mr = MR_BF16.min(left_rows);
@@ -2529,38 +2533,70 @@ mod tests {
                 )*};
             }
             compare!(1 2 3 4 5 6 7 8 9 10 11 12);
-            // Two tiles at once: 12 + R rows, each stored as its own.
-            let a24: Vec<u32> = (0..24 * lda)
+            // 16-row AMX tiles, and two at once (16 + R rows, each stored
+            // as its own): against register tiles of 12 and 4 rows, and
+            // two single AMX tiles (the same sums, bit for bit).
+            let a32: Vec<u32> = (0..32 * lda)
                 .map(|i| round_bits(val(3 * i)) | round_bits(val(3 * i + 1)) << 16)
                 .collect();
+            let rows = |r0: usize| PairsIn::rows(&a32[r0 * lda..], lda);
+            let out = |c: &mut [f32; 32 * NR], r0: usize| TileOut::F32 {
+                c: c[r0 * NR..].as_mut_ptr(),
+                ldc: NR,
+                accumulate: false,
+            };
+            let tol = 1e-6 * (2 * k2) as f32;
+            let [mut amx, mut reg] = [[0f32; 32 * NR]; 2];
+            // SAFETY: AMX and AVX512-BF16 (checked); a32 holds 32 rows of
+            // k2 pairs lda apart, the panel k2 pair rows, each output the
+            // tiles' rows of NR.
+            unsafe {
+                super::super::avx512::tile_amx::<16>(
+                    rows(0),
+                    k2,
+                    &panel,
+                    &bias,
+                    None,
+                    out(&mut amx, 0),
+                );
+                super::super::avx512::tile_bf16::<12>(
+                    rows(0),
+                    k2,
+                    &panel,
+                    &bias,
+                    None,
+                    out(&mut reg, 0),
+                );
+                super::super::avx512::tile_bf16::<4>(
+                    rows(12),
+                    k2,
+                    &panel,
+                    &bias,
+                    None,
+                    out(&mut reg, 12),
+                );
+            }
+            for (i, (x, y)) in amx.iter().zip(&reg).enumerate() {
+                assert!(
+                    (x - y).abs() <= tol,
+                    "16-row tile, k2 {k2}, {i}: {x} vs {y}"
+                );
+            }
             macro_rules! compare2 {
                 ($($r:literal)*) => {$(
-                    let [mut amx, mut reg] = [[0f32; 24 * NR]; 2];
-                    let out = |c: &mut [f32; 24 * NR], r0: usize| TileOut::F32 {
-                        c: c[r0 * NR..].as_mut_ptr(),
-                        ldc: NR,
-                        accumulate: false,
-                    };
-                    let rows = |r0: usize| PairsIn::rows(&a24[r0 * lda..], lda);
-                    // SAFETY: AMX and AVX512-BF16 (checked); a24 holds 24
-                    // rows of k2 pairs lda apart, the panel k2 pair rows,
-                    // each output 12 + R rows of NR.
+                    let [mut two, mut one] = [[0f32; 32 * NR]; 2];
+                    // SAFETY: as above.
                     unsafe {
-                        let outs = (out(&mut amx, 0), out(&mut amx, 12));
+                        let outs = (out(&mut two, 0), out(&mut two, 16));
                         super::super::avx512::tile_amx2::<$r>(rows(0), k2, &panel, &bias, None, outs);
-                        super::super::avx512::tile_bf16::<12>(rows(0), k2, &panel, &bias, None, out(&mut reg, 0));
-                        super::super::avx512::tile_bf16::<$r>(rows(12), k2, &panel, &bias, None, out(&mut reg, 12));
+                        super::super::avx512::tile_amx::<16>(rows(0), k2, &panel, &bias, None, out(&mut one, 0));
+                        super::super::avx512::tile_amx::<$r>(rows(16), k2, &panel, &bias, None, out(&mut one, 16));
                     }
-                    for (i, (x, y)) in amx.iter().zip(&reg).enumerate() {
-                        let tol = 1e-6 * (2 * k2) as f32;
-                        match i / NR < 12 + $r {
-                            true => assert!((x - y).abs() <= tol, "12 + {} rows, k2 {k2}, {i}: {x} vs {y}", $r),
-                            false => assert_eq!((*x, *y), (0.0, 0.0), "written outside the tiles"),
-                        }
-                    }
+                    assert_eq!(bits(&two), bits(&one), "16 + {} rows, k2 {k2}", $r);
+                    assert!(two[(16 + $r) * NR..].iter().all(|&x| x == 0.0), "written outside the tiles");
                 )*};
             }
-            compare2!(1 5 11 12);
+            compare2!(1 5 15 16);
         }
     }
 
