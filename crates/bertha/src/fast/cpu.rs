@@ -184,7 +184,8 @@ pub fn flush_denormals() {
 
 /// The rate, in G ops/s (a multiply-add counts 2), of the CPU's widest
 /// multiply-add for `precision` on every thread of rayon's pool at once:
-/// fp32 `vfmadd` (16 per instruction), bf16 `vdpbf16ps` (32) or int8
+/// fp32 `vfmadd` (16 per instruction), bf16 `vdpbf16ps` (32) or, on AMX,
+/// `tdpbf16ps` (8,192, four independent tiles), or int8
 /// `vpdpbusd` (64), 12 independent chains per thread so that throughput,
 /// not latency, bounds it (best of 3 runs of ~30 ms). The ceiling each
 /// precision's benchmark figures can be read against; `None` where the
@@ -194,23 +195,30 @@ pub fn instruction_peak_gops(precision: super::Precision) -> Option<f64> {
     {
         use super::Precision;
         let f = features();
-        let (kernel, ops_per_iter): (unsafe fn(usize) -> u32, f64) = match precision {
-            Precision::F32 if f.avx512_bw => (peak::fma_chains, 12.0 * 16.0 * 2.0),
-            Precision::Bf16 if f.bf16 => (peak::bf16_chains, 12.0 * 32.0 * 2.0),
-            Precision::Int8 if f.vnni => (peak::int8_chains, 12.0 * 64.0 * 2.0),
+        // Rounds per run: ~30 ms of each instruction (a round of AMX's
+        // four tile products takes ~16 rounds of the others' 12).
+        const ITERS: usize = 10_000_000;
+        let (kernel, ops_per_iter, iters): (unsafe fn(usize) -> u32, f64, usize) = match precision {
+            Precision::F32 if f.avx512_bw => (peak::fma_chains, 12.0 * 16.0 * 2.0, ITERS),
+            Precision::Bf16 if f.amx => (
+                super::matmul::amx_peak_chains,
+                4.0 * 8192.0 * 2.0,
+                ITERS / 16,
+            ),
+            Precision::Bf16 if f.bf16 => (peak::bf16_chains, 12.0 * 32.0 * 2.0, ITERS),
+            Precision::Int8 if f.vnni => (peak::int8_chains, 12.0 * 64.0 * 2.0, ITERS),
             _ => return None,
         };
-        const ITERS: usize = 10_000_000;
         let mut best = f64::INFINITY;
         for _ in 0..3 {
             let start = std::time::Instant::now();
             // SAFETY: the CPU has the kernel's instructions (checked above).
-            let sums = rayon::broadcast(|_| unsafe { kernel(ITERS) });
+            let sums = rayon::broadcast(|_| unsafe { kernel(iters) });
             std::hint::black_box(sums);
             best = best.min(start.elapsed().as_secs_f64());
         }
         let threads = rayon::current_num_threads() as f64;
-        Some(threads * ITERS as f64 * ops_per_iter / best / 1e9)
+        Some(threads * iters as f64 * ops_per_iter / best / 1e9)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -163,3 +163,51 @@ pub(super) unsafe fn sums<const R0: usize, const R1: usize>(
         }
     }
 }
+
+/// `iters` rounds of four independent `tdpbf16ps` on tiles of 16 × 16
+/// sums from operands of ones, no memory in the loop: the rate
+/// `instruction_peak_gops` reports for bf16 where the products run on AMX
+/// (4 · 16 · 16 · 32 multiply-adds a round). Returns a sum the caller
+/// keeps, so the loop is not dropped.
+///
+/// # Safety
+/// The CPU must have AMX, granted (`features().amx`).
+pub(crate) unsafe fn peak_chains(iters: usize) -> u32 {
+    // bf16 pairs of ones (0x3f80) for both operands.
+    let ones = [0x3f80_3f80u32; 16 * STEP];
+    let mut sums = [0f32; 16 * 16];
+    // SAFETY: the caller's contract; the operands are 16 rows of 64
+    // bytes, the output 16 rows of 16 fp32.
+    unsafe {
+        configure(16, 16);
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tileloadd tmm4, [{a} + {s} * 1]",
+            "tileloadd tmm5, [{a} + {s} * 1]",
+            "tileloadd tmm6, [{a} + {s} * 1]",
+            "tileloadd tmm7, [{a} + {s} * 1]",
+            a = in(reg) ones.as_ptr(),
+            s = in(reg) STEP * 4,
+            options(nostack, readonly),
+        );
+        for _ in 0..iters {
+            asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack, nomem),
+            );
+        }
+        asm!(
+            "tilestored [{c} + {s} * 1], tmm0",
+            c = in(reg) sums.as_mut_ptr(),
+            s = in(reg) 16usize * 4,
+            options(nostack),
+        );
+    }
+    sums[0] as u32
+}

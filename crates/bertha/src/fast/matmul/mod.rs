@@ -727,6 +727,8 @@ pub(crate) unsafe fn tile_f32(
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
+pub(crate) use amx::peak_chains as amx_peak_chains;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 #[cfg(test)]
