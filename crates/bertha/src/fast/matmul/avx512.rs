@@ -199,7 +199,9 @@ pub(super) unsafe fn pack_pair_rows(
 unsafe fn store_blocks_pair(blocks: Blocks, i: usize, cols: usize, even: __m512i, odd: __m512i) {
     let b = blocks.width;
     if b == 1 {
-        // Rows of the transpose: column j's word is row j's, a scatter.
+        // Rows of the transpose: column j's word is row j's, a scatter
+        // (16 rows' byte offsets in i32 lanes).
+        debug_assert!(blocks.stride < (i32::MAX / 64) as usize);
         let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let index = _mm512_mullo_epi32(lane, _mm512_set1_epi32(blocks.stride as i32));
         for (v, words) in pair_words(even, odd).into_iter().enumerate() {
