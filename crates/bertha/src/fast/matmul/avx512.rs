@@ -796,8 +796,8 @@ pub(super) unsafe fn tile_amx2<const R: usize>(
 
 /// `R` rows of [`NR`] fp32 sums an AMX tile stored, which the epilogue
 /// macros read as they read the register tiles' accumulators (`get(r)`,
-/// `len()`), one row's two registers at a time: loaded all at once, 32
-/// registers and the GELU's temporaries spilled to the stack.
+/// `len()`), one row's two registers at a time: loaded all at once, the
+/// 32 registers and the GELU's temporaries spilled to the stack.
 #[derive(Clone, Copy)]
 struct SumRows<const R: usize>(*const f32);
 
