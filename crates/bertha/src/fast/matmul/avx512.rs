@@ -818,13 +818,13 @@ impl<const R: usize> SumRows<R> {
 /// Words `i0..i0 + 16` of rows `r0..r0 + 16` of the transpose `a[r, c] =
 /// src[c, r]` as rows of bf16 pairs (`transpose_rows`: word `i` of a row
 /// pairs `a[r, 2i]`, low half, with `a[r, 2i + 1]`, 0 past `k`), row `r0 +
-/// j` at `out + j · k2`: per step, source rows `2i` and `2i + 1` rounded
+/// j` at `out + j · stride`: per step, source rows `2i` and `2i + 1` rounded
 /// by `vcvtne2ps2bf16` (as `round_bits` rounds; bf16 sources as they are)
 /// into one register of 16 words, then the 16 × 16 words transposed.
 ///
 /// # Safety
 /// `src` must hold rows `0..k` of at least `r0 + 16` values, `i0 + 16 ≤
-/// ⌈k / 2⌉`, `out` 16 rows of `k2` words.
+/// ⌈k / 2⌉`, `out` 16 rows of ≥ `i0 + 16` words, `stride` apart.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn transpose_pairs16(
     src: Source,
@@ -832,7 +832,7 @@ pub(super) unsafe fn transpose_pairs16(
     r0: usize,
     i0: usize,
     out: *mut u32,
-    k2: usize,
+    stride: usize,
 ) {
     debug_assert!(i0 + 16 <= k.div_ceil(2) && src.covers(k, r0 + 16));
     let mut w = [_mm512_setzero_si512(); 16];
@@ -869,7 +869,7 @@ pub(super) unsafe fn transpose_pairs16(
         *w = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
     }
     for (j, row) in transpose16x16(w).into_iter().enumerate() {
-        _mm512_storeu_si512(out.add(j * k2 + i0) as *mut __m512i, row);
+        _mm512_storeu_si512(out.add(j * stride + i0) as *mut __m512i, row);
     }
 }
 

@@ -305,8 +305,9 @@ pub(super) enum TileOut {
 /// out a transposed left operand: column `j` of the tile's pair of rows
 /// `i` (the even row in the low half) at word `(j / width) · stride + i ·
 /// width + j % width` from `at` (`at` already at the tile's first pair of
-/// rows; `stride` = `width` × the pairs of rows in all), for the tile's
-/// columns `c0..` (its panel's). `width` is [`transposed_width`]'s.
+/// rows; `stride` = `width` × the pairs of rows in all, or for width 1
+/// [`transposed_stride`]'s), for the tile's columns `c0..` (its panel's).
+/// `width` is [`transposed_width`]'s.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Blocks {
     pub at: *mut u32,
@@ -334,11 +335,36 @@ pub(super) fn transposed_width() -> usize {
     }
 }
 
+/// Words per row of a transposed left operand laid out as rows (AMX):
+/// `k2`, plus 16 when that would put rows a multiple of 2 KiB apart. The
+/// 32 rows two AMX tiles load would then share two of L1's 64 sets and
+/// evict each other (at 4,096 tokens, every weight gradient's: 8 KiB
+/// apart); padded, a 512 × 4,096 × 512 product ran at 689 GFLOP/s a
+/// core instead of 559.
+pub(super) fn transposed_stride(k2: usize) -> usize {
+    match transposed_width() == 1 && k2 > 0 && k2.is_multiple_of(512) {
+        true => k2 + 16,
+        false => k2,
+    }
+}
+
+/// Words of a transposed left operand of `m` rows of `k2` pairs as
+/// [`interleave_rows`] lays it out.
+pub(super) fn transposed_len(m: usize, k2: usize) -> usize {
+    match transposed_width() {
+        1 => m * transposed_stride(k2),
+        width => m.div_ceil(width) * width * k2,
+    }
+}
+
 /// A transposed left operand's tile from row `r0` (a multiple of
 /// [`MR_BF16`]) of `k2` pairs, laid out as [`interleave_rows`] lays it.
 fn transposed_left(words: &[u32], r0: usize, k2: usize) -> PairsIn {
     match transposed_width() {
-        1 => PairsIn::rows(&words[r0 * k2..], k2),
+        1 => {
+            let stride = transposed_stride(k2);
+            PairsIn::rows(&words[r0 * stride..], stride)
+        }
         width => PairsIn {
             ptr: words[r0 * k2..].as_ptr(),
             row: 1,
@@ -882,14 +908,14 @@ unsafe fn pairs_serial(
     if m == 0 || n == 0 {
         return;
     }
-    let (blocks, simd) = (m.div_ceil(MR_BF16), features().bf16);
+    let simd = features().bf16;
     match a {
         LeftPairs::Rows { words, stride } => assert!(
             words.len() >= (m - 1) * stride + k2 && stride >= k2,
             "product_pairs_serial: the left rows read past their data"
         ),
         LeftPairs::Interleaved(words) => assert!(
-            words.len() >= blocks * MR_BF16 * k2,
+            words.len() >= transposed_len(m, k2),
             "product_pairs_serial: the interleaved left operand is short"
         ),
     }
@@ -1328,14 +1354,13 @@ fn interleave_rows(src: Source, k: usize, m: usize, out: &mut Vec<u32>, parallel
         "interleave_rows: the source is not [{k}, {m}]"
     );
     let k2 = k.div_ceil(2);
-    let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
+    let len = transposed_len(m, k2);
     // Every word read is written below: grow the buffer, never zero it.
     if out.len() < len {
         out.resize(len, 0);
     }
     if transposed_width() == 1 {
-        out[m * k2..len].fill(0);
-        return transpose_rows(src, k, m, &mut out[..m * k2], parallel);
+        return transpose_rows(src, k, m, &mut out[..len], parallel);
     }
     let simd = features().bf16;
     let task = |(t, blocks): (usize, &mut [u32])| {
@@ -1371,11 +1396,12 @@ const TRANSPOSE_ROWS: usize = 16;
 /// at a time.
 fn transpose_rows(src: Source, k: usize, m: usize, out: &mut [u32], parallel: bool) {
     let k2 = k.div_ceil(2);
-    debug_assert_eq!(out.len(), m * k2);
+    let stride = transposed_stride(k2);
+    debug_assert_eq!(out.len(), m * stride);
     let simd = features().bf16;
     let task = |(t, rows): (usize, &mut [u32])| {
         let r0 = t * TRANSPOSE_ROWS;
-        let full = match simd && rows.len() == TRANSPOSE_ROWS * k2 {
+        let full = match simd && rows.len() == TRANSPOSE_ROWS * stride {
             true => k2 / 16 * 16,
             false => 0,
         };
@@ -1383,27 +1409,32 @@ fn transpose_rows(src: Source, k: usize, m: usize, out: &mut [u32], parallel: bo
         for i0 in (0..full).step_by(16) {
             // SAFETY: the CPU has AVX512-BF16; steps i0..i0 + 16 < k2 and
             // rows r0..r0 + 16 ≤ m of the source (k rows of m values,
-            // checked by the caller) and of the task's 16 rows of k2.
-            unsafe { super::avx512::transpose_pairs16(src, k, r0, i0, rows.as_mut_ptr(), k2) };
+            // checked by the caller) and of the task's 16 rows, stride
+            // words apart.
+            unsafe { super::avx512::transpose_pairs16(src, k, r0, i0, rows.as_mut_ptr(), stride) };
         }
         transpose_rows_at(src, k, r0, full, rows);
     };
-    let chunk = (TRANSPOSE_ROWS * k2).max(1);
+    let chunk = (TRANSPOSE_ROWS * stride).max(1);
     each_chunk(out, (chunk, 1), parallel, task);
 }
 
 /// Steps `i0..` of [`transpose_rows`]'s rows `r0..` (as many as `out`
-/// holds, `k2` words each), one word at a time.
+/// holds, [`transposed_stride`] words each), one word at a time, and the
+/// rows' padding words, zeros.
 #[inline(always)]
 fn transpose_rows_body(src: Source, k: usize, r0: usize, i0: usize, out: &mut [u32]) {
     let k2 = k.div_ceil(2);
+    let stride = transposed_stride(k2);
     let value = |r: usize, c: usize| -> u32 {
         match src {
             Source::F32 { data, cs } => round_bits(data[r * cs + c]),
             Source::Pairs { data, row } => data[r * row + c / 2] >> (16 * (c % 2)) & 0xffff,
         }
     };
-    for (j, row) in out.chunks_exact_mut(k2).enumerate() {
+    for (j, row) in out.chunks_exact_mut(stride.max(1)).enumerate() {
+        let (row, padding) = row.split_at_mut(k2);
+        padding.fill(0);
         let c = r0 + j;
         for (i, w) in row.iter_mut().enumerate().skip(i0) {
             let hi = match 2 * i + 1 < k {
@@ -1888,14 +1919,18 @@ fn act_grad_on(
 /// leaves them).
 fn transposed_blocks(m: usize, k: usize) -> Unwritten {
     let (k2, full) = (k.div_ceil(2), m / MR_BF16);
-    let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
+    let len = transposed_len(m, k2);
     let mut blocks = Unwritten::new(len);
-    if transposed_width() == 1 {
-        // Rows of pairs: the rows past m's.
+    let stride = transposed_stride(k2);
+    if transposed_width() == 1 && stride > k2 {
+        // Rows of pairs: each row's padding words.
         let words: *mut u32 = blocks.as_mut_ptr().cast();
-        // SAFETY: words m · k2..len lie inside the buffer.
-        unsafe { std::slice::from_raw_parts_mut(words.add(m * k2), len - m * k2) }.fill(0);
-    } else if !m.is_multiple_of(MR_BF16) {
+        for r in 0..m {
+            // SAFETY: words k2..stride of row r < m lie inside the buffer.
+            unsafe { std::slice::from_raw_parts_mut(words.add(r * stride + k2), stride - k2) }
+                .fill(0);
+        }
+    } else if transposed_width() > 1 && !m.is_multiple_of(MR_BF16) {
         let words: *mut u32 = blocks.as_mut_ptr().cast();
         for i in 0..k2 {
             // SAFETY: the last block's step i lies inside the buffer.
@@ -2267,7 +2302,7 @@ unsafe fn product_bf16_into(
         Left::Pairs(p) => stride_of(p.len(), m, k, "the left operand's pairs"),
         Left::TransposedPairs(p) => stride_of(p.len(), k, m, "the left operand's pairs"),
         Left::Interleaved(p) => {
-            let len = m.div_ceil(MR_BF16) * MR_BF16 * k2;
+            let len = transposed_len(m, k2);
             assert_eq!(p.len(), len, "product_bf16: the interleaved left operand");
             k2
         }
@@ -2296,7 +2331,7 @@ unsafe fn product_bf16_into(
                 row: a_stride,
             };
             interleave_rows(src, k, m, pairs, parallel);
-            &pairs[..m.div_ceil(MR_BF16) * MR_BF16 * k2]
+            &pairs[..transposed_len(m, k2)]
         }
         Left::Strided(a) => {
             a.check(m, k, "product_bf16 left operand");
@@ -2312,7 +2347,7 @@ unsafe fn product_bf16_into(
                 round_strided(a, m, k, k2, pairs);
             }
             match interleaved {
-                true => &pairs[..m.div_ceil(MR_BF16) * MR_BF16 * k2],
+                true => &pairs[..transposed_len(m, k2)],
                 false => &pairs[..m * k2],
             }
         }
@@ -2380,7 +2415,10 @@ unsafe fn product_bf16_into(
                     // r0 is even (a multiple of MR_BF16).
                     blocks: Blocks {
                         at: blocks.at(r0 / 2 * width),
-                        stride: width * m.div_ceil(2),
+                        stride: match width {
+                            1 => transposed_stride(m.div_ceil(2)),
+                            width => width * m.div_ceil(2),
+                        },
                         c0: p * NR,
                         width,
                     },
@@ -2444,7 +2482,8 @@ mod tests {
     #[test]
     fn transposed_rows_equal_the_scalar_transpose() {
         let val = |i: usize| ((i as f32) * 0.618).sin() * 3.0;
-        for (k, m) in [(67, 53), (64, 32), (5, 16), (33, 17)] {
+        // k 1,024: rows of 512 words, padded on AMX (transposed_stride).
+        for (k, m) in [(67, 53), (64, 32), (5, 16), (33, 17), (1024, 20)] {
             let cs = m + 3;
             let data: Vec<f32> = (0..k * cs).map(val).collect();
             let pairs: Vec<u32> = (0..k * cs.div_ceil(2))
@@ -2459,10 +2498,11 @@ mod tests {
             ];
             for src in sources {
                 let k2 = k.div_ceil(2);
-                let mut fast = vec![0u32; m * k2];
+                let stride = transposed_stride(k2);
+                let mut fast = vec![u32::MAX; m * stride];
                 transpose_rows(src, k, m, &mut fast, true);
-                let mut slow = vec![0u32; m * k2];
-                for (t, rows) in slow.chunks_mut(TRANSPOSE_ROWS * k2).enumerate() {
+                let mut slow = vec![u32::MAX; m * stride];
+                for (t, rows) in slow.chunks_mut(TRANSPOSE_ROWS * stride).enumerate() {
                     transpose_rows_body(src, k, t * TRANSPOSE_ROWS, 0, rows);
                 }
                 assert_eq!(fast, slow, "[{k}, {m}] transposed");
@@ -2480,7 +2520,11 @@ mod tests {
                 } else {
                     0
                 };
-                assert_eq!(fast[r * k2 + i], value(2 * i, r) | hi << 16);
+                assert_eq!(fast[r * stride + i], value(2 * i, r) | hi << 16);
+                // The padding is written, with zeros.
+                assert!(fast
+                    .chunks(stride)
+                    .all(|row| row[k2..].iter().all(|&w| w == 0)));
             }
         }
     }
@@ -2668,6 +2712,9 @@ mod tests {
             (3, 2, 2),
             (40, 70, 129),
             (130, 20, 37),
+            // On AMX, transposed rows of 512 words are padded
+            // (transposed_stride).
+            (40, 20, 1024),
         ] {
             // a as its transpose's storage [k, m], b row-major [k, n].
             let at: Vec<f32> = (0..k * m).map(val).collect();
@@ -3006,6 +3053,9 @@ mod tests {
                 (200, 24, 40, 9),
                 // A padded middle (pair_stride): rows of 1,024 + 16 words.
                 (26, 6, 2048, 5),
+                // On AMX, the middle's transpose has rows of 512 words,
+                // padded (transposed_stride).
+                (1024, 6, 40, 5),
             ] {
                 let x: Vec<f32> = (0..m * k).map(val).collect();
                 // nn.Linear weights [out, in], read transposed.
@@ -3152,7 +3202,7 @@ mod tests {
                 interleave_rows(src, m, mid, &mut interleaved, false);
                 let blocks = as_words(&blocks);
                 let m2 = m.div_ceil(2);
-                assert_eq!(blocks.len(), mid.div_ceil(MR_BF16) * MR_BF16 * m2);
+                assert_eq!(blocks.len(), transposed_len(mid, m2));
                 for (b, (got, want)) in blocks
                     .chunks_exact(MR_BF16)
                     .zip(interleaved.chunks_exact(MR_BF16))
