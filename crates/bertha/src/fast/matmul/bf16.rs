@@ -1916,7 +1916,8 @@ fn act_grad_on(
 /// blocks of a left operand `[m, k]` ([`Blocks`]): `⌈m / MR_BF16⌉` blocks
 /// of `⌈k / 2⌉` steps of `MR_BF16` words, the words of the last block's
 /// rows past `m` zeroed (no tile reads them; whoever writes the others
-/// leaves them).
+/// leaves them). On AMX `m` rows of [`transposed_stride`] words, their
+/// padding zeroed.
 fn transposed_blocks(m: usize, k: usize) -> Unwritten {
     let (k2, full) = (k.div_ceil(2), m / MR_BF16);
     let len = transposed_len(m, k2);
