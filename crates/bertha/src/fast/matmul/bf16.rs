@@ -486,16 +486,11 @@ unsafe fn tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd {
-        let amx = a.pair == 1 && features().amx;
         macro_rules! dispatch {
             ($($n:literal)*) => {
                 match mr {
-                    // SAFETY: the CPU has AVX512-BF16 (the caller checked)
-                    // and, for tile_amx, AMX; a gives mr rows of k2 pairs
-                    // (for tile_amx rows of pairs), the caller owns the tile.
-                    $($n if amx => unsafe {
-                        super::avx512::tile_amx::<$n>(a, k2, panel, bias, act, out)
-                    },)*
+                    // SAFETY: the CPU has AVX512-BF16 (the caller checked);
+                    // a gives mr rows of k2 pairs, the caller owns the tile.
                     $($n => unsafe {
                         super::avx512::tile_bf16::<$n>(a, k2, panel, bias, act, out)
                     },)*
@@ -971,14 +966,25 @@ pub(crate) unsafe fn tile_bf16(
 ) {
     const ZEROS: [f32; NR] = [0.0; NR];
     assert!(a.len() >= mr * k2 && panel.len() >= k2 * NR * 2 && cols <= NR);
-    let out = TileOut::F32 {
-        c,
+    let left = |r0: usize| PairsIn::rows(&a[r0 * k2..], k2);
+    let out = |r0: usize| TileOut::F32 {
+        c: c.wrapping_add(r0 * ldc),
         ldc,
         accumulate: false,
     };
-    let a = PairsIn::rows(a, k2);
     // SAFETY: as the caller promised; sizes asserted above.
-    unsafe { tile(features().bf16, a, k2, mr, panel, &ZEROS[..cols], None, out) }
+    unsafe {
+        tiles(
+            features().bf16,
+            0..mr,
+            left,
+            k2,
+            panel,
+            &ZEROS[..cols],
+            None,
+            out,
+        )
+    }
 }
 
 /// A matrix read through strides: element `(r, c)` is `data[r·rs + c·cs]`
@@ -1348,6 +1354,8 @@ impl Source<'_> {
 /// `2i` and `2i + 1` rounded and interleaved, no transpose; a tile reads
 /// its block's pairs as one stream ([`PairsIn`] `row` 1, `pair`
 /// `MR_BF16`). Words of rows past `m` in the last block are not written.
+/// On AMX ([`transposed_width`] 1) the transpose's rows instead
+/// ([`transpose_rows`]).
 fn interleave_rows(src: Source, k: usize, m: usize, out: &mut Vec<u32>, parallel: bool) {
     assert!(
         src.covers(k, m),
