@@ -18,4 +18,8 @@ elif [ -n "${BERTHA_REQUIRE_MPI:-}" ]; then
 else
   echo "test.sh: no MPI installed; the data-parallel tests are skipped (scripts/setup-mpi.sh)" >&2
 fi
-cargo test --workspace --locked "${features[@]}" "$@"
+# --no-fail-fast: every test binary runs and every failure is reported
+# (cargo still exits non-zero if any failed). Arguments go to cargo test,
+# e.g. a name filter: `scripts/test.sh parity`. BERTHA_ISA=avx2 (or
+# scalar) runs the suite as a CPU without AVX-512 (or without SIMD) would.
+cargo test --workspace --locked --no-fail-fast "${features[@]}" "$@"

@@ -656,6 +656,8 @@ fn model_info(state: &AppState) -> Value {
         "model_id": c.model_id,
         "model_sha": null,
         "model_dtype": model_dtype(state),
+        // bertha's own: the CPU kernels that run (BERTHA_ISA lowers them).
+        "isa": bertha::fast::cpu::describe(),
         "model_type": model_type,
         "architectures": cfg.architectures,
         "hidden_size": cfg.hidden_size,

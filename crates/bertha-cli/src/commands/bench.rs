@@ -147,6 +147,8 @@ pub fn run(a: Args) -> Result<()> {
             "batch1_p50_ms": pct(0.5),
             "batch1_p99_ms": pct(0.99),
             "fast_path": embedder.uses_fast_path(),
+            // The kernels that ran (BERTHA_ISA lowers them).
+            "isa": bertha::fast::cpu::describe(),
             "precision": format!("{:?}", embedder.precision()).to_lowercase(),
             "min_cosine_to_f32": cosine.map(|c| c.0),
             "mean_cosine_to_f32": cosine.map(|c| c.1),

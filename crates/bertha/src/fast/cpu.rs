@@ -28,12 +28,144 @@ pub(crate) struct Features {
     pub amx: bool,
 }
 
-/// The CPU's features, detected on the first call.
+/// The CPU's features, detected on the first call and lowered to the
+/// instruction set `BERTHA_ISA` asks for (see [`Isa`]).
 pub(crate) fn features() -> Features {
     static FEATURES: OnceLock<Features> = OnceLock::new();
-    *FEATURES.get_or_init(detect)
+    *FEATURES.get_or_init(|| {
+        let detected = detect();
+        match requested_isa() {
+            Some(isa) => detected.lowered_to(isa),
+            None => detected,
+        }
+    })
 }
 
+/// The instruction sets the kernels are written for, lowest first on each
+/// architecture. `BERTHA_ISA=scalar|avx2|avx512|neon` makes the process run
+/// as a CPU with at most that one would: an AVX-512 machine then runs, and
+/// tests, the AVX2 or the scalar kernels (the bits they give, the bf16
+/// fallback to fp32, ...). Only our own kernels follow it: the candle
+/// path's matrix products (the gemm crate) still pick the widest the CPU
+/// has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain Rust loops (whatever the compiler makes of them for the
+    /// target's baseline): the reference every other one is tested against.
+    Scalar,
+    /// x86-64 AVX2 + FMA.
+    Avx2,
+    /// x86-64 AVX-512 (F, VL, DQ, BW), with VNNI, AVX512-BF16 and AMX where
+    /// the CPU has them.
+    Avx512,
+    /// aarch64 Advanced SIMD.
+    Neon,
+}
+
+impl Isa {
+    /// The name `BERTHA_ISA` takes and reports print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scalar => "scalar",
+            Self::Avx2 => "avx2",
+            Self::Avx512 => "avx512",
+            Self::Neon => "neon",
+        }
+    }
+
+    /// The level `name` names (`BERTHA_ISA`'s values), case-insensitive.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Scalar, Self::Avx2, Self::Avx512, Self::Neon]
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(name.trim()))
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The instruction set the kernels run: the widest the CPU has, or the
+/// lower one `BERTHA_ISA` forces.
+pub fn isa() -> Isa {
+    features().isa()
+}
+
+/// What runs, in words for reports (`bertha bench`, the server's `/info`):
+/// the instruction set and the extensions the products use, e.g.
+/// `avx512+vnni+bf16+amx`.
+pub fn describe() -> String {
+    let f = features();
+    let mut s = f.isa().name().to_string();
+    for (on, name) in [(f.vnni, "vnni"), (f.bf16, "bf16"), (f.amx, "amx")] {
+        if on {
+            s.push('+');
+            s.push_str(name);
+        }
+    }
+    s
+}
+
+/// `BERTHA_ISA`, when set. An unknown name, or a level above what the CPU
+/// has, is said once (a warning) and changes nothing: the mask can only
+/// take features away.
+fn requested_isa() -> Option<Isa> {
+    let value = std::env::var("BERTHA_ISA").ok()?;
+    if value.trim().is_empty() {
+        return None;
+    }
+    let Some(isa) = Isa::parse(&value) else {
+        tracing::warn!("BERTHA_ISA={value:?} is not one of scalar, avx2, avx512, neon: ignored");
+        return None;
+    };
+    Some(isa)
+}
+
+impl Features {
+    /// The widest level these features make up.
+    fn isa(self) -> Isa {
+        if self.avx512_rows && self.avx512_bw {
+            Isa::Avx512
+        } else if self.avx2_fma {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// These features with everything above `isa` taken away. A level the
+    /// CPU does not have (or another architecture's) leaves them as they
+    /// are, with a warning.
+    fn lowered_to(self, isa: Isa) -> Self {
+        let none = Self {
+            avx2_fma: false,
+            avx512_rows: false,
+            avx512_bw: false,
+            vnni: false,
+            bf16: false,
+            amx: false,
+        };
+        match isa {
+            Isa::Scalar => none,
+            _ if isa > self.isa() || (isa == Isa::Neon) != cfg!(target_arch = "aarch64") => {
+                tracing::warn!(
+                    "BERTHA_ISA={isa} asks for more than this CPU has ({}): ignored",
+                    self.isa()
+                );
+                self
+            }
+            Isa::Avx2 => Self {
+                avx2_fma: self.avx2_fma,
+                ..none
+            },
+            Isa::Avx512 | Isa::Neon => self,
+        }
+    }
+}
+
+/// The features the CPU has.
 fn detect() -> Features {
     #[cfg(target_arch = "x86_64")]
     {

@@ -147,60 +147,12 @@ impl PackedCheckpoint {
     /// matched against the model by name.
     pub fn read(path: &Path, precision: &str, config_hash: &str) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let bad = |field: &str, reason: String| Error::Config {
-            path: path.to_path_buf(),
-            field: field.to_string(),
-            reason,
-        };
         let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| Error::Weights {
             path: path.to_path_buf(),
             reason: format!("not a valid safetensors file: {e}"),
         })?;
         let meta = header.metadata().clone().unwrap_or_default();
-        let field = |name: &str| -> Result<String> {
-            meta.get(name).cloned().ok_or_else(|| {
-                bad(
-                    name,
-                    "missing from the metadata: not a bertha packed file (write one with \
-                     `bertha quantize`)"
-                        .to_string(),
-                )
-            })
-        };
-        let format = field("format")?;
-        if format != "bertha-packed" {
-            return Err(bad("format", format!("is `{format}`, not `bertha-packed`")));
-        }
-        let version = field("version")?;
-        if version != PACKED_VERSION {
-            return Err(bad(
-                "version",
-                format!(
-                    "is {version}, this bertha reads version {PACKED_VERSION}: write the folder \
-                     again with this bertha's `bertha quantize`"
-                ),
-            ));
-        }
-        let stored = field("precision")?;
-        if stored != precision {
-            return Err(bad(
-                "precision",
-                format!(
-                    "the folder is packed for {stored}, but {precision} was asked: ask for \
-                     {stored}, or use the original model folder"
-                ),
-            ));
-        }
-        let hash = field("config_hash")?;
-        if hash != config_hash {
-            return Err(bad(
-                "config_hash",
-                format!(
-                    "is {hash}, but the folder's config.json hashes to {config_hash}: the config \
-                     changed since `bertha quantize` wrote this file; quantize again"
-                ),
-            ));
-        }
+        let (stored, hash) = check_metadata(path, &meta, precision, config_hash)?;
         let calibration = meta.get("calibration").cloned().unwrap_or_default();
         let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::Weights {
             path: path.to_path_buf(),
@@ -223,6 +175,101 @@ impl PackedCheckpoint {
             linears,
         })
     }
+}
+
+impl PackedCheckpoint {
+    /// Checks `path`'s header as [`PackedCheckpoint::read`] does (format,
+    /// version, precision, config hash) without reading its tensors: for a
+    /// folder whose packed weights will not run (bf16 asked on a CPU that
+    /// runs it in fp32), which must still hold what was asked.
+    pub fn check(path: &Path, precision: &str, config_hash: &str) -> Result<()> {
+        use std::io::Read;
+        let invalid = |reason: String| Error::Weights {
+            path: path.to_path_buf(),
+            reason: format!("not a valid safetensors file: {reason}"),
+        };
+        let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)
+            .map_err(|e| invalid(e.to_string()))?;
+        let len = u64::from_le_bytes(len);
+        // safetensors' own bound on a header (100 MB).
+        if len > 100_000_000 {
+            return Err(invalid(format!("a header of {len} bytes")));
+        }
+        let mut header = Vec::new();
+        file.take(len)
+            .read_to_end(&mut header)
+            .map_err(|e| invalid(e.to_string()))?;
+        #[derive(serde::Deserialize)]
+        struct Header {
+            #[serde(rename = "__metadata__", default)]
+            metadata: HashMap<String, String>,
+        }
+        let header: Header =
+            serde_json::from_slice(&header).map_err(|e| invalid(format!("its header: {e}")))?;
+        check_metadata(path, &header.metadata, precision, config_hash).map(|_| ())
+    }
+}
+
+/// Checks a packed file's metadata (format, version, precision, config
+/// hash) and gives its precision and config hash.
+fn check_metadata(
+    path: &Path,
+    meta: &HashMap<String, String>,
+    precision: &str,
+    config_hash: &str,
+) -> Result<(String, String)> {
+    let bad = |field: &str, reason: String| Error::Config {
+        path: path.to_path_buf(),
+        field: field.to_string(),
+        reason,
+    };
+    let field = |name: &str| -> Result<String> {
+        meta.get(name).cloned().ok_or_else(|| {
+            bad(
+                name,
+                "missing from the metadata: not a bertha packed file (write one with \
+                 `bertha quantize`)"
+                    .to_string(),
+            )
+        })
+    };
+    let format = field("format")?;
+    if format != "bertha-packed" {
+        return Err(bad("format", format!("is `{format}`, not `bertha-packed`")));
+    }
+    let version = field("version")?;
+    if version != PACKED_VERSION {
+        return Err(bad(
+            "version",
+            format!(
+                "is {version}, this bertha reads version {PACKED_VERSION}: write the folder \
+                 again with this bertha's `bertha quantize`"
+            ),
+        ));
+    }
+    let stored = field("precision")?;
+    if stored != precision {
+        return Err(bad(
+            "precision",
+            format!(
+                "the folder is packed for {stored}, but {precision} was asked: ask for \
+                 {stored}, or use the original model folder"
+            ),
+        ));
+    }
+    let hash = field("config_hash")?;
+    if hash != config_hash {
+        return Err(bad(
+            "config_hash",
+            format!(
+                "is {hash}, but the folder's config.json hashes to {config_hash}: the config \
+                 changed since `bertha quantize` wrote this file; quantize again"
+            ),
+        ));
+    }
+    Ok((stored, hash))
 }
 
 /// The tensors of one linear, with their types and sizes checked (the

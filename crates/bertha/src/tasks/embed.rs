@@ -410,17 +410,23 @@ impl Embedder {
 
     /// Sets the number format of the fast path. `Int8` needs the fast
     /// path (a BERT on the CPU); other models and devices refuse it.
+    ///
+    /// A quantised folder must hold `precision` (else an error naming its
+    /// file and field) whatever this CPU then runs: bf16 without
+    /// AVX512-BF16 runs in fp32, with a notice, as everywhere.
     pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
-        let packed = self.packed_model(precision)?;
+        if precision != Precision::F32 {
+            if let Some((file, hash)) = &self.packed_file {
+                PackedCheckpoint::check(file, precision.name(), hash)?;
+            }
+        }
+        let runs = super::precision::runnable(precision);
+        let packed = self.pack(runs)?;
         if packed.is_none() && precision != Precision::F32 {
             return Err(super::precision::fast_path_refused(precision, &self.model));
         }
         self.packed = packed;
-        // What runs: bf16 without the instructions is fp32 (and says so).
-        self.precision = match precision {
-            Precision::Bf16 if !crate::fast::cpu::has_bf16() => Precision::F32,
-            p => p,
-        };
+        self.precision = runs;
         Ok(())
     }
 
