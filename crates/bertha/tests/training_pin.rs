@@ -165,13 +165,39 @@ fn summaries(path: &Path) -> BTreeMap<String, [f64; 3]> {
 
 /// Whether `got` is within what fp32 rounding explains of `want`, after a
 /// few dozen steps whose every sum may run in another order: the first
-/// step's values differ by a few ulps (~1e-7 relative), and AdamW, which
-/// divides by the square root of second moments, can grow that a
-/// hundredfold by the last step; a changed loop or a wrong gradient moves
-/// them by 1e-3 or more. `scale` is what an absolute difference is
-/// measured against (a tensor's sum runs over values of both signs).
+/// step's values differ by a few ulps (~1e-7 relative); after the runs
+/// here, gemm's FMA kernels against its AVX-512 ones (a Zen 3 against the
+/// recording machine) differ by at most 4.2e-7 in a metric and 4e-7 in a
+/// tensor's summaries (but for [`noise_driven`] ones), so 2e-5 leaves a
+/// margin of 50; a changed step or a wrong gradient moves them by 1e-3
+/// or more. `scale` is what an absolute difference is measured against
+/// (a tensor's sum runs over values of both signs).
 fn close(got: f64, want: f64, scale: f64) -> bool {
     (got - want).abs() <= 2e-5 * scale.max(want.abs()) + 1e-6
+}
+
+/// Whether `tensor` of `run` is one whose gradient is 0 in exact
+/// arithmetic, so that what it holds after training is rounding noise:
+/// AdamW divides each step by the root of the second moment, which turns
+/// a gradient of 1e-9 from one summation order and -1e-9 from another
+/// into steps of ±lr. They are a key's bias (softmax over the keys does
+/// not change when every score of a query moves by the same amount) and,
+/// under QA's span softmax over the positions of a sequence, the span
+/// head's bias and the last layer's output LayerNorm bias (both move every
+/// position's logit alike). Seen: up to 15× the sum of another CPU's run,
+/// while every other tensor agreed to 4e-7.
+fn noise_driven<'a>(run: &str, tensor: &str, all: impl Iterator<Item = &'a String>) -> bool {
+    if tensor.ends_with("attention.self.key.bias") {
+        return true;
+    }
+    if run != "finetune_qa" {
+        return false;
+    }
+    let last = all
+        .filter_map(|n| n.strip_prefix("bert.encoder.layer.")?.split('.').next()?.parse::<usize>().ok())
+        .max();
+    tensor == "qa_outputs.bias"
+        || last.is_some_and(|l| tensor == format!("bert.encoder.layer.{l}.output.LayerNorm.bias"))
 }
 
 #[test]
@@ -267,6 +293,14 @@ fn assert_close(got: &Value, want: &Value, record: &Value) {
         );
         for (tensor, w) in b {
             let (g, w) = (&a[tensor], w.as_array().unwrap());
+            if noise_driven(name, tensor, b.keys()) {
+                // Only finite: its value is rounding noise AdamW scaled up.
+                assert!(
+                    g[0].as_f64().is_some_and(f64::is_finite),
+                    "{name}: {tensor} is not finite"
+                );
+                continue;
+            }
             let (g_sum, w_sum) = (g[0].as_f64().unwrap(), w[0].as_f64().unwrap());
             let (g_sq, w_sq) = (g[1].as_f64().unwrap(), w[1].as_f64().unwrap());
             // A sum is measured against the tensor's size: sqrt(count ·

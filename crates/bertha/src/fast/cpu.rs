@@ -316,7 +316,7 @@ pub fn flush_denormals() {
 
 /// The rate, in G ops/s (a multiply-add counts 2), of the CPU's widest
 /// multiply-add for `precision` on every thread of rayon's pool at once:
-/// fp32 `vfmadd` (16 per instruction), bf16 `vdpbf16ps` (32) or, on AMX,
+/// fp32 `vfmadd` (16 per instruction, 8 on AVX2), bf16 `vdpbf16ps` (32) or, on AMX,
 /// `tdpbf16ps` (8,192, four independent tiles), or int8
 /// `vpdpbusd` (64), 12 independent chains per thread so that throughput,
 /// not latency, bounds it (best of 3 runs of ~30 ms). The ceiling each
@@ -332,6 +332,7 @@ pub fn instruction_peak_gops(precision: super::Precision) -> Option<f64> {
         const ITERS: usize = 10_000_000;
         let (kernel, ops_per_iter, iters): (unsafe fn(usize) -> u32, f64, usize) = match precision {
             Precision::F32 if f.avx512_bw => (peak::fma_chains, 12.0 * 16.0 * 2.0, ITERS),
+            Precision::F32 if f.avx2_fma => (super::matmul::avx2_fma_chains, 12.0 * 8.0 * 2.0, ITERS),
             Precision::Bf16 if f.amx => (
                 super::matmul::amx_peak_chains,
                 4.0 * 8192.0 * 2.0,

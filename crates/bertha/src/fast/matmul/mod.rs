@@ -51,10 +51,12 @@ const MR_F32: usize = 12;
 /// The most rows one [`tile_f32`] call takes.
 pub(crate) const F32_TILE_ROWS: usize = MR_F32;
 
-/// Whether [`tile_f32`] runs on AVX-512 register tiles here (else a
-/// scalar loop, which callers with their own fallback should not use).
+/// Whether [`tile_f32`] runs on register tiles here, AVX-512 or AVX2
+/// (else a scalar loop, which callers with their own fallback should not
+/// use).
 pub(crate) fn has_f32_tiles() -> bool {
-    features().avx512_bw
+    let f = features();
+    f.avx512_bw || f.avx2_fma
 }
 
 /// Output rows per int8 register tile: 6 × 2 int32 sums and 6 × 2 fp32
@@ -91,9 +93,9 @@ impl Default for I8Scheme {
     }
 }
 
-/// fp32 weights `[k, n]`: in column panels for the AVX-512 tile kernel;
-/// row-major for the gemm crate on other CPUs, whose AVX2 / NEON kernels
-/// beat a portable tile loop by far.
+/// fp32 weights `[k, n]`: in column panels for the AVX-512 and AVX2 tile
+/// kernels; row-major for the gemm crate on other CPUs, whose NEON
+/// kernels beat a portable tile loop by far.
 #[derive(Debug, Clone)]
 pub struct PackedF32 {
     layout: F32Layout,
@@ -113,7 +115,7 @@ enum F32Layout {
 impl PackedF32 {
     /// Packs `w_t`, row-major `[k, n]` (a transposed `nn.Linear` weight).
     pub fn new(w_t: &[f32], k: usize, n: usize) -> Self {
-        Self::with_panels(w_t, k, n, features().avx512_bw)
+        Self::with_panels(w_t, k, n, has_f32_tiles())
     }
 
     fn with_panels(w_t: &[f32], k: usize, n: usize, panels: bool) -> Self {
@@ -223,6 +225,9 @@ pub struct PackedI8 {
     n: usize,
     /// Input channels per activation scale (a multiple of 4).
     group: usize,
+    /// On AVX2 without VNNI: the panels' weights as i16 pairs for
+    /// `vpmaddwd` ([`wide_panels`]), made once at load; else empty.
+    wide: Vec<i16>,
 }
 
 /// Channel groups of `k` inputs, `group` each.
@@ -342,7 +347,14 @@ impl PackedI8 {
         for (s, w) in group_sums.iter_mut().zip(&w_scales) {
             *s *= w;
         }
+        let f = features();
+        let wide = if f.avx2_fma && !f.vnni {
+            wide_panels(&panels, k4)
+        } else {
+            Vec::new()
+        };
         Ok(Self {
+            wide,
             panels,
             w_scales,
             group_sums,
@@ -368,7 +380,17 @@ impl PackedI8 {
         let (k, k4, n) = (self.k, self.k4, self.n);
         check_shapes(x, bias, y, m, k, n);
         scratch.quantize(x, m, k, k4, self.group, &self.x_scales);
-        let QuantScratch { bytes, quants, .. } = &*scratch;
+        if !self.wide.is_empty() {
+            scratch.widen();
+        }
+        let QuantScratch {
+            bytes,
+            quants,
+            words,
+            ..
+        } = &*scratch;
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = words;
         let n_groups = groups(k, self.group);
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, m * k4, |p, block| {
@@ -382,6 +404,34 @@ impl PackedI8 {
                 bias: &bias[cs],
                 act,
             };
+            #[cfg(target_arch = "x86_64")]
+            if !self.wide.is_empty() {
+                let wide = &self.wide[p * k4 * NR..(p + 1) * k4 * NR];
+                for r0 in block.clone().step_by(avx2::MR) {
+                    let mr = avx2::MR.min(m - r0);
+                    let (words, quants) = (
+                        &words[r0 * k4..(r0 + mr) * k4],
+                        &quants[r0 * n_groups..(r0 + mr) * n_groups],
+                    );
+                    let c = out.at(r0 * n + p * NR);
+                    macro_rules! dispatch {
+                        ($($n:literal)*) => {
+                            match mr {
+                                // SAFETY: the CPU has AVX2 and FMA (the
+                                // wide panels exist only then); the slices
+                                // hold mr rows; the tile at rows r0..,
+                                // columns p·NR.. of y is this task's.
+                                $($n => unsafe {
+                                    avx2::tile_i16::<$n>(&tile, wide, words, quants, c, n)
+                                },)*
+                                _ => unreachable!("tiles have 1..=6 rows"),
+                            }
+                        };
+                    }
+                    dispatch!(1 2 3 4 5 6);
+                }
+                return;
+            }
             for r0 in block.step_by(MR) {
                 let mr = MR.min(m - r0);
                 // SAFETY: the tile at rows r0.., columns p·NR.. lies inside
@@ -464,6 +514,28 @@ impl I8Tile<'_> {
     }
 }
 
+/// The weights of int8 `panels` (each `k4` inputs × [`NR`] columns in
+/// quads: a column's four inputs adjacent) as i16 pairs: per panel, per
+/// pair of inputs, `NR` columns of two words, the operand layout of
+/// `vpmaddwd` (each i32 lane sums a column's two products).
+fn wide_panels(panels: &[i8], k4: usize) -> Vec<i16> {
+    let mut wide = vec![0i16; panels.len()];
+    for (src, dst) in panels
+        .chunks_exact(k4 * NR)
+        .zip(wide.chunks_exact_mut(k4 * NR))
+    {
+        for (q, quad) in src.chunks_exact(4 * NR).enumerate() {
+            for (col, w) in quad.chunks_exact(4).enumerate() {
+                for (i, &w) in w.iter().enumerate() {
+                    let pair = 2 * q + i / 2;
+                    dst[pair * 2 * NR + 2 * col + i % 2] = i16::from(w);
+                }
+            }
+        }
+    }
+    wide
+}
+
 /// Σ over the 4-input quads `quads` of `row` bytes times the panel's
 /// weights, per column: the integers the VNNI kernel must equal.
 fn int_sums(row: &[u8], panel: &[i8], quads: std::ops::Range<usize>) -> [i32; NR] {
@@ -497,6 +569,8 @@ pub struct QuantScratch {
     bytes: Vec<u8>,
     /// [m, groups].
     quants: Vec<GroupQuant>,
+    /// [m, k4] the bytes as 16-bit words, for the AVX2 int8 kernel.
+    words: Vec<u16>,
     /// [m, k2] bf16 pairs for [`PackedBf16`].
     pairs: Vec<u32>,
 }
@@ -505,6 +579,12 @@ impl QuantScratch {
     /// The buffer [`PackedBf16::matmul`] rounds its input into.
     pub fn bf16_pairs(&mut self) -> &mut Vec<u32> {
         &mut self.pairs
+    }
+
+    /// `words` = `bytes`, widened.
+    fn widen(&mut self) {
+        self.words.clear();
+        self.words.extend(self.bytes.iter().map(|&b| u16::from(b)));
     }
 
     fn quantize(
@@ -691,7 +771,7 @@ pub(crate) unsafe fn tile_f32(
     act: Option<Act>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if has_f32_tiles() {
+    if features().avx512_bw {
         macro_rules! dispatch {
             ($($n:literal)*) => {
                 match mr {
@@ -703,6 +783,26 @@ pub(crate) unsafe fn tile_f32(
             };
         }
         dispatch!(1 2 3 4 5 6 7 8 9 10 11 12);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if features().avx2_fma {
+        for r0 in (0..mr).step_by(avx2::MR) {
+            let rows = avx2::MR.min(mr - r0);
+            let (a, c) = (&a[r0 * k..(r0 + rows) * k], c.add(r0 * ldc));
+            macro_rules! dispatch {
+                ($($n:literal)*) => {
+                    match rows {
+                        // SAFETY: the CPU has AVX2 and FMA (checked); the
+                        // slices hold `rows` rows of k and k rows of NR;
+                        // rows r0.. of the caller's tile.
+                        $($n => unsafe { avx2::tile_f32::<$n>(a, k, panel, c, ldc, cols, bias, act) },)*
+                        _ => unreachable!("AVX2 tiles have 1..=6 rows"),
+                    }
+                };
+            }
+            dispatch!(1 2 3 4 5 6);
+        }
         return;
     }
     for r in 0..mr {
@@ -726,6 +826,10 @@ pub(crate) unsafe fn tile_f32(
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::fma_chains as avx2_fma_chains;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use amx::peak_chains as amx_peak_chains;
 #[cfg(target_arch = "x86_64")]
@@ -866,6 +970,111 @@ mod tests {
                     (got - want).abs() <= 1e-5 * want.abs().max(1.0),
                     "{got} vs {want}"
                 );
+            }
+        }
+    }
+
+    /// The AVX2 tiles (where the CPU has AVX2, whatever BERTHA_ISA picks)
+    /// against the f64 definition: every tile height, partial halves and
+    /// panels, k from 1 to past a group, with the activation applied.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_f32_tiles_equal_the_definition() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        for (k, cols) in [(1, 32), (7, 5), (33, 16), (64, 17), (130, 31)] {
+            let (w, b) = (data(k * NR, k as u32), data(NR, 3));
+            let packed = PackedF32::with_panels(&w, k, NR, true);
+            let F32Layout::Panels(panel) = &packed.layout else {
+                unreachable!("asked for panels")
+            };
+            for rows in 1..=avx2::MR {
+                let x = data(rows * k, 40 + rows as u32);
+                let want = reference(&x, &w, &b, rows, k, NR);
+                for act in [None, Some(Act::GeluErf)] {
+                    // A stride past the tile: columns from `cols` on and
+                    // the gap stay NaN (nothing is written there).
+                    let ldc = NR + 3;
+                    let mut c = vec![f32::NAN; rows * ldc];
+                    let bias = &b[..cols];
+                    macro_rules! run {
+                        ($($n:literal)*) => {
+                            match rows {
+                                // SAFETY: AVX2 + FMA checked; c holds the
+                                // rows × cols tile at stride ldc.
+                                $($n => unsafe {
+                                    avx2::tile_f32::<$n>(&x, k, panel, c.as_mut_ptr(), ldc, cols, bias, act)
+                                },)*
+                                _ => unreachable!(),
+                            }
+                        };
+                    }
+                    run!(1 2 3 4 5 6);
+                    for r in 0..rows {
+                        let mut row = want[r * NR..r * NR + cols].to_vec();
+                        if let Some(act) = act {
+                            activate_body(&mut row, act);
+                        }
+                        let got = &c[r * ldc..(r + 1) * ldc];
+                        for (j, (g, w)) in got.iter().zip(&row).enumerate() {
+                            assert!((g - w).abs() < 1e-4, "k {k} rows {rows} [{r},{j}]: {g} vs {w}");
+                        }
+                        assert!(got[cols..].iter().all(|v| v.is_nan()), "wrote past {cols}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX2 int8 kernel on widened words computes the exact integer
+    /// sums, so it gives the VNNI kernel's floats bit for bit (same
+    /// epilogue, same order) and the scalar loop's within its rounding.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_int8_equals_the_other_int8_kernels() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        // Two full channel groups and a ragged third; large activations
+        // and weights, where vpmaddubsw's i16 sums would saturate.
+        let (m, k, n) = (6, 2 * QGROUP + 18, 40);
+        let (mut x, w, b) = (data(m * k, 21), data(k * n, 22), data(n, 23));
+        x.iter_mut().step_by(3).for_each(|v| *v = v.signum() * 8.0);
+        let packed = PackedI8::new(&w, k, n, None, I8Scheme::default());
+        let wide = wide_panels(&packed.panels, packed.k4);
+        let mut scratch = QuantScratch::default();
+        scratch.quantize(&x, m, k, packed.k4, packed.group, &packed.x_scales);
+        scratch.widen();
+        let n_groups = groups(k, packed.group);
+        for p in 0..n.div_ceil(NR) {
+            let cols = NR.min(n - p * NR);
+            let tile = I8Tile {
+                k4: packed.k4,
+                group: packed.group,
+                panel: &packed.panels[p * packed.k4 * NR..(p + 1) * packed.k4 * NR],
+                group_sums: &packed.group_sums[p * n_groups * NR..(p + 1) * n_groups * NR],
+                w_scales: &packed.w_scales[p * n_groups * NR..(p + 1) * n_groups * NR],
+                bias: &b[p * NR..p * NR + cols],
+                act: None,
+            };
+            let wide = &wide[p * packed.k4 * NR..(p + 1) * packed.k4 * NR];
+            let (mut ours, mut theirs) = (vec![0f32; m * cols], vec![0f32; m * cols]);
+            // SAFETY: AVX2 + FMA checked; 6 rows of words and quants; the
+            // m × cols tiles.
+            unsafe {
+                avx2::tile_i16::<6>(&tile, wide, &scratch.words, &scratch.quants, ours.as_mut_ptr(), cols);
+                tile.run(&scratch.bytes, &scratch.quants, m, theirs.as_mut_ptr(), cols);
+            }
+            if features().vnni {
+                assert_eq!(ours, theirs, "panel {p}: AVX2 vs VNNI");
+            } else {
+                for (o, t) in ours.iter().zip(&theirs) {
+                    // Fused multiply-adds round once where the loop rounds twice.
+                    assert!((o - t).abs() <= 1e-5 * t.abs().max(1.0), "{o} vs {t}");
+                }
             }
         }
     }
