@@ -62,6 +62,16 @@ async fn bf16_precision_is_reported_and_close_to_fp32() {
         "float32"
     };
     assert_eq!(info["model_dtype"], want_dtype);
+    // The kernels that run, as BERTHA_ISA leaves them (`avx2` under the
+    // mask, `avx512+vnni+bf16` on an AVX-512 Zen 4, ...).
+    assert_eq!(info["isa"], bertha::fast::cpu::describe());
+    assert!(
+        info["isa"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(bertha::fast::cpu::isa().name())),
+        "{}",
+        info["isa"]
+    );
     let lib = bertha::Embedder::from_dir(
         &minilm(),
         &bertha::Device::Cpu,

@@ -194,7 +194,13 @@ fn noise_driven<'a>(run: &str, tensor: &str, all: impl Iterator<Item = &'a Strin
         return false;
     }
     let last = all
-        .filter_map(|n| n.strip_prefix("bert.encoder.layer.")?.split('.').next()?.parse::<usize>().ok())
+        .filter_map(|n| {
+            n.strip_prefix("bert.encoder.layer.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
         .max();
     tensor == "qa_outputs.bias"
         || last.is_some_and(|l| tensor == format!("bert.encoder.layer.{l}.output.LayerNorm.bias"))

@@ -332,7 +332,9 @@ pub fn instruction_peak_gops(precision: super::Precision) -> Option<f64> {
         const ITERS: usize = 10_000_000;
         let (kernel, ops_per_iter, iters): (unsafe fn(usize) -> u32, f64, usize) = match precision {
             Precision::F32 if f.avx512_bw => (peak::fma_chains, 12.0 * 16.0 * 2.0, ITERS),
-            Precision::F32 if f.avx2_fma => (super::matmul::avx2_fma_chains, 12.0 * 8.0 * 2.0, ITERS),
+            Precision::F32 if f.avx2_fma => {
+                (super::matmul::avx2_fma_chains, 12.0 * 8.0 * 2.0, ITERS)
+            }
             Precision::Bf16 if f.amx => (
                 super::matmul::amx_peak_chains,
                 4.0 * 8192.0 * 2.0,
@@ -418,5 +420,53 @@ mod peak {
             .iter()
             .fold(_mm512_setzero_si512(), |s, a| _mm512_add_epi32(s, *a));
         _mm512_reduce_add_epi32(sum) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: Features = Features {
+        avx2_fma: true,
+        avx512_rows: true,
+        avx512_bw: true,
+        vnni: true,
+        bf16: true,
+        amx: true,
+    };
+
+    #[test]
+    fn isa_names_parse_back() {
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
+            assert_eq!(Isa::parse(isa.name()), Some(isa));
+        }
+        assert_eq!(Isa::parse(" AVX2 "), Some(Isa::Avx2));
+        assert_eq!(Isa::parse("sse4"), None);
+        assert_eq!(Isa::parse(""), None);
+    }
+
+    /// The mask only takes features away: scalar leaves none, avx2 only
+    /// AVX2 + FMA (no AVX-512 extension survives it), avx512 all, and a
+    /// level above what the CPU has changes nothing.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_mask_lowers_and_never_raises() {
+        let scalar = ALL.lowered_to(Isa::Scalar);
+        assert_eq!(scalar.isa(), Isa::Scalar);
+        assert!(!(scalar.avx2_fma || scalar.avx512_bw || scalar.vnni || scalar.bf16 || scalar.amx));
+        let avx2 = ALL.lowered_to(Isa::Avx2);
+        assert_eq!(avx2.isa(), Isa::Avx2);
+        assert!(avx2.avx2_fma);
+        assert!(!(avx2.avx512_rows || avx2.avx512_bw || avx2.vnni || avx2.bf16 || avx2.amx));
+        assert_eq!(ALL.lowered_to(Isa::Avx512), ALL);
+        // An AVX2-only CPU asked for AVX-512 (or NEON) stays AVX2.
+        let zen3 = Features {
+            avx2_fma: true,
+            ..ALL.lowered_to(Isa::Scalar)
+        };
+        assert_eq!(zen3.lowered_to(Isa::Avx512), zen3);
+        assert_eq!(zen3.lowered_to(Isa::Neon), zen3);
+        assert_eq!(zen3.lowered_to(Isa::Avx2), zen3);
     }
 }

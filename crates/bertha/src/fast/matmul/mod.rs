@@ -829,9 +829,9 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::fma_chains as avx2_fma_chains;
-#[cfg(target_arch = "x86_64")]
 pub(crate) use amx::peak_chains as amx_peak_chains;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::fma_chains as avx2_fma_chains;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
@@ -1019,7 +1019,10 @@ mod tests {
                         }
                         let got = &c[r * ldc..(r + 1) * ldc];
                         for (j, (g, w)) in got.iter().zip(&row).enumerate() {
-                            assert!((g - w).abs() < 1e-4, "k {k} rows {rows} [{r},{j}]: {g} vs {w}");
+                            assert!(
+                                (g - w).abs() < 1e-4,
+                                "k {k} rows {rows} [{r},{j}]: {g} vs {w}"
+                            );
                         }
                         assert!(got[cols..].iter().all(|v| v.is_nan()), "wrote past {cols}");
                     }
@@ -1065,8 +1068,21 @@ mod tests {
             // SAFETY: AVX2 + FMA checked; 6 rows of words and quants; the
             // m × cols tiles.
             unsafe {
-                avx2::tile_i16::<6>(&tile, wide, &scratch.words, &scratch.quants, ours.as_mut_ptr(), cols);
-                tile.run(&scratch.bytes, &scratch.quants, m, theirs.as_mut_ptr(), cols);
+                avx2::tile_i16::<6>(
+                    &tile,
+                    wide,
+                    &scratch.words,
+                    &scratch.quants,
+                    ours.as_mut_ptr(),
+                    cols,
+                );
+                tile.run(
+                    &scratch.bytes,
+                    &scratch.quants,
+                    m,
+                    theirs.as_mut_ptr(),
+                    cols,
+                );
             }
             if features().vnni {
                 assert_eq!(ours, theirs, "panel {p}: AVX2 vs VNNI");
