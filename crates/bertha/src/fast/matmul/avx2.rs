@@ -177,6 +177,61 @@ pub(super) unsafe fn tile_i16<const R: usize>(
     }
 }
 
+/// [`super::quantize_group`] on 8 lanes: the same values (min and max are
+/// exact whatever the order; `vcvtps2dq` rounds to nearest even as
+/// `round_ties_even` does), so the same bytes.
+///
+/// # Safety
+/// The CPU has AVX2; `x_scales` and `out` hold at least `x.len()` values.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8]) -> GroupQuant {
+    let k = x.len();
+    debug_assert!(x_scales.len() >= k && out.len() >= k);
+    let whole = k - k % 8;
+    let load = |i: usize| {
+        _mm256_mul_ps(
+            _mm256_loadu_ps(x.as_ptr().add(i)),
+            _mm256_loadu_ps(x_scales.as_ptr().add(i)),
+        )
+    };
+    let mut lo = _mm256_set1_ps(f32::INFINITY);
+    let mut hi = _mm256_set1_ps(f32::NEG_INFINITY);
+    for i in (0..whole).step_by(8) {
+        let v = load(i);
+        lo = _mm256_min_ps(lo, v);
+        hi = _mm256_max_ps(hi, v);
+    }
+    let (mut lanes_lo, mut lanes_hi) = ([0f32; 8], [0f32; 8]);
+    _mm256_storeu_ps(lanes_lo.as_mut_ptr(), lo);
+    _mm256_storeu_ps(lanes_hi.as_mut_ptr(), hi);
+    let tail = (whole..k).map(|j| x[j] * x_scales[j]);
+    let (lo_s, hi_s) = lanes_lo
+        .into_iter()
+        .zip(lanes_hi)
+        .chain(tail.map(|v| (v, v)))
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), (l, h)| {
+            (a.min(l), b.max(h))
+        });
+    let quant = super::group_quant(lo_s, hi_s);
+    let (min, inv) = (_mm256_set1_ps(quant.min), _mm256_set1_ps(1.0 / quant.step));
+    let (zero, top) = (_mm256_setzero_si256(), _mm256_set1_epi32(255));
+    for i in (0..whole).step_by(8) {
+        let v = _mm256_mul_ps(_mm256_sub_ps(load(i), min), inv);
+        let q = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), zero), top);
+        let mut words = [0i32; 8];
+        _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, q);
+        for (o, w) in out[i..i + 8].iter_mut().zip(words) {
+            *o = w as u8;
+        }
+    }
+    let inv = 1.0 / quant.step;
+    for j in whole..k {
+        let v = x[j] * x_scales[j];
+        out[j] = ((v - quant.min) * inv).round_ties_even().clamp(0.0, 255.0) as u8;
+    }
+    quant
+}
+
 /// The rate of [`crate::fast::instruction_peak_gops`]'s fp32 chains on
 /// AVX2: 12 independent `vfmadd` chains of 8 lanes.
 #[target_feature(enable = "avx2,fma")]

@@ -622,6 +622,16 @@ fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8]) -> GroupQuant {
         // SAFETY: the CPU has AVX-512F and BW (checked).
         return unsafe { avx512::quantize_group(x, x_scales, out) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if features().avx2_fma {
+        // SAFETY: the CPU has AVX2 (checked).
+        return unsafe { avx2::quantize_group(x, x_scales, out) };
+    }
+    quantize_group_scalar(x, x_scales, out)
+}
+
+/// [`quantize_group`]'s definition, which the vector versions equal.
+fn quantize_group_scalar(x: &[f32], x_scales: &[f32], out: &mut [u8]) -> GroupQuant {
     let v = |j: usize| x[j] * x_scales[j];
     let (lo, hi) = (0..x.len()).fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), j| {
         (lo.min(v(j)), hi.max(v(j)))
@@ -1091,6 +1101,52 @@ mod tests {
                     // Fused multiply-adds round once where the loop rounds twice.
                     assert!((o - t).abs() <= 1e-5 * t.abs().max(1.0), "{o} vs {t}");
                 }
+            }
+        }
+    }
+
+    /// The vector quantizers (each the CPU has) give the scalar one's
+    /// bytes and range, bit for bit, on groups of every length to past
+    /// two vectors, with ties, a constant group and a zero scale.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_quantizers_equal_the_scalar_one() {
+        use std::arch::is_x86_feature_detected as has;
+        for len in 1..=70 {
+            let mut x = data(len, len as u32);
+            let mut xs: Vec<f32> = data(len, 100 + len as u32)
+                .iter()
+                .map(|v| 1.5 + v)
+                .collect();
+            if len % 5 == 0 {
+                x.iter_mut().for_each(|v| *v = 0.25);
+            }
+            if len > 3 {
+                xs[2] = 0.0;
+                // Exactly halfway between two steps: round to even.
+                x[1] = x[0] + 0.5 * (x[3] - x[0]);
+            }
+            let mut want = vec![0u8; len];
+            let q = quantize_group_scalar(&x, &xs, &mut want);
+            let check = |name: &str, got: GroupQuant, bytes: &[u8]| {
+                assert_eq!(bytes, &want[..], "{name}, len {len}");
+                assert_eq!(
+                    (got.step.to_bits(), got.min.to_bits()),
+                    (q.step.to_bits(), q.min.to_bits()),
+                    "{name}"
+                );
+            };
+            if has!("avx2") && has!("fma") {
+                let mut got = vec![0u8; len];
+                // SAFETY: AVX2 checked; all three hold len values.
+                let g = unsafe { avx2::quantize_group(&x, &xs, &mut got) };
+                check("avx2", g, &got);
+            }
+            if has!("avx512f") && has!("avx512bw") {
+                let mut got = vec![0u8; len];
+                // SAFETY: AVX-512 F + BW checked; all three hold len values.
+                let g = unsafe { avx512::quantize_group(&x, &xs, &mut got) };
+                check("avx512", g, &got);
             }
         }
     }
