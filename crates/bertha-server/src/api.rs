@@ -711,8 +711,9 @@ pub struct PredictRequest {
     inputs: PredictInput,
     #[serde(default)]
     raw_scores: bool,
+    /// false (TEI's default): an input over the model's limit is a 413;
+    /// true: it is cut from the right.
     #[serde(default)]
-    #[allow(dead_code)]
     truncate: bool,
     /// What huggingface_hub's `text_classification` sends (always, `{}`
     /// when empty): the text-classification pipeline's options. Its answer
@@ -847,17 +848,10 @@ pub async fn predict(
             Sequence::Pair(a, b) => (a, Some(b)),
         })
         .collect();
-    // /predict has always cut long inputs: its `truncate` is taken and
-    // ignored.
-    let results = classify(
-        &state,
-        classifier,
-        seqs,
-        top_k,
-        function,
-        Some(TruncationDirection::Right),
-    )
-    .await?;
+    // An over-long input is cut only when asked (`truncate`), as on /embed:
+    // scoring the cut text unasked answered for another input.
+    let truncation = req.truncate.then_some(TruncationDirection::Right);
+    let results = classify(&state, classifier, seqs, top_k, function, truncation).await?;
     Ok(Json(if batch || nested {
         OneOrMany::Many(results)
     } else {
@@ -874,8 +868,8 @@ pub struct RerankRequest {
     return_text: bool,
     #[serde(default)]
     raw_scores: bool,
+    /// As /predict's.
     #[serde(default)]
-    #[allow(dead_code)]
     truncate: bool,
 }
 
@@ -907,19 +901,13 @@ pub async fn rerank(
         query,
         texts,
         return_text,
+        truncate,
         ..
     } = req;
     let pairs = texts.into_iter().map(|t| (query.clone(), t)).collect();
-    // As /predict, /rerank cuts long inputs.
-    let ranked = rank(
-        &state,
-        classifier,
-        pairs,
-        return_text,
-        function,
-        Some(TruncationDirection::Right),
-    )
-    .await?;
+    // As /predict: cut only when asked.
+    let truncation = truncate.then_some(TruncationDirection::Right);
+    let ranked = rank(&state, classifier, pairs, return_text, function, truncation).await?;
     Ok(Json(ranked))
 }
 

@@ -68,6 +68,23 @@ impl ServerConfig {
 }
 
 impl ServerConfig {
+    /// Refuses server settings that cannot serve, before a model is read
+    /// (so the error is not taken for the model's): an empty API key (it
+    /// is most often an unset shell variable, `--api-key "$KEY"`, and
+    /// serving with it would answer 401 to every client, while treating
+    /// it as no key would open a server its operator meant to protect),
+    /// and zero limits.
+    pub fn check(&self) -> bertha::Result<()> {
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(bertha::Error::option(
+                "api_key",
+                "is empty (set by the flag or by BERTHA_API_KEY): give a key, or leave both \
+                 unset to serve without one",
+            ));
+        }
+        self.check_limits()
+    }
+
     /// Refuses limits that would leave the server unable to serve.
     fn check_limits(&self) -> bertha::Result<()> {
         let c = &self.connections;
@@ -144,23 +161,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Loads the model and starts the batcher. An empty API key is refused:
-    /// it is most often an unset shell variable (`--api-key "$KEY"`), and
-    /// serving with it would answer 401 to every client, while treating it
-    /// as no key would open a server its operator meant to protect.
+    /// Loads the model and starts the batcher, after
+    /// [`ServerConfig::check`].
     pub fn load(config: ServerConfig) -> bertha::Result<Arc<Self>> {
-        if config
-            .api_key
-            .as_deref()
-            .is_some_and(|k| k.trim().is_empty())
-        {
-            return Err(bertha::Error::option(
-                "api_key",
-                "is empty (set by the flag or by BERTHA_API_KEY): give a key, or leave both \
-                 unset to serve without one",
-            ));
-        }
-        config.check_limits()?;
+        config.check()?;
         let dir = &config.model_dir;
         // Requests choose normalisation themselves, so the embedder never
         // normalises; the folder's own choice becomes the default.
@@ -239,7 +243,10 @@ impl AppState {
         cell.get_or_init(|| {
             f(&self.config.model_dir, &Device::Cpu, &opts)
                 .map(Arc::new)
-                .map_err(|e| e.to_string())
+                .map_err(|e| {
+                    tracing::info!("{}: {e}", self.config.model_id);
+                    crate::error::without_paths(&e)
+                })
         })
         .clone()
     }

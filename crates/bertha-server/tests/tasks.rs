@@ -10,7 +10,7 @@ use bertha::Device;
 use bertha_server::ServerConfig;
 use serde_json::{json, Value};
 
-use common::{as_sent, tiny_dir, Server};
+use common::{as_sent, fixtures, minilm, tiny_dir, Server};
 
 /// Serves the tiny checkpoint `name` for one `POST path body`: its status
 /// and body.
@@ -240,4 +240,103 @@ async fn fill_mask_answers_every_mask_or_errors() {
         message.contains("masks 7 to 9 of 9 were cut off by truncation at 64 tokens"),
         "{message}"
     );
+}
+
+/// Issue 46, case 4: `/predict` and `/rerank` with `"truncate": false`
+/// scored the cut text with a 200. Now a 413 as on `/embed`, and
+/// `"truncate": true` cuts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predict_and_rerank_refuse_over_long_inputs_unless_truncate() {
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-seqcls"))).await;
+    let lib = Classifier::from_dir(&tiny_dir("bert-seqcls"), &Device::Cpu).unwrap();
+    let long = "the cat sat on the mat ".repeat(400);
+    for body in [
+        json!({ "inputs": long, "truncate": false }),
+        json!({ "inputs": long }),
+        json!({ "inputs": ["hi", long] }),
+    ] {
+        let (status, got) = server.post("/predict", body).await;
+        assert_eq!(status, 413, "{got}");
+        assert!(
+            got["error"]
+                .as_str()
+                .unwrap()
+                .contains("set `truncate` to true"),
+            "{got}"
+        );
+    }
+    for body in [
+        json!({ "query": "the cat", "texts": ["short", long], "truncate": false }),
+        json!({ "query": "the cat", "texts": ["short", long] }),
+    ] {
+        let (status, got) = server.post("/rerank", body).await;
+        assert_eq!(status, 413, "{got}");
+        assert!(
+            got["error"].as_str().unwrap().contains("inputs[1]"),
+            "{got}"
+        );
+    }
+    let (status, got) = server
+        .post("/predict", json!({ "inputs": long, "truncate": true }))
+        .await;
+    assert_eq!(status, 200, "{got}");
+    let want = lib.classify(&long, None, None).unwrap();
+    assert!((got[0]["score"].as_f64().unwrap() as f32 - want[0].score).abs() < 1e-6);
+    let (status, got) = server
+        .post(
+            "/rerank",
+            json!({ "query": "the cat", "texts": [long], "truncate": true }),
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    server.stop().await;
+}
+
+/// Issue 46, cases 5 and 13: `/ner` on a sequence classifier answered
+/// per-token "entities" from the sequence head's weights; a route on a
+/// model without its head answered 422 with the server's absolute path.
+/// Now a 400 naming the missing head, and no path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_routes_answer_only_for_the_head_the_checkpoint_has() {
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-seqcls"))).await;
+    let (status, got) = server
+        .post("/ner", json!({ "inputs": "the cat sat" }))
+        .await;
+    assert_eq!(status, 400, "{got}");
+    let message = got["error"].as_str().unwrap();
+    assert!(
+        message.contains("no BertForTokenClassification head"),
+        "{message}"
+    );
+    assert!(
+        message.contains("BertForSequenceClassification"),
+        "{message}"
+    );
+    assert!(
+        !message.contains(&*fixtures().display().to_string()),
+        "{message}"
+    );
+    assert!(!message.contains(".safetensors"), "{message}");
+    server.stop().await;
+    let server = Server::start(ServerConfig::new(minilm())).await;
+    for (path, body) in [
+        ("/ner", json!({ "inputs": "the cat sat" })),
+        ("/fill-mask", json!({ "inputs": "the [MASK] sat" })),
+        (
+            "/qa",
+            json!({ "question": "who?", "context": "the cat sat" }),
+        ),
+        ("/predict", json!({ "inputs": "the cat sat" })),
+    ] {
+        let (status, got) = server.post(path, body).await;
+        assert_eq!(status, 400, "{path}: {got}");
+        let message = got["error"].as_str().unwrap();
+        assert!(message.contains("head"), "{path}: {message}");
+        assert!(
+            !message.contains(&*minilm().display().to_string()),
+            "{path}: {message}"
+        );
+        assert!(!message.contains('/'), "{path}: {message}");
+    }
+    server.stop().await;
 }

@@ -129,6 +129,8 @@ pub fn run(a: Args) -> Result<()> {
         }
         config.connections.header_read_timeout = Duration::from_secs(a.header_read_timeout);
         config.connections.keep_alive_timeout = Duration::from_secs(a.keep_alive_timeout);
+        // The server's own settings first: their errors are not the model's.
+        config.check()?;
         let state = AppState::load(config)
             .with_context(|| format!("loading the model `{name}` from {}", dir.display()))?;
         states.push(state);
