@@ -4,7 +4,7 @@ mod common;
 
 use common::{
     assert_stderr_has, bertha, fixtures, minilm, ok, ok_lines, read_jsonl, reference, run,
-    run_model, run_stdin, s, tiny_dir,
+    run_model, run_stdin, s, tiny, tiny_dir,
 };
 
 use std::path::Path;
@@ -482,6 +482,18 @@ fn serve_grpc_port_needs_the_feature() {
     ];
     let err = serve_error(&args, None);
     assert!(err.contains("--features grpc"), "{err}");
+}
+
+/// The gRPC decision of issue 46: the default build leaves gRPC out, and
+/// `serve --help` says how to get it (any build shows the flag).
+#[test]
+fn serve_help_says_how_to_get_grpc() {
+    let help = ok(&run(&["serve", "--help"]));
+    assert!(help.contains("--grpc-port"), "{help}");
+    assert!(
+        help.contains("cargo build --release -p bertha-cli --features grpc"),
+        "{help}"
+    );
 }
 
 /// A `bertha serve` started by a test, stopped however the test ends.

@@ -155,6 +155,10 @@ fn resume_keeps_only_this_runs_kind_of_line() {
     let output = tmp.path().join("out.jsonl");
     let partial = tmp.path().join("out.jsonl.partial");
     let short_vector = format!("{{\"embedding\":[{}]}}", vec!["0.5"; dim / 2].join(","));
+    let text_value = format!(
+        "{{\"embedding\":[\"a\",{}]}}",
+        vec!["0.5"; dim - 1].join(",")
+    );
     for (bad, says) in [
         (
             short_vector.as_str(),
@@ -165,7 +169,7 @@ fn resume_keeps_only_this_runs_kind_of_line() {
             "fields [\"foo\"], expected [\"embedding\"]".to_string(),
         ),
         ("not json", "line 4 is not JSON".to_string()),
-        ("{\"embedding\":[\"a\"]}", "not a number".to_string()),
+        (text_value.as_str(), "not a number".to_string()),
     ] {
         let body = format!("{}\n{bad}\n{}\n", lines[..3].join("\n"), lines[3]);
         std::fs::write(&partial, &body).unwrap();

@@ -15,6 +15,11 @@ use crate::connections::ConnectionLimits;
 use crate::metrics::Metrics;
 use crate::work::TaskSlots;
 
+/// `--max-qa-windows`' default: a context of about 120,000 tokens (some
+/// 500 KB of English) at the default stride; a few seconds of a small
+/// model's CPU time.
+pub const DEFAULT_MAX_QA_WINDOWS: usize = 512;
+
 /// Server settings (the `bertha serve` flags).
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -40,6 +45,9 @@ pub struct ServerConfig {
     pub precision: bertha::fast::Precision,
     /// int8 calibration texts, one per line (default: built-in).
     pub calibration: Option<PathBuf>,
+    /// Most windows one `/qa` context may be cut into (each a model pass
+    /// over up to 384 tokens); more is refused before any model work.
+    pub max_qa_windows: usize,
 }
 
 impl ServerConfig {
@@ -63,6 +71,7 @@ impl ServerConfig {
             connections: ConnectionLimits::default(),
             precision: Default::default(),
             calibration: None,
+            max_qa_windows: DEFAULT_MAX_QA_WINDOWS,
         }
     }
 }

@@ -340,3 +340,86 @@ async fn task_routes_answer_only_for_the_head_the_checkpoint_has() {
     }
     server.stop().await;
 }
+
+/// Issue 46, case 9: `/decode` took any number of id lists (10,000 ran
+/// past a minute) on the async runtime. Now at most
+/// `--max-client-batch-size` lists, decoded off the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_takes_at_most_the_client_batch_size() {
+    let mut config = ServerConfig::new(tiny_dir("bert-mlm"));
+    config.max_client_batch_size = 4;
+    let server = Server::start(config).await;
+    let lists: Vec<Vec<u32>> = (0..5).map(|i| vec![5 + i, 6 + i]).collect();
+    let (status, got) = server.post("/decode", json!({ "ids": lists })).await;
+    assert_eq!(status, 422, "{got}");
+    assert!(
+        got["error"]
+            .as_str()
+            .unwrap()
+            .contains("batch size 5 > maximum allowed batch size 4"),
+        "{got}"
+    );
+    let (status, got) = server.post("/decode", json!({ "ids": &lists[..4] })).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got.as_array().unwrap().len(), 4);
+    let tok = server.state.embedder.tokenizer().clone();
+    assert_eq!(got[1], tok.decode(&lists[1], true).unwrap());
+    server.stop().await;
+}
+
+/// Issue 46, case 10: `/qa` on a long context with a small `doc_stride`
+/// (90k windows) ran for a minute, and on after the client had gone. Now
+/// the windows are counted first against `--max-qa-windows`, and the work
+/// stops between passes once the request is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qa_windows_are_bounded_and_work_stops_when_unwanted() {
+    let mut config = ServerConfig::new(tiny_dir("bert-qa"));
+    config.max_qa_windows = 20;
+    let server = Server::start(config).await;
+    let context = "the cat sat on the mat and looked out of the window. ".repeat(1500);
+    let t0 = std::time::Instant::now();
+    let (status, got) = server
+        .post(
+            "/qa",
+            json!({ "question": "where is the cat", "context": context, "doc_stride": 1 }),
+        )
+        .await;
+    assert_eq!(status, 422, "{got}");
+    let message = got["error"].as_str().unwrap();
+    assert!(message.contains("more than the 20 allowed"), "{message}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    let short = "the cat sat on the mat";
+    let (status, _) = server
+        .post(
+            "/qa",
+            json!({ "question": "where is the cat", "context": short }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    server.stop().await;
+
+    // The library stops between passes once told to.
+    let lib = QuestionAnswerer::from_dir(&tiny_dir("bert-qa"), &Device::Cpu).unwrap();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    let bounds = bertha::tasks::QaBounds {
+        max_windows: usize::MAX,
+        stop: Some(Box::new(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 1
+        })),
+    };
+    let opts = QaOptions {
+        doc_stride: Some(1),
+        ..QaOptions::default()
+    };
+    let err = lib
+        .answer_within("where is the cat", &context, &opts, &bounds)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no longer wanted"), "{err}");
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "one pass ran"
+    );
+}
