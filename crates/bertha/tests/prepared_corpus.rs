@@ -155,7 +155,7 @@ fn overwrite_never_deletes_what_prepare_corpus_did_not_write() {
     let cdir = tmp.path().join("cdir");
     std::fs::create_dir(&cdir).unwrap();
     std::fs::copy(corpus(), cdir.join("text.txt")).unwrap();
-    let err = prepare_corpus(&[cdir.clone()], &tok, &dir, &opts(true), &cdir)
+    let err = prepare_corpus(std::slice::from_ref(&cdir), &tok, &dir, &opts(true), &cdir)
         .unwrap_err()
         .to_string();
     assert!(err.contains("holds the corpus"), "{err}");
