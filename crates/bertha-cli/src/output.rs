@@ -3,7 +3,7 @@
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 pub struct JsonLines {
     sink: Sink,
@@ -110,65 +110,80 @@ impl StreamedLines {
         ))
     }
 
-    /// Goes on with `PATH.partial` after its last complete line (or with a
-    /// complete `PATH`, to add what a longer input has more), and says how
-    /// many lines are already there: 0 when there is neither. A partial
-    /// last line is cut off; a last complete line that is not JSON stops
-    /// the resume, as the file is then not this command's output.
-    pub fn resume(path: &Path) -> Result<(Self, usize)> {
-        use std::io::{BufRead, Seek};
+    /// Reads what an interrupted run left, `PATH.partial` (or a complete
+    /// `PATH`, to add what a longer input has more), and checks every
+    /// complete line with `check` (the command's kind of line: its fields
+    /// and dimension), without changing any file: the caller checks the
+    /// count against its input before [`Resume::start`] goes on. A partial
+    /// last line of `PATH.partial` is cut off then; a complete `PATH`
+    /// ending in a partial line, or any line `check` refuses, means the
+    /// file is not this command's output, and nothing is resumed.
+    pub fn resume(path: &Path, check: &LineCheck) -> Result<Resume> {
+        use std::io::BufRead;
         let partial = partial_path(path);
-        if !partial.exists() && path.exists() {
-            std::fs::rename(path, &partial).with_context(|| {
-                format!("cannot rename {} to {}", path.display(), partial.display())
-            })?;
-        }
-        let mut file = match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&partial)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok((Self::create(Some(path))?, 0));
-            }
-            Err(e) => return Err(e).with_context(|| format!("cannot open {}", partial.display())),
+        let (source, complete_output) = if partial.exists() {
+            (partial.clone(), false)
+        } else if path.exists() {
+            (path.to_path_buf(), true)
+        } else {
+            return Ok(Resume {
+                path: path.to_path_buf(),
+                partial,
+                complete_output: false,
+                lines: 0,
+                bytes: 0,
+                exists: false,
+            });
         };
-        let (mut lines, mut complete, mut last) = (0usize, 0u64, Vec::new());
-        {
-            let mut reader = std::io::BufReader::with_capacity(1 << 20, &mut file);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                let n = reader
-                    .read_until(b'\n', &mut line)
-                    .with_context(|| format!("reading {}", partial.display()))?;
-                if n == 0 || line.last() != Some(&b'\n') {
-                    break;
+        let file = std::fs::File::open(&source)
+            .with_context(|| format!("cannot open {}", source.display()))?;
+        let (mut lines, mut complete) = (0usize, 0u64);
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .with_context(|| format!("reading {}", source.display()))?;
+            if n == 0 {
+                break;
+            }
+            if line.last() != Some(&b'\n') {
+                if complete_output {
+                    bail!(
+                        "{}: line {} is cut off, so the file is not this command's complete \
+                         output; not resuming onto it",
+                        source.display(),
+                        lines + 1
+                    );
                 }
-                lines += 1;
-                complete += n as u64;
-                std::mem::swap(&mut last, &mut line);
+                break;
+            }
+            lines += 1;
+            complete += n as u64;
+            let value: serde_json::Value = serde_json::from_slice(&line).map_err(|_| {
+                anyhow::anyhow!(
+                    "{}: line {lines} is not JSON, so the file is not this command's output; \
+                     not resuming onto it",
+                    source.display()
+                )
+            })?;
+            if let Err(why) = check(&value) {
+                bail!(
+                    "{}: line {lines} is not a line this command writes ({why}), so the file is \
+                     not its output of these options; not resuming onto it",
+                    source.display()
+                );
             }
         }
-        if lines > 0 && serde_json::from_slice::<serde::de::IgnoredAny>(&last).is_err() {
-            anyhow::bail!(
-                "{}: line {lines} is not JSON, so the file is not this command's output; \
-                 not resuming onto it",
-                partial.display()
-            );
-        }
-        file.set_len(complete)
-            .and_then(|()| file.seek(std::io::SeekFrom::End(0)).map(drop))
-            .with_context(|| format!("cannot cut {} after line {lines}", partial.display()))?;
-        let origin = partial.display().to_string();
-        let out = Self::new(
-            Box::new(file),
-            origin,
-            Some((partial, path.to_path_buf())),
+        Ok(Resume {
+            path: path.to_path_buf(),
+            partial,
+            complete_output,
             lines,
-        );
-        Ok((out, lines))
+            bytes: complete,
+            exists: true,
+        })
     }
 
     fn new(
@@ -211,6 +226,67 @@ impl StreamedLines {
             })?;
         }
         Ok(())
+    }
+}
+
+/// A kept line's check: `Err` says what is wrong with it.
+pub type LineCheck = dyn Fn(&serde_json::Value) -> std::result::Result<(), String>;
+
+/// An output to resume, checked but not yet touched (see
+/// [`StreamedLines::resume`]).
+pub struct Resume {
+    path: PathBuf,
+    partial: PathBuf,
+    /// The lines are `PATH`'s (complete), not `PATH.partial`'s.
+    complete_output: bool,
+    lines: usize,
+    /// The bytes of the complete lines.
+    bytes: u64,
+    exists: bool,
+}
+
+impl Resume {
+    /// The complete lines already written.
+    pub fn lines(&self) -> usize {
+        self.lines
+    }
+
+    /// Goes on after the last complete line: a complete `PATH` becomes
+    /// `PATH.partial` again until this run finishes.
+    pub fn start(self) -> Result<StreamedLines> {
+        use std::io::Seek;
+        if !self.exists {
+            return StreamedLines::create(Some(&self.path));
+        }
+        if self.complete_output {
+            std::fs::rename(&self.path, &self.partial).with_context(|| {
+                format!(
+                    "cannot rename {} to {}",
+                    self.path.display(),
+                    self.partial.display()
+                )
+            })?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.partial)
+            .with_context(|| format!("cannot open {}", self.partial.display()))?;
+        file.set_len(self.bytes)
+            .and_then(|()| file.seek(std::io::SeekFrom::End(0)).map(drop))
+            .with_context(|| {
+                format!(
+                    "cannot cut {} after line {}",
+                    self.partial.display(),
+                    self.lines
+                )
+            })?;
+        let origin = self.partial.display().to_string();
+        Ok(StreamedLines::new(
+            Box::new(file),
+            origin,
+            Some((self.partial, self.path)),
+            self.lines,
+        ))
     }
 }
 

@@ -4,7 +4,7 @@ mod common;
 
 use common::{
     assert_stderr_has, bertha, fixtures, minilm, ok, ok_lines, read_jsonl, reference, run,
-    run_model, run_stdin, s, tiny_dir,
+    run_model, run_stdin, s, tiny, tiny_dir,
 };
 
 use std::path::Path;
@@ -312,6 +312,8 @@ fn serve_refuses_an_empty_api_key() {
         let err = serve_error(args, env.map(|v| ("BERTHA_API_KEY", v)));
         assert!(err.contains("--api-key is empty"), "{err}");
         assert!(err.contains("BERTHA_API_KEY"), "{err}");
+        // Issue 46, case 14: not taken for the model's error.
+        assert!(!err.contains("loading the model"), "{err}");
     }
 }
 
@@ -364,7 +366,35 @@ fn serve_refuses_zero_connection_limits() {
         let args = ["serve", "--model", s(&model), "--port", "0", flag, "0"];
         let err = serve_error(&args, None);
         assert!(err.contains(want), "{flag}: {err}");
+        assert!(!err.contains("loading the model"), "{flag}: {err}");
     }
+}
+
+/// Issue 46, case 3: `--model a=DIR --model a/embed=DIR2` panicked (exit
+/// 101, a backtrace) after printing "serving on". Now an error at start.
+#[test]
+fn serve_refuses_model_names_whose_routes_overlap() {
+    let tiny_mlm = tiny("bert-mlm");
+    let a = format!("a={tiny_mlm}");
+    let inner = format!("a/embed={tiny_mlm}");
+    let args = ["serve", "--model", &a, "--model", &inner, "--port", "0"];
+    let mut child = spawn(&args, None);
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("serving");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the names `a` and `a/embed` overlap"), "{err}");
+    assert!(
+        !err.contains("serving on") && !err.contains("panicked"),
+        "{err}"
+    );
 }
 
 /// `serve --grpc-port` serves HTTP and gRPC (HTTP/2) side by side, and one
@@ -452,6 +482,18 @@ fn serve_grpc_port_needs_the_feature() {
     ];
     let err = serve_error(&args, None);
     assert!(err.contains("--features grpc"), "{err}");
+}
+
+/// The gRPC decision of issue 46: the default build leaves gRPC out, and
+/// `serve --help` says how to get it (any build shows the flag).
+#[test]
+fn serve_help_says_how_to_get_grpc() {
+    let help = ok(&run(&["serve", "--help"]));
+    assert!(help.contains("--grpc-port"), "{help}");
+    assert!(
+        help.contains("cargo build --release -p bertha-cli --features grpc"),
+        "{help}"
+    );
 }
 
 /// A `bertha serve` started by a test, stopped however the test ends.

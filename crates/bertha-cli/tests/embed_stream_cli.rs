@@ -124,6 +124,9 @@ fn resume_output_goes_on_after_the_last_complete_line() {
         &out,
         "already holds 2500 lines but the input has only 2 texts",
     );
+    // Issue 46, case 2: the refusal renamed OUT to OUT.partial.
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), whole);
+    assert!(!partial.exists());
 
     let out = run(&[
         "embed",
@@ -133,6 +136,70 @@ fn resume_output_goes_on_after_the_last_complete_line() {
         "hi",
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// Issue 46, case 7: the kept lines were not checked (only the last one
+/// had to be JSON): lines of another model, text, `{"foo":1}` counted as
+/// finished texts. Each kept line must be this run's kind of line.
+#[test]
+fn resume_keeps_only_this_runs_kind_of_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let texts = texts();
+    let input = tmp.path().join("in.txt");
+    std::fs::write(&input, texts[..40].join("\n")).unwrap();
+    let full = tmp.path().join("full.jsonl");
+    ok(&embed(&input, &full, &[]));
+    let whole = std::fs::read_to_string(&full).unwrap();
+    let lines: Vec<&str> = whole.lines().collect();
+    let dim = vectors(&full)[0].len();
+    let output = tmp.path().join("out.jsonl");
+    let partial = tmp.path().join("out.jsonl.partial");
+    let short_vector = format!("{{\"embedding\":[{}]}}", vec!["0.5"; dim / 2].join(","));
+    let text_value = format!(
+        "{{\"embedding\":[\"a\",{}]}}",
+        vec!["0.5"; dim - 1].join(",")
+    );
+    for (bad, says) in [
+        (
+            short_vector.as_str(),
+            format!("has {} values, this run writes {dim}", dim / 2),
+        ),
+        (
+            "{\"foo\":1}",
+            "fields [\"foo\"], expected [\"embedding\"]".to_string(),
+        ),
+        ("not json", "line 4 is not JSON".to_string()),
+        (text_value.as_str(), "not a number".to_string()),
+    ] {
+        let body = format!("{}\n{bad}\n{}\n", lines[..3].join("\n"), lines[3]);
+        std::fs::write(&partial, &body).unwrap();
+        let out = embed(&input, &output, &["--resume-output"]);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {}", stderr(&out));
+        assert_stderr_has(&out, &says);
+        assert_stderr_has(&out, "line 4");
+        assert_eq!(
+            std::fs::read_to_string(&partial).unwrap(),
+            body,
+            "left as it was"
+        );
+        assert!(!output.exists());
+    }
+    // A complete output of another model (another dimension): refused too.
+    std::fs::remove_file(&partial).unwrap();
+    std::fs::write(&output, format!("{short_vector}\n")).unwrap();
+    let out = embed(&input, &output, &["--resume-output"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_stderr_has(&out, "this run writes");
+    assert_eq!(
+        std::fs::read_to_string(&output).unwrap(),
+        format!("{short_vector}\n")
+    );
+    // This run's own lines are kept.
+    std::fs::remove_file(&output).unwrap();
+    std::fs::write(&partial, format!("{}\n", lines[..5].join("\n"))).unwrap();
+    let out = embed(&input, &output, &["--resume-output"]);
+    assert_stderr_has(&out, "resuming after the 5 lines already written");
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), whole);
 }
 
 #[test]

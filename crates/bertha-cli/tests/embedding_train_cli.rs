@@ -129,3 +129,32 @@ fn refuses_what_does_not_fit() {
         "{err}"
     );
 }
+
+/// Issue 46, case 8: `--task embedding --skip-bad-rows` stopped at the
+/// first bad row (the flag was classification's only). Now bad rows are
+/// skipped and counted; without the flag the first one stops the run.
+#[test]
+fn skip_bad_rows_skips_malformed_pairs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pairs, sts) = write_data(tmp.path());
+    let text = std::fs::read_to_string(&pairs).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    let total = lines.len() - 1;
+    // Line 3: one field; line 5: three fields.
+    lines.insert(2, "only an anchor");
+    lines.insert(4, "a\tb\tc");
+    let broken = tmp.path().join("broken.tsv");
+    std::fs::write(&broken, lines.join("\n") + "\n").unwrap();
+    let out = tmp.path().join("out");
+    let err = failure(&train(&broken, &sts, &out, &[]));
+    assert!(err.contains("broken.tsv: line 3"), "{err}");
+    let done = train(&broken, &sts, &out, &["--skip-bad-rows", "--epochs", "1"]);
+    let err = String::from_utf8_lossy(&done.stderr).into_owned();
+    ok(&done);
+    assert!(
+        err.contains(&format!(
+            "data: {total} rows of anchor, positive (2 malformed rows skipped)"
+        )),
+        "{err}"
+    );
+}

@@ -11,7 +11,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bertha::tasks::{
-    Aggregation, Answer, Classifier, Entity, LabelScore, MaskPrediction, QaOptions, ScoreFunction,
+    Aggregation, Answer, Classifier, Entity, LabelScore, MaskPrediction, QaBounds, QaOptions,
+    ScoreFunction,
 };
 use bertha::{EncodeOptions, Encoded};
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,7 @@ use crate::error::ApiError;
 use crate::object::Object;
 use crate::served::Served;
 use crate::state::{AppState, ModelKind};
+use crate::work::StopOnDrop;
 
 pub(crate) type AppResult<T> = Result<T, ApiError>;
 
@@ -546,14 +548,24 @@ pub async fn decode(
     State(state): Shared,
     Body(req): Body<DecodeRequest>,
 ) -> AppResult<Json<Vec<String>>> {
+    let _permit = admit(&state)?;
     let lists = match req.ids {
         Ids::One(v) => vec![v],
         Ids::Many(v) => v,
     };
-    let out = lists
-        .iter()
-        .map(|ids| decode_ids(&state, ids, req.skip_special_tokens))
-        .collect::<AppResult<_>>()?;
+    // As every batch route: at most --max-client-batch-size lists (10,000
+    // lists ran past a minute), decoded off the async runtime (they held
+    // /health up).
+    check_batch(&state, lists.len())?;
+    let skip = req.skip_special_tokens;
+    let st = state.clone();
+    let out = blocking(&state, move || {
+        lists
+            .iter()
+            .map(|ids| decode_ids(&st, ids, skip))
+            .collect::<AppResult<_>>()
+    })
+    .await?;
     Ok(Json(out))
 }
 
@@ -711,8 +723,9 @@ pub struct PredictRequest {
     inputs: PredictInput,
     #[serde(default)]
     raw_scores: bool,
+    /// false (TEI's default): an input over the model's limit is a 413;
+    /// true: it is cut from the right.
     #[serde(default)]
-    #[allow(dead_code)]
     truncate: bool,
     /// What huggingface_hub's `text_classification` sends (always, `{}`
     /// when empty): the text-classification pipeline's options. Its answer
@@ -847,17 +860,10 @@ pub async fn predict(
             Sequence::Pair(a, b) => (a, Some(b)),
         })
         .collect();
-    // /predict has always cut long inputs: its `truncate` is taken and
-    // ignored.
-    let results = classify(
-        &state,
-        classifier,
-        seqs,
-        top_k,
-        function,
-        Some(TruncationDirection::Right),
-    )
-    .await?;
+    // An over-long input is cut only when asked (`truncate`), as on /embed:
+    // scoring the cut text unasked answered for another input.
+    let truncation = req.truncate.then_some(TruncationDirection::Right);
+    let results = classify(&state, classifier, seqs, top_k, function, truncation).await?;
     Ok(Json(if batch || nested {
         OneOrMany::Many(results)
     } else {
@@ -874,8 +880,8 @@ pub struct RerankRequest {
     return_text: bool,
     #[serde(default)]
     raw_scores: bool,
+    /// As /predict's.
     #[serde(default)]
-    #[allow(dead_code)]
     truncate: bool,
 }
 
@@ -907,19 +913,13 @@ pub async fn rerank(
         query,
         texts,
         return_text,
+        truncate,
         ..
     } = req;
     let pairs = texts.into_iter().map(|t| (query.clone(), t)).collect();
-    // As /predict, /rerank cuts long inputs.
-    let ranked = rank(
-        &state,
-        classifier,
-        pairs,
-        return_text,
-        function,
-        Some(TruncationDirection::Right),
-    )
-    .await?;
+    // As /predict: cut only when asked.
+    let truncation = truncate.then_some(TruncationDirection::Right);
+    let ranked = rank(&state, classifier, pairs, return_text, function, truncation).await?;
     Ok(Json(ranked))
 }
 
@@ -1062,12 +1062,20 @@ pub async fn qa(
         doc_stride: req.doc_stride,
         max_seq_len: None,
     };
+    // A long context with a small stride is many windows: at most
+    // --max-qa-windows, and the work stops when the client goes.
+    let gone = StopOnDrop::new();
+    let bounds = QaBounds {
+        max_windows: state.config.max_qa_windows,
+        stop: Some(Box::new(gone.stopped())),
+    };
     let answers = blocking(&state, move || {
         model
-            .answer(&req.question, &req.context, &opts)
+            .answer_within(&req.question, &req.context, &opts, &bounds)
             .map_err(ApiError::from)
     })
     .await?;
+    drop(gone);
     Ok(Json(if req.top_k == 1 && answers.len() == 1 {
         OneOrMany::One(answers.into_iter().next().expect("one answer"))
     } else {

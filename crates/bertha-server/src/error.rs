@@ -102,3 +102,25 @@ impl IntoResponse for ApiError {
 pub(crate) fn public_message(message: &str) -> &str {
     message.lines().next().unwrap_or_default()
 }
+
+/// `e` as a client may read it: the reason, without the server's paths
+/// (the full error goes to the log). A file is named by its name alone.
+pub fn without_paths(e: &bertha::Error) -> String {
+    let name = |p: &std::path::Path| {
+        p.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    };
+    match e {
+        bertha::Error::Weights { reason, .. } | bertha::Error::ModelDir { reason, .. } => {
+            reason.clone()
+        }
+        bertha::Error::Config {
+            path,
+            field,
+            reason,
+        } => format!("{}: field `{field}`: {reason}", name(path)),
+        bertha::Error::Io { path, source } => format!("cannot read {}: {source}", name(path)),
+        bertha::Error::Json { path, source } => format!("{}: invalid JSON: {source}", name(path)),
+        other => other.to_string(),
+    }
+}

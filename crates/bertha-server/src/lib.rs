@@ -81,7 +81,8 @@ pub fn router_for(served: Arc<Served>) -> Router {
         let prefix = format!("/models/{}", m.config.model_id);
         app = app.nest(&prefix, model_routes(m.clone(), Place::Prefixed, &key));
     }
-    app.route("/", get(|| async { Html(PAGE) }))
+    let app = app
+        .route("/", get(|| async { Html(PAGE) }))
         .route(
             "/openapi.json",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
@@ -94,7 +95,29 @@ pub fn router_for(served: Arc<Served>) -> Router {
             }
         })
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(default.config.payload_limit))
+        .layer(DefaultBodyLimit::max(default.config.payload_limit));
+    // `POST /models/NAME/` is `/models/NAME`: the path's trailing slash is
+    // cut before routing (a nested router's `/` matches without it only).
+    Router::new()
+        .fallback_service(app)
+        .layer(middleware::map_request(trim_trailing_slash))
+}
+
+async fn trim_trailing_slash(mut req: Request) -> Request {
+    let path = req.uri().path();
+    if path.len() > 1 && path.ends_with('/') {
+        let trimmed = path.trim_end_matches('/');
+        let trimmed = if trimmed.is_empty() { "/" } else { trimmed };
+        let rest = req
+            .uri()
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
+        if let Ok(uri) = format!("{trimmed}{rest}").parse() {
+            *req.uri_mut() = uri;
+        }
+    }
+    req
 }
 
 /// Where a model's routes are mounted.

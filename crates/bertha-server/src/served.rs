@@ -50,6 +50,23 @@ impl Served {
                     ),
                 ));
             }
+            // `a` and `a/embed` would both claim `/models/a/embed` (the
+            // router panicked on the overlap after "serving on").
+            if let Some(o) = models[..i].iter().find(|o| {
+                let (x, y) = (&o.config.model_id, &m.config.model_id);
+                y.starts_with(&format!("{x}/")) || x.starts_with(&format!("{y}/"))
+            }) {
+                let (x, y) = (&o.config.model_id, &m.config.model_id);
+                let (short, long) = if x.len() < y.len() { (x, y) } else { (y, x) };
+                return Err(bertha::Error::option(
+                    "model",
+                    format!(
+                        "the names `{short}` and `{long}` overlap: /models/{long}/ lies inside \
+                         /models/{short}/ (whose routes are /models/{short}/embed, /health, \
+                         ...): give names where neither is the other followed by `/`"
+                    ),
+                ));
+            }
             let (a, b) = (&first.config, &m.config);
             if a.api_key != b.api_key
                 || a.payload_limit != b.payload_limit
@@ -127,9 +144,20 @@ fn model_not_found(name: &str, served: &Served) -> ApiError {
         status: StatusCode::NOT_FOUND,
         error_type: "ModelNotFound",
         message: format!(
-            "model `{name}` is not served here; served: {}",
+            "model `{}` is not served here; served: {}",
+            shown(name),
             names.join(", ")
         ),
+    }
+}
+
+/// A client's name as an error message shows it: at most 64 characters
+/// (a 100 KB name is not echoed whole).
+fn shown(name: &str) -> String {
+    const MAX: usize = 64;
+    match name.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}… ({} bytes)", &name[..at], name.len()),
+        None => name.to_string(),
     }
 }
 
@@ -165,7 +193,16 @@ pub fn check_name(name: &str) -> bertha::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_name;
+    use super::{check_name, shown};
+
+    #[test]
+    fn long_names_are_shown_cut() {
+        let long = "x".repeat(100_000);
+        let s = shown(&long);
+        assert!(s.len() < 100, "{}", s.len());
+        assert!(s.ends_with("… (100000 bytes)"), "{s}");
+        assert_eq!(shown("minilm"), "minilm");
+    }
 
     #[test]
     fn model_names_fit_a_path() {

@@ -15,6 +15,11 @@ use crate::connections::ConnectionLimits;
 use crate::metrics::Metrics;
 use crate::work::TaskSlots;
 
+/// `--max-qa-windows`' default: a context of about 120,000 tokens (some
+/// 500 KB of English) at the default stride; a few seconds of a small
+/// model's CPU time.
+pub const DEFAULT_MAX_QA_WINDOWS: usize = 512;
+
 /// Server settings (the `bertha serve` flags).
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -40,6 +45,9 @@ pub struct ServerConfig {
     pub precision: bertha::fast::Precision,
     /// int8 calibration texts, one per line (default: built-in).
     pub calibration: Option<PathBuf>,
+    /// Most windows one `/qa` context may be cut into (each a model pass
+    /// over up to 384 tokens); more is refused before any model work.
+    pub max_qa_windows: usize,
 }
 
 impl ServerConfig {
@@ -63,11 +71,29 @@ impl ServerConfig {
             connections: ConnectionLimits::default(),
             precision: Default::default(),
             calibration: None,
+            max_qa_windows: DEFAULT_MAX_QA_WINDOWS,
         }
     }
 }
 
 impl ServerConfig {
+    /// Refuses server settings that cannot serve, before a model is read
+    /// (so the error is not taken for the model's): an empty API key (it
+    /// is most often an unset shell variable, `--api-key "$KEY"`, and
+    /// serving with it would answer 401 to every client, while treating
+    /// it as no key would open a server its operator meant to protect),
+    /// and zero limits.
+    pub fn check(&self) -> bertha::Result<()> {
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(bertha::Error::option(
+                "api_key",
+                "is empty (set by the flag or by BERTHA_API_KEY): give a key, or leave both \
+                 unset to serve without one",
+            ));
+        }
+        self.check_limits()
+    }
+
     /// Refuses limits that would leave the server unable to serve.
     fn check_limits(&self) -> bertha::Result<()> {
         let c = &self.connections;
@@ -144,23 +170,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Loads the model and starts the batcher. An empty API key is refused:
-    /// it is most often an unset shell variable (`--api-key "$KEY"`), and
-    /// serving with it would answer 401 to every client, while treating it
-    /// as no key would open a server its operator meant to protect.
+    /// Loads the model and starts the batcher, after
+    /// [`ServerConfig::check`].
     pub fn load(config: ServerConfig) -> bertha::Result<Arc<Self>> {
-        if config
-            .api_key
-            .as_deref()
-            .is_some_and(|k| k.trim().is_empty())
-        {
-            return Err(bertha::Error::option(
-                "api_key",
-                "is empty (set by the flag or by BERTHA_API_KEY): give a key, or leave both \
-                 unset to serve without one",
-            ));
-        }
-        config.check_limits()?;
+        config.check()?;
         let dir = &config.model_dir;
         // Requests choose normalisation themselves, so the embedder never
         // normalises; the folder's own choice becomes the default.
@@ -239,7 +252,10 @@ impl AppState {
         cell.get_or_init(|| {
             f(&self.config.model_dir, &Device::Cpu, &opts)
                 .map(Arc::new)
-                .map_err(|e| e.to_string())
+                .map_err(|e| {
+                    tracing::info!("{}: {e}", self.config.model_id);
+                    crate::error::without_paths(&e)
+                })
         })
         .clone()
     }

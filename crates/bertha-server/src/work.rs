@@ -9,6 +9,7 @@
 //! model's matrix multiplies use every core already, so more at once
 //! would not be faster.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
@@ -68,5 +69,35 @@ pub fn return_freed_memory() {
     // SAFETY: malloc_trim only releases free pages of malloc's own arenas.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Raises a flag when dropped: held by a request's handler, whose future
+/// hyper drops when the client goes away, so that work running on the
+/// blocking pool (which a dropped future does not stop) can see it and
+/// stop early.
+pub struct StopOnDrop(Arc<AtomicBool>);
+
+impl StopOnDrop {
+    pub fn new() -> Self {
+        Self(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// What the work checks: `true` once the handler is gone.
+    pub fn stopped(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let flag = self.0.clone();
+        move || flag.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for StopOnDrop {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }

@@ -182,3 +182,58 @@ fn names_must_be_unique_and_fit_a_path() {
     assert!(e.contains("server-wide settings"), "{e}");
     assert!(Served::new(vec![]).is_err());
 }
+
+/// Issue 46, case 3: `a` and `a/embed` (or `a/health`, `a/invocations`)
+/// passed, and the router panicked on the overlapping routes after
+/// "serving on". Now refused up front, naming both.
+#[test]
+fn names_that_nest_inside_another_are_refused() {
+    let load = |dir, name| AppState::load(named(dir, name)).unwrap();
+    let a = load(tiny_dir("bert-mlm"), "a");
+    for inner in ["a/embed", "a/health", "a/invocations", "a/x/y"] {
+        let e = Served::new(vec![a.clone(), load(tiny_dir("bert-seqcls"), inner)])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!("the names `a` and `{inner}` overlap")),
+            "{e}"
+        );
+        // Either order.
+        let e = Served::new(vec![load(tiny_dir("bert-seqcls"), inner), a.clone()])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("overlap"), "{e}");
+    }
+    // A shared beginning that is not a path prefix is fine, and routes.
+    let served = Served::new(vec![a, load(tiny_dir("bert-seqcls"), "ab")]).unwrap();
+    let _ = bertha_server::router_for(std::sync::Arc::new(served));
+}
+
+/// Issue 46, case 14: `POST /models/NAME/` was a 404, and the unknown
+/// `model` 404 echoed a 100 KB name whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trailing_slash_routes_and_long_names_are_not_echoed() {
+    let server = Server::start_models(vec![
+        named(tiny_dir("bert-mlm"), "tiny"),
+        named(tiny_dir("bert-seqcls"), "cls"),
+    ])
+    .await;
+    let want = library(&tiny_dir("bert-mlm"));
+    for path in ["/models/tiny/", "/models/tiny/embed/", "/embed/"] {
+        let (status, body) = server.post(path, json!({ "inputs": TEXTS })).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(same(&rows(&body), &want), "{path}");
+    }
+    let long = "m".repeat(100_000);
+    let (status, body) = server
+        .post("/v1/embeddings", json!({ "input": "hi", "model": long }))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(message.len() < 300, "{} bytes", message.len());
+    assert!(message.contains("(100000 bytes)"), "{message}");
+    assert!(message.contains("served: tiny, cls"), "{message}");
+    server.stop().await;
+}

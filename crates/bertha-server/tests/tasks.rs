@@ -10,7 +10,7 @@ use bertha::Device;
 use bertha_server::ServerConfig;
 use serde_json::{json, Value};
 
-use common::{as_sent, tiny_dir, Server};
+use common::{as_sent, fixtures, minilm, tiny_dir, Server};
 
 /// Serves the tiny checkpoint `name` for one `POST path body`: its status
 /// and body.
@@ -239,5 +239,187 @@ async fn fill_mask_answers_every_mask_or_errors() {
     assert!(
         message.contains("masks 7 to 9 of 9 were cut off by truncation at 64 tokens"),
         "{message}"
+    );
+}
+
+/// Issue 46, case 4: `/predict` and `/rerank` with `"truncate": false`
+/// scored the cut text with a 200. Now a 413 as on `/embed`, and
+/// `"truncate": true` cuts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predict_and_rerank_refuse_over_long_inputs_unless_truncate() {
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-seqcls"))).await;
+    let lib = Classifier::from_dir(&tiny_dir("bert-seqcls"), &Device::Cpu).unwrap();
+    let long = "the cat sat on the mat ".repeat(400);
+    for body in [
+        json!({ "inputs": long, "truncate": false }),
+        json!({ "inputs": long }),
+        json!({ "inputs": ["hi", long] }),
+    ] {
+        let (status, got) = server.post("/predict", body).await;
+        assert_eq!(status, 413, "{got}");
+        assert!(
+            got["error"]
+                .as_str()
+                .unwrap()
+                .contains("set `truncate` to true"),
+            "{got}"
+        );
+    }
+    for body in [
+        json!({ "query": "the cat", "texts": ["short", long], "truncate": false }),
+        json!({ "query": "the cat", "texts": ["short", long] }),
+    ] {
+        let (status, got) = server.post("/rerank", body).await;
+        assert_eq!(status, 413, "{got}");
+        assert!(
+            got["error"].as_str().unwrap().contains("inputs[1]"),
+            "{got}"
+        );
+    }
+    let (status, got) = server
+        .post("/predict", json!({ "inputs": long, "truncate": true }))
+        .await;
+    assert_eq!(status, 200, "{got}");
+    let want = lib.classify(&long, None, None).unwrap();
+    assert!((got[0]["score"].as_f64().unwrap() as f32 - want[0].score).abs() < 1e-6);
+    let (status, got) = server
+        .post(
+            "/rerank",
+            json!({ "query": "the cat", "texts": [long], "truncate": true }),
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    server.stop().await;
+}
+
+/// Issue 46, cases 5 and 13: `/ner` on a sequence classifier answered
+/// per-token "entities" from the sequence head's weights; a route on a
+/// model without its head answered 422 with the server's absolute path.
+/// Now a 400 naming the missing head, and no path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_routes_answer_only_for_the_head_the_checkpoint_has() {
+    let server = Server::start(ServerConfig::new(tiny_dir("bert-seqcls"))).await;
+    let (status, got) = server
+        .post("/ner", json!({ "inputs": "the cat sat" }))
+        .await;
+    assert_eq!(status, 400, "{got}");
+    let message = got["error"].as_str().unwrap();
+    assert!(
+        message.contains("no BertForTokenClassification head"),
+        "{message}"
+    );
+    assert!(
+        message.contains("BertForSequenceClassification"),
+        "{message}"
+    );
+    assert!(
+        !message.contains(&*fixtures().display().to_string()),
+        "{message}"
+    );
+    assert!(!message.contains(".safetensors"), "{message}");
+    server.stop().await;
+    let server = Server::start(ServerConfig::new(minilm())).await;
+    for (path, body) in [
+        ("/ner", json!({ "inputs": "the cat sat" })),
+        ("/fill-mask", json!({ "inputs": "the [MASK] sat" })),
+        (
+            "/qa",
+            json!({ "question": "who?", "context": "the cat sat" }),
+        ),
+        ("/predict", json!({ "inputs": "the cat sat" })),
+    ] {
+        let (status, got) = server.post(path, body).await;
+        assert_eq!(status, 400, "{path}: {got}");
+        let message = got["error"].as_str().unwrap();
+        assert!(message.contains("head"), "{path}: {message}");
+        assert!(
+            !message.contains(&*minilm().display().to_string()),
+            "{path}: {message}"
+        );
+        assert!(!message.contains('/'), "{path}: {message}");
+    }
+    server.stop().await;
+}
+
+/// Issue 46, case 9: `/decode` took any number of id lists (10,000 ran
+/// past a minute) on the async runtime. Now at most
+/// `--max-client-batch-size` lists, decoded off the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_takes_at_most_the_client_batch_size() {
+    let mut config = ServerConfig::new(tiny_dir("bert-mlm"));
+    config.max_client_batch_size = 4;
+    let server = Server::start(config).await;
+    let lists: Vec<Vec<u32>> = (0..5).map(|i| vec![5 + i, 6 + i]).collect();
+    let (status, got) = server.post("/decode", json!({ "ids": lists })).await;
+    assert_eq!(status, 422, "{got}");
+    assert!(
+        got["error"]
+            .as_str()
+            .unwrap()
+            .contains("batch size 5 > maximum allowed batch size 4"),
+        "{got}"
+    );
+    let (status, got) = server.post("/decode", json!({ "ids": &lists[..4] })).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got.as_array().unwrap().len(), 4);
+    let tok = server.state.embedder.tokenizer().clone();
+    assert_eq!(got[1], tok.decode(&lists[1], true).unwrap());
+    server.stop().await;
+}
+
+/// Issue 46, case 10: `/qa` on a long context with a small `doc_stride`
+/// (90k windows) ran for a minute, and on after the client had gone. Now
+/// the windows are counted first against `--max-qa-windows`, and the work
+/// stops between passes once the request is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qa_windows_are_bounded_and_work_stops_when_unwanted() {
+    let mut config = ServerConfig::new(tiny_dir("bert-qa"));
+    config.max_qa_windows = 20;
+    let server = Server::start(config).await;
+    let context = "the cat sat on the mat and looked out of the window. ".repeat(1500);
+    let t0 = std::time::Instant::now();
+    let (status, got) = server
+        .post(
+            "/qa",
+            json!({ "question": "where is the cat", "context": context, "doc_stride": 1 }),
+        )
+        .await;
+    assert_eq!(status, 422, "{got}");
+    let message = got["error"].as_str().unwrap();
+    assert!(message.contains("more than the 20 allowed"), "{message}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    let short = "the cat sat on the mat";
+    let (status, _) = server
+        .post(
+            "/qa",
+            json!({ "question": "where is the cat", "context": short }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    server.stop().await;
+
+    // The library stops between passes once told to.
+    let lib = QuestionAnswerer::from_dir(&tiny_dir("bert-qa"), &Device::Cpu).unwrap();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    let bounds = bertha::tasks::QaBounds {
+        max_windows: usize::MAX,
+        stop: Some(Box::new(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 1
+        })),
+    };
+    let opts = QaOptions {
+        doc_stride: Some(1),
+        ..QaOptions::default()
+    };
+    let err = lib
+        .answer_within("where is the cat", &context, &opts, &bounds)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no longer wanted"), "{err}");
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "one pass ran"
     );
 }

@@ -284,3 +284,26 @@ fn non_finite_weights_name_their_shard() {
         &["model-1-of-2.safetensors", name, "non-finite"],
     );
 }
+
+/// Issue 46, case 5: a token classifier loaded from a sequence
+/// classifier's checkpoint read its `classifier.` tensors (the same names)
+/// as a token head and tagged every token positive / negative. The head
+/// follows `architectures`: refused, naming both heads. A head a
+/// pre-training checkpoint really holds (its MLM) still loads.
+#[test]
+fn a_head_is_not_read_from_another_heads_tensors() {
+    use bertha::tasks::{FillMask, TokenClassifier};
+    let seqcls = fixtures().join("tiny").join("bert-seqcls");
+    let err = TokenClassifier::from_dir(&seqcls, &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("no BertForTokenClassification head")
+            && err.contains("saved as BertForSequenceClassification"),
+        "{err}"
+    );
+    let pretraining = fixtures().join("tiny").join("bert-pretraining");
+    FillMask::from_dir(&pretraining, &Device::Cpu).unwrap();
+    TokenClassifier::from_dir(&fixtures().join("tiny").join("bert-tokcls"), &Device::Cpu).unwrap();
+}

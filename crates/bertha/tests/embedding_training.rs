@@ -53,6 +53,7 @@ fn data(cols: &[&str], scored: bool) -> EmbeddingData {
         rows,
         scores,
         lines: (2..n + 2).collect(),
+        bad_rows: Vec::new(),
     }
 }
 

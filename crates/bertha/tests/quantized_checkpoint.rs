@@ -94,7 +94,7 @@ fn a_mismatched_folder_is_refused_naming_file_and_field() {
 
     // Another format version.
     let bytes = std::fs::read(&file).unwrap();
-    let tampered = replace_once(&bytes, br#""version":"1""#, br#""version":"9""#);
+    let tampered = replace_once(&bytes, br#""version":"2""#, br#""version":"9""#);
     std::fs::write(&file, &tampered).unwrap();
     let e = err(&out, Precision::Int8);
     assert!(
@@ -119,6 +119,31 @@ fn a_mismatched_folder_is_refused_naming_file_and_field() {
     std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
     let e = err(&out, Precision::Int8);
     assert!(e.contains("bertha-packed.safetensors"), "{e}");
+}
+
+/// Issue 46, case 6: a packed folder's flipped weight bytes went
+/// unnoticed (garbage embeddings, exit 0). Now the packed data's hash is
+/// checked at load, and the load refuses naming the file and field.
+#[test]
+fn flipped_packed_bytes_are_refused_at_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = quantized(tmp.path(), Precision::Int8);
+    let file = out.join("bertha-packed.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    // A byte near the end: the last tensor's data (panels or scales).
+    for at in [bytes.len() - 3, bytes.len() / 2] {
+        let mut flipped = bytes.clone();
+        flipped[at] ^= 0x01;
+        std::fs::write(&file, &flipped).unwrap();
+        let e = load(&out, Precision::Int8, None).err().unwrap().to_string();
+        assert!(
+            e.contains("bertha-packed.safetensors")
+                && (e.contains("`data_hash`") || e.contains("must be finite")),
+            "{e}"
+        );
+    }
+    std::fs::write(&file, &bytes).unwrap();
+    load(&out, Precision::Int8, None).unwrap();
 }
 
 fn replace_once(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {

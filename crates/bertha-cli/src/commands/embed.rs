@@ -15,7 +15,7 @@ use bertha::{Embedder, EncodeOptions, Pooling};
 use serde_json::json;
 
 use super::EmbedTextArgs;
-use crate::output::StreamedLines;
+use crate::output::{LineCheck, StreamedLines};
 use crate::texts::{stream_progress_bar, Truncations};
 
 #[derive(clap::Args, Debug)]
@@ -53,21 +53,28 @@ pub fn run(args: Args) -> Result<()> {
     }
     let mut stream = a.texts.stream()?;
     let (mut out, done) = match &a.output {
-        Some(path) if args.resume_output => StreamedLines::resume(path)?,
+        Some(path) if args.resume_output => {
+            let check = line_check(&embedder, &opts);
+            let resume = StreamedLines::resume(path, &*check)?;
+            let done = resume.lines();
+            // Counted before any file is touched: a refusal leaves the
+            // output as it was.
+            for skipped in 0..done {
+                if stream.texts.next().transpose()?.is_none() {
+                    bail!(
+                        "{} already holds {done} lines but the input has only {skipped} texts: \
+                         is it the output of this input?",
+                        path.display()
+                    );
+                }
+            }
+            if done > 0 {
+                eprintln!("resuming after the {done} lines already written");
+            }
+            (resume.start()?, done)
+        }
         path => (StreamedLines::create(path.as_deref())?, 0),
     };
-    if done > 0 {
-        for skipped in 0..done {
-            if stream.texts.next().transpose()?.is_none() {
-                bail!(
-                    "{} already holds {done} lines but the input has only {skipped} texts: \
-                     is it the output of this input?",
-                    a.output.as_deref().unwrap_or("-".as_ref()).display()
-                );
-            }
-        }
-        eprintln!("resuming after the {done} lines already written");
-    }
     let bar = stream_progress_bar(stream.total.map(|n| n.saturating_sub(done)));
     let mut tally = Truncations::after(done);
     // The first chunk is one batch and each next one twice the last, up
@@ -132,4 +139,74 @@ fn embed_chunk(
         }
     }
     Ok(())
+}
+
+/// What a line of this run looks like, for `--resume-output` to keep only
+/// such lines: `{"embedding": [..]}` of the run's dimension; for SPLADE,
+/// entries `{"index", "value"}` inside the vocabulary; for token vectors,
+/// `{"tokens", "embeddings"}` of the hidden size, one vector a token.
+fn line_check(embedder: &Embedder, opts: &EncodeOptions) -> Box<LineCheck> {
+    use serde_json::Value;
+    fn fields(v: &Value, want: &[&str]) -> std::result::Result<(), String> {
+        let obj = v.as_object().ok_or("not a JSON object")?;
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        if keys != want {
+            return Err(format!("fields {keys:?}, expected {want:?}"));
+        }
+        Ok(())
+    }
+    fn numbers(v: &Value, n: usize, what: &str) -> std::result::Result<(), String> {
+        let a = v.as_array().ok_or(format!("{what} is not a list"))?;
+        if a.len() != n {
+            return Err(format!(
+                "{what} has {} values, this run writes {n}",
+                a.len()
+            ));
+        }
+        if !a.iter().all(Value::is_number) {
+            return Err(format!("{what} holds a value that is not a number"));
+        }
+        Ok(())
+    }
+    if embedder.pooling() == Pooling::None {
+        let hidden = embedder.model().config().hidden_size;
+        return Box::new(move |v| {
+            fields(v, &["embeddings", "tokens"])?;
+            let tokens = v["tokens"].as_array().ok_or("`tokens` is not a list")?;
+            let vectors = v["embeddings"]
+                .as_array()
+                .ok_or("`embeddings` is not a list")?;
+            if tokens.len() != vectors.len() || !tokens.iter().all(Value::is_string) {
+                return Err("`tokens` and `embeddings` do not pair up".into());
+            }
+            vectors
+                .iter()
+                .try_for_each(|e| numbers(e, hidden, "a token's vector"))
+        });
+    }
+    if embedder.is_sparse() {
+        let vocab = embedder.dimension();
+        return Box::new(move |v| {
+            fields(v, &["embedding"])?;
+            let entries = v["embedding"]
+                .as_array()
+                .ok_or("`embedding` is not a list")?;
+            for e in entries {
+                fields(e, &["index", "value"])?;
+                let index = e["index"]
+                    .as_u64()
+                    .ok_or("an index is not a whole number")?;
+                if index >= vocab as u64 || !e["value"].is_number() {
+                    return Err(format!("entry {e} is outside a vocabulary of {vocab}"));
+                }
+            }
+            Ok(())
+        });
+    }
+    let dim = opts.dimensions.unwrap_or(embedder.dimension());
+    Box::new(move |v| {
+        fields(v, &["embedding"])?;
+        numbers(&v["embedding"], dim, "`embedding`")
+    })
 }

@@ -101,7 +101,9 @@ pub fn run(a: Args, processes: &training::Processes) -> Result<()> {
     let max_length = a
         .max_length
         .unwrap_or_else(|| 128.min(config.max_sequence_length()));
-    let read = e.pairs.options();
+    let mut read = e.pairs.options();
+    // --skip-bad-rows is the data flags' (shared with classification).
+    read.skip_bad_rows = a.data.skip_bad_rows;
     let train = EmbeddingData::read(&a.train, &read)?;
     let dev = a
         .dev
@@ -128,7 +130,13 @@ pub fn run(a: Args, processes: &training::Processes) -> Result<()> {
     opts.no_duplicates = e.no_duplicates;
 
     let t0 = std::time::Instant::now();
-    let describe = |d: &EmbeddingData| format!("{} rows of {}", d.len(), d.columns.join(", "));
+    let describe = |d: &EmbeddingData| {
+        let skipped = match d.bad_rows.len() {
+            0 => String::new(),
+            n => format!(" ({n} malformed rows skipped)"),
+        };
+        format!("{} rows of {}{skipped}", d.len(), d.columns.join(", "))
+    };
     let data_line = format!(
         "data: {}{} ({:.1} s)",
         describe(&train),

@@ -59,6 +59,7 @@ impl PairArgs {
             columns,
             stsb: self.stsb,
             max_rows: None,
+            skip_bad_rows: false,
         }
     }
 

@@ -25,9 +25,11 @@ pub struct Args {
     port: u16,
 
     /// Also serve TEI's gRPC API (tei.v1: Info, Embed, Predict, Rerank,
-    /// Tokenize) on this port, beside HTTP, on the same host (needs a build
-    /// with the cargo feature `grpc`).
-    #[arg(long, hide = cfg!(not(feature = "grpc")))]
+    /// Tokenize) on this port, beside HTTP, on the same host. Needs a
+    /// build with gRPC, which the default build leaves out (as TEI ships
+    /// gRPC as images of its own): `cargo build --release -p bertha-cli
+    /// --features grpc`.
+    #[arg(long)]
     grpc_port: Option<u16>,
 
     /// Most tokens run in one model batch.
@@ -45,6 +47,11 @@ pub struct Args {
     /// Longest input in tokens (default: the model's limit).
     #[arg(long)]
     max_input_length: Option<usize>,
+
+    /// Most windows one /qa context may be cut into (each a model pass of
+    /// up to 384 tokens); more is refused (422) before any model work.
+    #[arg(long, default_value_t = bertha_server::state::DEFAULT_MAX_QA_WINDOWS)]
+    max_qa_windows: usize,
 
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 2_000_000)]
@@ -121,6 +128,7 @@ pub fn run(a: Args) -> Result<()> {
         config.max_concurrent_requests = a.max_concurrent_requests.max(1);
         config.max_client_batch_size = a.max_client_batch_size.max(1);
         config.max_input_length = a.max_input_length;
+        config.max_qa_windows = a.max_qa_windows;
         config.payload_limit = a.payload_limit;
         config.api_key = a.api_key.clone();
         config.similarity_root = a.task.as_deref() == Some("sentence-similarity");
@@ -129,6 +137,8 @@ pub fn run(a: Args) -> Result<()> {
         }
         config.connections.header_read_timeout = Duration::from_secs(a.header_read_timeout);
         config.connections.keep_alive_timeout = Duration::from_secs(a.keep_alive_timeout);
+        // The server's own settings first: their errors are not the model's.
+        config.check()?;
         let state = AppState::load(config)
             .with_context(|| format!("loading the model `{name}` from {}", dir.display()))?;
         states.push(state);

@@ -9,11 +9,9 @@
 //! continuation, half come from another document.
 
 use std::borrow::Cow;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use rayon::prelude::*;
-
+use super::corpus_read::read_documents;
 use super::packing::{
     materialize, plan_pairs, plan_windows, Documents, ExamplePlan, Specials, Stream,
 };
@@ -48,10 +46,6 @@ pub struct Corpus {
     pub tokens: usize,
 }
 
-/// Documents tokenized per parallel batch: enough work for every core,
-/// little text held at once.
-const DOCS_PER_BATCH: usize = 512;
-
 impl Corpus {
     /// Reads, tokenizes and packs the files (folders are read file by file,
     /// in name order).
@@ -59,8 +53,16 @@ impl Corpus {
         check_seq_len(opts.seq_len)?;
         let specials = specials(tokenizer)?;
         let mut docs: Vec<Vec<Vec<u32>>> = Vec::new();
-        let read = read_documents(paths, tokenizer, opts.nsp, |batch| {
-            docs.extend(batch);
+        // Whether the last document still gets parts.
+        let mut open = false;
+        let read = read_documents(paths, tokenizer, opts.nsp, |parts| {
+            for part in parts {
+                match docs.last_mut() {
+                    Some(doc) if open => doc.extend(part.pieces),
+                    _ => docs.push(part.pieces),
+                }
+                open = !part.ends;
+            }
             Ok(())
         })?;
         let docs = docs.as_slice();
@@ -95,109 +97,6 @@ impl Corpus {
             tokens: 0,
         }
     }
-}
-
-/// What [`read_documents`] read.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ReadStats {
-    pub documents: usize,
-    /// Word-piece tokens (without special tokens).
-    pub tokens: usize,
-}
-
-/// Reads the corpus files a batch of documents at a time, tokenized in
-/// parallel (each document: its pieces' ids, sentences with `sentences`,
-/// else lines; empty ones left out), handing each batch to `sink` in
-/// order. Refuses a corpus without text.
-pub fn read_documents(
-    paths: &[PathBuf],
-    tokenizer: &Tokenizer,
-    sentences: bool,
-    mut sink: impl FnMut(Vec<Vec<Vec<u32>>>) -> Result<()>,
-) -> Result<ReadStats> {
-    let mut tk = tokenizer.inner().clone();
-    tk.with_truncation(None)
-        .map_err(|e| Error::Tokenizer(format!("disabling truncation: {e}")))?;
-    tk.with_padding(None);
-
-    let files = expand(paths)?;
-    let mut pending: Vec<Vec<String>> = Vec::new();
-    let mut stats = ReadStats::default();
-    let mut flush = |pending: &mut Vec<Vec<String>>, stats: &mut ReadStats| -> Result<()> {
-        let batch: Vec<Vec<Vec<u32>>> = std::mem::take(pending)
-            .into_par_iter()
-            .map(|lines| {
-                let pieces: Vec<String> = if sentences {
-                    lines
-                        .iter()
-                        .flat_map(|l| split_sentences(l))
-                        .map(str::to_string)
-                        .collect()
-                } else {
-                    lines
-                };
-                let enc = tk
-                    .encode_batch(pieces, false)
-                    .map_err(|e| Error::Tokenizer(format!("encoding corpus: {e}")))?;
-                Ok(enc
-                    .into_iter()
-                    .map(|e| e.get_ids().to_vec())
-                    .filter(|ids| !ids.is_empty())
-                    .collect::<Vec<_>>())
-            })
-            .collect::<Result<_>>()?;
-        let batch: Vec<Vec<Vec<u32>>> = batch.into_iter().filter(|d| !d.is_empty()).collect();
-        stats.documents += batch.len();
-        stats.tokens += batch.iter().flatten().map(Vec::len).sum::<usize>();
-        sink(batch)
-    };
-    for file in &files {
-        let f = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
-        let mut reader = BufReader::new(f);
-        let mut doc: Vec<String> = Vec::new();
-        let mut buf = Vec::new();
-        let mut line_no = 0usize;
-        loop {
-            buf.clear();
-            let n = reader
-                .read_until(b'\n', &mut buf)
-                .map_err(|e| Error::io(file, e))?;
-            line_no += 1;
-            let line = if n == 0 {
-                ""
-            } else {
-                std::str::from_utf8(&buf).map_err(|e| {
-                    Error::Input(format!("{}:{line_no}: invalid UTF-8 ({e})", file.display()))
-                })?
-            };
-            let line = line.trim();
-            if line.is_empty() {
-                if !doc.is_empty() {
-                    pending.push(std::mem::take(&mut doc));
-                    if pending.len() >= DOCS_PER_BATCH {
-                        flush(&mut pending, &mut stats)?;
-                    }
-                }
-                if n == 0 {
-                    break;
-                }
-            } else {
-                doc.push(line.to_string());
-            }
-        }
-    }
-    flush(&mut pending, &mut stats)?;
-    if stats.tokens == 0 {
-        return Err(Error::Input(format!(
-            "the corpus ({}) holds no text",
-            files
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    Ok(stats)
 }
 
 pub(crate) fn check_seq_len(seq_len: usize) -> Result<()> {
@@ -242,38 +141,6 @@ fn special_id(tokenizer: &Tokenizer, names: &[&str]) -> Result<u32> {
         .iter()
         .find_map(|n| tokenizer.token_to_id(n))
         .ok_or_else(|| Error::Tokenizer(format!("the vocabulary has none of {names:?}")))
-}
-
-pub(crate) fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-                .map_err(|e| Error::io(p, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && !is_hidden_or_doc(p))
-                .collect();
-            entries.sort();
-            files.extend(entries);
-        } else if p.is_file() {
-            files.push(p.clone());
-        } else {
-            return Err(Error::io(
-                p,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-            ));
-        }
-    }
-    if files.is_empty() {
-        return Err(Error::Input("no corpus files given".into()));
-    }
-    Ok(files)
-}
-
-/// Folders of data sets carry a SOURCE.md / README.md that is not corpus.
-fn is_hidden_or_doc(p: &Path) -> bool {
-    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    name.starts_with('.') || matches!(name, "SOURCE.md" | "README.md")
 }
 
 /// Sentence boundaries: `.`, `!` or `?` (and closing quotes) followed by

@@ -9,10 +9,12 @@
 pub mod classification;
 pub mod conll;
 pub mod corpus;
+pub mod corpus_read;
 pub mod labels;
 pub mod masking;
 pub mod packing;
 pub mod pairs;
+pub mod prepare;
 pub mod prepared;
 pub mod squad;
 pub mod task_data;
@@ -29,7 +31,8 @@ pub use corpus::{Corpus, CorpusOptions, Example, Sequences};
 pub use labels::LabelSet;
 pub use masking::{MaskSplit, Masker};
 pub use pairs::{EmbeddingData, EmbeddingEval, PairColumns, PairLayout, PairOptions};
-pub use prepared::{prepare_corpus, PrepareOptions, PreparedCorpus};
+pub use prepare::{prepare_corpus, PrepareOptions};
+pub use prepared::PreparedCorpus;
 pub use squad::{
     postprocess, FeatureOptions, PostprocessOptions, SquadAnswer, SquadData, SquadExample,
     SquadFeature, SquadFeaturizer, SquadPrediction,

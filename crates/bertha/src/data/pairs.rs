@@ -16,6 +16,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
+use super::classification::BadRow;
 use crate::error::{Error, Result};
 use crate::io::texts::{columns_list, Cell, Record, Table, TableFormat};
 use crate::metrics::{retrieval_scores, sts_scores, RETRIEVAL_MAIN_METRIC, STS_MAIN_METRIC};
@@ -65,6 +66,11 @@ pub struct PairOptions {
     pub stsb: bool,
     /// Read only the first this many rows.
     pub max_rows: Option<usize>,
+    /// Skip a malformed row (counted in [`EmbeddingData::bad_rows`] and
+    /// logged) instead of stopping at it, as the classification reader
+    /// does. Problems with the file as a whole (no header, no such
+    /// column) still stop the read.
+    pub skip_bad_rows: bool,
 }
 
 /// Fields of an original STS Benchmark line (0-based): score, sentences.
@@ -84,6 +90,8 @@ pub struct EmbeddingData {
     pub scores: Option<Vec<f32>>,
     /// The 1-based line of the file each row comes from.
     pub lines: Vec<usize>,
+    /// Rows skipped as malformed (only with `skip_bad_rows`).
+    pub bad_rows: Vec<BadRow>,
 }
 
 /// Where a layout's fields are in the table.
@@ -136,26 +144,52 @@ impl EmbeddingData {
             rows: Vec::new(),
             scores: plan.score.as_ref().map(|_| Vec::new()),
             lines: Vec::new(),
+            bad_rows: Vec::new(),
         };
         for (line, record) in table.rows.iter().take(limit) {
-            let at = |reason: String| Error::Input(format!("{origin}: line {line}: {reason}"));
-            let record = record.as_ref().map_err(|r| at(r.clone()))?;
-            if opts.stsb {
-                check_stsb_width(record).map_err(at)?;
-            } else {
-                table.check_width(record).map_err(at)?;
+            // One row: its texts and score, or why it is malformed.
+            let row = || -> std::result::Result<(Vec<String>, Option<f32>), String> {
+                let record = record.as_ref().map_err(Clone::clone)?;
+                if opts.stsb {
+                    check_stsb_width(record)?;
+                } else {
+                    table.check_width(record)?;
+                }
+                let texts = plan
+                    .texts
+                    .iter()
+                    .map(|(name, i)| record.text(*i, name).map(str::to_string))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                let score = match &plan.score {
+                    Some((name, i, scale)) => Some(score(record, *i, name, *scale, opts.stsb)?),
+                    None => None,
+                };
+                Ok((texts, score))
+            };
+            match row() {
+                Ok((texts, s)) => {
+                    if let (Some(s), Some(scores)) = (s, &mut data.scores) {
+                        scores.push(s);
+                    }
+                    data.rows.push(texts);
+                    data.lines.push(*line);
+                }
+                Err(reason) if opts.skip_bad_rows => data.bad_rows.push(BadRow {
+                    line: *line,
+                    reason,
+                }),
+                Err(reason) => {
+                    return Err(Error::Input(format!("{origin}: line {line}: {reason}")))
+                }
             }
-            let texts = plan
-                .texts
-                .iter()
-                .map(|(name, i)| record.text(*i, name).map(str::to_string))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(at)?;
-            if let (Some((name, i, scale)), Some(scores)) = (&plan.score, &mut data.scores) {
-                scores.push(score(record, *i, name, *scale, opts.stsb).map_err(at)?);
-            }
-            data.rows.push(texts);
-            data.lines.push(*line);
+        }
+        if !data.bad_rows.is_empty() {
+            tracing::warn!(
+                "{origin}: skipped {} malformed rows (the first: line {}: {})",
+                data.bad_rows.len(),
+                data.bad_rows[0].line,
+                data.bad_rows[0].reason
+            );
         }
         if data.rows.is_empty() {
             return Err(Error::Input(format!(
@@ -218,6 +252,7 @@ impl EmbeddingData {
             rows: self.rows.split_off(at),
             scores: self.scores.as_mut().map(|s| s.split_off(at)),
             lines: self.lines.split_off(at),
+            bad_rows: Vec::new(),
         }
     }
 

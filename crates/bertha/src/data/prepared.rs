@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use super::corpus::{check_seq_len, plan, read_documents, specials, CorpusOptions, Example};
+use super::corpus::{check_seq_len, plan, specials, CorpusOptions, Example};
 use super::packing::{materialize, Documents, ExamplePlan, Specials, Stream};
 use crate::error::{Error, Result};
 use crate::io::tokenizer::Tokenizer;
@@ -27,9 +27,9 @@ use crate::training::distributed::Hash64;
 
 /// The folder's description file.
 pub const CORPUS_FILE: &str = "corpus.json";
-const MAGIC: &[u8; 16] = b"BERTHA-CORPUS\0\0\x01";
-const HEADER: usize = 48;
-const FORMAT: &str = "bertha-corpus/1";
+pub(super) const MAGIC: &[u8; 16] = b"BERTHA-CORPUS\0\0\x01";
+pub(super) const HEADER: usize = 48;
+pub(super) const FORMAT: &str = "bertha-corpus/1";
 
 /// A hash of the tokenizer's files in `source` (a folder or a vocab file):
 /// a prepared corpus is read with the tokenizer it was made with only.
@@ -79,188 +79,23 @@ pub struct ShardEntry {
     pub tokens: usize,
 }
 
-/// How to prepare a corpus.
-#[derive(Debug, Clone)]
-pub struct PrepareOptions {
-    /// Pieces are sentences (what NSP pairs need) rather than lines.
-    pub sentences: bool,
-    /// Tokens per shard, at most (a shard ends at a document's end).
-    pub shard_tokens: usize,
-    /// Replace an existing prepared corpus in the output folder.
-    pub overwrite: bool,
-}
-
-/// Tokenizes `paths` (in parallel) into a prepared corpus in `out`, written
-/// into a temporary folder renamed into place when complete.
-pub fn prepare_corpus(
-    paths: &[PathBuf],
-    tokenizer: &Tokenizer,
-    tokenizer_source: &Path,
-    opts: &PrepareOptions,
-    out: &Path,
-) -> Result<CorpusHeader> {
-    if out.exists() && !opts.overwrite {
-        return Err(Error::Input(format!(
-            "{} exists; pass --overwrite to replace it",
-            out.display()
-        )));
-    }
-    let name = out
-        .file_name()
-        .ok_or_else(|| Error::Input(format!("{}: not a folder name", out.display())))?
-        .to_string_lossy();
-    let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let vocab_size = tokenizer.vocab_size();
-    let token_bytes = if vocab_size <= 1 << 16 { 2 } else { 4 };
-    let mut writer = ShardWriter {
-        dir: tmp.clone(),
-        token_bytes,
-        limit: opts.shard_tokens.max(1),
-        tokens: Vec::new(),
-        piece_ends: Vec::new(),
-        doc_ends: Vec::new(),
-        shards: Vec::new(),
-        hash: Hash64::default(),
-    };
-    let read = read_documents(paths, tokenizer, opts.sentences, |batch| {
-        for doc in batch {
-            writer.push(&doc)?;
-        }
-        Ok(())
-    });
-    let result = read.and_then(|stats| {
-        writer.finish_shard()?;
-        let header = CorpusHeader {
-            format: FORMAT.into(),
-            tokenizer: tokenizer_source.display().to_string(),
-            tokenizer_hash: format!("{:016x}", tokenizer_hash(tokenizer_source)?),
-            vocab_size,
-            pieces: if opts.sentences { "sentences" } else { "lines" }.into(),
-            token_bytes,
-            documents: stats.documents,
-            tokens: stats.tokens,
-            content_hash: format!("{:016x}", writer.hash.finish()),
-            shards: std::mem::take(&mut writer.shards),
-        };
-        let text = serde_json::to_string_pretty(&header).map_err(|e| Error::Serialise {
-            what: CORPUS_FILE.into(),
-            source: e,
-        })?;
-        let path = tmp.join(CORPUS_FILE);
-        std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
-        Ok(header)
-    });
-    match result {
-        Ok(header) => {
-            if out.exists() {
-                std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
-            }
-            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
-            Ok(header)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// Collects documents into the current shard and writes it when full.
-struct ShardWriter {
-    dir: PathBuf,
-    token_bytes: usize,
-    limit: usize,
-    tokens: Vec<u32>,
-    piece_ends: Vec<u64>,
-    doc_ends: Vec<u64>,
-    shards: Vec<ShardEntry>,
-    hash: Hash64,
-}
-
-impl ShardWriter {
-    fn push(&mut self, doc: &[Vec<u32>]) -> Result<()> {
-        for piece in doc {
-            self.tokens.extend_from_slice(piece);
-            self.piece_ends.push(self.tokens.len() as u64);
-            for &t in piece {
-                self.hash.word(u64::from(t));
-            }
-            self.hash.word(u64::MAX);
-        }
-        self.doc_ends.push(self.piece_ends.len() as u64);
-        self.hash.word(u64::MAX - 1);
-        if self.tokens.len() >= self.limit {
-            self.finish_shard()?;
-        }
-        Ok(())
-    }
-
-    fn finish_shard(&mut self) -> Result<()> {
-        if self.doc_ends.is_empty() {
-            return Ok(());
-        }
-        let file = format!("shard-{:05}.bin", self.shards.len());
-        let path = self.dir.join(&file);
-        let n = self.tokens.len();
-        let layout = Layout::new(
-            n,
-            self.token_bytes,
-            self.piece_ends.len(),
-            self.doc_ends.len(),
-        )
-        .ok_or_else(|| Error::Input(format!("{}: shard too large", path.display())))?;
-        let mut bytes = Vec::with_capacity(layout.len);
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&(self.token_bytes as u32).to_le_bytes());
-        bytes.extend_from_slice(&0u32.to_le_bytes());
-        for count in [n, self.piece_ends.len(), self.doc_ends.len()] {
-            bytes.extend_from_slice(&(count as u64).to_le_bytes());
-        }
-        for &t in &self.tokens {
-            if self.token_bytes == 2 {
-                let t = u16::try_from(t).map_err(|_| {
-                    Error::Tokenizer(format!(
-                        "token id {t} at or above the vocabulary size the shard was sized for"
-                    ))
-                })?;
-                bytes.extend_from_slice(&t.to_le_bytes());
-            } else {
-                bytes.extend_from_slice(&t.to_le_bytes());
-            }
-        }
-        bytes.resize(layout.ends_at, 0);
-        for v in self.piece_ends.iter().chain(&self.doc_ends) {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-        std::fs::write(&path, &bytes).map_err(|e| Error::io(&path, e))?;
-        self.shards.push(ShardEntry {
-            file,
-            documents: self.doc_ends.len(),
-            tokens: n,
-        });
-        self.tokens.clear();
-        self.piece_ends.clear();
-        self.doc_ends.clear();
-        Ok(())
-    }
-}
-
 /// Where a shard's parts lie: tokens from [`HEADER`], then (8-byte
 /// aligned) the piece ends and the document ends.
-struct Layout {
+pub(super) struct Layout {
     /// Byte offset of the piece ends.
-    ends_at: usize,
+    pub(super) ends_at: usize,
     /// The file's length.
-    len: usize,
+    pub(super) len: usize,
 }
 
 impl Layout {
     /// `None` when the sizes overflow (a damaged header).
-    fn new(tokens: usize, token_bytes: usize, pieces: usize, docs: usize) -> Option<Self> {
+    pub(super) fn new(
+        tokens: usize,
+        token_bytes: usize,
+        pieces: usize,
+        docs: usize,
+    ) -> Option<Self> {
         let padded = tokens
             .checked_mul(token_bytes)?
             .checked_next_multiple_of(8)?;
@@ -432,6 +267,15 @@ impl PreparedCorpus {
         let mut first_doc = Vec::with_capacity(header.shards.len());
         let mut docs = 0;
         for entry in &header.shards {
+            // A plain shard name: `../x` or an absolute path would read
+            // (and trust) a file outside the folder.
+            if !super::prepare::is_shard_name(&entry.file) {
+                return Err(Error::Input(format!(
+                    "{}: shard `{}` is not a shard-NNNNN.bin file of this folder",
+                    path.display(),
+                    entry.file
+                )));
+            }
             let shard = Shard::open(&dir.join(&entry.file), header.token_bytes)?;
             if shard.docs != entry.documents || shard.tokens != entry.tokens {
                 return Err(Error::Input(format!(
@@ -456,11 +300,40 @@ impl PreparedCorpus {
                 header.tokens
             )));
         }
-        Ok(Self {
+        let corpus = Self {
             header,
             shards,
             first_doc,
-        })
+        };
+        let hash = format!("{:016x}", corpus.content_hash());
+        if hash != corpus.header.content_hash {
+            return Err(Error::Input(format!(
+                "{}: the shards' content hash is {hash}, corpus.json says {}: a shard was \
+                 changed or damaged; prepare the corpus again",
+                path.display(),
+                corpus.header.content_hash
+            )));
+        }
+        Ok(corpus)
+    }
+
+    /// The hash `prepare-corpus` recorded, recomputed from the shards: every
+    /// token, a mark after each piece and each document.
+    fn content_hash(&self) -> u64 {
+        let mut h = Hash64::default();
+        for s in &self.shards {
+            let mut tokens = Vec::new();
+            for d in 0..s.docs {
+                for p in s.doc_pieces(d) {
+                    tokens.clear();
+                    s.extend(s.piece_start(p)..s.piece_end(p), &mut tokens);
+                    tokens.iter().for_each(|&t| h.word(u64::from(t)));
+                    h.word(u64::MAX);
+                }
+                h.word(u64::MAX - 1);
+            }
+        }
+        h.finish()
     }
 
     fn locate(&self, doc: usize) -> (&Shard, usize) {

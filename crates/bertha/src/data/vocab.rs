@@ -17,7 +17,7 @@ use tokenizers::normalizers::BertNormalizer;
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::AddedToken;
 
-use super::corpus::expand;
+use super::corpus_read::expand;
 use crate::error::{Error, Result};
 use crate::training::checkpoint::write_atomic;
 

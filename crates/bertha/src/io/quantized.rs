@@ -3,9 +3,12 @@
 //! the model's own, so start-up skips calibration and packing.
 //!
 //! The file is `bertha-packed.safetensors`. Its metadata carries a format
-//! version, the precision and a hash of the folder's `config.json`;
-//! reading checks all three (and every tensor's type and size) and
-//! refuses a mismatch with an error naming the file and the field.
+//! version, the precision, a hash of the folder's `config.json` and a hash
+//! of the packed tensors themselves (`data_hash`, since version 2: flipped
+//! bytes in the panels or scales went unnoticed); reading checks all four
+//! (and every tensor's type and size, and that every scale and bf16 weight
+//! is finite, as `model.safetensors`' weights are) and refuses a mismatch
+//! with an error naming the file and the field or tensor.
 //! Each encoder layer `l` has four linears, `layers.{l}.{qkv,attn_out,
 //! ffn_in,ffn_out}`, stored as:
 //! - `….packed`: the panels exactly as the kernels read them (I8, or BF16
@@ -22,13 +25,14 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::weights::RawTensor;
 use crate::error::{Error, Result};
+use crate::training::distributed::Hash64;
 
 /// The packed file's name inside a model folder.
 pub const PACKED_FILE: &str = "bertha-packed.safetensors";
 
 /// Format version: bumped whenever the layout of a tensor changes, so an
 /// older or newer file is refused instead of misread.
-pub const PACKED_VERSION: &str = "1";
+pub const PACKED_VERSION: &str = "2";
 
 /// What the file holds for one linear layer.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,7 +133,14 @@ impl PackedCheckpoint {
                 )),
             }
         }
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        let hash = data_hash(
+            tensors
+                .iter()
+                .map(|(n, r)| (n.as_str(), r.dtype, r.shape.as_slice(), r.bytes.as_slice())),
+        );
         let metadata = HashMap::from([
+            ("data_hash".to_string(), hash),
             ("format".to_string(), "bertha-packed".to_string()),
             ("version".to_string(), PACKED_VERSION.to_string()),
             ("precision".to_string(), self.precision.clone()),
@@ -168,6 +179,7 @@ impl PackedCheckpoint {
             .into_iter()
             .map(|name| read_linear(&st, path, name))
             .collect::<Result<Vec<_>>>()?;
+        check_data_hash(path, &meta, &st)?;
         Ok(Self {
             precision: stored,
             config_hash: hash,
@@ -210,6 +222,46 @@ impl PackedCheckpoint {
             serde_json::from_slice(&header).map_err(|e| invalid(format!("its header: {e}")))?;
         check_metadata(path, &header.metadata, precision, config_hash).map(|_| ())
     }
+}
+
+/// A hash of the packed tensors (sorted by name): each one's name, type,
+/// shape and bytes, in hex.
+fn data_hash<'a>(tensors: impl Iterator<Item = (&'a str, Dtype, &'a [usize], &'a [u8])>) -> String {
+    let mut h = Hash64::default();
+    for (name, dtype, shape, bytes) in tensors {
+        h.bytes(name.as_bytes());
+        h.bytes(format!("{dtype:?}").as_bytes());
+        shape.iter().for_each(|&d| h.word(d as u64));
+        h.bytes(bytes);
+    }
+    format!("{:016x}", h.finish())
+}
+
+/// Refuses a file whose tensors are not those it was written with.
+fn check_data_hash(path: &Path, meta: &HashMap<String, String>, st: &SafeTensors) -> Result<()> {
+    let want = meta.get("data_hash").ok_or_else(|| Error::Config {
+        path: path.to_path_buf(),
+        field: "data_hash".into(),
+        reason: "missing from the metadata: write the folder again with `bertha quantize`".into(),
+    })?;
+    let mut tensors = st.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let got = data_hash(
+        tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())),
+    );
+    if &got != want {
+        return Err(Error::Config {
+            path: path.to_path_buf(),
+            field: "data_hash".into(),
+            reason: format!(
+                "is {want}, but the packed tensors hash to {got}: the file was changed or \
+                 damaged since `bertha quantize` wrote it; quantize again"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a packed file's metadata (format, version, precision, config
@@ -323,7 +375,15 @@ fn read_linear(st: &SafeTensors, path: &Path, name: String) -> Result<PackedLine
                 "{suffix}` has {} values, expected {len}",
                 v.len()
             ))),
-            _ => Ok(v),
+            // A scale that is not finite (or whose int8 range overflows)
+            // makes every output of the layer NaN or garbage.
+            _ => match v.iter().position(|x| !(x * 127.0).is_finite()) {
+                Some(i) => Err(wrong(format!(
+                    "{suffix}` holds {} at index {i}: scales must be finite",
+                    v[i]
+                ))),
+                None => Ok(v),
+            },
         }
     };
     let data = if group > 0 {
@@ -347,6 +407,13 @@ fn read_linear(st: &SafeTensors, path: &Path, name: String) -> Result<PackedLine
             .chunks_exact(2)
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
             .collect();
+        // bf16 with every exponent bit set is an infinity or a NaN.
+        if let Some(i) = panels.iter().position(|b| b & 0x7f80 == 0x7f80) {
+            return Err(wrong(format!(
+                "packed` holds a weight that is not finite (bf16 bits {:#06x}) at index {i}",
+                panels[i]
+            )));
+        }
         PackedData::Bf16 { panels }
     };
     Ok(PackedLinear {
@@ -479,7 +546,7 @@ mod tests {
                     in_dim: 3,
                     out_dim: 2,
                     data: PackedData::Bf16 {
-                        panels: vec![0x3f80, 0xbf80, 0x0001, 0xffff],
+                        panels: vec![0x3f80, 0xbf80, 0x0001, 0x7f7f],
                     },
                 },
             ],
@@ -499,6 +566,68 @@ mod tests {
         assert_eq!(got, sorted);
         let err = PackedCheckpoint::read(&path, "bf16", "0123456789abcdef").unwrap_err();
         assert!(err.to_string().contains("`precision`"), "{err}");
+    }
+
+    /// Issue 46, case 6: NaN or huge scales and flipped bytes were read
+    /// as they were.
+    #[test]
+    fn damaged_or_non_finite_packed_data_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(PACKED_FILE);
+        let read = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            PackedCheckpoint::read(&path, "int8", "0123456789abcdef")
+                .unwrap_err()
+                .to_string()
+        };
+        let good = checkpoint().to_bytes().unwrap();
+        // One byte of the panels flipped, or a scale made 1e30.
+        let mut flipped = good.clone();
+        let at = flipped
+            .windows(4)
+            .position(|w| w == [0x81, 0x82, 0x83, 0x84])
+            .unwrap();
+        flipped[at + 2] ^= 0x10;
+        let err = read(&flipped);
+        assert!(
+            err.contains("`data_hash`") && err.contains("changed or damaged"),
+            "{err}"
+        );
+        let mut huge = good.clone();
+        let half = 0.5f32.to_le_bytes();
+        let at = huge.windows(4).position(|w| w == half).unwrap();
+        huge[at..at + 4].copy_from_slice(&1e30f32.to_le_bytes());
+        assert!(read(&huge).contains("`data_hash`"));
+        // Non-finite values written with a matching hash.
+        for bad in [f32::NAN, f32::INFINITY, 1e38] {
+            let mut c = checkpoint();
+            if let PackedData::I8 { w_scales, .. } = &mut c.linears[0].data {
+                w_scales[1] = bad;
+            }
+            let err = read(&c.to_bytes().unwrap());
+            assert!(
+                err.contains("layers.0.qkv.w_scales` holds") && err.contains("index 1"),
+                "{err}"
+            );
+        }
+        let mut c = checkpoint();
+        if let PackedData::I8 { x_scales, .. } = &mut c.linears[0].data {
+            x_scales[3] = f32::NAN;
+        }
+        assert!(read(&c.to_bytes().unwrap()).contains("x_scales` holds NaN at index 3"));
+        let mut c = checkpoint();
+        c.linears.remove(0);
+        if let PackedData::Bf16 { panels } = &mut c.linears[0].data {
+            panels[2] = 0x7fc0;
+        }
+        std::fs::write(&path, c.to_bytes().unwrap()).unwrap();
+        let err = PackedCheckpoint::read(&path, "int8", "0123456789abcdef")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("not finite (bf16 bits 0x7fc0) at index 2"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -23,4 +23,4 @@ pub use finetuned::{
 pub use ner::{Aggregation, Entity, TokenClassifier};
 pub use nsp::{NextSentence, NextSentenceScore};
 pub use precision::PipelineOptions;
-pub use qa::{Answer, QaOptions, QuestionAnswerer};
+pub use qa::{Answer, QaBounds, QaOptions, QuestionAnswerer};

@@ -34,6 +34,23 @@ pub struct QaOptions {
     pub max_seq_len: Option<usize>,
 }
 
+/// Limits on one [`QuestionAnswerer::answer_within`] call.
+pub struct QaBounds {
+    /// Most windows the context may be cut into (default: no limit).
+    pub max_windows: usize,
+    /// Checked between model passes: `true` stops the work.
+    pub stop: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl Default for QaBounds {
+    fn default() -> Self {
+        Self {
+            max_windows: usize::MAX,
+            stop: None,
+        }
+    }
+}
+
 impl Default for QaOptions {
     fn default() -> Self {
         Self {
@@ -143,10 +160,16 @@ impl QuestionAnswerer {
     pub fn windows(&self, question: &str, context: &str, opts: &QaOptions) -> Result<Vec<Window>> {
         let q = self.encode(question)?;
         let c = self.encode(context)?;
-        self.windows_of(&q, &c, opts)
+        self.windows_of(&q, &c, opts, usize::MAX)
     }
 
-    fn windows_of(&self, q: &Encoding, c: &Encoding, opts: &QaOptions) -> Result<Vec<Window>> {
+    fn windows_of(
+        &self,
+        q: &Encoding,
+        c: &Encoding,
+        opts: &QaOptions,
+        max_windows: usize,
+    ) -> Result<Vec<Window>> {
         if q.get_ids().is_empty() {
             return Err(Error::Input("the question is empty".into()));
         }
@@ -174,7 +197,21 @@ impl QuestionAnswerer {
         };
         let n = c.get_ids().len();
         let step = room - stride;
-        let mut windows = Vec::new();
+        // Counted before any is built: 90k windows of a long context and a
+        // small stride took a minute of CPU (and their ids hundreds of MB).
+        let count = if n <= room {
+            1
+        } else {
+            1 + (n - room).div_ceil(step)
+        };
+        if count > max_windows {
+            return Err(Error::Input(format!(
+                "the context ({n} tokens) makes {count} windows of {max_seq_len} tokens at \
+                 doc_stride {stride}, more than the {max_windows} allowed: shorten the context \
+                 or use a smaller doc_stride"
+            )));
+        }
+        let mut windows = Vec::with_capacity(count);
         let mut from = 0;
         loop {
             let len = room.min(n - from);
@@ -203,6 +240,19 @@ impl QuestionAnswerer {
 
     /// The `top_k` best answers to `question` in `context`.
     pub fn answer(&self, question: &str, context: &str, opts: &QaOptions) -> Result<Vec<Answer>> {
+        self.answer_within(question, context, opts, &QaBounds::default())
+    }
+
+    /// [`QuestionAnswerer::answer`] within `bounds`: at most
+    /// `max_windows` windows (refused before any model work), and given
+    /// up between passes once `stop` says so (a server's client gone).
+    pub fn answer_within(
+        &self,
+        question: &str,
+        context: &str,
+        opts: &QaOptions,
+        bounds: &QaBounds,
+    ) -> Result<Vec<Answer>> {
         if opts.top_k == 0 {
             return Err(Error::Input("top_k must be at least 1".into()));
         }
@@ -211,11 +261,16 @@ impl QuestionAnswerer {
         }
         let q = self.encode(question)?;
         let c = self.encode(context)?;
-        let windows = self.windows_of(&q, &c, opts)?;
+        let windows = self.windows_of(&q, &c, opts, bounds.max_windows)?;
         let offsets = c.get_offsets();
         let mut best = TopSpans::new(opts.top_k);
         let per_pass = (TOKENS_PER_PASS / self.max_seq_len(opts)?).max(1);
         for chunk in windows.chunks(per_pass) {
+            if bounds.stop.as_ref().is_some_and(|stop| stop()) {
+                return Err(Error::Input(
+                    "stopped: the answer is no longer wanted".into(),
+                ));
+            }
             let ids: Vec<Vec<u32>> = chunk.iter().map(|w| w.input_ids.clone()).collect();
             let types: Vec<Vec<u32>> = chunk.iter().map(|w| w.token_type_ids.clone()).collect();
             let out = self.model.forward(&ids, &types, self.pad_id)?;

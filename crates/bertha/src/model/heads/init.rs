@@ -149,6 +149,31 @@ fn head_var_builders(
     }
     let fresh = match init {
         HeadInit::FromCheckpoint => {
+            // The head follows `architectures`: tensors of the right names
+            // saved by another head are not this head's weights.
+            let saved: Vec<HeadKind> = config
+                .architectures
+                .iter()
+                .filter_map(|a| HeadKind::from_any_architecture(a))
+                .collect();
+            if !saved.contains(&kind) {
+                if let Some(other) = saved
+                    .iter()
+                    .find(|s| kind.conflicts_with(**s, &prefix, config))
+                {
+                    return Err(Error::Weights {
+                        path: origin,
+                        reason: format!(
+                            "the checkpoint has no {} head: it was saved as {} (config.json \
+                             `architectures`), whose tensors of the same names are another \
+                             head's. Use a checkpoint fine-tuned for this task, or initialise \
+                             the head fresh to train it",
+                            kind.class_name(&config.family),
+                            other.class_name(&config.family),
+                        ),
+                    });
+                }
+            }
             if let Some(missing) = kind
                 .head_tensors(&prefix, config)
                 .into_iter()

@@ -149,6 +149,33 @@ impl HeadKind {
         names
     }
 
+    /// Whether a checkpoint saved as head `saved` holds tensors under this
+    /// head's names that mean something else: a sequence classifier's
+    /// `classifier.weight` is not a token classifier's, though the names
+    /// are the same. Loading this head from it would give answers from
+    /// the wrong weights. `ForPreTraining` holds the MLM and NSP heads
+    /// themselves, so these agree with it.
+    pub(super) fn conflicts_with(self, saved: HeadKind, base: &str, config: &BertConfig) -> bool {
+        use HeadKind::{MaskedLM, NextSentencePrediction, PreTraining};
+        let same_module = self == saved
+            || matches!(
+                (self, saved),
+                (PreTraining, MaskedLM | NextSentencePrediction)
+                    | (MaskedLM | NextSentencePrediction, PreTraining)
+            );
+        if same_module {
+            return false;
+        }
+        // The pooler is the encoder's, shared by every head that reads it.
+        let own = |k: HeadKind| {
+            let mut names = k.head_tensors(base, config);
+            names.retain(|n| !n.contains("pooler."));
+            names
+        };
+        let theirs = own(saved);
+        own(self).iter().any(|n| theirs.contains(n))
+    }
+
     /// Name prefixes a fresh initialisation may fill in.
     pub(super) fn fresh_prefixes(self, base: &str, config: &BertConfig) -> Vec<String> {
         let mut p: Vec<String> = [
