@@ -228,6 +228,9 @@ fn amx_granted() -> bool {
 /// The widest instruction set the row loops are compiled for that the CPU
 /// has; the loops are compiled for each and picked at run time, so one
 /// binary is fast on AVX-512 machines and still runs on any x86-64.
+// Only x86-64 has more than the baseline, and only it picks (the
+// multiversion macro).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Simd {
     Baseline,
@@ -237,6 +240,7 @@ pub(crate) enum Simd {
     Avx512,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn simd() -> Simd {
     #[cfg(target_arch = "x86_64")]
     {
@@ -427,6 +431,7 @@ mod peak {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "x86_64")]
     const ALL: Features = Features {
         avx2_fma: true,
         avx512_rows: true,

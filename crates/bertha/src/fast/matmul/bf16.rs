@@ -461,6 +461,8 @@ fn round_row_on(simd: bool, x: &[f32], out: &mut [u32]) {
         unsafe { super::avx512::round_row_bf16(x, out) };
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
     for (pair, xs) in out.iter_mut().zip(x.chunks(2)) {
         let lo = u32::from(to_bf16(xs[0]));
         let hi = xs.get(1).map_or(0, |&v| u32::from(to_bf16(v)));
