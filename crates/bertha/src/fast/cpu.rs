@@ -124,6 +124,16 @@ fn requested_isa() -> Option<Isa> {
 }
 
 impl Features {
+    /// No extension: the scalar loops (and any CPU but an x86-64 one).
+    const NONE: Self = Self {
+        avx2_fma: false,
+        avx512_rows: false,
+        avx512_bw: false,
+        vnni: false,
+        bf16: false,
+        amx: false,
+    };
+
     /// The widest level these features make up.
     fn isa(self) -> Isa {
         if self.avx512_rows && self.avx512_bw {
@@ -139,14 +149,7 @@ impl Features {
     /// CPU does not have (or another architecture's) leaves them as they
     /// are, with a warning.
     fn lowered_to(self, isa: Isa) -> Self {
-        let none = Self {
-            avx2_fma: false,
-            avx512_rows: false,
-            avx512_bw: false,
-            vnni: false,
-            bf16: false,
-            amx: false,
-        };
+        let none = Self::NONE;
         match isa {
             Isa::Scalar => none,
             _ if isa > self.isa() || (isa == Isa::Neon) != cfg!(target_arch = "aarch64") => {
@@ -181,14 +184,7 @@ fn detect() -> Features {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    Features {
-        avx2_fma: false,
-        avx512_rows: false,
-        avx512_bw: false,
-        vnni: false,
-        bf16: false,
-        amx: false,
-    }
+    Features::NONE
 }
 
 /// Whether the CPU has AMX-BF16 tiles and Linux lets this process use them
@@ -468,7 +464,7 @@ mod tests {
         // An AVX2-only CPU asked for AVX-512 (or NEON) stays AVX2.
         let zen3 = Features {
             avx2_fma: true,
-            ..ALL.lowered_to(Isa::Scalar)
+            ..Features::NONE
         };
         assert_eq!(zen3.lowered_to(Isa::Avx512), zen3);
         assert_eq!(zen3.lowered_to(Isa::Neon), zen3);
