@@ -10,6 +10,7 @@ pub mod nsp;
 mod pipeline;
 mod precision;
 pub mod qa;
+pub mod rerank;
 
 pub use attention::{AttentionMaps, AttentionModel};
 pub use classify::{Classifier, LabelScore, ScoreFunction};
@@ -24,3 +25,4 @@ pub use ner::{Aggregation, Entity, TokenClassifier};
 pub use nsp::{NextSentence, NextSentenceScore};
 pub use precision::PipelineOptions;
 pub use qa::{Answer, QaBounds, QaOptions, QuestionAnswerer};
+pub use rerank::{Activation, CrossEncoder, CrossEncoderOptions, Ranked};
