@@ -1,13 +1,18 @@
 //! Reranking data: queries with the documents judged for them. Three
 //! shapes read, by their columns (TSV, CSV or JSON Lines with a header):
 //!
-//! - **labelled pairs**: a `label` column (0/1 or graded relevance); the
-//!   first two other columns are the query and the document;
-//! - **tuples**: no `label` column: the first column is the query, the
-//!   second its positive, every further column a hard negative (as
-//!   sentence-transformers' `mine_hard_negatives` writes n-tuples);
+//! - **labelled pairs**: a `label` column (0/1 or graded relevance), a
+//!   query and a document;
+//! - **tuples**: no `label` column: a query, its positive, and hard
+//!   negatives (as sentence-transformers' `mine_hard_negatives` writes
+//!   n-tuples);
 //! - **lists** (JSON Lines): `query`, `documents` (strings) and `labels`
 //!   (numbers, one per document).
+//!
+//! Columns are found by name: the query is `query` or `anchor`; the
+//! document or positive `document`, `positive`, `answer` or `passage`;
+//! negatives every `negative…` column. A delimited file without those
+//! names is read by position: the query first, then the documents.
 //!
 //! A row with an empty text, a label that is not a finite number, or lists
 //! of different lengths is an error naming the file and line.
@@ -71,13 +76,7 @@ impl RerankData {
         } else {
             RerankLayout::Tuples
         };
-        let texts: Vec<(usize, &str)> = table
-            .columns
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.as_str() != "label")
-            .map(|(i, c)| (i, c.as_str()))
-            .collect();
+        let texts = text_columns(&table.columns, layout);
         let needed = match layout {
             RerankLayout::Lists => 0,
             _ => 2,
@@ -186,6 +185,47 @@ impl RerankData {
         }
         lists
     }
+}
+
+/// The query's column, then the documents' (positive first), as
+/// `(index, name)`: by name where the columns have them (`query` or
+/// `anchor`; `document`, `positive`, `answer` or `passage`; then every
+/// `negative…` column, by its number), else in the header's order (JSON
+/// objects' keys come sorted, so JSON Lines need the names).
+fn text_columns(columns: &[String], layout: RerankLayout) -> Vec<(usize, &str)> {
+    let find = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| columns.iter().position(|c| c == n))
+    };
+    let (Some(q), Some(d)) = (
+        find(&["query", "anchor"]),
+        find(&["document", "positive", "answer", "passage"]),
+    ) else {
+        return columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.as_str() != "label")
+            .map(|(i, c)| (i, c.as_str()))
+            .collect();
+    };
+    let mut out = vec![(q, columns[q].as_str()), (d, columns[d].as_str())];
+    if layout == RerankLayout::Tuples {
+        let mut negatives: Vec<(usize, &str)> = columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.starts_with("negative"))
+            .map(|(i, c)| (i, c.as_str()))
+            .collect();
+        let number = |c: &str| -> u64 {
+            c.trim_start_matches(|ch: char| !ch.is_ascii_digit())
+                .parse()
+                .unwrap_or(0)
+        };
+        negatives.sort_by_key(|&(i, c)| (number(c), i));
+        out.extend(negatives);
+    }
+    out
 }
 
 fn number(cell: Cell, name: &str) -> std::result::Result<f32, String> {

@@ -5,6 +5,7 @@ pub mod classify;
 pub mod embed;
 pub mod fill_mask;
 pub mod finetuned;
+pub mod negatives;
 pub mod ner;
 pub mod nsp;
 mod pipeline;
@@ -21,6 +22,7 @@ pub use fill_mask::{FillMask, MaskPrediction};
 pub use finetuned::{
     ClassPrediction, Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
 };
+pub use negatives::{mine_hard_negatives, Mined, MiningOptions, Sampling};
 pub use ner::{Aggregation, Entity, TokenClassifier};
 pub use nsp::{NextSentence, NextSentenceScore};
 pub use precision::PipelineOptions;
