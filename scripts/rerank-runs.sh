@@ -18,6 +18,9 @@
 #   NEGATIVES    negatives mined per query (default 5)
 #   FORMAT       mined rows: labeled-pair (default; bce), n-tuple (mnrl) or
 #                labeled-list (lambda, listnet)
+#   MINE_ARGS    mining flags (default: the anchor's: --range-min 10
+#                --range-max 100 --max-score 0.8)
+#   MINED        a name for those flags in the mined file's name (default: anchor)
 #   TAG          the trained model's folder name (default: ce-$LOSS)
 #
 # The split is the anchor's: the first 80 % of rows train, the last 20 %
@@ -37,6 +40,8 @@ loss="${LOSS:-bce}"
 negatives="${NEGATIVES:-5}"
 format="${FORMAT:-labeled-pair}"
 tag="${TAG:-ce-$loss}"
+read -r -a mine_args <<< "${MINE_ARGS:---range-min 10 --range-max 100 --max-score 0.8}"
+mined="$out/mined-${MINED:-anchor}-$format-$negatives.jsonl"
 read -r -a train_args <<< "${TRAIN_ARGS:---pos-weight 5 --batch-size 64 --lr 2e-5 --epochs 1}"
 
 if [ ! -x "$bertha" ]; then
@@ -63,10 +68,10 @@ with open(f"{out}/corpus.txt", "w", encoding="utf-8") as f:
 print(f"{len(rows)} pairs: {n} train, {len(rows) - n} test", file=sys.stderr)
 EOF
 
-if [ ! -s "$out/mined-$format-$negatives.jsonl" ]; then
+if [ ! -s "$mined" ]; then
   "$bertha" mine-negatives --model "$bi" --train "$out/train.tsv" \
-    --num-negatives "$negatives" --range-min 10 --range-max 100 --max-score 0.8 \
-    --max-length 128 --output-format "$format" -o "$out/mined-$format-$negatives.jsonl"
+    --num-negatives "$negatives" "${mine_args[@]}" \
+    --max-length 128 --output-format "$format" -o "$mined"
 fi
 if [ ! -s "$out/eval-top20.jsonl" ]; then
   "$bertha" mine-negatives --model "$bi" --train "$out/test.tsv" --corpus "$out/corpus.txt" \
@@ -75,10 +80,10 @@ if [ ! -s "$out/eval-top20.jsonl" ]; then
 fi
 
 start=$(date +%s.%N)
-"$bertha" finetune --task rerank --model "$bi" --train "$out/mined-$format-$negatives.jsonl" \
+"$bertha" finetune --task rerank --model "$bi" --train "$mined" \
   --loss "$loss" --max-length 128 --seed 0 --out "$out/$tag" --overwrite "${train_args[@]}"
 end=$(date +%s.%N)
-units=$(wc -l < "$out/mined-$format-$negatives.jsonl")
+units=$(wc -l < "$mined")
 python3 -c "import sys; u, t = int(sys.argv[1]), float(sys.argv[2]) - float(sys.argv[3]); print(f'trained {u} rows in {t:.1f} s: {u / t:.1f} rows/s')" \
   "$units" "$end" "$start"
 "$bertha" evaluate --task rerank --model "$out/$tag" --data "$out/eval-top20.jsonl" \

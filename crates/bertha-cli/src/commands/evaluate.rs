@@ -171,7 +171,8 @@ pub fn run(a: Args) -> Result<()> {
             let ce = CrossEncoder::from_dir(&c.model.resolve()?, &device()?, &opts)?;
             let t0 = std::time::Instant::now();
             let bce = RerankLoss::Bce { pos_weight: None };
-            let (labels, scores, loss) = score_lists(&ce, &lists, &bce)?;
+            let scored = score_lists(&ce, &lists, &bce)?;
+            let (labels, scores) = (&scored.labels, &scored.scores);
             let pairs: usize = labels.iter().map(Vec::len).sum();
             line.insert("examples".into(), lists.len().into());
             line.insert("pairs".into(), pairs.into());
@@ -179,16 +180,16 @@ pub fn run(a: Args) -> Result<()> {
                 "pairs_per_second".into(),
                 (pairs as f64 / t0.elapsed().as_secs_f64()).into(),
             );
-            line.insert("eval_loss".into(), loss.into());
+            line.insert("eval_loss".into(), scored.loss.into());
             let order: Vec<Vec<f32>> = labels
                 .iter()
                 .map(|l| (0..l.len()).map(|i| -(i as f32)).collect())
                 .collect();
             line.insert(
                 "list_order".into(),
-                serde_json::to_value(ranking_scores(&labels, &order)?)?,
+                serde_json::to_value(ranking_scores(labels, &order)?)?,
             );
-            (RANKING_MAIN_METRIC, ranking_scores(&labels, &scores)?)
+            (RANKING_MAIN_METRIC, ranking_scores(labels, scores)?)
         }
     };
     line.insert("metric".into(), main_metric.into());

@@ -56,6 +56,22 @@ pub struct RerankOptions {
 /// A (query, document) pair as model input: ids and token types.
 type Pair = (Vec<u32>, Vec<u32>);
 
+/// A micro-batch's pairs, unit by unit, with their labels.
+struct BatchPairs {
+    groups: Vec<Vec<Pair>>,
+    labels: Vec<Vec<f32>>,
+}
+
+/// Candidate lists scored by a cross-encoder.
+pub struct ScoredLists {
+    /// Each list's relevance labels.
+    pub labels: Vec<Vec<f32>>,
+    /// Each list's logits.
+    pub scores: Vec<Vec<f32>>,
+    /// The loss over the lists (see [`score_lists`]).
+    pub loss: f64,
+}
+
 /// The objective of [`RerankTrainer`].
 pub struct RerankTraining {
     model: BertForTask,
@@ -219,11 +235,7 @@ impl RerankTrainer {
 
 impl RerankTraining {
     /// Each unit's pairs (with in-batch documents for `mnrl`) and labels.
-    fn batch_pairs(
-        &self,
-        batch: &[usize],
-        slice: &Slice,
-    ) -> Result<(Vec<Vec<Pair>>, Vec<Vec<f32>>)> {
+    fn batch_pairs(&self, batch: &[usize], slice: &Slice) -> Result<BatchPairs> {
         let mut groups = Vec::with_capacity(batch.len());
         let mut labels = Vec::with_capacity(batch.len());
         for &u in batch {
@@ -245,7 +257,7 @@ impl RerankTraining {
             groups.push(pairs);
             labels.push(y);
         }
-        Ok((groups, labels))
+        Ok(BatchPairs { groups, labels })
     }
 
     /// The loss sum of the groups' `logits` (flat, group after group).
@@ -363,10 +375,10 @@ impl RerankTraining {
             Activation::Sigmoid,
             &opts,
         )?;
-        let (labels, scores, loss) = score_lists(&ce, dev, &self.opts.loss)?;
+        let scored = score_lists(&ce, dev, &self.opts.loss)?;
         Ok(Scores {
-            loss,
-            scores: ranking_scores(&labels, &scores)?,
+            loss: scored.loss,
+            scores: ranking_scores(&scored.labels, &scored.scores)?,
         })
     }
 }
@@ -377,7 +389,7 @@ pub fn score_lists(
     ce: &CrossEncoder,
     lists: &[RerankGroup],
     loss: &RerankLoss,
-) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, f64)> {
+) -> Result<ScoredLists> {
     let pairs: Vec<(&str, &str)> = lists
         .iter()
         .flat_map(|g| g.documents.iter().map(|d| (g.query.as_str(), d.as_str())))
@@ -410,8 +422,12 @@ pub fn score_lists(
         sum += s.sum;
         count += s.count;
     }
-    let mean = if count > 0 { sum / count as f64 } else { 0.0 };
-    Ok((labels, scores, mean))
+    let loss = if count > 0 { sum / count as f64 } else { 0.0 };
+    Ok(ScoredLists {
+        labels,
+        scores,
+        loss,
+    })
 }
 
 /// The loss's terms in a batch: known from the labels alone.
@@ -513,7 +529,7 @@ impl Objective for RerankTraining {
     }
 
     fn train_batch(&self, batch: &[usize], slice: &Slice) -> Result<MicroStep<MeanLoss>> {
-        let (groups, labels) = self.batch_pairs(batch, slice)?;
+        let BatchPairs { groups, labels } = self.batch_pairs(batch, slice)?;
         let tokens = groups.iter().flatten().map(|p| p.0.len()).sum();
         let count = term_count(&self.opts.loss, &labels);
         if self.fast {
