@@ -79,7 +79,11 @@ fn read_request(out: PathBuf, options: Map<String, Value>) -> PyResult<Request> 
         skip_bad_rows: take(&mut given, "skip_bad_rows")?.unwrap_or(false),
     };
     for (k, v) in given {
-        fields.insert(k, v);
+        fields.insert(k.clone(), v);
+        // One option at a time, so that a bad value is named.
+        if let Err(e) = serde_json::from_value::<FinetuneOptions>(Value::Object(fields.clone())) {
+            return Err(bad_arg(&k, format!("is not valid: {e}")));
+        }
     }
     fields.insert("out".into(), json!(out));
     let mut options: FinetuneOptions = serde_json::from_value(base)
