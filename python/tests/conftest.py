@@ -35,7 +35,7 @@ def read_safetensors(path: Path) -> Dict[str, np.ndarray]:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    d = Path(os.environ.get("BERTHA_TEST_MODEL", REPO / ".cache" / "models" / "all-MiniLM-L6-v2"))
+    d = Path(os.environ.get("BERTHA_MODEL", REPO / ".cache" / "models" / "all-MiniLM-L6-v2"))
     if not (d / "config.json").exists():
         pytest.fail(f"{d}: no all-MiniLM-L6-v2 here; run scripts/fetch-model.sh first")
     return d
