@@ -89,6 +89,7 @@ impl Embedder {
     /// values; `normalize` then L2-normalises each row (as
     /// sentence-transformers: truncation alone does not renormalise).
     #[pyo3(signature = (texts, batch_size=32, prompt_name=None, prompt=None, truncate_dim=None, normalize=false, precision=None, progress=None))]
+    // Python keyword arguments, sentence-transformers' names.
     #[allow(clippy::too_many_arguments)]
     fn encode<'py>(
         &self,

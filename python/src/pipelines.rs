@@ -140,6 +140,8 @@ impl QuestionAnswerer {
 
     /// The `top_k` best answers, best first.
     #[pyo3(signature = (question, context, top_k=1, max_answer_len=15, doc_stride=None, max_seq_len=None))]
+    // Python keyword arguments, transformers' names: one per option.
+    #[allow(clippy::too_many_arguments)]
     fn answer<'py>(
         &self,
         py: Python<'py>,

@@ -111,6 +111,7 @@ fn read_request(out: PathBuf, options: Map<String, Value>) -> PyResult<Request> 
 /// `saved`, `early_stop`. Returns the run's metrics.
 #[pyfunction]
 #[pyo3(signature = (task, model, train, out, dev=None, options=None, on_event=None))]
+// Python keyword arguments, one per option.
 #[allow(clippy::too_many_arguments)]
 pub fn train<'py>(
     py: Python<'py>,
