@@ -7,7 +7,7 @@
 # dependencies at opt-level 3 as the Rust tests build them, in the same
 # target/, so after scripts/test.sh only the bindings and the library are
 # compiled, not the whole tree again in release. BERTHA_PY_PROFILE=release
-# builds the release wheel instead (scripts/bench-python.sh does).
+# builds the release wheel instead, as a plain `pip install ./python` does.
 #
 # The venv is target/py-venv (BERTHA_PY_VENV to change); pip needs PyPI
 # for maturin, numpy and pytest. The test model is fetched as for the Rust
