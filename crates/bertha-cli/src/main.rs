@@ -35,7 +35,8 @@ const VERSION: &str = concat!(
     long_about = "BERT, end to end: run, train, serve and show Hugging Face BERT-family checkpoints.\n\n\
         Run: tokenize, embed, similarity, bench, fill-mask, classify, ner, qa, nsp.\n\
         Train (one training loop for every objective): pretrain (MLM, NSP), finetune (classification, \
-        NER, QA), evaluate, predict.\n\
+        NER, QA, embeddings, rerankers), mine-negatives, evaluate, predict.\n\
+        Rerank: rerank (a cross-encoder's scores, best first).\n\
         Serve: serve (TEI- and OpenAI-compatible HTTP).\n\
         Show: attention (heatmaps), embed-map (t-SNE / PCA maps), curves (metrics of runs).\n\n\
         Outputs match transformers / sentence-transformers; results are JSON Lines on stdout."
@@ -83,13 +84,17 @@ enum Command {
     Pretrain(commands::pretrain::Args),
     /// Tokenize a pre-training corpus once into memory-mapped shards for `pretrain --corpus DIR`.
     PrepareCorpus(commands::prepare_corpus::Args),
-    /// Fine-tune a classification, NER or QA head (and the encoder) on a training file.
+    /// Fine-tune a classification, NER or QA head, an embedding model or a reranker on a training file.
     Finetune(Box<commands::finetune::Args>),
     /// The task's metrics of a fine-tuned checkpoint on a labelled file, or of sentence embeddings
     /// on pairs (sts, retrieval), as one JSON line.
     Evaluate(commands::evaluate::Args),
     /// A fine-tuned checkpoint's predictions for a data file.
     Predict(commands::predict::Args),
+    /// A cross-encoder's scores of documents for a query, best first.
+    Rerank(commands::rerank::Args),
+    /// Hard negatives for reranker or embedding training, mined with a bi-encoder.
+    MineNegatives(commands::mine_negatives::Args),
 }
 
 /// glibc returns every buffer above 128 KiB to the kernel with `munmap` and
@@ -216,6 +221,8 @@ fn main() {
         Command::Finetune(a) => commands::finetune::run(*a),
         Command::Evaluate(a) => commands::evaluate::run(a),
         Command::Predict(a) => commands::predict::run(a),
+        Command::Rerank(a) => commands::rerank::run(a),
+        Command::MineNegatives(a) => commands::mine_negatives::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", render_error(&e));

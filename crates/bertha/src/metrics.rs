@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::error::{Error, Result};
 
 pub mod embedding;
+pub mod ranking;
 pub use embedding::{retrieval_scores, sts_scores, RETRIEVAL_MAIN_METRIC, STS_MAIN_METRIC};
+pub use ranking::{ranking_scores, RANKING_MAIN_METRIC};
 
 fn check_lengths(what: &str, a: usize, b: usize) -> Result<()> {
     if a != b {

@@ -2,14 +2,18 @@
 //! fine-tuned checkpoint on a labelled file (classification, ner, qa), or
 //! of a model's sentence embeddings on pairs (sts: Spearman and Pearson
 //! ×100 of cosine similarity against gold scores; retrieval: each anchor's
-//! positive ranked among all positives).
+//! positive ranked among all positives), or of a cross-encoder reranking
+//! candidate lists (MRR@10, NDCG@10, MAP).
 
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use anyhow::Result;
-use bertha::data::{EmbeddingData, EmbeddingEval, Task};
-use bertha::tasks::{FinetunedModel, InferenceOptions};
+use bertha::data::{EmbeddingData, EmbeddingEval, RerankData, Task};
+use bertha::metrics::{ranking_scores, RANKING_MAIN_METRIC};
+use bertha::tasks::{CrossEncoder, CrossEncoderOptions, FinetunedModel, InferenceOptions};
+use bertha::training::rerank::score_lists;
+use bertha::training::RerankLoss;
 use bertha::{EmbedOptions, Embedder};
 
 use super::finetune::DataArgs;
@@ -82,17 +86,24 @@ impl CheckpointArgs {
 pub enum EvalTask {
     Checkpoint(Task),
     Embedding(EmbeddingEval),
+    /// A cross-encoder reranking candidate lists.
+    Rerank,
 }
 
 impl FromStr for EvalTask {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "rerank" {
+            return Ok(Self::Rerank);
+        }
         if let Ok(e) = s.parse() {
             return Ok(Self::Embedding(e));
         }
         s.parse().map(Self::Checkpoint).map_err(|_| {
-            format!("unknown task `{s}` (expected classification, ner, qa, sts or retrieval)")
+            format!(
+                "unknown task `{s}` (expected classification, ner, qa, sts, retrieval or rerank)"
+            )
         })
     }
 }
@@ -102,7 +113,10 @@ pub struct Args {
     /// classification, ner or qa (a fine-tuned checkpoint and its labelled
     /// file), or sts (scored pairs) or retrieval ((anchor, positive) pairs):
     /// the sentence embeddings of any model folder, pooled and normalised
-    /// as the folder says, compared by cosine.
+    /// as the folder says, compared by cosine; or rerank: a cross-encoder
+    /// reranking candidate lists (labelled pairs grouped by query, tuples,
+    /// or JSONL lists): MRR@10, NDCG@10 and MAP, beside the lists' own
+    /// order's (`list_order`: the retriever's, for mined lists).
     #[arg(long)]
     task: EvalTask,
 
@@ -145,6 +159,37 @@ pub fn run(a: Args) -> Result<()> {
             }
             (task.main_metric(), evaluate_embeddings(c, &data, task)?)
         }
+        EvalTask::Rerank => {
+            c.check_batch_size()?;
+            let lists = RerankData::read(&c.data)?.to_lists();
+            let opts = CrossEncoderOptions {
+                precision: c.precision.precision,
+                max_length: c.max_length,
+                batch_size: c.batch_size,
+                ..CrossEncoderOptions::default()
+            };
+            let ce = CrossEncoder::from_dir(&c.model.resolve()?, &device()?, &opts)?;
+            let t0 = std::time::Instant::now();
+            let bce = RerankLoss::Bce { pos_weight: None };
+            let (labels, scores, loss) = score_lists(&ce, &lists, &bce)?;
+            let pairs: usize = labels.iter().map(Vec::len).sum();
+            line.insert("examples".into(), lists.len().into());
+            line.insert("pairs".into(), pairs.into());
+            line.insert(
+                "pairs_per_second".into(),
+                (pairs as f64 / t0.elapsed().as_secs_f64()).into(),
+            );
+            line.insert("eval_loss".into(), loss.into());
+            let order: Vec<Vec<f32>> = labels
+                .iter()
+                .map(|l| (0..l.len()).map(|i| -(i as f32)).collect())
+                .collect();
+            line.insert(
+                "list_order".into(),
+                serde_json::to_value(ranking_scores(&labels, &order)?)?,
+            );
+            (RANKING_MAIN_METRIC, ranking_scores(&labels, &scores)?)
+        }
     };
     line.insert("metric".into(), main_metric.into());
     for (k, v) in &scores {
@@ -158,6 +203,7 @@ fn task_name(task: EvalTask) -> String {
     match task {
         EvalTask::Checkpoint(t) => t.to_string(),
         EvalTask::Embedding(e) => e.to_string(),
+        EvalTask::Rerank => "rerank".into(),
     }
 }
 

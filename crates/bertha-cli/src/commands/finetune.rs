@@ -1,6 +1,7 @@
 //! `bertha finetune`: trains a task head (classification, NER, QA) and the
 //! encoder under it on a training file, or a sentence-embedding model
-//! (`--task embedding`, see [`super::finetune_embedding`]), scoring a dev
+//! (`--task embedding`, see [`super::finetune_embedding`]) or a reranker
+//! (`--task rerank`, see [`super::finetune_rerank`]), scoring a dev
 //! file every epoch, with a progress bar, metrics JSON Lines, loss / metric
 //! curves, resumable checkpoints and early stopping.
 
@@ -53,6 +54,8 @@ pub enum FinetuneTask {
     Head(Task),
     /// A sentence-embedding model (a bi-encoder).
     Embedding,
+    /// A cross-encoder reranker.
+    Rerank,
 }
 
 impl FromStr for FinetuneTask {
@@ -61,8 +64,11 @@ impl FromStr for FinetuneTask {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "embedding" => Ok(Self::Embedding),
+            "rerank" => Ok(Self::Rerank),
             other => Task::from_str(other).map(Self::Head).map_err(|_| {
-                format!("unknown task `{other}` (expected classification, ner, qa or embedding)")
+                format!(
+                    "unknown task `{other}` (expected classification, ner, qa, embedding or rerank)"
+                )
             }),
         }
     }
@@ -71,7 +77,9 @@ impl FromStr for FinetuneTask {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// classification (TSV/CSV/JSONL, texts or pairs), ner (CoNLL), qa (SQuAD
-    /// JSON) or embedding (pairs, triplets or scored pairs: TSV/CSV/JSONL).
+    /// JSON), embedding (pairs, triplets or scored pairs: TSV/CSV/JSONL) or
+    /// rerank (a cross-encoder: labelled pairs, (query, positive,
+    /// negative…) tuples or JSONL lists).
     #[arg(long)]
     pub(crate) task: FinetuneTask,
 
@@ -186,6 +194,9 @@ pub struct Args {
 
     #[command(flatten)]
     pub(crate) embedding: super::finetune_embedding::EmbeddingArgs,
+
+    #[command(flatten)]
+    pub(crate) rerank: super::finetune_rerank::RerankArgs,
 }
 
 impl Args {
@@ -232,9 +243,13 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
     let task = match a.task {
         FinetuneTask::Head(t) => t,
         FinetuneTask::Embedding => return super::finetune_embedding::run(a, processes),
+        FinetuneTask::Rerank => return super::finetune_rerank::run(a, processes),
     };
     if let Some(flag) = a.embedding.given().first() {
-        anyhow::bail!("{flag} applies to --task embedding only");
+        anyhow::bail!("{flag} applies to --task embedding (or rerank) only");
+    }
+    if let Some(flag) = a.rerank.given().first() {
+        anyhow::bail!("{flag} applies to --task rerank only");
     }
     let model_dir = a.model.resolve()?;
     let config = bertha::BertConfig::from_file(&model_dir.join("config.json"))?;

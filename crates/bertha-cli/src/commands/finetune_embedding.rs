@@ -18,18 +18,19 @@ use crate::training::{self, Wording};
 #[command(next_help_heading = "Embedding training (--task embedding)")]
 pub struct EmbeddingArgs {
     /// mnrl, mnrl-symmetric, cached-mnrl, cosent or cosine-mse (default:
-    /// mnrl for text columns, cosent for scored pairs).
+    /// mnrl for text columns, cosent for scored pairs). --task rerank: bce
+    /// (default), mnrl, lambda or listnet.
     #[arg(long)]
-    loss: Option<LossKind>,
+    pub(crate) loss: Option<String>,
 
     /// MatryoshkaLoss around the loss: the leading dimensions to train,
     /// e.g. 384,256,128,64.
     #[arg(long, value_delimiter = ',', value_name = "DIMS")]
     matryoshka: Vec<usize>,
 
-    /// The similarity scale of mnrl and cosent.
+    /// The similarity scale of mnrl and cosent (rerank's mnrl: 10).
     #[arg(long)]
-    scale: Option<f64>,
+    pub(crate) scale: Option<f64>,
 
     /// cached-mnrl: texts per encoder pass (memory is bounded by it, not by
     /// the batch size).
@@ -110,10 +111,13 @@ pub fn run(a: Args, processes: &training::Processes) -> Result<()> {
         .as_deref()
         .map(|p| EmbeddingData::read(p, &read))
         .transpose()?;
-    let kind = e.loss.unwrap_or(match train.layout {
-        PairLayout::Scored => LossKind::Cosent,
-        PairLayout::Texts => LossKind::Mnrl,
-    });
+    let kind = match e.loss.as_deref() {
+        Some(name) => name.parse::<LossKind>()?,
+        None => match train.layout {
+            PairLayout::Scored => LossKind::Cosent,
+            PairLayout::Texts => LossKind::Mnrl,
+        },
+    };
     let mut loss = EmbeddingLoss::new(kind);
     if let Some(s) = e.scale {
         loss.scale = s;

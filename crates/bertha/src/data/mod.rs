@@ -4,7 +4,8 @@
 //! the word-piece label alignment and SQuAD windows of transformers'
 //! example scripts, and the task inputs built from them; and
 //! sentence-embedding pairs (texts with hard negatives, scored pairs, STS
-//! Benchmark originals) with their STS / retrieval evaluation.
+//! Benchmark originals) with their STS / retrieval evaluation; and
+//! reranking data (labelled pairs, tuples, lists).
 
 pub mod classification;
 pub mod conll;
@@ -16,6 +17,7 @@ pub mod packing;
 pub mod pairs;
 pub mod prepare;
 pub mod prepared;
+pub mod rerank;
 pub mod squad;
 pub mod task_data;
 pub mod vocab;
@@ -33,6 +35,7 @@ pub use masking::{MaskSplit, Masker};
 pub use pairs::{EmbeddingData, EmbeddingEval, PairColumns, PairLayout, PairOptions};
 pub use prepare::{prepare_corpus, PrepareOptions};
 pub use prepared::PreparedCorpus;
+pub use rerank::{RerankData, RerankGroup, RerankLayout};
 pub use squad::{
     postprocess, FeatureOptions, PostprocessOptions, SquadAnswer, SquadData, SquadExample,
     SquadFeature, SquadFeaturizer, SquadPrediction,

@@ -5,11 +5,13 @@ pub mod classify;
 pub mod embed;
 pub mod fill_mask;
 pub mod finetuned;
+pub mod negatives;
 pub mod ner;
 pub mod nsp;
 mod pipeline;
 mod precision;
 pub mod qa;
+pub mod rerank;
 
 pub use attention::{AttentionMaps, AttentionModel};
 pub use classify::{Classifier, LabelScore, ScoreFunction};
@@ -20,7 +22,9 @@ pub use fill_mask::{FillMask, MaskPrediction};
 pub use finetuned::{
     ClassPrediction, Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
 };
+pub use negatives::{mine_hard_negatives, Mined, MiningOptions, Sampling};
 pub use ner::{Aggregation, Entity, TokenClassifier};
 pub use nsp::{NextSentence, NextSentenceScore};
 pub use precision::PipelineOptions;
 pub use qa::{Answer, QaBounds, QaOptions, QuestionAnswerer};
+pub use rerank::{Activation, CrossEncoder, CrossEncoderOptions, Ranked};

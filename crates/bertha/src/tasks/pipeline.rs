@@ -34,6 +34,11 @@ impl<H: BertHead> PipelineHead<H> {
         Ok(Self { head, encoder })
     }
 
+    /// `head` over an encoder built by the caller.
+    pub(crate) fn with_encoder(head: H, encoder: HeadEncoder) -> Self {
+        Self { head, encoder }
+    }
+
     pub(crate) fn head(&self) -> &H {
         &self.head
     }
@@ -92,6 +97,17 @@ pub(crate) fn load<H: BertHead>(
     max_length: Option<usize>,
     opts: &PipelineOptions,
 ) -> Result<(PipelineHead<H>, Tokenizer)> {
+    let (head, tokenizer) = load_head::<H>(dir, device, max_length)?;
+    let head = PipelineHead::new(head, &tokenizer, opts.precision)?;
+    Ok((head, tokenizer))
+}
+
+/// The head of [`load`] in fp32, with its tokenizer.
+pub(crate) fn load_head<H: BertHead>(
+    dir: &Path,
+    device: &Device,
+    max_length: Option<usize>,
+) -> Result<(H, Tokenizer)> {
     let head = H::from_dir(dir, HeadInit::FromCheckpoint, device)?;
     let config = head.config();
     let max_length = match max_length {
@@ -106,7 +122,6 @@ pub(crate) fn load<H: BertHead>(
         None => default_max_length(dir, config)?,
     };
     let tokenizer = ModelDir::open(dir)?.model_tokenizer(config, max_length)?;
-    let head = PipelineHead::new(head, &tokenizer, opts.precision)?;
     Ok((head, tokenizer))
 }
 

@@ -91,7 +91,8 @@ pub(crate) fn fast_path_refused(precision: Precision, model: &BertModel) -> Erro
 
 /// The encoder under a task head, at the precision it was built with.
 pub(crate) struct HeadEncoder {
-    /// The fast path (bf16 / int8 only; f32 runs the candle modules).
+    /// The fast path (bf16 / int8; f32 only when built by
+    /// [`HeadEncoder::fast`], else the candle modules).
     packed: Option<PackedBert>,
     precision: Precision,
 }
@@ -122,6 +123,28 @@ impl HeadEncoder {
         Ok(Self {
             packed: Some(packed),
             precision,
+        })
+    }
+
+    /// As [`HeadEncoder::new`], with fp32 on the packed fast path too
+    /// where it takes the model (its products differ from the candle
+    /// modules' by rounding only); other models run fp32 on the candle
+    /// modules.
+    pub(crate) fn fast(
+        model: &BertModel,
+        tokenizer: &Tokenizer,
+        precision: Precision,
+    ) -> Result<Self> {
+        let precision = runnable(precision);
+        if precision != Precision::F32 {
+            return Self::new(model, tokenizer, precision);
+        }
+        Ok(match packed_model(model, tokenizer, precision)? {
+            Some(packed) => Self {
+                packed: Some(packed),
+                precision,
+            },
+            None => Self::f32(),
         })
     }
 

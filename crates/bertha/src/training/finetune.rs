@@ -726,7 +726,7 @@ fn choose_labels(checkpoint: Option<LabelSet>, data: &LabelSet) -> (LabelSet, bo
 
 /// The checkpoint's weights with the task head's tensors dropped, so that
 /// the head is drawn fresh.
-fn without_head(weights: Weights, prefix: &str) -> Result<Weights> {
+pub(crate) fn without_head(weights: Weights, prefix: &str) -> Result<Weights> {
     let origin = weights.origin().to_path_buf();
     let names: Vec<String> = weights
         .names()

@@ -1,6 +1,6 @@
 //! Training: one loop ([`Trainer`]) for every [`Objective`] — MLM (+NSP)
-//! pre-training, classification / NER / QA fine-tuning and sentence-
-//! embedding training — with its
+//! pre-training, classification / NER / QA fine-tuning, sentence-
+//! embedding training and cross-encoder (reranker) training — with its
 //! plan (steps, warmup, data order), parameters, AdamW, schedule, metrics
 //! and checkpoints.
 //!
@@ -22,6 +22,8 @@ pub mod params;
 pub mod plan;
 pub mod presets;
 pub mod pretrain;
+pub mod rerank;
+pub mod rerank_loss;
 pub mod run_dir;
 pub mod schedule;
 pub mod trainer;
@@ -37,6 +39,8 @@ pub use params::ParamStore;
 pub use plan::{RunLength, TrainPlan, Warmup};
 pub use presets::Preset;
 pub use pretrain::{PretrainData, PretrainOptions, Pretrainer, Pretraining};
+pub use rerank::{RerankOptions, RerankTrainer, RerankTraining};
+pub use rerank_loss::RerankLoss;
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use trainer::{
     Engine, GradientHook, Gradients, LoopOptions, LossPart, MainMetric, MeanLoss, MicroStep,

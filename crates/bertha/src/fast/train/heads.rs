@@ -31,7 +31,15 @@ pub enum HeadTargets<'a> {
     /// rows outside the (padded) sequence are clamped to its row count and
     /// then ignored, as transformers does.
     Spans(&'a [(i64, i64)]),
+    /// Sequence scores under a loss the caller computes (rankings): given
+    /// the logits `[N, C]`, the mean loss, its number of terms and the
+    /// gradient of the mean with respect to each logit.
+    Custom(&'a CustomLoss<'a>),
 }
+
+/// A caller's loss on sequence-classification logits (see
+/// [`HeadTargets::Custom`]).
+pub type CustomLoss<'a> = dyn Fn(&[f32]) -> Result<(f64, usize, Vec<f64>)> + 'a;
 
 /// One micro-batch: packed sequences `(ids, token types)` and the targets.
 pub struct HeadBatch<'a> {
@@ -312,6 +320,20 @@ fn sequence_loss(
     weight: f64,
 ) -> Result<(f64, usize)> {
     let n = logits.len() / c.max(1);
+    if let HeadTargets::Custom(loss) = targets {
+        let (mean, count, grad) = loss(logits)?;
+        if grad.len() != logits.len() {
+            return Err(Error::Input(format!(
+                "internal: a gradient of {} values for {} logits",
+                grad.len(),
+                logits.len()
+            )));
+        }
+        for (x, g) in logits.iter_mut().zip(&grad) {
+            *x = (weight * g) as f32;
+        }
+        return Ok((mean, count));
+    }
     let problem = problem.unwrap_or(match targets {
         _ if c == 1 => ProblemType::Regression,
         HeadTargets::Classes(_) => ProblemType::SingleLabelClassification,
@@ -340,7 +362,7 @@ fn sequence_loss(
         }
         (_, HeadTargets::Classes(y)) => y.iter().map(|&v| v as f32).collect(),
         (_, HeadTargets::Values(v)) => v.to_vec(),
-        (_, HeadTargets::Tokens(_) | HeadTargets::Spans(_)) => {
+        (_, HeadTargets::Tokens(_) | HeadTargets::Spans(_) | HeadTargets::Custom(_)) => {
             return Err(Error::Input(
                 "labels: sequence classification needs labels per sequence".into(),
             ))

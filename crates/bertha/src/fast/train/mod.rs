@@ -27,7 +27,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 use crate::fast::buffers;
 
-pub use heads::{FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
+pub use heads::{CustomLoss, FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
 pub use mlm::{MlmBatch, MlmBuffers, MlmHead, MlmOutcome};
 pub(crate) use packs::WeightPacks;
 pub use products::Compute;
