@@ -170,11 +170,36 @@ class SentenceTransformer:
 
 
 class CrossEncoder:
-    """A cross-encoder (a sentence-transformers CrossEncoder folder, or a
-    sequence-classification checkpoint with one label): scores pairs."""
+    """A cross-encoder (reranker): a sentence-transformers CrossEncoder folder,
+    or any sequence-classification checkpoint; scores (text, text) pairs
+    through the activation the folder names (sigmoid for one label).
 
-    def __init__(self, model_name_or_path: PathLike, *, precision: str = "float32") -> None:
-        self._model = _bertha.CrossEncoder(_path(model_name_or_path), precision=precision)
+    ``max_length`` caps the tokens of a pair; ``batch_size`` is the pairs per
+    forward pass (fixed at load: the library batches pairs of similar length).
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: PathLike,
+        *,
+        precision: str = "float32",
+        max_length: Optional[int] = None,
+        batch_size: int = 32,
+    ) -> None:
+        self._model = _bertha.CrossEncoder(
+            _path(model_name_or_path),
+            precision=precision,
+            max_length=max_length,
+            batch_size=batch_size,
+        )
+
+    @property
+    def num_labels(self) -> int:
+        return self._model.num_labels
+
+    @property
+    def max_length(self) -> int:
+        return self._model.max_length
 
     def predict(
         self,
@@ -183,10 +208,12 @@ class CrossEncoder:
         show_progress_bar: Optional[bool] = None,
         activation_fn: Optional[str] = None,
         convert_to_numpy: bool = True,
-    ) -> Union[np.ndarray, float, List[float]]:
-        """One score per (text, text) pair, as sentence-transformers' ``predict``
-        (a float for a single pair). ``activation_fn``: ``sigmoid``,
-        ``softmax`` or ``none`` (default: the folder's)."""
+    ) -> Union[np.ndarray, float, List[Any]]:
+        """Scores of (text, text) pairs, as sentence-transformers' ``predict``:
+        (n,) for a one-label model, else (n, labels); one pair gives its
+        score. ``activation_fn``: ``sigmoid``, ``identity``, ``tanh``,
+        ``softmax`` or a torch class path (default: the folder's).
+        ``batch_size`` is the load's (see the class)."""
         single = (
             isinstance(sentences, (tuple, list))
             and len(sentences) == 2
@@ -198,7 +225,7 @@ class CrossEncoder:
         scores = self._model.predict(firsts, seconds, activation=activation_fn)
         if single:
             return scores[0]
-        return scores if convert_to_numpy else scores.tolist()
+        return scores if convert_to_numpy else list(scores)
 
     def rank(
         self,
@@ -211,14 +238,11 @@ class CrossEncoder:
     ) -> List[Dict[str, Any]]:
         """Documents by score for ``query``, best first: dicts with
         ``corpus_id`` and ``score`` (and ``text``), as sentence-transformers."""
-        scores = self.predict([(query, d) for d in documents])
-        order = sorted(range(len(documents)), key=lambda i: -float(scores[i]))
-        ranked = []
-        for i in order[:top_k] if top_k is not None else order:
-            row: Dict[str, Any] = {"corpus_id": i, "score": scores[i]}
-            if return_documents:
-                row["text"] = documents[i]
-            ranked.append(row)
+        docs = list(documents)
+        ranked = self._model.rank(query, docs, top_k=top_k)
+        if return_documents:
+            for r in ranked:
+                r["text"] = docs[r["corpus_id"]]
         return ranked
 
 

@@ -64,7 +64,18 @@ class SentenceTransformer:
     def similarity(self, embeddings1: Any, embeddings2: Any) -> _F32: ...
 
 class CrossEncoder:
-    def __init__(self, model_name_or_path: _Path, *, precision: str = "float32") -> None: ...
+    def __init__(
+        self,
+        model_name_or_path: _Path,
+        *,
+        precision: str = "float32",
+        max_length: Optional[int] = None,
+        batch_size: int = 32,
+    ) -> None: ...
+    @property
+    def num_labels(self) -> int: ...
+    @property
+    def max_length(self) -> int: ...
     def predict(
         self,
         sentences: Union[Tuple[str, str], Sequence[Tuple[str, str]]],
@@ -72,7 +83,7 @@ class CrossEncoder:
         show_progress_bar: Optional[bool] = None,
         activation_fn: Optional[str] = None,
         convert_to_numpy: bool = True,
-    ) -> Union[_F32, float, List[float]]: ...
+    ) -> Union[_F32, float, List[Any]]: ...
     def rank(
         self,
         query: str,

@@ -165,35 +165,59 @@ impl QuestionAnswerer {
     }
 }
 
-/// A cross-encoder: one score per (query, document) pair, from a
-/// sequence-classification head with one output, through the function the
-/// folder names (sigmoid for one label, as sentence-transformers).
+/// A cross-encoder ([`tasks::CrossEncoder`]): a sentence-transformers
+/// CrossEncoder folder, or any sequence-classification folder, scoring
+/// pairs through the activation the folder names.
 #[pyclass(frozen, module = "bertha._bertha")]
-pub struct CrossEncoder(tasks::Classifier);
+pub struct CrossEncoder(tasks::CrossEncoder);
+
+/// An activation by name, or by the torch class path sentence-transformers
+/// writes (`torch.nn.modules.activation.Sigmoid`).
+fn activation(name: &str) -> PyResult<tasks::Activation> {
+    use tasks::Activation as A;
+    match name.to_ascii_lowercase().as_str() {
+        "sigmoid" => Ok(A::Sigmoid),
+        "identity" | "none" => Ok(A::Identity),
+        "tanh" => Ok(A::Tanh),
+        "softmax" => Ok(A::Softmax),
+        _ => A::from_torch_path(name).ok_or_else(|| {
+            bad_arg(
+                "activation_fn",
+                format!("`{name}` is not one of sigmoid, identity, tanh, softmax"),
+            )
+        }),
+    }
+}
 
 #[pymethods]
 impl CrossEncoder {
     #[new]
-    #[pyo3(signature = (path, precision="float32"))]
-    fn new(py: Python<'_>, path: &str, precision: &str) -> PyResult<Self> {
+    #[pyo3(signature = (path, precision="float32", max_length=None, batch_size=32))]
+    fn new(
+        py: Python<'_>,
+        path: &str,
+        precision: &str,
+        max_length: Option<usize>,
+        batch_size: usize,
+    ) -> PyResult<Self> {
         let dir = open_dir(path)?;
-        let opts = options(precision)?;
-        let inner = py
-            .allow_threads(|| tasks::Classifier::from_dir_with(&dir, &Device::Cpu, &opts))
-            .py()?;
-        if inner.labels().len() != 1 {
-            return Err(bad_arg(
-                "model",
-                format!(
-                    "has {} labels: a cross-encoder scores with one",
-                    inner.labels().len()
-                ),
-            ));
+        if batch_size == 0 {
+            return Err(bad_arg("batch_size", "must be at least 1"));
         }
+        let opts = tasks::CrossEncoderOptions {
+            precision: crate::precision(precision)?,
+            max_length,
+            batch_size,
+            ..Default::default()
+        };
+        let inner = py
+            .allow_threads(|| tasks::CrossEncoder::from_dir(&dir, &Device::Cpu, &opts))
+            .py()?;
         Ok(Self(inner))
     }
 
-    /// One score per pair (`firsts[i]`, `seconds[i]`).
+    /// Each pair's scores (`firsts[i]`, `seconds[i]`): (n,) for a one-label
+    /// model, else (n, labels), as sentence-transformers' `predict`.
     #[pyo3(signature = (firsts, seconds, activation=None))]
     fn predict<'py>(
         &self,
@@ -201,7 +225,7 @@ impl CrossEncoder {
         firsts: Vec<String>,
         seconds: Vec<String>,
         activation: Option<&str>,
-    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         if firsts.len() != seconds.len() {
             return Err(bad_arg(
                 "pairs",
@@ -212,22 +236,53 @@ impl CrossEncoder {
                 ),
             ));
         }
-        let function = match activation {
-            Some(f) => f.parse::<ScoreFunction>().py()?,
-            None => self.0.function(),
-        };
-        let scores = py
-            .allow_threads(|| {
-                firsts
-                    .iter()
-                    .zip(&seconds)
-                    .map(|(a, b)| {
-                        let s = self.0.classify_with(a, Some(b), Some(1), function)?;
-                        Ok(s.first().map_or(f32::NAN, |l| l.score))
-                    })
-                    .collect::<bertha::Result<Vec<f32>>>()
+        let function = activation.map(self::activation).transpose()?;
+        let pairs: Vec<(&str, &str)> = firsts
+            .iter()
+            .zip(&seconds)
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let rows = py
+            .allow_threads(|| match function {
+                None => self.0.predict(&pairs),
+                Some(f) => Ok(self.0.logits(&pairs)?.iter().map(|l| f.apply(l)).collect()),
             })
             .py()?;
-        Ok(PyArray1::from_vec(py, scores))
+        let labels = self.0.num_labels();
+        if labels == 1 {
+            let flat: Vec<f32> = rows.into_iter().flatten().collect();
+            return Ok(PyArray1::from_vec(py, flat).into_any());
+        }
+        let n = rows.len();
+        let flat: Vec<f32> = rows.into_iter().flatten().collect();
+        let array = numpy::ndarray::Array2::from_shape_vec((n, labels), flat)
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        Ok(numpy::PyArray2::from_owned_array(py, array).into_any())
+    }
+
+    /// The documents by their score with `query`, best first: dicts with
+    /// `corpus_id` and `score`, at most `top_k`.
+    #[pyo3(signature = (query, documents, top_k=None))]
+    fn rank<'py>(
+        &self,
+        py: Python<'py>,
+        query: &str,
+        documents: Vec<String>,
+        top_k: Option<usize>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ranked = py
+            .allow_threads(|| self.0.rank(query, &documents, top_k))
+            .py()?;
+        to_object(py, &ranked)
+    }
+
+    #[getter]
+    fn num_labels(&self) -> usize {
+        self.0.num_labels()
+    }
+
+    #[getter]
+    fn max_length(&self) -> usize {
+        self.0.tokenizer().max_length()
     }
 }

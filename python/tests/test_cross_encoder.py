@@ -39,7 +39,21 @@ def test_rank_orders_by_score():
     assert len(model.rank(query, docs, top_k=2)) == 2
 
 
-def test_bad_pairs():
+def test_activation_by_name_and_the_folders_default():
     model = bertha.CrossEncoder(CE)
-    with pytest.raises(ValueError):
+    assert model.num_labels == 1
+    want = read_safetensors(CE / "expected.safetensors")["predict"]
+    logits = model.predict(pairs(), activation_fn="identity")
+    assert float(np.max(np.abs(1 / (1 + np.exp(-logits)) - want))) <= 1e-5
+    torch_path = model.predict(pairs(), activation_fn="torch.nn.modules.activation.Sigmoid")
+    assert float(np.max(np.abs(torch_path - want))) <= 1e-5
+
+
+def test_bad_arguments():
+    model = bertha.CrossEncoder(CE)
+    with pytest.raises(ValueError, match="activation_fn `relu` is not one of"):
         model.predict([("a", "b")], activation_fn="relu")
+    with pytest.raises(ValueError, match="both texts are empty"):
+        model.predict([("", "")])
+    with pytest.raises(FileNotFoundError):
+        bertha.CrossEncoder("/no/such/reranker")
