@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -126,6 +127,15 @@ def test_progress_bar_and_empty_input(minilm_dir, capsys):
     assert out.shape == (3, 384)
     assert "3/3" in capsys.readouterr().err
     assert model.encode([]).shape == (0, 384)
+
+
+def test_plain_progress_bar_without_tqdm(minilm_dir, capsys, monkeypatch):
+    # tqdm is optional: without it, bars are drawn on stderr by bertha.
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    model = bertha.SentenceTransformer(minilm_dir)
+    model.encode(["a", "b", "c"], show_progress_bar=True)
+    err = capsys.readouterr().err
+    assert "Encoding: 100%" in err and "3/3" in err
 
 
 def test_missing_folder_is_file_not_found():
