@@ -19,7 +19,7 @@ venv=${BERTHA_PY_BENCH_VENV:-target/py-venv-release}
 
 cargo build --release --locked -p bertha-cli
 if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
-MATURIN_PEP517_ARGS="--locked" "$venv/bin/python" -m pip install -q \
+MATURIN_PEP517_USE_BASE_PYTHON=1 MATURIN_PEP517_ARGS="--locked" "$venv/bin/python" -m pip install -q \
   --disable-pip-version-check --force-reinstall ./python
 
 lscpu | grep -E '^Model name' || true

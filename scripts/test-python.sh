@@ -22,8 +22,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 profile=${BERTHA_PY_PROFILE:-dev}
 export MATURIN_PEP517_ARGS="--profile $profile --locked"
-# --force-reinstall of the package alone: the version does not change
-# between builds, and pip would otherwise keep the old wheel.
-"$venv/bin/python" -m pip install -q --disable-pip-version-check pytest ./python
+# The base interpreter, not the venv's: PyO3's build config then stays the
+# same across venvs, and cargo does not rebuild the bindings for each.
+export MATURIN_PEP517_USE_BASE_PYTHON=1
+# pytest and numpy (the package's one dependency), then the package alone
+# with --force-reinstall: its version does not change between builds, and
+# pip would otherwise keep the old wheel. One wheel build either way.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ./python
 "$venv/bin/python" -m pytest python/tests -q "$@"
