@@ -188,3 +188,87 @@ fn predict_equals_sentence_transformers() {
         assert!(ranked[0].score >= ranked[1].score);
     }
 }
+
+/// A copy of the fixture whose files name `activation` where `field`
+/// says (`None`: no activation named anywhere).
+fn with_activation(tmp: &Path, field: Option<&str>, activation: &str) -> PathBuf {
+    let d = tmp.join("ce");
+    std::fs::create_dir_all(&d).unwrap();
+    for f in std::fs::read_dir(dir()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), d.join(f.file_name())).unwrap();
+    }
+    let st = d.join("config_sentence_transformers.json");
+    let mut v = read_json(&st);
+    v.as_object_mut().unwrap().remove("activation_fn");
+    std::fs::write(&st, v.to_string()).unwrap();
+    let cfg = d.join("config.json");
+    let mut c = read_json(&cfg);
+    match field {
+        Some("activation_fn") => {
+            v["activation_fn"] = activation.into();
+            std::fs::write(&st, v.to_string()).unwrap();
+        }
+        Some("sentence_transformers") => {
+            c["sentence_transformers"] = serde_json::json!({"activation_fn": activation})
+        }
+        Some(other) => c[other] = activation.into(),
+        None => {}
+    }
+    std::fs::write(&cfg, c.to_string()).unwrap();
+    d
+}
+
+#[test]
+fn the_folders_activation_is_found_where_sentence_transformers_looks() {
+    use bertha::tasks::{Classifier, ScoreFunction};
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = read_json(&dir().join("inputs.json"));
+    let (a, b) = (strings(&inputs["pairs"][0]), strings(&inputs["pairs"][1]));
+    let pairs = [(a[0].as_str(), b[0].as_str())];
+    let opts = CrossEncoderOptions::default();
+    let sigmoid = CrossEncoder::from_dir(&dir(), &Device::Cpu, &opts).unwrap();
+    let logit = sigmoid.logits(&pairs).unwrap()[0][0];
+    for (field, path, want) in [
+        (
+            Some("activation_fn"),
+            "torch.nn.modules.linear.Identity",
+            Activation::Identity,
+        ),
+        (
+            Some("sentence_transformers"),
+            "torch.nn.modules.activation.Tanh",
+            Activation::Tanh,
+        ),
+        (
+            Some("sbert_ce_default_activation_function"),
+            "torch.nn.modules.linear.Identity",
+            Activation::Identity,
+        ),
+        (
+            Some("activation_fn"),
+            "my_package.Custom",
+            Activation::Sigmoid,
+        ),
+        (None, "", Activation::Sigmoid),
+    ] {
+        let d = with_activation(tmp.path(), field, path);
+        let ce = CrossEncoder::from_dir(&d, &Device::Cpu, &opts).unwrap();
+        assert_eq!(ce.activation(), want, "{field:?} {path}");
+        let score = ce.scores(&pairs).unwrap()[0];
+        let expect = match want {
+            Activation::Identity => logit,
+            Activation::Tanh => logit.tanh(),
+            _ => 1.0 / (1.0 + (-logit).exp()),
+        };
+        assert!(
+            (score - expect).abs() < 1e-6,
+            "{field:?}: {score} vs {expect}"
+        );
+        // /rerank's classifier scores with the same function.
+        let cl = Classifier::from_dir(&d, &Device::Cpu).unwrap();
+        assert_eq!(cl.function(), want.score_function());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+    assert_eq!(Activation::Identity.score_function(), ScoreFunction::None);
+}

@@ -114,7 +114,9 @@ impl serde::Serialize for Ordered {
 
 pub fn run(a: Args) -> Result<()> {
     if a.include_positives && a.output_format != Format::LabeledList {
-        bail!("--include-positives writes retrieval lists: use it with --output-format labeled-list");
+        bail!(
+            "--include-positives writes retrieval lists: use it with --output-format labeled-list"
+        );
     }
     let data = RerankData::read(&a.train)?;
     let pairs: Vec<(String, String)> = match data.layout {
@@ -154,12 +156,18 @@ pub fn run(a: Args) -> Result<()> {
     };
     let t0 = std::time::Instant::now();
     let mut last = String::new();
-    let mined = mine_hard_negatives(&embedder, &pairs, corpus.as_deref(), &opts, &mut |stage, n, total| {
-        if stage != last && n == total {
-            eprintln!("{stage}: {total} ({:.1} s)", t0.elapsed().as_secs_f64());
-            last = stage.to_string();
-        }
-    })
+    let mined = mine_hard_negatives(
+        &embedder,
+        &pairs,
+        corpus.as_deref(),
+        &opts,
+        &mut |stage, n, total| {
+            if stage != last && n == total {
+                eprintln!("{stage}: {total} ({:.1} s)", t0.elapsed().as_secs_f64());
+                last = stage.to_string();
+            }
+        },
+    )
     .with_context(|| format!("mining negatives with {}", model.display()))?;
 
     let (qname, pname) = ("query", "positive");
@@ -171,14 +179,21 @@ pub fn run(a: Args) -> Result<()> {
         let mut write = |fields: Vec<(&str, Value)>| -> Result<()> {
             rows += 1;
             out.write(&Ordered(
-                fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                fields
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
             ))
         };
         match a.output_format {
             Format::Triplet => {
                 for p in &m.positives {
                     for (n, _) in &m.negatives {
-                        write(vec![(qname, text(&m.query)), (pname, text(p)), ("negative", text(n))])?;
+                        write(vec![
+                            (qname, text(&m.query)),
+                            (pname, text(p)),
+                            ("negative", text(n)),
+                        ])?;
                     }
                 }
             }
@@ -187,7 +202,10 @@ pub fn run(a: Args) -> Result<()> {
                     continue;
                 }
                 for p in &m.positives {
-                    let mut row = vec![(qname.to_string(), text(&m.query)), (pname.to_string(), text(p))];
+                    let mut row = vec![
+                        (qname.to_string(), text(&m.query)),
+                        (pname.to_string(), text(p)),
+                    ];
                     for (i, (n, _)) in m.negatives.iter().enumerate() {
                         row.push((format!("negative_{}", i + 1), text(n)));
                     }
@@ -197,10 +215,18 @@ pub fn run(a: Args) -> Result<()> {
             }
             Format::LabeledPair => {
                 for p in &m.positives {
-                    write(vec![("query", text(&m.query)), ("document", text(p)), ("label", 1.into())])?;
+                    write(vec![
+                        ("query", text(&m.query)),
+                        ("document", text(p)),
+                        ("label", 1.into()),
+                    ])?;
                 }
                 for (n, _) in &m.negatives {
-                    write(vec![("query", text(&m.query)), ("document", text(n)), ("label", 0.into())])?;
+                    write(vec![
+                        ("query", text(&m.query)),
+                        ("document", text(n)),
+                        ("label", 0.into()),
+                    ])?;
                 }
             }
             Format::LabeledList => {
@@ -228,7 +254,11 @@ pub fn run(a: Args) -> Result<()> {
     eprintln!(
         "{} queries, {negatives} {} → {rows} rows in {} ({:.1} s)",
         mined.len(),
-        if a.include_positives { "candidates" } else { "negatives" },
+        if a.include_positives {
+            "candidates"
+        } else {
+            "negatives"
+        },
         a.out.display(),
         t0.elapsed().as_secs_f64()
     );

@@ -71,7 +71,10 @@ pub fn run(a: Args) -> Result<()> {
     };
     let ce = CrossEncoder::from_dir(&a.model.resolve()?, &device()?, &opts)?;
     let ranked = if a.raw_scores {
-        let pairs: Vec<(&str, &str)> = documents.iter().map(|d| (a.query.as_str(), d.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = documents
+            .iter()
+            .map(|d| (a.query.as_str(), d.as_str()))
+            .collect();
         let scores: Vec<f32> = ce
             .logits(&pairs)?
             .into_iter()

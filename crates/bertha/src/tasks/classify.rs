@@ -7,6 +7,7 @@ use std::path::Path;
 use candle_core::Device;
 
 use super::pipeline::{self, sigmoid, softmax, PipelineHead};
+use super::rerank::Activation;
 use super::PipelineOptions;
 use crate::config::{BertConfig, ProblemType};
 use crate::error::{Error, Result};
@@ -15,7 +16,7 @@ use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForSequenceClassification, BertHead};
 
 /// How logits become scores (transformers' `function_to_apply`: `softmax`,
-/// `sigmoid`, `none`).
+/// `sigmoid`, `none`; and `tanh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScoreFunction {
@@ -23,6 +24,9 @@ pub enum ScoreFunction {
     Sigmoid,
     /// The raw logits.
     None,
+    /// tanh of each logit (a sentence-transformers cross-encoder's
+    /// `activation_fn` may name it).
+    Tanh,
 }
 
 impl ScoreFunction {
@@ -46,9 +50,10 @@ impl std::str::FromStr for ScoreFunction {
             "softmax" => Ok(Self::Softmax),
             "sigmoid" => Ok(Self::Sigmoid),
             "none" => Ok(Self::None),
+            "tanh" => Ok(Self::Tanh),
             other => Err(Error::option(
                 "function",
-                format!("`{other}` is not one of softmax, sigmoid, none"),
+                format!("`{other}` is not one of softmax, sigmoid, none, tanh"),
             )),
         }
     }
@@ -72,10 +77,17 @@ impl Classifier {
         Self::from_dir_with(dir, device, &PipelineOptions::default())
     }
 
-    /// [`Classifier::from_dir`] at the precision `opts` asks.
+    /// [`Classifier::from_dir`] at the precision `opts` asks. A
+    /// sentence-transformers cross-encoder's folder gives the score
+    /// function its `activation_fn` names.
     pub fn from_dir_with(dir: &Path, device: &Device, opts: &PipelineOptions) -> Result<Self> {
         let (model, tokenizer) = pipeline::load(dir, device, None, opts)?;
-        Ok(Self::build(model, tokenizer))
+        let mut classifier = Self::build(model, tokenizer);
+        let default = Activation::default_for(classifier.labels().len());
+        if let Some(a) = Activation::named_in(dir, default)? {
+            classifier.function = a.score_function();
+        }
+        Ok(classifier)
     }
 
     /// A pipeline over `model` in fp32.
@@ -151,6 +163,7 @@ impl Classifier {
             ScoreFunction::Softmax => softmax(&logits),
             ScoreFunction::Sigmoid => logits.iter().map(|&x| sigmoid(x)).collect(),
             ScoreFunction::None => logits,
+            ScoreFunction::Tanh => logits.iter().map(|x| x.tanh()).collect(),
         };
         let k = top_k.unwrap_or(scores.len()).min(scores.len());
         let config = self.model.head().config();

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use candle_core::{Device, Tensor};
 use rand::seq::IndexedRandom;
 
-use super::embed::{EncodeOptions, Embedder};
+use super::embed::{Embedder, EncodeOptions};
 use crate::error::{Error, Result};
 use crate::rng::rng_for;
 
@@ -188,14 +188,7 @@ pub fn mine_hard_negatives(
         let scores = unit_rows(qs)?.matmul(&corpus_t)?.to_vec2::<f32>()?;
         for (r, row) in scores.iter().enumerate() {
             let q = c * chunk.max(1) + r;
-            out.push(pick(
-                row,
-                k,
-                range_max,
-                &positives[q],
-                opts,
-                q as u64,
-            ));
+            out.push(pick(row, k, range_max, &positives[q], opts, q as u64));
         }
         progress("ranking", (out.len()).min(nq), nq);
     }

@@ -14,6 +14,7 @@ use std::path::Path;
 use candle_core::Device;
 use serde_json::Value;
 
+use super::classify::ScoreFunction;
 use super::pipeline::{self, sigmoid, softmax, PipelineHead};
 use super::precision::HeadEncoder;
 use crate::config::BertConfig;
@@ -80,11 +81,16 @@ impl Activation {
     }
 
     /// The activation a folder names, as sentence-transformers resolves it
-    /// (see the module's documentation). An unknown class is warned about
-    /// and the default used, as sentence-transformers does without
-    /// `trust_remote_code`.
+    /// (see the module's documentation), else the default for its labels.
     pub fn of_folder(dir: &Path, config: &BertConfig) -> Result<Self> {
         let default = Self::default_for(config.num_labels());
+        Ok(Self::named_in(dir, default)?.unwrap_or(default))
+    }
+
+    /// The activation a folder names, if it names one. An unknown class is
+    /// warned about and `default` used, as sentence-transformers does
+    /// without `trust_remote_code`.
+    pub fn named_in(dir: &Path, default: Self) -> Result<Option<Self>> {
         let named = |file: &Path, v: Option<&Value>, field: &str| -> Result<Option<Self>> {
             let Some(v) = v.filter(|v| !v.is_null()) else {
                 return Ok(None);
@@ -104,7 +110,7 @@ impl Activation {
         if st.is_file() {
             let v = read_json(&st)?;
             if let Some(a) = named(&st, v.get("activation_fn"), "activation_fn")? {
-                return Ok(a);
+                return Ok(Some(a));
             }
         }
         let cfg = dir.join("config.json");
@@ -114,14 +120,22 @@ impl Activation {
                 .get("sentence_transformers")
                 .and_then(|s| s.get("activation_fn"));
             if let Some(a) = named(&cfg, nested, "sentence_transformers.activation_fn")? {
-                return Ok(a);
+                return Ok(Some(a));
             }
             let old = v.get("sbert_ce_default_activation_function");
-            if let Some(a) = named(&cfg, old, "sbert_ce_default_activation_function")? {
-                return Ok(a);
-            }
+            return named(&cfg, old, "sbert_ce_default_activation_function");
         }
-        Ok(default)
+        Ok(None)
+    }
+
+    /// The text-classification score function that applies it.
+    pub fn score_function(self) -> ScoreFunction {
+        match self {
+            Self::Sigmoid => ScoreFunction::Sigmoid,
+            Self::Identity => ScoreFunction::None,
+            Self::Tanh => ScoreFunction::Tanh,
+            Self::Softmax => ScoreFunction::Softmax,
+        }
     }
 }
 
