@@ -253,10 +253,11 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
     }
     let model_dir = a.model.resolve()?;
     let config = bertha::BertConfig::from_file(&model_dir.join("config.json"))?;
-    let max_length = a
-        .max_length
-        .unwrap_or_else(|| task.default_max_length().min(config.max_sequence_length()));
-    let opts = a.options(max_length);
+    // The lengths left unset by the library's rule (as `bertha.train`).
+    let opts = a
+        .options(0)
+        .with_lengths(task, &config, a.max_length, a.doc_stride);
+    let max_length = opts.max_length;
     let t0 = std::time::Instant::now();
     let mut trainer = Finetuner::new(
         task,

@@ -130,6 +130,25 @@ impl Default for FinetuneOptions {
     }
 }
 
+impl FinetuneOptions {
+    /// The rules for the lengths a run leaves unset, shared by `bertha
+    /// finetune` and the Python `bertha.train`: `max_length` is the task's
+    /// (128; 384 for QA) within the model's positions, `doc_stride`
+    /// min(128, max_length / 2).
+    pub fn with_lengths(
+        mut self,
+        task: Task,
+        config: &BertConfig,
+        max_length: Option<usize>,
+        doc_stride: Option<usize>,
+    ) -> Self {
+        self.max_length = max_length
+            .unwrap_or_else(|| task.default_max_length().min(config.max_sequence_length()));
+        self.doc_stride = doc_stride.unwrap_or((self.max_length / 2).min(128));
+        self
+    }
+}
+
 fn one() -> usize {
     1
 }
