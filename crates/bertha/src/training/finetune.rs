@@ -749,7 +749,7 @@ pub(crate) fn without_head(weights: Weights, prefix: &str) -> Result<Weights> {
 /// The fine-tuning options the loop does not check itself (epochs, batch
 /// sizes, lr, warmup and decay are the [`TrainPlan`](super::TrainPlan)'s
 /// and the loop's).
-fn validate(opts: &FinetuneOptions, config: &BertConfig, origin: &Path) -> Result<()> {
+pub(crate) fn validate(opts: &FinetuneOptions, config: &BertConfig, origin: &Path) -> Result<()> {
     if opts.eval_batch_size == 0 {
         return Err(Error::option("eval_batch_size", "must be at least 1"));
     }

@@ -21,7 +21,7 @@ use candle_core::{Device, Tensor};
 use serde_json::json;
 
 use super::distributed::{ProcessGroup, SingleProcess};
-use super::finetune::{without_head, FinetuneOptions};
+use super::finetune::{validate, without_head, FinetuneOptions};
 use super::log::write_json;
 use super::rerank_loss::{GroupScores, LossSum, RerankLoss};
 use super::run_dir::Fingerprint;
@@ -137,6 +137,11 @@ impl RerankTrainer {
     ) -> Result<Self> {
         let config = setup.config.clone();
         check_family(&config, Path::new("config"))?;
+        validate(
+            &opts.train,
+            &config,
+            &setup.tokenizer_source.join("config.json"),
+        )?;
         if config.num_labels() != 1 {
             return Err(Error::Input(format!(
                 "a reranker has one output, the config {}",
@@ -394,7 +399,12 @@ pub fn score_lists(
         .iter()
         .flat_map(|g| g.documents.iter().map(|d| (g.query.as_str(), d.as_str())))
         .collect();
-    let flat: Vec<f32> = ce.logits(&pairs)?.into_iter().map(|l| l[0]).collect();
+    // The relevance logit: the only one, or the last label's.
+    let flat: Vec<f32> = ce
+        .logits(&pairs)?
+        .into_iter()
+        .map(|l| l.last().copied().unwrap_or(f32::NAN))
+        .collect();
     let mut scores = Vec::with_capacity(lists.len());
     let mut at = 0;
     for g in lists {
