@@ -18,7 +18,8 @@
 #   --mlm-model  model with an MLM head for fill-mask (default: tests/fixtures/tiny/bert-mlm)
 # Environment: CHROMIUM (browser binary), BERTHA_BIN (prebuilt bertha binary).
 #
-# Not part of CI: it needs apt (root or sudo) and a browser.
+# CI (.ci/run) runs it after the test suite, with --out a temporary folder
+# and BERTHA_BIN the test build's binary. It needs apt (root or sudo) for chromium.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     --out) out="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
     --mlm-model) mlm_model="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

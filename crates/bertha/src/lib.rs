@@ -51,3 +51,10 @@ pub use tasks::{EmbedOptions, Embedder, EncodeOptions};
 
 /// The tensor types of our API, re-exported so users need not pin candle.
 pub use candle_core::{DType, Device, Tensor};
+
+/// The book's library page (`docs/library.md`), compiled under `cargo test`
+/// only: its examples run as doctests, so the documented API cannot drift
+/// from the crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryPageExamples;

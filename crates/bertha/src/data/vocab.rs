@@ -60,6 +60,7 @@ pub fn train_wordpiece(corpus: &[PathBuf], vocab_size: usize, out_dir: &Path) ->
     let mut tokenizer = tokenizers::Tokenizer::new(WordPiece::default());
     tokenizer
         .with_normalizer(Some(BertNormalizer::default()))
+        .map_err(|e| Error::Tokenizer(format!("training a WordPiece vocabulary: {e}")))?
         .with_pre_tokenizer(Some(BertPreTokenizer));
     tokenizer
         .train_from_files(&mut trainer, names)

@@ -201,12 +201,15 @@ impl Tokenizer {
         id(&special.unk)?;
 
         let mut inner = tokenizers::Tokenizer::new(model);
-        inner.with_normalizer(Some(BertNormalizer::new(
-            true,
-            chinese,
-            strip_accents,
-            lowercase,
-        )));
+        // tokenizers 0.23 re-normalizes the added tokens here, which can fail.
+        inner
+            .with_normalizer(Some(BertNormalizer::new(
+                true,
+                chinese,
+                strip_accents,
+                lowercase,
+            )))
+            .map_err(|e| tk_err(vocab.display(), e))?;
         inner.with_pre_tokenizer(Some(BertPreTokenizer));
         inner.with_post_processor(Some(BertProcessing::new(
             (special.sep.clone(), sep_id),
@@ -226,7 +229,9 @@ impl Tokenizer {
         .filter(|t| tokenizers::Model::token_to_id(inner.get_model(), t).is_some())
         .map(|t| AddedToken::from(t.clone(), true).normalized(false))
         .collect();
-        inner.add_special_tokens(&specials);
+        inner
+            .add_special_tokens(specials)
+            .map_err(|e| tk_err(vocab.display(), e))?;
         Self::finish(inner, max_length, vocab)
     }
 
