@@ -86,8 +86,8 @@ enum Command {
     PrepareCorpus(commands::prepare_corpus::Args),
     /// Fine-tune a classification, NER or QA head, an embedding model or a reranker on a training file.
     Finetune(Box<commands::finetune::Args>),
-    /// The task's metrics of a fine-tuned checkpoint on a labelled file, or of sentence embeddings
-    /// on pairs (sts, retrieval), as one JSON line.
+    /// The task's metrics of a fine-tuned checkpoint on a labelled file, of sentence embeddings
+    /// on pairs (sts, retrieval) or of a reranker on candidate lists, as one JSON line.
     Evaluate(commands::evaluate::Args),
     /// A fine-tuned checkpoint's predictions for a data file.
     Predict(commands::predict::Args),
