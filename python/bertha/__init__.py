@@ -255,13 +255,16 @@ def train(
     show_progress_bar: bool = True,
     **options: Any,
 ) -> Dict[str, Any]:
-    """Fine-tunes ``model`` for ``task`` (``classification``, ``ner``, ``qa``)
-    on the ``train`` file, scoring ``dev``, writing the model, checkpoints
-    and metrics to ``out``: the loop and options of ``bertha finetune``,
-    by their field names (``epochs``, ``lr``, ``batch_size``, ``max_train``,
-    ``eval_every``, ``seed``, ``engine``, ``precision``, ``resume``, ...),
-    with its defaults. Returns the run's metrics: ``loss`` (the last step's),
-    ``steps`` (every step's figures), ``evals`` (every dev evaluation).
+    """Fine-tunes ``model`` for ``task`` (``classification``, ``ner``, ``qa``,
+    ``embedding`` for a sentence-transformers bi-encoder, ``rerank`` for a
+    cross-encoder) on the ``train`` file, scoring ``dev``, writing the model,
+    checkpoints and metrics to ``out``: the loop and options of ``bertha
+    finetune``, by their field names (``epochs``, ``lr``, ``batch_size``,
+    ``max_train``, ``eval_every``, ``seed``, ``engine``, ``precision``,
+    ``resume``, ...; embedding and rerank: ``loss``, ``scale``, and rerank's
+    ``pos_weight``), with its defaults. Returns the run's metrics: ``loss``
+    (the last step's), ``steps`` (every step's figures), ``evals`` (every dev
+    evaluation).
     """
     progress: Dict[str, Any] = {}
 

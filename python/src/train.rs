@@ -1,12 +1,17 @@
 //! `bertha._bertha.train`: the library's training loop (the one `bertha
-//! finetune` runs) from Python. Options are `bertha finetune`'s, by their
-//! field names, over the same defaults ([`FinetuneOptions::default`]).
+//! finetune` runs) from Python, for every task `bertha finetune` trains:
+//! classification, ner, qa, embedding (a bi-encoder) and rerank (a
+//! cross-encoder). Options are `bertha finetune`'s, by their field names,
+//! over the same defaults ([`FinetuneOptions::default`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use bertha::data::{DataOptions, Task};
+use bertha::data::{DataOptions, EmbeddingData, PairLayout, PairOptions, Task};
 use bertha::training::checkpoint::Checkpoint;
-use bertha::training::{Event, FinetuneOptions, Finetuner};
+use bertha::training::{
+    EmbeddingLoss, EmbeddingOptions, EmbeddingTrainer, Event, FinetuneOptions, Finetuner, LossKind,
+    Objective, RerankLoss, RerankOptions, RerankTrainer, Trainer,
+};
 use bertha::BertConfig;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -27,7 +32,17 @@ const OTHER_OPTIONS: &[&str] = &[
     "pair_column",
     "label_column",
     "skip_bad_rows",
+    "loss",
+    "scale",
+    "pos_weight",
 ];
+
+/// What `task` names: a head, or the embedding or rerank objectives.
+enum Kind {
+    Head(Task),
+    Embedding,
+    Rerank,
+}
 
 /// What a run is asked, read from Python's keyword arguments.
 struct Request {
@@ -36,6 +51,10 @@ struct Request {
     max_length: Option<usize>,
     doc_stride: Option<usize>,
     resume: Option<PathBuf>,
+    /// embedding / rerank: the loss by name, mnrl's scale, bce's weight.
+    loss: Option<String>,
+    scale: Option<f64>,
+    pos_weight: Option<f64>,
 }
 
 fn take<T: serde::de::DeserializeOwned>(
@@ -72,6 +91,9 @@ fn read_request(out: PathBuf, options: Map<String, Value>) -> PyResult<Request> 
     let engine: Option<String> = take(&mut given, "engine")?;
     let precision: Option<String> = take(&mut given, "precision")?;
     let resume: Option<PathBuf> = take(&mut given, "resume")?;
+    let loss: Option<String> = take(&mut given, "loss")?;
+    let scale: Option<f64> = take(&mut given, "scale")?;
+    let pos_weight: Option<f64> = take(&mut given, "pos_weight")?;
     let data = DataOptions {
         text_column: take(&mut given, "text_column")?,
         pair_column: take(&mut given, "pair_column")?,
@@ -103,6 +125,9 @@ fn read_request(out: PathBuf, options: Map<String, Value>) -> PyResult<Request> 
         max_length,
         doc_stride,
         resume,
+        loss,
+        scale,
+        pos_weight,
     })
 }
 
@@ -123,13 +148,11 @@ pub fn train<'py>(
     options: Option<Bound<'py, PyDict>>,
     on_event: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if task == "embedding" {
-        return Err(bad_arg(
-            "task",
-            "`embedding` is not available from Python yet: use `bertha finetune --task embedding`",
-        ));
-    }
-    let task: Task = task.parse().py()?;
+    let kind = match task {
+        "embedding" => Kind::Embedding,
+        "rerank" => Kind::Rerank,
+        other => Kind::Head(other.parse().py()?),
+    };
     let dir = open_dir(model)?;
     let given = match options {
         Some(d) => match py_to_json(d.as_any())? {
@@ -139,55 +162,130 @@ pub fn train<'py>(
         None => Map::new(),
     };
     let req = read_request(out.clone(), given)?;
+    if let Kind::Head(t) = kind {
+        for (name, set) in [
+            ("loss", req.loss.is_some()),
+            ("scale", req.scale.is_some()),
+            ("pos_weight", req.pos_weight.is_some()),
+        ] {
+            if set {
+                return Err(bad_arg(
+                    name,
+                    format!("applies to embedding and rerank, not {t}"),
+                ));
+            }
+        }
+    }
     let result = py.allow_threads(move || -> bertha::Result<Value> {
         let config = BertConfig::from_file(&dir.join("config.json"))?;
-        let opts = req
-            .options
-            .with_lengths(task, &config, req.max_length, req.doc_stride);
-        let mut trainer = Finetuner::new(task, &dir, &train, dev.as_deref(), &req.data, opts)?;
-        if let Some(from) = &req.resume {
-            trainer.resume(&Checkpoint::find(from)?)?;
-        }
-        let tell = |kind: &str, data: Value| {
-            if let Some(f) = &on_event {
-                Python::with_gil(|py| {
-                    if let Ok(obj) = json_to_py(py, &data) {
-                        // A failing progress bar must not stop the run.
-                        let _ = f.call1(py, (kind, obj));
-                    }
-                });
+        // The CLI's length for the embedding and rerank objectives.
+        let pair_length = req
+            .max_length
+            .unwrap_or_else(|| 128.min(config.max_sequence_length()));
+        match kind {
+            Kind::Head(task) => {
+                let opts =
+                    req.options
+                        .clone()
+                        .with_lengths(task, &config, req.max_length, req.doc_stride);
+                let mut trainer =
+                    Finetuner::new(task, &dir, &train, dev.as_deref(), &req.data, opts)?;
+                let mut out = drive(&mut trainer, &req, &out, &on_event)?;
+                out["labels"] = json!(trainer.labels().names());
+                Ok(out)
             }
-        };
-        tell(
-            "start",
-            json!({"total_steps": trainer.total_steps(), "step": trainer.step()}),
-        );
-        let mut steps = Vec::new();
-        trainer.run(|event| {
-            let (kind, data) = match event {
-                Event::Step(m) => {
-                    steps.push(m.clone());
-                    ("step", serde_json::to_value(m).unwrap_or(Value::Null))
+            Kind::Embedding => {
+                let read = PairOptions {
+                    skip_bad_rows: req.data.skip_bad_rows,
+                    ..PairOptions::default()
+                };
+                let data = EmbeddingData::read(&train, &read)?;
+                let dev = dev
+                    .as_deref()
+                    .map(|p| EmbeddingData::read(p, &read))
+                    .transpose()?;
+                let kind = match req.loss.as_deref() {
+                    Some(name) => name.parse::<LossKind>()?,
+                    None if data.layout == PairLayout::Scored => LossKind::Cosent,
+                    None => LossKind::Mnrl,
+                };
+                let mut loss = EmbeddingLoss::new(kind);
+                if let Some(s) = req.scale {
+                    loss.scale = s;
                 }
-                Event::Eval(e) => ("eval", serde_json::to_value(e).unwrap_or(Value::Null)),
-                Event::Best(e) => ("best", serde_json::to_value(e).unwrap_or(Value::Null)),
-                Event::Saved(dir) => ("saved", json!({"path": dir})),
-                Event::EarlyStop { step, best_step } => {
-                    ("early_stop", json!({"step": step, "best_step": best_step}))
+                let mut opts = req.options.clone();
+                opts.max_length = pair_length;
+                let opts = EmbeddingOptions::new(loss, opts);
+                let mut trainer = EmbeddingTrainer::new(&dir, data, dev, opts)?;
+                drive(&mut trainer, &req, &out, &on_event)
+            }
+            Kind::Rerank => {
+                let mut loss: RerankLoss = req.loss.as_deref().unwrap_or("bce").parse()?;
+                match &mut loss {
+                    RerankLoss::Bce { pos_weight } => *pos_weight = req.pos_weight,
+                    RerankLoss::Mnrl { scale } => *scale = req.scale.unwrap_or(*scale),
+                    _ => {}
                 }
-            };
-            tell(kind, data);
-        })?;
-        let last = steps.last();
-        Ok(json!({
-            "out": out,
-            "total_steps": trainer.total_steps(),
-            "step": trainer.step(),
-            "loss": last.map(|m| m.loss),
-            "labels": trainer.labels().names(),
-            "steps": steps,
-            "evals": trainer.evals(),
-        }))
+                let mut opts = req.options.clone();
+                opts.max_length = pair_length;
+                let opts = RerankOptions { loss, train: opts };
+                let mut trainer = RerankTrainer::new(&dir, &train, dev.as_deref(), opts)?;
+                drive(&mut trainer, &req, &out, &on_event)
+            }
+        }
     });
     json_to_py(py, &result.py()?)
+}
+
+/// Runs `trainer` (resumed as asked), telling `on_event` what happens;
+/// the run's metrics.
+fn drive<O: Objective>(
+    trainer: &mut Trainer<O>,
+    req: &Request,
+    out: &Path,
+    on_event: &Option<PyObject>,
+) -> bertha::Result<Value> {
+    if let Some(from) = &req.resume {
+        trainer.resume(&Checkpoint::find(from)?)?;
+    }
+    let tell = |kind: &str, data: Value| {
+        if let Some(f) = on_event {
+            Python::with_gil(|py| {
+                if let Ok(obj) = json_to_py(py, &data) {
+                    // A failing progress bar must not stop the run.
+                    let _ = f.call1(py, (kind, obj));
+                }
+            });
+        }
+    };
+    tell(
+        "start",
+        json!({"total_steps": trainer.total_steps(), "step": trainer.step()}),
+    );
+    let mut steps = Vec::new();
+    trainer.run(|event| {
+        let (kind, data) = match event {
+            Event::Step(m) => {
+                steps.push(m.clone());
+                ("step", serde_json::to_value(m).unwrap_or(Value::Null))
+            }
+            Event::Eval(e) => ("eval", serde_json::to_value(e).unwrap_or(Value::Null)),
+            Event::Best(e) => ("best", serde_json::to_value(e).unwrap_or(Value::Null)),
+            Event::Saved(dir) => ("saved", json!({"path": dir})),
+            Event::EarlyStop { step, best_step } => {
+                ("early_stop", json!({"step": step, "best_step": best_step}))
+            }
+        };
+        tell(kind, data);
+    })?;
+    let last = steps.last();
+    Ok(json!({
+        "out": out,
+        "total_steps": trainer.total_steps(),
+        "step": trainer.step(),
+        "loss": last.map(|m| m.loss),
+        "labels": [],
+        "steps": steps,
+        "evals": trainer.evals(),
+    }))
 }
