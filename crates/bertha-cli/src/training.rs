@@ -140,6 +140,21 @@ pub struct Wording {
     pub no_better: &'static str,
 }
 
+/// The wording of `finetune`'s runs, whatever the task.
+pub const FINETUNE_WORDING: Wording = Wording {
+    step: finetune_step_line,
+    eval: eval_line,
+    best: best_line,
+    no_better: "better dev score",
+};
+
+fn finetune_step_line(m: &StepMetrics) -> String {
+    format!(
+        "epoch {:.2} loss {:.4} lr {:.2e} {:.0} tok/s",
+        m.epoch, m.loss, m.lr, m.tokens_per_s
+    )
+}
+
 /// Continues `trainer` from `from` (a checkpoint folder, or the newest
 /// checkpoint-N of an output folder) when given, and says so.
 pub fn resume<O: Objective>(trainer: &mut Trainer<O>, from: Option<&Path>) -> Result<()> {

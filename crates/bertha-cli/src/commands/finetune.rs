@@ -13,7 +13,7 @@ use bertha::data::{DataOptions, Task};
 use bertha::training::{FinetuneOptions, Finetuner};
 
 use crate::model_dir::ModelArgs;
-use crate::training::{self, Wording};
+use crate::training;
 
 /// Data-file options shared by finetune, evaluate and predict.
 #[derive(clap::Args, Debug, Clone)]
@@ -304,20 +304,7 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
         );
     }
 
-    training::run(
-        &mut trainer,
-        &Wording {
-            step: |m| {
-                format!(
-                    "epoch {:.2} loss {:.4} lr {:.2e} {:.0} tok/s",
-                    m.epoch, m.loss, m.lr, m.tokens_per_s
-                )
-            },
-            eval: training::eval_line,
-            best: training::best_line,
-            no_better: "better dev score",
-        },
-    )?;
+    training::run(&mut trainer, &training::FINETUNE_WORDING)?;
     if let Some(best) = trainer
         .evals()
         .iter()

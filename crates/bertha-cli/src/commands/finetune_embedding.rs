@@ -11,7 +11,7 @@ use bertha::training::{EmbeddingLoss, EmbeddingOptions, EmbeddingTrainer, LossKi
 
 use super::finetune::Args;
 use super::pairs::PairArgs;
-use crate::training::{self, Wording};
+use crate::training;
 
 /// The options of `--task embedding`.
 #[derive(clap::Args, Debug)]
@@ -166,20 +166,7 @@ pub fn run(a: Args, processes: &training::Processes) -> Result<()> {
             a.batch_size,
         );
     }
-    training::run(
-        &mut trainer,
-        &Wording {
-            step: |m| {
-                format!(
-                    "epoch {:.2} loss {:.4} lr {:.2e} {:.0} tok/s",
-                    m.epoch, m.loss, m.lr, m.tokens_per_s
-                )
-            },
-            eval: training::eval_line,
-            best: training::best_line,
-            no_better: "better dev score",
-        },
-    )?;
+    training::run(&mut trainer, &training::FINETUNE_WORDING)?;
     if say {
         training::report_done(&a.out);
     }

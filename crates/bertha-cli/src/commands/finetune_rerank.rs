@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use bertha::training::{RerankLoss, RerankOptions, RerankTrainer};
 
 use super::finetune::Args;
-use crate::training::{self, Wording};
+use crate::training;
 
 /// The options of `--task rerank` (the loss is `--loss`, mnrl's scale
 /// `--scale`).
@@ -92,20 +92,7 @@ pub fn run(a: Args, processes: &training::Processes) -> Result<()> {
             }
         );
     }
-    training::run(
-        &mut trainer,
-        &Wording {
-            step: |m| {
-                format!(
-                    "epoch {:.2} loss {:.4} lr {:.2e} {:.0} tok/s",
-                    m.epoch, m.loss, m.lr, m.tokens_per_s
-                )
-            },
-            eval: training::eval_line,
-            best: training::best_line,
-            no_better: "better dev score",
-        },
-    )?;
+    training::run(&mut trainer, &training::FINETUNE_WORDING)?;
     if say {
         training::report_done(&a.out);
     }

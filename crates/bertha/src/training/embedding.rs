@@ -21,7 +21,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 
-use super::distributed::{deals, shard, ProcessGroup, SingleProcess};
+use super::distributed::{deals, shard, ProcessGroup};
 use super::embedding_loss::{EmbeddingLoss, LossKind};
 use super::finetune::FinetuneOptions;
 use super::log::write_json;
@@ -315,28 +315,6 @@ impl EmbeddingTrainer {
     /// The current model's dev scores (`None` without a dev set).
     pub fn evaluate_dev(&self) -> Result<Option<Scores>> {
         self.objective().evaluate(self.group())
-    }
-
-    /// The loss and its gradients on training rows `rows`, dropout as the
-    /// config says, by parameter name: what one micro-batch contributes.
-    pub fn loss_and_gradients(&self, rows: &[usize]) -> Result<(f64, HashMap<String, Tensor>)> {
-        let slice = Slice {
-            micro: 0,
-            first: 0,
-            micro_batch: rows,
-            group: &SingleProcess,
-        };
-        let out = self.objective().train_batch(rows, &slice)?;
-        let grads = match out.gradients {
-            Gradients::Computed(g) => g,
-            Gradients::Loss(_) | Gradients::None => GradStore::default(),
-        };
-        let named = self
-            .params()
-            .vars()
-            .filter_map(|(n, v)| Some((n.to_string(), grads.get(v.as_tensor())?.clone())))
-            .collect();
-        Ok((out.loss, named))
     }
 }
 

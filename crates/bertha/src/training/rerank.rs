@@ -13,14 +13,14 @@
 //! micro-batch's pairs are packed end to end and the loss's gradient on
 //! the logits starts the fused backward pass.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
 use serde_json::json;
 
-use super::distributed::{ProcessGroup, SingleProcess};
+use super::distributed::ProcessGroup;
 use super::finetune::{validate, without_head, FinetuneOptions};
 use super::log::write_json;
 use super::rerank_loss::{GroupScores, LossSum, RerankLoss};
@@ -204,32 +204,6 @@ impl RerankTrainer {
     /// The training units (pairs, tuples or lists, by loss).
     pub fn train_units(&self) -> usize {
         self.objective().units.len()
-    }
-
-    /// The loss of training units `rows` as one micro-batch (dropout as the
-    /// config says) and its gradients by parameter name.
-    pub fn loss_and_gradients(&self, rows: &[usize]) -> Result<(f64, HashMap<String, Tensor>)> {
-        let slice = Slice {
-            micro: 0,
-            first: 0,
-            micro_batch: rows,
-            group: &SingleProcess,
-        };
-        let out = self.objective().train_batch(rows, &slice)?;
-        let grads = match out.gradients {
-            Gradients::Computed(g) => g,
-            Gradients::Loss(parts) => match parts.into_iter().next() {
-                Some(p) => p.mean.backward()?,
-                None => GradStore::default(),
-            },
-            Gradients::None => GradStore::default(),
-        };
-        let named = self
-            .params()
-            .vars()
-            .filter_map(|(n, v)| Some((n.to_string(), grads.get(v.as_tensor())?.clone())))
-            .collect();
-        Ok((out.loss, named))
     }
 
     /// Scores of the dev lists with the current weights.

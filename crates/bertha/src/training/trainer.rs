@@ -639,6 +639,36 @@ impl<O: Objective> Trainer<O> {
         Ok(())
     }
 
+    /// The loss of training inputs `rows` as one micro-batch on this one
+    /// process (dropout as the config says) and its gradients by parameter
+    /// name: what the micro-batch adds to a step, before the update.
+    pub fn loss_and_gradients(
+        &self,
+        rows: &[usize],
+    ) -> Result<(f64, std::collections::HashMap<String, Tensor>)> {
+        let slice = Slice {
+            micro: 0,
+            first: 0,
+            micro_batch: rows,
+            group: &SingleProcess,
+        };
+        let out = self.objective.train_batch(rows, &slice)?;
+        let grads = match out.gradients {
+            Gradients::Computed(g) => g,
+            Gradients::Loss(parts) => match self.weighted_loss(parts)?.0 {
+                Some(loss) => loss.backward()?,
+                None => GradStore::default(),
+            },
+            Gradients::None => GradStore::default(),
+        };
+        let named = self
+            .params
+            .vars()
+            .filter_map(|(n, v)| Some((n.to_string(), grads.get(v.as_tensor())?.clone())))
+            .collect();
+        Ok((out.loss, named))
+    }
+
     /// The current model on the held-out data, as a metrics line.
     pub fn evaluate_metrics(&self) -> Result<Option<EvalMetrics>> {
         let main = self.objective.main_metric();
