@@ -125,7 +125,7 @@ fn refuses_what_does_not_fit() {
         "mnrl",
     ]));
     assert!(
-        err.contains("--loss applies to --task embedding only"),
+        err.contains("--loss applies to --task embedding or rerank only"),
         "{err}"
     );
 }

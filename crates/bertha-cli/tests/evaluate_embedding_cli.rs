@@ -114,5 +114,8 @@ fn wrong_layouts_and_flags_are_named() {
     ));
     assert_mentions(&err, &["--negative-prefix must not be empty"]);
     let err = failure(&evaluate("ranking", "flickr8k-train-head.tsv", &[]));
-    assert_mentions(&err, &["unknown task `ranking`", "sts or retrieval"]);
+    assert_mentions(
+        &err,
+        &["unknown task `ranking`", "sts, retrieval or rerank"],
+    );
 }

@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long)]
     all_scores: bool,
 
-    /// How logits become scores: softmax, sigmoid, none (raw logits) or tanh;
+    /// How logits become scores: softmax, sigmoid or none (raw logits);
     /// transformers' `function_to_apply` (default: the model's, as the
     /// text-classification pipeline chooses it).
     #[arg(long)]

@@ -246,7 +246,11 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
         FinetuneTask::Rerank => return super::finetune_rerank::run(a, processes),
     };
     if let Some(flag) = a.embedding.given().first() {
-        anyhow::bail!("{flag} applies to --task embedding (or rerank) only");
+        let tasks = match *flag {
+            "--loss" | "--scale" => "embedding or rerank",
+            _ => "embedding",
+        };
+        anyhow::bail!("{flag} applies to --task {tasks} only");
     }
     if let Some(flag) = a.rerank.given().first() {
         anyhow::bail!("{flag} applies to --task rerank only");

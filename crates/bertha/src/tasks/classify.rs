@@ -16,7 +16,7 @@ use crate::io::tokenizer::Tokenizer;
 use crate::model::{BertForSequenceClassification, BertHead};
 
 /// How logits become scores (transformers' `function_to_apply`: `softmax`,
-/// `sigmoid`, `none`; and `tanh`).
+/// `sigmoid`, `none`; and a cross-encoder folder's `tanh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScoreFunction {
@@ -24,8 +24,10 @@ pub enum ScoreFunction {
     Sigmoid,
     /// The raw logits.
     None,
-    /// tanh of each logit (a sentence-transformers cross-encoder's
-    /// `activation_fn` may name it).
+    /// tanh of each logit: only as a cross-encoder folder's
+    /// `activation_fn` names it (not one of transformers' choices, so
+    /// requests and flags cannot ask for it).
+    #[serde(skip_deserializing)]
     Tanh,
 }
 
@@ -50,10 +52,9 @@ impl std::str::FromStr for ScoreFunction {
             "softmax" => Ok(Self::Softmax),
             "sigmoid" => Ok(Self::Sigmoid),
             "none" => Ok(Self::None),
-            "tanh" => Ok(Self::Tanh),
             other => Err(Error::option(
                 "function",
-                format!("`{other}` is not one of softmax, sigmoid, none, tanh"),
+                format!("`{other}` is not one of softmax, sigmoid, none"),
             )),
         }
     }
