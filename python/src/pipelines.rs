@@ -9,10 +9,19 @@ use pyo3::prelude::*;
 
 use crate::{bad_arg, open_dir, precision, to_object, IntoPyResult};
 
-fn options(p: &str) -> PyResult<PipelineOptions> {
-    Ok(PipelineOptions {
-        precision: precision(p)?,
-    })
+/// A pipeline of the folder `path` at `precision`, loaded by `load` with
+/// the GIL released.
+fn load_pipeline<T: Send>(
+    py: Python<'_>,
+    path: &str,
+    precision_name: &str,
+    load: fn(&std::path::Path, &Device, &PipelineOptions) -> bertha::Result<T>,
+) -> PyResult<T> {
+    let dir = open_dir(path)?;
+    let opts = PipelineOptions {
+        precision: precision(precision_name)?,
+    };
+    py.allow_threads(|| load(&dir, &Device::Cpu, &opts)).py()
 }
 
 /// transformers' `fill-mask`.
@@ -24,12 +33,7 @@ impl FillMask {
     #[new]
     #[pyo3(signature = (path, precision="float32"))]
     fn new(py: Python<'_>, path: &str, precision: &str) -> PyResult<Self> {
-        let dir = open_dir(path)?;
-        let opts = options(precision)?;
-        let inner = py
-            .allow_threads(|| tasks::FillMask::from_dir_with(&dir, &Device::Cpu, &opts))
-            .py()?;
-        Ok(Self(inner))
+        load_pipeline(py, path, precision, tasks::FillMask::from_dir_with).map(Self)
     }
 
     /// One list of `top_k` predictions per mask of `text`.
@@ -54,12 +58,7 @@ impl TextClassifier {
     #[new]
     #[pyo3(signature = (path, precision="float32"))]
     fn new(py: Python<'_>, path: &str, precision: &str) -> PyResult<Self> {
-        let dir = open_dir(path)?;
-        let opts = options(precision)?;
-        let inner = py
-            .allow_threads(|| tasks::Classifier::from_dir_with(&dir, &Device::Cpu, &opts))
-            .py()?;
-        Ok(Self(inner))
+        load_pipeline(py, path, precision, tasks::Classifier::from_dir_with).map(Self)
     }
 
     /// Labels with scores, best first (`top_k=None`: all of them).
@@ -97,12 +96,7 @@ impl TokenClassifier {
     #[new]
     #[pyo3(signature = (path, precision="float32"))]
     fn new(py: Python<'_>, path: &str, precision: &str) -> PyResult<Self> {
-        let dir = open_dir(path)?;
-        let opts = options(precision)?;
-        let inner = py
-            .allow_threads(|| tasks::TokenClassifier::from_dir_with(&dir, &Device::Cpu, &opts))
-            .py()?;
-        Ok(Self(inner))
+        load_pipeline(py, path, precision, tasks::TokenClassifier::from_dir_with).map(Self)
     }
 
     /// Entities of `text` (`aggregation`: none, simple, first, average, max).
@@ -130,12 +124,7 @@ impl QuestionAnswerer {
     #[new]
     #[pyo3(signature = (path, precision="float32"))]
     fn new(py: Python<'_>, path: &str, precision: &str) -> PyResult<Self> {
-        let dir = open_dir(path)?;
-        let opts = options(precision)?;
-        let inner = py
-            .allow_threads(|| tasks::QuestionAnswerer::from_dir_with(&dir, &Device::Cpu, &opts))
-            .py()?;
-        Ok(Self(inner))
+        load_pipeline(py, path, precision, tasks::QuestionAnswerer::from_dir_with).map(Self)
     }
 
     /// The `top_k` best answers, best first.
