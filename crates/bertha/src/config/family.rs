@@ -18,6 +18,16 @@ pub enum Family {
     Albert(AlbertOptions),
     /// `deberta-v2`: disentangled relative-position attention.
     DebertaV2(DebertaOptions),
+    /// `electra`: BERT's encoder on embeddings `embedding_size` wide,
+    /// projected to `hidden_size` by `embeddings_project` when they differ.
+    Electra(ElectraOptions),
+}
+
+/// ELECTRA's own `config.json` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElectraOptions {
+    /// Width of the word, position and type embeddings.
+    pub embedding_size: usize,
 }
 
 /// ALBERT's own `config.json` keys.
@@ -81,6 +91,7 @@ impl Family {
             Self::DistilBert => "distilbert",
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta-v2",
+            Self::Electra(_) => "electra",
         }
     }
 
@@ -93,6 +104,7 @@ impl Family {
             Self::DistilBert => "distilbert",
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta",
+            Self::Electra(_) => "electra",
         }
     }
 
@@ -104,6 +116,7 @@ impl Family {
             Self::DistilBert => "DistilBert",
             Self::Albert(_) => "Albert",
             Self::DebertaV2(_) => "DebertaV2",
+            Self::Electra(_) => "Electra",
         }
     }
 

@@ -19,7 +19,7 @@ mod write;
 
 use std::collections::BTreeMap;
 
-pub use family::{AlbertOptions, DebertaOptions, Family};
+pub use family::{AlbertOptions, DebertaOptions, ElectraOptions, Family};
 pub use keys::{Activation, NormPosition, ProblemType};
 
 /// A BERT configuration. Field names and defaults follow transformers'
@@ -92,8 +92,14 @@ impl Default for BertConfig {
 }
 
 /// Model types this build can run.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["bert", "roberta", "distilbert", "albert", "deberta-v2"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "bert",
+    "roberta",
+    "distilbert",
+    "albert",
+    "deberta-v2",
+    "electra",
+];
 
 impl BertConfig {
     /// The longest input the model takes: `max_position_embeddings`, less
@@ -107,12 +113,13 @@ impl BertConfig {
         }
     }
 
-    /// The width of the word embeddings (ALBERT's and DeBERTa's
+    /// The width of the word embeddings (ALBERT's, DeBERTa's and ELECTRA's
     /// `embedding_size`; `hidden_size` for the others).
     pub fn embedding_size(&self) -> usize {
         match &self.family {
             Family::Albert(a) => a.embedding_size,
             Family::DebertaV2(o) => o.embedding_size,
+            Family::Electra(o) => o.embedding_size,
             _ => self.hidden_size,
         }
     }

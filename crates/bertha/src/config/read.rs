@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::{
-    Activation, AlbertOptions, BertConfig, DebertaOptions, Family, NormPosition, ProblemType,
-    SUPPORTED_MODEL_TYPES,
+    Activation, AlbertOptions, BertConfig, DebertaOptions, ElectraOptions, Family, NormPosition,
+    ProblemType, SUPPORTED_MODEL_TYPES,
 };
 use crate::error::{Error, Result};
 
@@ -162,6 +162,9 @@ impl BertConfig {
                 max_position_embeddings,
                 &read_act,
             )?),
+            "electra" => Family::Electra(ElectraOptions {
+                embedding_size: r.get("embedding_size", 128)?,
+            }),
             _ => Family::Bert,
         };
         let classifier_dropout = match &family {
@@ -235,6 +238,15 @@ impl BertConfig {
                 hidden_act: Activation::GeluTanh,
                 hidden_dropout_prob: 0.0,
                 attention_probs_dropout_prob: 0.0,
+                ..d
+            },
+            // ElectraConfig: ELECTRA-Small's discriminator, and no pooler
+            // (its heads read the first token themselves).
+            "electra" => Self {
+                hidden_size: 256,
+                num_attention_heads: 4,
+                intermediate_size: 1024,
+                add_pooling_layer: false,
                 ..d
             },
             "deberta-v2" => Self {

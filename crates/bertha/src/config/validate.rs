@@ -99,6 +99,13 @@ impl BertConfig {
                     }
                 }
             }
+            Family::Electra(o) if o.embedding_size == 0 => {
+                return Err(Error::config(
+                    origin,
+                    "embedding_size",
+                    "must be greater than 0",
+                ));
+            }
             Family::DebertaV2(o) => {
                 if o.embedding_size == 0 {
                     return Err(Error::config(

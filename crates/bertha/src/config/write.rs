@@ -100,6 +100,9 @@ impl BertConfig {
                 m.insert("num_hidden_groups".into(), a.num_hidden_groups.into());
                 m.insert("inner_group_num".into(), a.inner_group_num.into());
             }
+            Family::Electra(o) => {
+                m.insert("embedding_size".into(), o.embedding_size.into());
+            }
             Family::DebertaV2(o) => {
                 let mut types = Vec::new();
                 if o.p2c {

@@ -8,6 +8,7 @@
 //! heads behind [`BertHead`]. Imports run one way: heads → family → bert.
 
 mod bert;
+pub mod electra_pretraining;
 mod family;
 mod heads;
 mod nn;
@@ -21,10 +22,11 @@ pub use bert::{
 };
 pub use family::{log_bucket_position, relative_positions, RelativeContext};
 pub use heads::{
-    bce_with_logits, cross_entropy_with_ignore, BertForMaskedLM, BertForMultipleChoice,
-    BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
-    BertForSequenceClassification, BertForTask, BertForTokenClassification, BertHead,
-    BertLMPredictionHead, Head, HeadInit, HeadKind, HeadLabels, HeadModule, HeadOptions,
+    bce_with_logits, cross_entropy_with_ignore, replaced_token_loss, BertForMaskedLM,
+    BertForMultipleChoice, BertForNextSentencePrediction, BertForPreTraining,
+    BertForQuestionAnswering, BertForSequenceClassification, BertForTask,
+    BertForTokenClassification, BertHead, BertLMPredictionHead, DiscriminatorModule,
+    ElectraForPreTraining, Head, HeadInit, HeadKind, HeadLabels, HeadModule, HeadOptions,
     HeadOutput, HeadPass, HeadSource, MaskedLmModule, MultipleChoiceModule, NextSentenceModule,
     PreTrainingModule, PreTrainingOutput, QuestionAnsweringModule, QuestionAnsweringOutput,
     SequenceClassificationModule, TaskOutput, TokenClassificationModule, IGNORE_INDEX,

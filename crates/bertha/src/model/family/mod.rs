@@ -7,6 +7,7 @@
 mod albert;
 mod deberta_v2;
 mod distilbert;
+mod electra;
 mod roberta;
 
 use candle_core::Result;
@@ -45,6 +46,12 @@ pub(crate) trait Layout {
         true
     }
 
+    /// The family's own sentence head between the first token and the
+    /// sequence classifier, when it has one instead of BERT's pooler.
+    fn first_token_head(&self, _cfg: &BertConfig) -> Option<FirstTokenHead> {
+        None
+    }
+
     /// Whether transformers has the family's multiple-choice head (on the
     /// pooler output).
     fn has_multiple_choice(&self) -> bool {
@@ -71,6 +78,7 @@ pub(crate) fn layout(family: &Family) -> Box<dyn Layout + '_> {
         Family::DistilBert => Box::new(distilbert::DistilBert),
         Family::Albert(o) => Box::new(albert::Albert(o)),
         Family::DebertaV2(o) => Box::new(deberta_v2::DebertaV2(o)),
+        Family::Electra(o) => Box::new(electra::Electra(o)),
     }
 }
 
@@ -81,6 +89,17 @@ impl Layout for Bert {
     fn has_next_sentence(&self) -> bool {
         true
     }
+}
+
+/// A family's sentence head on the first token, before the classifier:
+/// dropout → `{dense}` → activation, then the classifier block (dropout →
+/// `{out}`), as RoBERTa's and ELECTRA's classification heads are.
+pub(crate) struct FirstTokenHead {
+    /// The hidden-to-hidden layer.
+    pub(crate) dense: &'static str,
+    pub(crate) act: Activation,
+    /// The layer giving the logits.
+    pub(crate) out: &'static str,
 }
 
 /// Where a family keeps its MLM head: `{root}{dense}`, `{root}{norm}`,

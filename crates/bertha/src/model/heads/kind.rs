@@ -14,10 +14,12 @@ pub enum HeadKind {
     TokenClassification,
     QuestionAnswering,
     MultipleChoice,
+    /// ELECTRA's discriminator (`ElectraForPreTraining`).
+    ReplacedTokenDetection,
 }
 
 impl HeadKind {
-    pub const ALL: [HeadKind; 7] = [
+    pub const ALL: [HeadKind; 8] = [
         HeadKind::PreTraining,
         HeadKind::MaskedLM,
         HeadKind::NextSentencePrediction,
@@ -25,6 +27,7 @@ impl HeadKind {
         HeadKind::TokenClassification,
         HeadKind::QuestionAnswering,
         HeadKind::MultipleChoice,
+        HeadKind::ReplacedTokenDetection,
     ];
 
     /// The class name in `config.json`'s `architectures`.
@@ -37,6 +40,8 @@ impl HeadKind {
             Self::TokenClassification => "BertForTokenClassification",
             Self::QuestionAnswering => "BertForQuestionAnswering",
             Self::MultipleChoice => "BertForMultipleChoice",
+            // ELECTRA's own: its `ForPreTraining` is not BERT's.
+            Self::ReplacedTokenDetection => "ElectraForPreTraining",
         }
     }
 
@@ -64,6 +69,7 @@ impl HeadKind {
     /// Whether bertha has this head for this family member.
     pub fn supported_by(self, family: &Family) -> bool {
         match self {
+            Self::ReplacedTokenDetection => matches!(family, Family::Electra(_)),
             Self::PreTraining | Self::NextSentencePrediction => layout(family).has_next_sentence(),
             Self::MultipleChoice => layout(family).has_multiple_choice(),
             _ => true,
@@ -74,6 +80,9 @@ impl HeadKind {
     /// (`RobertaForMaskedLM`).
     pub fn class_name(self, family: &Family) -> String {
         let arch = self.architecture();
+        if self == Self::ReplacedTokenDetection {
+            return arch.to_string();
+        }
         format!(
             "{}{}",
             family.class_prefix(),
@@ -83,14 +92,24 @@ impl HeadKind {
 
     /// The head of a class name of any family member.
     pub fn from_any_architecture(name: &str) -> Option<Self> {
-        ["Bert", "Roberta", "DistilBert", "Albert", "DebertaV2"]
-            .iter()
-            .find_map(|p| {
-                let rest = name.strip_prefix(p)?;
-                Self::ALL
-                    .into_iter()
-                    .find(|k| k.architecture().strip_prefix("Bert") == Some(rest))
-            })
+        if name == Self::ReplacedTokenDetection.architecture() {
+            return Some(Self::ReplacedTokenDetection);
+        }
+        [
+            "Bert",
+            "Roberta",
+            "DistilBert",
+            "Albert",
+            "DebertaV2",
+            "Electra",
+        ]
+        .iter()
+        .find_map(|p| {
+            let rest = name.strip_prefix(p)?;
+            Self::ALL
+                .into_iter()
+                .find(|k| k.architecture().strip_prefix("Bert") == Some(rest))
+        })
     }
 
     /// The first tensor of this head (or of the pooler it reads) that
@@ -141,6 +160,14 @@ impl HeadKind {
                 classifier.iter().map(|s| s.to_string()).collect()
             }
             Self::QuestionAnswering => vec!["qa_outputs.weight".into(), "qa_outputs.bias".into()],
+            Self::ReplacedTokenDetection => ["dense", "dense_prediction"]
+                .iter()
+                .flat_map(|n| {
+                    ["weight", "bias"]
+                        .iter()
+                        .map(move |w| format!("discriminator_predictions.{n}.{w}"))
+                })
+                .collect(),
         };
         if self.uses_pooler_in(family) {
             names.push(format!("{base}pooler.dense.weight"));

@@ -25,6 +25,7 @@ mod multiple_choice;
 mod next_sentence;
 mod pretraining;
 mod question_answering;
+mod replaced_token;
 mod sequence_classification;
 mod token_classification;
 
@@ -45,6 +46,7 @@ pub use self::pretraining::{BertForPreTraining, PreTrainingModule, PreTrainingOu
 pub use self::question_answering::{
     BertForQuestionAnswering, QuestionAnsweringModule, QuestionAnsweringOutput,
 };
+pub use self::replaced_token::{replaced_token_loss, DiscriminatorModule, ElectraForPreTraining};
 pub use self::sequence_classification::{
     BertForSequenceClassification, SequenceClassificationModule,
 };
@@ -291,8 +293,13 @@ struct Classifier {
 impl Classifier {
     /// `classifier` at the checkpoint root, with `outputs` outputs.
     fn load(from: &HeadSource, outputs: usize) -> CResult<Self> {
+        Self::load_at(from, "classifier", outputs)
+    }
+
+    /// The linear layer at `name` (from the checkpoint root).
+    fn load_at(from: &HeadSource, name: &str, outputs: usize) -> CResult<Self> {
         let config = from.config();
-        let vb = from.root().pp("classifier");
+        let vb = from.root().pp(name);
         let dense = Dense::load(vb, config.hidden_size, outputs, config.initializer_range)?;
         let dropout = Dropout::new(
             config
@@ -333,6 +340,7 @@ pub enum BertForTask {
     TokenClassification(BertForTokenClassification),
     QuestionAnswering(BertForQuestionAnswering),
     MultipleChoice(BertForMultipleChoice),
+    ReplacedTokenDetection(ElectraForPreTraining),
 }
 
 /// Runs `$body` with `$m` bound to the head inside any variant.
@@ -346,6 +354,7 @@ macro_rules! each_head {
             BertForTask::TokenClassification($m) => $body,
             BertForTask::QuestionAnswering($m) => $body,
             BertForTask::MultipleChoice($m) => $body,
+            BertForTask::ReplacedTokenDetection($m) => $body,
         }
     };
 }
@@ -450,6 +459,7 @@ impl BertForTask {
             HeadKind::TokenClassification => Self::TokenClassification(source.load()?),
             HeadKind::QuestionAnswering => Self::QuestionAnswering(source.load()?),
             HeadKind::MultipleChoice => Self::MultipleChoice(source.load()?),
+            HeadKind::ReplacedTokenDetection => Self::ReplacedTokenDetection(source.load()?),
         })
     }
 

@@ -1,32 +1,74 @@
 //! `BertForSequenceClassification`: pooler → dropout → classifier, with
-//! the loss its `problem_type` says.
+//! the loss its `problem_type` says. Families with their own head on the
+//! first token (ELECTRA) run it in place of the pooler.
 
-use candle_core::{DType, Result as CResult, Tensor};
+use candle_core::{DType, Module, Result as CResult, Tensor};
 
 use super::loss::{bce_with_logits, class_cross_entropy, float_labels};
 use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
-use crate::config::{BertConfig, ProblemType};
+use crate::config::{Activation, BertConfig, ProblemType};
 use crate::error::Result;
-use crate::model::nn::{Dense, Dropout};
+use crate::model::family::layout;
+use crate::model::nn::{activate, Dense, Dropout};
 
 super::declare_head! {
     /// `BertForSequenceClassification`'s module: the classifier on the
-    /// pooled output.
+    /// pooled output (or on the family's own head over the first token).
     BertForSequenceClassification: SequenceClassification -> HeadOutput,
-    SequenceClassificationModule { classifier: Classifier }
+    SequenceClassificationModule { first_token: Option<FirstTokenDense>, classifier: Classifier }
+}
+
+/// A family's dropout → dense → activation on the first token, in place
+/// of BERT's pooler.
+#[derive(Debug, Clone)]
+pub struct FirstTokenDense {
+    dropout: Dropout,
+    dense: Dense,
+    act: Activation,
+}
+
+impl FirstTokenDense {
+    /// `hidden` [B, T, D] → [B, D].
+    fn forward(&self, hidden: &Tensor, train: bool) -> Result<Tensor> {
+        let first = hidden.narrow(1, 0, 1)?.squeeze(1)?;
+        let x = self.dropout.forward(&first, train)?;
+        Ok(activate(&self.dense.forward(&x)?, self.act)?)
+    }
 }
 
 impl SequenceClassificationModule {
     fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
-        let classifier = Classifier::load(from, from.config().num_labels())?;
-        Ok(Head::new(from.encoder()?, Self { classifier }))
+        let config = from.config();
+        let labels = config.num_labels();
+        let (first_token, classifier) = match layout(&config.family).first_token_head(config) {
+            Some(spec) => {
+                let classifier = Classifier::load_at(from, spec.out, labels)?;
+                let d = config.hidden_size;
+                let first = FirstTokenDense {
+                    dropout: classifier.parts().1,
+                    dense: Dense::load(from.root().pp(spec.dense), d, d, config.initializer_range)?,
+                    act: spec.act,
+                };
+                (Some(first), classifier)
+            }
+            None => (None, Classifier::load(from, labels)?),
+        };
+        let module = Self {
+            first_token,
+            classifier,
+        };
+        Ok(Head::new(from.encoder()?, module))
     }
 
     /// `labels`: [B] class ids (single-label), [B, num_labels] 0/1 floats
     /// (multi-label) or [B] / [B, num_labels] floats (regression).
     fn run(&self, pass: HeadPass) -> Result<HeadOutput> {
         let out = pass.encode()?;
-        let logits = self.classifier.forward(pooled(&out)?, pass.train())?;
+        let sentence = match &self.first_token {
+            Some(head) => head.forward(&out.last_hidden_state, pass.train())?,
+            None => pooled(&out)?.clone(),
+        };
+        let logits = self.classifier.forward(&sentence, pass.train())?;
         HeadOutput::with_loss(out, logits, pass.labels.labels, |logits, l, _| {
             self.loss(pass.bert.config(), logits, l)
         })
