@@ -1,14 +1,16 @@
-//! `bertha pretrain`: masked-LM (+NSP) pre-training from scratch (or from
-//! `--init`) on plain-text corpora, with a progress bar, metrics JSON
-//! Lines, a loss curve and checkpoints that `--resume` continues exactly.
+//! `bertha pretrain`: masked-LM (+NSP) or ELECTRA pre-training from
+//! scratch (or from `--init`) on plain-text corpora, with a progress bar,
+//! metrics JSON Lines, a loss curve and checkpoints that `--resume`
+//! continues exactly.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker, PreparedCorpus, Sequences};
+use bertha::training::electra::{as_electra, generator_config, GENERATOR_DIR};
 use bertha::training::{
-    presets::resolve_config, LoopOptions, ModelSetup, PretrainData, PretrainOptions, Pretrainer,
-    RunLength, ScheduleKind, Warmup,
+    presets::resolve_config, ElectraPretrainer, ElectraRunOptions, LoopOptions, ModelSetup,
+    Objective, PretrainData, PretrainOptions, Pretrainer, RunLength, ScheduleKind, Trainer, Warmup,
 };
 use bertha::{Tokenizer, Weights};
 
@@ -24,9 +26,27 @@ pub struct Args {
     #[arg(long, required = true, num_args = 1..)]
     corpus: Vec<PathBuf>,
 
-    /// A preset (tiny, mini, small, base, mini-bert-seed) or a config.json.
+    /// A preset (tiny, mini, small, base, mini-bert-seed, electra-mini,
+    /// electra-small) or a config.json. With `--objective electra`, the
+    /// discriminator's shape (a BERT preset or config becomes an ELECTRA
+    /// one of the same shape).
     #[arg(long, default_value = "mini")]
     config: String,
+
+    /// `mlm`: masked LM (+ NSP with --nsp), as BERT. `electra`: replaced-
+    /// token detection, a small generator (MLM) and the discriminator
+    /// trained together on every token (ELECTRA, Clark et al. 2020).
+    #[arg(long, default_value = "mlm", value_name = "mlm|electra")]
+    objective: String,
+
+    /// ELECTRA: the generator's width (hidden size, heads, feed-forward) as
+    /// a fraction of the discriminator's, at the same depth.
+    #[arg(long, default_value_t = 0.25)]
+    generator_size: f64,
+
+    /// ELECTRA: the discriminator loss's weight in the total.
+    #[arg(long, default_value_t = 50.0)]
+    disc_weight: f64,
 
     /// The tokenizer: a model folder (tokenizer.json or vocab.txt) or a
     /// vocab.txt file. Default: the --init folder, else the default model's.
@@ -95,9 +115,10 @@ pub struct Args {
     mask_prob: f64,
 
     /// Percentages of chosen tokens replaced by [MASK], by a random token,
-    /// and kept.
-    #[arg(long, default_value = "80,10,10")]
-    mask_split: String,
+    /// and kept. Default: 80,10,10 (MLM); 100,0,0 (ELECTRA: the generator
+    /// sees [MASK] at every chosen position).
+    #[arg(long)]
+    mask_split: Option<String>,
 
     /// The split that masks the held-out sequences (default: --mask-split).
     /// Runs trained with different splits are compared on one scoring
@@ -231,12 +252,40 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
         (None, Some(init), None) => init.clone(),
         (None, None, None) => ModelArgs { model: None }.resolve()?,
     };
+    let electra = match a.objective.as_str() {
+        "mlm" => false,
+        "electra" => true,
+        other => bail!("--objective: `{other}` is not one of mlm, electra"),
+    };
+    if electra && a.nsp {
+        bail!("--nsp: ELECTRA pre-training has no next-sentence prediction");
+    }
     let tokenizer = load_tokenizer(&tokenizer_source)
         .with_context(|| format!("loading the tokenizer from {}", tokenizer_source.display()))?;
     let vocab_size = tokenizer.vocab_size();
-    let config = match &a.init {
+    let mut config = match &a.init {
         Some(dir) => bertha::BertConfig::from_file(&dir.join("config.json"))?,
         None => resolve_config(&a.config, vocab_size, a.seq_len)?,
+    };
+    // ELECTRA: the discriminator's config, and the generator's (a previous
+    // ELECTRA run's own with --init).
+    let generator = if electra {
+        config = as_electra(&config);
+        Some(match &a.init {
+            Some(dir) => {
+                let path = dir.join(GENERATOR_DIR).join("config.json");
+                if !path.is_file() {
+                    bail!(
+                        "--init {}: no {GENERATOR_DIR}/config.json; ELECTRA continues from a folder an ELECTRA run wrote",
+                        dir.display()
+                    );
+                }
+                bertha::BertConfig::from_file(&path)?
+            }
+            None => generator_config(&config, a.generator_size)?,
+        })
+    } else {
+        None
     };
     if config.vocab_size < vocab_size {
         bail!(
@@ -283,10 +332,11 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
         Warmup::Steps(a.warmup as u64)
     };
 
+    let default_split = if electra { "100,0,0" } else { "80,10,10" };
     let masker = Masker::for_tokenizer(
         &tokenizer,
         a.mask_prob,
-        MaskSplit::parse(&a.mask_split)?,
+        MaskSplit::parse(a.mask_split.as_deref().unwrap_or(default_split))?,
         a.whole_word_mask,
     )?;
     let eval_masker = match &a.eval_mask_split {
@@ -297,52 +347,78 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
         None => None,
     };
 
-    let opts = PretrainOptions {
-        nsp: a.nsp,
-        train: LoopOptions {
-            batch_size: a.batch_size,
-            grad_accum: a.grad_accum,
-            length,
-            warmup,
-            schedule: ScheduleKind::parse(&a.schedule)?,
-            lr: a.lr,
-            adamw: bertha::training::AdamWConfig {
-                weight_decay: a.weight_decay,
-                max_grad_norm: (a.max_grad_norm != 0.0).then_some(a.max_grad_norm),
-                ..Default::default()
-            },
-            seed: a.seed,
-            // Full windows only; evaluation and checkpoints by steps.
-            drop_last: true,
-            eval_every: a.eval_every,
-            save_every: a.save_every,
-            save_total_limit: a.save_total_limit,
-            early_stop: a.early_stop,
-            overwrite: a.run.overwrite,
-            allow_changes: a.run.allow_changes.clone(),
-            engine: a.engine,
-            precision: a.precision,
-            ..LoopOptions::new(&a.out)
+    let train_opts = LoopOptions {
+        batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
+        length,
+        warmup,
+        schedule: ScheduleKind::parse(&a.schedule)?,
+        lr: a.lr,
+        adamw: bertha::training::AdamWConfig {
+            weight_decay: a.weight_decay,
+            max_grad_norm: (a.max_grad_norm != 0.0).then_some(a.max_grad_norm),
+            ..Default::default()
         },
+        seed: a.seed,
+        // Full windows only; evaluation and checkpoints by steps.
+        drop_last: true,
+        eval_every: a.eval_every,
+        save_every: a.save_every,
+        save_total_limit: a.save_total_limit,
+        early_stop: a.early_stop,
+        overwrite: a.run.overwrite,
+        allow_changes: a.run.allow_changes.clone(),
+        engine: a.engine,
+        precision: a.precision,
+        ..LoopOptions::new(&a.out)
     };
-    let mut trainer = Pretrainer::new(
-        ModelSetup {
-            config,
-            init,
-            tokenizer_source: tokenizer_source.clone(),
-        },
-        PretrainData {
-            train,
-            eval,
-            masker,
-            eval_masker,
-            pad_id: tokenizer.pad_id(),
-        },
-        opts,
-    )?;
-    processes.attach(&mut trainer)?;
-    training::resume(&mut trainer, a.run.resume.as_deref())?;
+    let setup = ModelSetup {
+        config,
+        init,
+        tokenizer_source: tokenizer_source.clone(),
+    };
+    let data = PretrainData {
+        train,
+        eval,
+        masker,
+        eval_masker,
+        pad_id: tokenizer.pad_id(),
+    };
+    match generator {
+        Some(generator) => {
+            let opts = ElectraRunOptions {
+                disc_weight: a.disc_weight,
+                train: train_opts,
+            };
+            let mut trainer = ElectraPretrainer::new(setup, generator, data, opts)?;
+            drive(&mut trainer, &a, processes, per_step, &ELECTRA_WORDING)?;
+        }
+        None => {
+            let opts = PretrainOptions {
+                nsp: a.nsp,
+                train: train_opts,
+            };
+            let mut trainer = Pretrainer::new(setup, data, opts)?;
+            drive(&mut trainer, &a, processes, per_step, &MLM_WORDING)?;
+        }
+    }
     if say {
+        training::report_done(&a.out);
+    }
+    Ok(())
+}
+
+/// Joins the processes, resumes, reports the model and runs the loop.
+fn drive<O: Objective>(
+    trainer: &mut Trainer<O>,
+    a: &Args,
+    processes: &training::Processes,
+    per_step: usize,
+    wording: &Wording,
+) -> Result<()> {
+    processes.attach(trainer)?;
+    training::resume(trainer, a.run.resume.as_deref())?;
+    if processes.rank() == 0 {
         eprintln!(
             "model: {} layers, hidden {}, {} parameters; {} steps of {per_step} sequences",
             trainer.config().num_hidden_layers,
@@ -351,43 +427,71 @@ fn train(a: Args, processes: &training::Processes) -> Result<()> {
             trainer.total_steps()
         );
     }
-
-    training::run(
-        &mut trainer,
-        &Wording {
-            step: |m| {
-                format!(
-                    "loss {:.4} acc {:.3} lr {:.2e} {:.0} tok/s",
-                    m.loss,
-                    m.figures.get("mlm_accuracy").copied().unwrap_or(f64::NAN),
-                    m.lr,
-                    m.tokens_per_s
-                )
-            },
-            eval: |e| {
-                format!(
-                    "step {}: held-out MLM loss {:.4}, perplexity {:.2}, accuracy {:.3}",
-                    e.step,
-                    e.eval_loss,
-                    e.scores.get("eval_perplexity").copied().unwrap_or(f64::NAN),
-                    e.scores
-                        .get("eval_mlm_accuracy")
-                        .copied()
-                        .unwrap_or(f64::NAN)
-                )
-            },
-            best: |e| {
-                format!(
-                    "step {}: lowest held-out MLM loss so far ({:.4}), saved to best/",
-                    e.step,
-                    e.main()
-                )
-            },
-            no_better: "lower held-out loss",
-        },
-    )?;
-    if say {
-        training::report_done(&a.out);
-    }
-    Ok(())
+    training::run(trainer, wording)
 }
+
+const MLM_WORDING: Wording = Wording {
+    step: |m| {
+        format!(
+            "loss {:.4} acc {:.3} lr {:.2e} {:.0} tok/s",
+            m.loss,
+            m.figures.get("mlm_accuracy").copied().unwrap_or(f64::NAN),
+            m.lr,
+            m.tokens_per_s
+        )
+    },
+    eval: |e| {
+        format!(
+            "step {}: held-out MLM loss {:.4}, perplexity {:.2}, accuracy {:.3}",
+            e.step,
+            e.eval_loss,
+            e.scores.get("eval_perplexity").copied().unwrap_or(f64::NAN),
+            e.scores
+                .get("eval_mlm_accuracy")
+                .copied()
+                .unwrap_or(f64::NAN)
+        )
+    },
+    best: |e| {
+        format!(
+            "step {}: lowest held-out MLM loss so far ({:.4}), saved to best/",
+            e.step,
+            e.main()
+        )
+    },
+    no_better: "lower held-out loss",
+};
+
+const ELECTRA_WORDING: Wording = Wording {
+    step: |m| {
+        let f = |k: &str| m.figures.get(k).copied().unwrap_or(f64::NAN);
+        format!(
+            "loss {:.4} (gen {:.3}, disc {:.4}) disc acc {:.3} lr {:.2e} {:.0} tok/s",
+            m.loss,
+            f("generator_loss"),
+            f("discriminator_loss"),
+            f("discriminator_accuracy"),
+            m.lr,
+            m.tokens_per_s
+        )
+    },
+    eval: |e| {
+        let f = |k: &str| e.scores.get(k).copied().unwrap_or(f64::NAN);
+        format!(
+            "step {}: held-out loss {:.4} (generator {:.4}, discriminator {:.4}), discriminator accuracy {:.3}",
+            e.step,
+            e.eval_loss,
+            f("eval_generator_loss"),
+            f("eval_discriminator_loss"),
+            f("eval_discriminator_accuracy"),
+        )
+    },
+    best: |e| {
+        format!(
+            "step {}: lowest held-out ELECTRA loss so far ({:.4}), saved to best/",
+            e.step,
+            e.main()
+        )
+    },
+    no_better: "lower held-out loss",
+};

@@ -1,5 +1,5 @@
 //! Training: one loop ([`Trainer`]) for every [`Objective`] — MLM (+NSP)
-//! pre-training, classification / NER / QA fine-tuning, sentence-
+//! and ELECTRA pre-training, classification / NER / QA fine-tuning, sentence-
 //! embedding training and cross-encoder (reranker) training — with its
 //! plan (steps, warmup, data order), parameters, AdamW, schedule, metrics
 //! and checkpoints.
@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub mod distributed;
+pub mod electra;
 pub mod embedding;
 pub mod embedding_loss;
 pub mod finetune;
@@ -30,6 +31,7 @@ pub mod trainer;
 
 pub use checkpoint::{Checkpoint, TrainerState};
 pub use distributed::{Compression, ProcessGroup, SingleProcess};
+pub use electra::{ElectraPretrainer, ElectraRunOptions, ElectraTraining};
 pub use embedding::{EmbeddingOptions, EmbeddingTrainer, EmbeddingTraining};
 pub use embedding_loss::{EmbeddingLoss, LossKind};
 pub use finetune::{FinetuneOptions, Finetuner, Finetuning};

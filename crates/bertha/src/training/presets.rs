@@ -21,7 +21,8 @@ pub enum Preset {
 }
 
 impl Preset {
-    pub const NAMES: &'static str = "tiny, mini, small, base, mini-bert-seed";
+    pub const NAMES: &'static str =
+        "tiny, mini, small, base, mini-bert-seed, electra-mini, electra-small";
 
     pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
@@ -66,8 +67,17 @@ impl Preset {
     }
 }
 
-/// `--config`: a preset name or a `config.json`-shaped file.
+/// `--config`: a preset name or a `config.json`-shaped file. `electra-NAME`
+/// is BERT preset NAME as an ELECTRA discriminator of the same shape
+/// (embeddings as wide as the hidden states, no pooler).
 pub fn resolve_config(spec: &str, vocab_size: usize, seq_len: usize) -> Result<BertConfig> {
+    if let Some(bert) = spec
+        .strip_prefix("electra-")
+        .filter(|n| matches!(Preset::parse(n), Some(Preset::Mini | Preset::Small)))
+    {
+        let config = resolve_config(bert, vocab_size, seq_len)?;
+        return Ok(super::electra::as_electra(&config));
+    }
     if let Some(p) = Preset::parse(spec) {
         if seq_len > Preset::MAX_POSITIONS {
             return Err(Error::option(

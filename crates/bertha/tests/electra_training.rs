@@ -1,0 +1,240 @@
+//! ELECTRA pre-training on the one training loop: the loss is the
+//! generator's MLM loss plus 50 × the discriminator's, both parts and the
+//! discriminator's accuracy are logged, a resumed run repeats the
+//! uninterrupted one bit for bit, and the output holds the discriminator
+//! (`ElectraForPreTraining`) and `generator/` (`ElectraForMaskedLM`) over
+//! the same shared embeddings, which load back with the trained outputs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
+use bertha::training::electra::{as_electra, generator_config, GENERATOR_DIR};
+use bertha::training::{
+    ElectraPretrainer, ElectraRunOptions, Event, LoopOptions, ModelSetup, PretrainData, RunLength,
+    StepMetrics, Warmup,
+};
+use bertha::{
+    BertConfig, BertForTask, BertInput, Device, ForwardOptions, HeadInit, HeadKind, HeadLabels,
+    Tokenizer,
+};
+use common::{fixtures, load_safetensors};
+
+fn tokenizer() -> (Tokenizer, PathBuf) {
+    let dir = fixtures().join("minilm-tokenizer");
+    (Tokenizer::from_dir(&dir, 512).unwrap(), dir)
+}
+
+/// A micro discriminator with narrower embeddings (so both models project).
+fn discriminator(vocab: usize) -> BertConfig {
+    let mut c = as_electra(&BertConfig {
+        vocab_size: vocab,
+        hidden_size: 32,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        intermediate_size: 64,
+        max_position_embeddings: 64,
+        ..BertConfig::default()
+    });
+    c.family = bertha::Family::Electra(bertha::config::ElectraOptions { embedding_size: 16 });
+    c
+}
+
+fn options(out: &Path, steps: u64) -> ElectraRunOptions {
+    ElectraRunOptions {
+        disc_weight: 50.0,
+        train: LoopOptions {
+            batch_size: 4,
+            grad_accum: 2,
+            length: RunLength::Steps(steps),
+            warmup: Warmup::Steps(2),
+            lr: 1e-3,
+            seed: 5,
+            drop_last: true,
+            ..LoopOptions::new(out)
+        },
+    }
+}
+
+fn trainer(opts: ElectraRunOptions) -> ElectraPretrainer {
+    let (tok, dir) = tokenizer();
+    let corpus_opts = CorpusOptions {
+        seq_len: 48,
+        nsp: false,
+        seed: 5,
+    };
+    let corpus = fixtures().join("corpus-wiki-slice.txt");
+    let mut train = Corpus::read(&[corpus], &tok, &corpus_opts).unwrap();
+    let eval = train.split_off_last(8);
+    let split = MaskSplit::parse("100,0,0").unwrap();
+    let masker = Masker::for_tokenizer(&tok, 0.15, split, false).unwrap();
+    let disc = discriminator(tok.vocab_size());
+    let generator = generator_config(&disc, 0.25).unwrap();
+    assert_eq!(
+        (generator.hidden_size, generator.num_attention_heads),
+        (8, 1)
+    );
+    ElectraPretrainer::new(
+        ModelSetup {
+            config: disc,
+            init: None,
+            tokenizer_source: dir,
+        },
+        generator,
+        PretrainData {
+            train: train.into(),
+            eval: eval.into(),
+            masker,
+            eval_masker: None,
+            pad_id: tok.pad_id(),
+        },
+        opts,
+    )
+    .unwrap()
+}
+
+fn steps(t: &mut ElectraPretrainer, stop: u64) -> Vec<StepMetrics> {
+    let mut out = Vec::new();
+    t.run_until(stop, |e| {
+        if let Event::Step(m) = e {
+            out.push(m.clone());
+        }
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn electra_run_logs_its_parts_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let straight = steps(&mut trainer(options(&tmp.path().join("a"), 6)), 6);
+    assert_eq!(straight.len(), 6);
+    for m in &straight {
+        let f = |k: &str| m.figures[k];
+        // The step loss is the micro-batches' mean of gen + 50 × disc.
+        let total = f("generator_loss") + 50.0 * f("discriminator_loss");
+        assert!(
+            (m.loss - total).abs() <= 1e-9 * total,
+            "{} vs {total}",
+            m.loss
+        );
+        assert!(f("discriminator_accuracy") > 0.0 && f("discriminator_accuracy") <= 1.0);
+        // Almost every sample from a 30k-word softmax differs from the
+        // original at first.
+        assert!(f("replaced_fraction") > 0.5, "{}", f("replaced_fraction"));
+    }
+    // Learning: the discriminator soon beats its first step.
+    assert!(
+        straight[5].figures["discriminator_loss"] < straight[0].figures["discriminator_loss"],
+        "{:?}",
+        straight
+            .iter()
+            .map(|m| m.figures["discriminator_loss"])
+            .collect::<Vec<_>>()
+    );
+
+    let mut first = options(&tmp.path().join("b"), 6);
+    first.train.save_every = Some(3);
+    let before = steps(&mut trainer(first.clone()), 3);
+    let mut resumed = trainer(first);
+    resumed
+        .resume(&tmp.path().join("b").join("checkpoint-3"))
+        .unwrap();
+    let after = steps(&mut resumed, 6);
+    let key = |m: &StepMetrics| {
+        (
+            m.step,
+            m.loss,
+            m.figures["discriminator_accuracy"],
+            m.grad_norm,
+        )
+    };
+    let joined: Vec<_> = before.iter().chain(&after).map(key).collect();
+    let want: Vec<_> = straight.iter().map(key).collect();
+    assert_eq!(joined, want);
+    let a = load_safetensors(&tmp.path().join("a").join("model.safetensors"));
+    let b = load_safetensors(&tmp.path().join("b").join("model.safetensors"));
+    assert_eq!(a.len(), b.len());
+    for (name, t) in &a {
+        assert_eq!(common::max_abs_diff(t, &b[name]), 0.0, "{name}");
+    }
+}
+
+/// The output's two folders: the discriminator and the generator, with
+/// the same embedding tensors, each loading as its transformers class.
+#[test]
+fn electra_output_holds_both_models_over_shared_embeddings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let mut t = trainer(options(&out, 2));
+    t.run(|_| {}).unwrap();
+    let root = load_safetensors(&out.join("model.safetensors"));
+    let gen = load_safetensors(&out.join(GENERATOR_DIR).join("model.safetensors"));
+    for name in [
+        "electra.embeddings.word_embeddings.weight",
+        "electra.embeddings.position_embeddings.weight",
+        "electra.embeddings.token_type_embeddings.weight",
+        "electra.embeddings.LayerNorm.weight",
+    ] {
+        assert_eq!(common::max_abs_diff(&root[name], &gen[name]), 0.0, "{name}");
+    }
+    // The generator keeps its own encoder and head, its decoder tied.
+    assert!(gen.contains_key("electra.embeddings_project.weight"));
+    assert!(gen.contains_key("generator_lm_head.bias"));
+    assert!(!gen.keys().any(|k| k.starts_with("generator.")));
+    assert!(!gen.contains_key("generator_lm_head.weight"));
+
+    let dev = Device::Cpu;
+    let disc = BertForTask::from_dir(&out, None, HeadInit::FromCheckpoint, &dev).unwrap();
+    assert_eq!(disc.kind(), HeadKind::ReplacedTokenDetection);
+    let generator = BertForTask::from_dir(
+        &out.join(GENERATOR_DIR),
+        None,
+        HeadInit::FromCheckpoint,
+        &dev,
+    )
+    .unwrap();
+    assert_eq!(generator.kind(), HeadKind::MaskedLM);
+    assert_eq!(generator.config().hidden_size, 8);
+    // Their outputs on a sentence are the trained pair's.
+    let (tok, _) = tokenizer();
+    let enc = tok
+        .encode("the quick brown fox [MASK] over the dog")
+        .unwrap();
+    let input = BertInput::from_ids(
+        &[enc.input_ids.clone()],
+        &[enc.token_type_ids.clone()],
+        tok.pad_id(),
+        &dev,
+    )
+    .unwrap();
+    let opts = ForwardOptions::default().into();
+    let logits = |m: &BertForTask| match m.forward(&input, &HeadLabels::default(), opts).unwrap() {
+        bertha::TaskOutput::Logits(o) => o.logits,
+        _ => panic!("one-logits output expected"),
+    };
+    let pair = t.objective().pair();
+    use bertha::BertHead;
+    let want_disc = BertHead::forward(&pair.discriminator, &input, &HeadLabels::default(), opts)
+        .unwrap()
+        .logits;
+    let want_gen = BertHead::forward(&pair.generator, &input, &HeadLabels::default(), opts)
+        .unwrap()
+        .logits;
+    assert!(common::max_abs_diff(&logits(&disc), &want_disc) < 1e-5);
+    assert!(common::max_abs_diff(&logits(&generator), &want_gen) < 1e-5);
+}
+
+#[test]
+fn bad_electra_options_are_refused_by_name() {
+    let disc = discriminator(100);
+    let err = generator_config(&disc, 0.0).unwrap_err().to_string();
+    assert!(err.contains("generator_size"), "{err}");
+    // 0.4 × 32 = 13 (rounded) over 0.4 × 4 = 2 heads: not a multiple.
+    let err = generator_config(&disc, 0.4).unwrap_err().to_string();
+    assert!(
+        err.contains("generator_size") && err.contains("13"),
+        "{err}"
+    );
+}
