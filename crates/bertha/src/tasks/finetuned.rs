@@ -535,14 +535,16 @@ impl Scorer<'_> {
     }
 }
 
-/// Checks that `config` is a BERT the task heads fit.
+/// Checks that `config` is a family the fine-tuning heads fit: BERT, and
+/// ELECTRA (whose classifier reads the first token through its own head,
+/// and whose token and span heads are BERT's).
 pub(crate) fn check_family(config: &BertConfig, origin: &Path) -> Result<()> {
-    if !matches!(config.family, Family::Bert) {
+    if !matches!(config.family, Family::Bert | Family::Electra(_)) {
         return Err(Error::config(
             origin,
             "model_type",
             format!(
-                "fine-tuning supports BERT checkpoints (model_type `bert`), not `{}`",
+                "fine-tuning supports BERT and ELECTRA checkpoints (model_type `bert`, `electra`), not `{}`",
                 config.model_type
             ),
         ));

@@ -280,7 +280,7 @@ impl Finetuner {
         };
 
         let mut config = config;
-        config.architectures = vec![task.head().architecture().to_string()];
+        config.architectures = vec![task.head().class_name(&config.family)];
         match task {
             Task::Classification => {
                 config.problem_type = Some(ProblemType::SingleLabelClassification);

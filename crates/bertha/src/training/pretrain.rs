@@ -141,11 +141,12 @@ impl Pretrainer {
                 "needs a pooler, but the config has add_pooling_layer false",
             ));
         }
-        config.architectures = vec![if opts.nsp {
-            "BertForPreTraining".into()
+        let head = if opts.nsp {
+            HeadKind::PreTraining
         } else {
-            "BertForMaskedLM".into()
-        }];
+            HeadKind::MaskedLM
+        };
+        config.architectures = vec![head.class_name(&config.family)];
         let setup = ModelSetup {
             config: config.clone(),
             init,

@@ -617,7 +617,7 @@ pub fn write_cross_encoder_files(
 
 /// The labels of `config` a reranker needs, for callers building one.
 pub fn ranker_config(mut config: BertConfig) -> BertConfig {
-    config.architectures = vec![HeadKind::SequenceClassification.architecture().to_string()];
+    config.architectures = vec![HeadKind::SequenceClassification.class_name(&config.family)];
     config.id2label = BTreeMap::from([(0, "LABEL_0".to_string())]);
     config.problem_type = None;
     config
