@@ -80,7 +80,7 @@ enum Command {
     Qa(commands::qa::Args),
     /// Probability that TEXT_B follows TEXT_A (a checkpoint with BERT's NSP head).
     Nsp(commands::nsp::Args),
-    /// Masked-LM (+NSP) pre-training on plain-text corpora; checkpoints transformers loads.
+    /// Masked-LM (+NSP) or ELECTRA pre-training on plain-text corpora; checkpoints transformers loads.
     Pretrain(commands::pretrain::Args),
     /// Tokenize a pre-training corpus once into memory-mapped shards for `pretrain --corpus DIR`.
     PrepareCorpus(commands::prepare_corpus::Args),

@@ -256,3 +256,75 @@ fn pretraining_from_a_prepared_corpus_equals_pretraining_from_text() {
     ));
     assert!(err.contains("another tokenizer"), "{err}");
 }
+
+/// `--objective electra` from the tiny BERT config: the discriminator at
+/// the root (ElectraForPreTraining), the generator in generator/, both
+/// parts of the loss and the discriminator's accuracy in metrics.jsonl,
+/// the held-out loss at each evaluation, and a discriminator that
+/// `finetune` and `classify` take.
+#[test]
+fn pretrain_electra_writes_discriminator_and_generator() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("electra");
+    ok(&pretrain(
+        &out,
+        &["--objective", "electra", "--generator-size", "0.5"],
+    ));
+    let config = read_json(&out.join("config.json"));
+    assert_eq!(config["model_type"], "electra");
+    assert_eq!(config["architectures"][0], "ElectraForPreTraining");
+    let gen = read_json(&out.join("generator").join("config.json"));
+    assert_eq!(gen["architectures"][0], "ElectraForMaskedLM");
+    assert_eq!(
+        gen["hidden_size"].as_u64().unwrap() * 2,
+        config["hidden_size"].as_u64().unwrap()
+    );
+    let m = metrics(&out);
+    let steps: Vec<&Value> = m.iter().filter(|l| l.get("loss").is_some()).collect();
+    assert_eq!(steps.len(), 4);
+    for l in &steps {
+        let f = |k: &str| l[k].as_f64().unwrap();
+        let total = f("generator_loss") + 50.0 * f("discriminator_loss");
+        assert!((f("loss") - total).abs() < 1e-6 * total, "{l}");
+        assert!(f("discriminator_accuracy") > 0.0);
+    }
+    let evals: Vec<&Value> = m
+        .iter()
+        .filter(|l| l.get("eval_total_loss").is_some())
+        .collect();
+    assert_eq!(evals.len(), 2);
+    assert!(evals[0]["eval_discriminator_accuracy"].as_f64().unwrap() > 0.0);
+    // The discriminator fine-tunes as a classifier.
+    let ft = tmp.path().join("ft");
+    let sst = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    ok(&run(&[
+        "finetune",
+        "--task",
+        "classification",
+        "--model",
+        s(&out),
+        "--train",
+        s(&sst),
+        "--out",
+        s(&ft),
+        "--epochs",
+        "1",
+        "--max-train",
+        "8",
+        "--batch-size",
+        "4",
+    ]));
+    let ft_config = read_json(&ft.join("config.json"));
+    assert_eq!(
+        ft_config["architectures"][0],
+        "ElectraForSequenceClassification"
+    );
+    // Options ELECTRA has no use for are refused by name.
+    let err = failure(&pretrain(
+        &tmp.path().join("x"),
+        &["--objective", "electra", "--nsp"],
+    ));
+    assert!(err.contains("--nsp"), "{err}");
+    let err = failure(&pretrain(&tmp.path().join("y"), &["--objective", "bart"]));
+    assert!(err.contains("--objective"), "{err}");
+}
