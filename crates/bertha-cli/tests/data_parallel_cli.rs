@@ -296,6 +296,15 @@ fn mlm_nsp_pretraining_on_2_and_3_processes_equals_one() {
 }
 
 #[test]
+fn electra_pretraining_on_2_and_3_processes_equals_one() {
+    same_on_1_2_3(|out| {
+        let mut a = pretrain_args("bert-mlm", false, out);
+        a.extend(["--objective".into(), "electra".into()]);
+        a
+    });
+}
+
+#[test]
 fn classification_finetuning_on_2_and_3_processes_equals_one() {
     let tmp = tempfile::tempdir().unwrap();
     let one = tmp.path().join("np1");

@@ -313,9 +313,19 @@ impl ElectraTraining {
             let gen_labels = Tensor::from_vec(flat, (batch.len(), t), &self.device)?;
             let (logits, gen_loss) = self.pair.generator_pass(&masked, &gen_labels, opts)?;
             let rows = logits.detach().to_vec2::<f32>()?;
-            let mut rng = rng_for(seed, sample_purpose, base);
+            // Each row draws from its own generator, seeded by its place in
+            // the whole micro-batch: the same tokens however many
+            // processes share it.
+            let mut rng = None;
             for ((b, p, y), row) in targets.iter().zip(&rows) {
-                let drawn = sample_softmax(row, &mut rng);
+                let rng = match &mut rng {
+                    Some((at, r)) if *at == *b => r,
+                    slot => {
+                        let r = rng_for(seed, sample_purpose, base + *b as u64);
+                        &mut slot.insert((*b, r)).1
+                    }
+                };
+                let drawn = sample_softmax(row, rng);
                 corrupted[*b][*p] = drawn;
                 if i64::from(drawn) != *y {
                     tally.replaced += 1.0;
@@ -400,8 +410,7 @@ impl Objective for ElectraTraining {
         }
         let owned: Vec<_> = batch.iter().map(|&i| self.train.example(i)).collect();
         let examples: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
-        // Each row's mask from its place in the whole micro-batch; the
-        // samples from the slice's first row's.
+        // Each row's mask and draws from its place in the whole micro-batch.
         let base = slice.micro * 1_000_003 + slice.first as u64;
         let (parts, tally) = self.run_batch(&examples, (MASK, SAMPLE, base), true)?;
         Ok(MicroStep {
