@@ -238,3 +238,26 @@ fn bad_electra_options_are_refused_by_name() {
         "{err}"
     );
 }
+
+/// With early stopping the best model becomes the output, generator and
+/// all (the generator is rewritten from the best model's file).
+#[test]
+fn early_stopping_keeps_the_best_generator() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let mut opts = options(&out, 4);
+    opts.train.eval_every = Some(2);
+    opts.train.early_stop = Some(5);
+    trainer(opts).run(|_| {}).unwrap();
+    let root = load_safetensors(&out.join("model.safetensors"));
+    let best = load_safetensors(&out.join("best").join("model.safetensors"));
+    let gen = load_safetensors(&out.join(GENERATOR_DIR).join("model.safetensors"));
+    let name = "electra.embeddings.word_embeddings.weight";
+    assert_eq!(common::max_abs_diff(&root[name], &best[name]), 0.0);
+    assert_eq!(common::max_abs_diff(&root[name], &gen[name]), 0.0);
+    let own = "electra.encoder.layer.0.attention.self.query.weight";
+    assert_eq!(
+        common::max_abs_diff(&gen[own], &best[&format!("generator.{own}")]),
+        0.0
+    );
+}

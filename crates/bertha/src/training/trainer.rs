@@ -1029,6 +1029,9 @@ impl<O: Objective> Trainer<O> {
                     }
                 }
             }
+            // What the objective writes beside the model (a generator, a
+            // sentence-transformers layout), from the copied files.
+            self.objective.write_extras(out)?;
         } else {
             self.save_model(out, false)?;
             if let Some(e) = self.evals.last() {
