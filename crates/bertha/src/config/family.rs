@@ -1,7 +1,7 @@
 //! Which member of the BERT family a config describes, with the options
 //! only that member has.
 
-use super::Activation;
+use super::{Activation, ModernBertOptions};
 
 /// Which member of the BERT family a config describes (`model_type`),
 /// with the options only that member has.
@@ -18,6 +18,9 @@ pub enum Family {
     Albert(AlbertOptions),
     /// `deberta-v2`: disentangled relative-position attention.
     DebertaV2(DebertaOptions),
+    /// `modernbert`: rotary positions, local/global attention, GeGLU,
+    /// pre-norm blocks (its own layers: `model::family::modernbert`).
+    ModernBert(ModernBertOptions),
 }
 
 /// ALBERT's own `config.json` keys.
@@ -81,6 +84,7 @@ impl Family {
             Self::DistilBert => "distilbert",
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta-v2",
+            Self::ModernBert(_) => "modernbert",
         }
     }
 
@@ -93,6 +97,7 @@ impl Family {
             Self::DistilBert => "distilbert",
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta",
+            Self::ModernBert(_) => "model",
         }
     }
 
@@ -104,6 +109,7 @@ impl Family {
             Self::DistilBert => "DistilBert",
             Self::Albert(_) => "Albert",
             Self::DebertaV2(_) => "DebertaV2",
+            Self::ModernBert(_) => "ModernBert",
         }
     }
 

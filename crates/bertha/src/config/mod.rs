@@ -11,6 +11,7 @@
 
 mod family;
 mod keys;
+mod modernbert;
 mod read;
 #[cfg(test)]
 mod tests;
@@ -21,6 +22,7 @@ use std::collections::BTreeMap;
 
 pub use family::{AlbertOptions, DebertaOptions, Family};
 pub use keys::{Activation, NormPosition, ProblemType};
+pub use modernbert::{AttentionKind, ClassifierPooling, ModernBertOptions};
 
 /// A BERT configuration. Field names and defaults follow transformers'
 /// `BertConfig`; `norm_position`, `embedding_layer_norm`,
@@ -92,8 +94,14 @@ impl Default for BertConfig {
 }
 
 /// Model types this build can run.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["bert", "roberta", "distilbert", "albert", "deberta-v2"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "bert",
+    "roberta",
+    "distilbert",
+    "albert",
+    "deberta-v2",
+    "modernbert",
+];
 
 impl BertConfig {
     /// The longest input the model takes: `max_position_embeddings`, less

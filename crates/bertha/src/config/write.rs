@@ -100,6 +100,7 @@ impl BertConfig {
                 m.insert("num_hidden_groups".into(), a.num_hidden_groups.into());
                 m.insert("inner_group_num".into(), a.inner_group_num.into());
             }
+            Family::ModernBert(o) => o.write(&mut m),
             Family::DebertaV2(o) => {
                 let mut types = Vec::new();
                 if o.p2c {

@@ -83,14 +83,21 @@ impl HeadKind {
 
     /// The head of a class name of any family member.
     pub fn from_any_architecture(name: &str) -> Option<Self> {
-        ["Bert", "Roberta", "DistilBert", "Albert", "DebertaV2"]
-            .iter()
-            .find_map(|p| {
-                let rest = name.strip_prefix(p)?;
-                Self::ALL
-                    .into_iter()
-                    .find(|k| k.architecture().strip_prefix("Bert") == Some(rest))
-            })
+        [
+            "Bert",
+            "Roberta",
+            "DistilBert",
+            "Albert",
+            "DebertaV2",
+            "ModernBert",
+        ]
+        .iter()
+        .find_map(|p| {
+            let rest = name.strip_prefix(p)?;
+            Self::ALL
+                .into_iter()
+                .find(|k| k.architecture().strip_prefix("Bert") == Some(rest))
+        })
     }
 
     /// The first tensor of this head (or of the pooler it reads) that
@@ -115,12 +122,15 @@ impl HeadKind {
     pub(super) fn head_tensors(self, base: &str, config: &BertConfig) -> Vec<String> {
         let family = &config.family;
         let m = layout(family).mlm_names(config);
-        let mlm: Vec<String> = [m.dense, m.norm]
+        let mlm: Vec<String> = [(m.dense, m.biases.dense), (m.norm, m.biases.norm)]
             .iter()
-            .flat_map(|n| {
-                ["weight", "bias"]
-                    .iter()
-                    .map(move |w| format!("{}{n}.{w}", m.root))
+            .flat_map(|&(n, bias)| {
+                let parts: &[&str] = if bias {
+                    &["weight", "bias"]
+                } else {
+                    &["weight"]
+                };
+                parts.iter().map(move |w| format!("{}{n}.{w}", m.root))
             })
             .collect();
         let nsp = ["cls.seq_relationship.weight", "cls.seq_relationship.bias"];

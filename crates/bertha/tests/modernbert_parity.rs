@@ -1,0 +1,312 @@
+//! ModernBERT on the candle modules against transformers 5.24
+//! (`tests/fixtures/families/modernbert-*`, made by
+//! `make_family_fixtures.py`): logits, every hidden state and attention
+//! map at non-padded positions within 1e-4, losses within 1e-5 relative,
+//! the gradients of the listed parameters within 1e-4 of the tensor's max
+//! abs value; both config layouts, every head, a 200-token input whose
+//! sliding window matters; the byte-level BPE tokenizer's ids exactly.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use bertha::fast::train::{FinetuneHead, MlmHead};
+use bertha::fast::{PackedBert, Precision};
+use bertha::tasks::{FillMask, PipelineOptions};
+use bertha::{
+    BertConfig, BertForTask, BertInput, BertModel, DType, Device, ForwardOptions, HeadInit,
+    HeadLabels, HeadOptions, Tensor, Tokenizer,
+};
+use candle_nn::{VarBuilder, VarMap};
+use common::{fixtures, load_safetensors, read_json};
+
+const HEADS: [&str; 4] = [
+    "modernbert-mlm",
+    "modernbert-mlm-legacy",
+    "modernbert-seqcls",
+    "modernbert-tokcls",
+];
+
+fn dir_of(name: &str) -> PathBuf {
+    fixtures().join("families").join(name)
+}
+
+struct Case {
+    input: BertInput,
+    lens: Vec<usize>,
+    /// `None` for the bare encoder (`modernbert-long`).
+    labels: Option<Tensor>,
+    expected: HashMap<String, Tensor>,
+    grad_params: Vec<String>,
+    dir: PathBuf,
+}
+
+fn case(name: &str) -> Case {
+    let dir = dir_of(name);
+    let inputs = read_json(&dir.join("inputs.json"));
+    let get =
+        |k: &str| -> Vec<Vec<u32>> { serde_json::from_value(inputs["inputs"][k].clone()).unwrap() };
+    let (ids, mask) = (get("input_ids"), get("attention_mask"));
+    let (b, t) = (ids.len(), ids[0].len());
+    let flat = |v: &Vec<Vec<u32>>| Tensor::from_vec(v.concat(), (b, t), &Device::Cpu).unwrap();
+    let labels = inputs.get("labels").map(|l| {
+        let l = &l["labels"];
+        // [B] class ids, or [B, T] token labels (-100 where none).
+        match serde_json::from_value::<Vec<Vec<i64>>>(l.clone()) {
+            Ok(rows) => Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap(),
+            Err(_) => {
+                let ids: Vec<i64> = serde_json::from_value(l.clone()).unwrap();
+                Tensor::from_vec(ids, b, &Device::Cpu).unwrap()
+            }
+        }
+    });
+    Case {
+        input: BertInput {
+            input_ids: flat(&ids),
+            token_type_ids: None,
+            attention_mask: Some(flat(&mask)),
+        },
+        lens: mask
+            .iter()
+            .map(|m| m.iter().filter(|&&x| x == 1).count())
+            .collect(),
+        labels,
+        expected: load_safetensors(&dir.join("expected.safetensors")),
+        grad_params: inputs
+            .get("grad_params")
+            .map(|g| serde_json::from_value(g.clone()).unwrap())
+            .unwrap_or_default(),
+        dir,
+    }
+}
+
+/// Max |got - want| over sequence `b`'s first `n` positions of every
+/// token axis (`axes`, counted after the batch axis).
+fn diff_unpadded(got: &Tensor, want: &Tensor, b: usize, n: usize, axes: &[usize]) -> f32 {
+    let (mut g, mut w) = (got.get(b).unwrap(), want.get(b).unwrap());
+    for &a in axes {
+        g = g.narrow(a, 0, n).unwrap();
+        w = w.narrow(a, 0, n).unwrap();
+    }
+    common::max_abs_diff(&g.contiguous().unwrap(), &w.contiguous().unwrap())
+}
+
+fn scalar(t: &Tensor) -> f32 {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()[0]
+}
+
+fn all_outputs() -> ForwardOptions {
+    ForwardOptions {
+        output_hidden_states: true,
+        output_attentions: true,
+        train: false,
+    }
+}
+
+/// The worst differences of hidden states and attentions [L(+1), B, ...]
+/// against the fixture's, at non-padded positions.
+fn diff_layers(c: &Case, hidden: Vec<Tensor>, att: Vec<Tensor>) -> (f32, f32) {
+    let want_hidden = &c.expected["hidden_states"];
+    let want_att = &c.expected["attentions"];
+    assert_eq!(hidden.len(), want_hidden.dim(0).unwrap(), "hidden states");
+    assert_eq!(att.len(), want_att.dim(0).unwrap(), "attentions");
+    let hidden = Tensor::stack(&hidden, 0).unwrap().transpose(0, 1).unwrap();
+    let att = Tensor::stack(&att, 0).unwrap().transpose(0, 1).unwrap();
+    let want_hidden = want_hidden.transpose(0, 1).unwrap();
+    let want_att = want_att.transpose(0, 1).unwrap();
+    assert_eq!(hidden.dims(), want_hidden.dims());
+    assert_eq!(att.dims(), want_att.dims());
+    let (mut dh, mut da) = (0f32, 0f32);
+    for (b, &n) in c.lens.iter().enumerate() {
+        dh = dh.max(diff_unpadded(&hidden, &want_hidden, b, n, &[1]));
+        da = da.max(diff_unpadded(&att, &want_att, b, n, &[2, 3]));
+    }
+    (dh, da)
+}
+
+/// (logits, hidden, attentions, loss rel) of a head fixture, its head
+/// picked by `architectures`.
+fn check_head(name: &str) -> (f32, f32, f32, f32) {
+    let c = case(name);
+    let m = BertForTask::from_dir(&c.dir, None, HeadInit::FromCheckpoint, &Device::Cpu)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let labels = HeadLabels::labels(c.labels.as_ref());
+    let out = m
+        .forward(&c.input, &labels, HeadOptions::from(all_outputs()))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let bertha::model::TaskOutput::Logits(out) = out else {
+        panic!("{name}: not a logits head")
+    };
+    let want_logits = &c.expected["logits"];
+    assert_eq!(out.logits.dims(), want_logits.dims(), "{name}: logits");
+    let mut dl = 0f32;
+    if out.logits.rank() == 3 {
+        for (b, &n) in c.lens.iter().enumerate() {
+            dl = dl.max(diff_unpadded(&out.logits, want_logits, b, n, &[0]));
+        }
+    } else {
+        dl = common::max_abs_diff(&out.logits, want_logits);
+    }
+    let (dh, da) = diff_layers(&c, out.hidden_states.unwrap(), out.attentions.unwrap());
+    let got_loss = scalar(&out.loss.expect("loss"));
+    let want_loss = scalar(&c.expected["loss"]);
+    (dl, dh, da, ((got_loss - want_loss) / want_loss).abs())
+}
+
+#[test]
+fn modernbert_heads_match_transformers() {
+    let mut failures = Vec::new();
+    for name in HEADS {
+        let (dl, dh, da, rel) = check_head(name);
+        println!(
+            "{name}: logits {dl:.2e}, hidden {dh:.2e}, attentions {da:.2e}, loss rel {rel:.2e}"
+        );
+        if dl > 1e-4 || dh > 1e-4 || da > 1e-4 || rel > 1e-5 {
+            failures.push(format!(
+                "{name}: logits {dl:e}, hidden {dh:e}, attentions {da:e}, loss rel {rel:e}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// 200 tokens with a window of 16: most pairs lie outside the window of
+/// the sliding layers.
+#[test]
+fn modernbert_long_input_matches_transformers() {
+    let c = case("modernbert-long");
+    let m = BertModel::from_dir(&c.dir, &Device::Cpu).unwrap();
+    let out = m.forward(&c.input, all_outputs()).unwrap();
+    let dl = common::max_abs_diff(&out.last_hidden_state, &c.expected["last_hidden_state"]);
+    let att = out.attentions.unwrap();
+    let (dh, da) = diff_layers(&c, out.hidden_states.unwrap(), att.clone());
+    println!("modernbert-long: last {dl:.2e}, hidden {dh:.2e}, attentions {da:.2e}");
+    assert!(
+        dl <= 1e-4 && dh <= 1e-4 && da <= 1e-4,
+        "last {dl:e}, hidden {dh:e}, attentions {da:e}"
+    );
+    // The window is real: a sliding layer gives no weight beyond ±8.
+    let row = att[1]
+        .get(0)
+        .unwrap()
+        .get(0)
+        .unwrap()
+        .get(100)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    // (The fused softmax's exp bottoms out at ~3e-39, not 0.)
+    let outside = row[..92]
+        .iter()
+        .chain(&row[109..])
+        .fold(0f32, |m, &p| m.max(p));
+    assert!(outside < 1e-30, "{outside:e}");
+    assert!(row[92..109].iter().all(|&p| p > 0.0));
+}
+
+/// Every listed parameter (embeddings, a fused `Wqkv`, a GeGLU `Wi`, the
+/// norms, the head) gets transformers' gradient for the head's loss.
+#[test]
+fn modernbert_gradients_match_transformers() {
+    let mut failures = Vec::new();
+    for name in HEADS {
+        let c = case(name);
+        let config = BertConfig::from_file(&c.dir.join("config.json")).unwrap();
+        let kind = BertForTask::kind_from_config(&config, &c.dir).unwrap();
+        let mut varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let m = BertForTask::load(vb, config, kind).unwrap();
+        varmap.load(c.dir.join("model.safetensors")).unwrap();
+        let labels = HeadLabels::labels(c.labels.as_ref());
+        let out = m
+            .forward(&c.input, &labels, HeadOptions::default())
+            .unwrap();
+        let grads = out.loss().unwrap().backward().unwrap();
+        let vars = varmap.data().lock().unwrap();
+        assert!(!c.grad_params.is_empty(), "{name}");
+        for p in &c.grad_params {
+            let got = common::grad_of(&grads, &vars, p, name);
+            let want = &c.expected[&format!("grad.{p}")];
+            let scale = common::max_abs(want);
+            let d = common::max_abs_diff(got, want);
+            println!("{name} grad.{p}: {:.2e} of max {scale:.2e}", d / scale);
+            if d > 1e-4 * scale.max(1e-12) {
+                failures.push(format!(
+                    "{name} grad.{p}: max abs diff {d:e}, scale {scale:e}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The byte-level BPE `tokenizer.json` (no `vocab.txt`) gives
+/// transformers' ids, pairs included.
+#[test]
+fn modernbert_tokenizer_matches_transformers() {
+    let dir = dir_of("modernbert-mlm");
+    assert!(!dir.join("vocab.txt").exists());
+    let tok = Tokenizer::from_dir(&dir, 64).unwrap();
+    assert_eq!(tok.pad_id(), 1);
+    let cases = read_json(&dir.join("tokenizer_cases.json"));
+    let cases = cases.as_array().unwrap();
+    assert_eq!(cases.len(), 21);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
+        let got = match case.get("text_pair") {
+            Some(pair) => tok.encode_pair(text, pair.as_str().unwrap()).unwrap(),
+            None => tok.encode(text).unwrap(),
+        };
+        assert_eq!(got.input_ids, want, "{text:?}");
+    }
+}
+
+/// The packed fast path covers BERT only: ModernBERT never takes it, the
+/// automatic choice falls back to the candle modules, and asking for a
+/// reduced precision (fast path only) is a clear error.
+#[test]
+fn modernbert_stays_off_the_fast_path() {
+    for name in HEADS {
+        let m = BertForTask::from_dir(&dir_of(name), None, HeadInit::FromCheckpoint, &Device::Cpu)
+            .unwrap();
+        assert!(
+            PackedBert::from_model(m.bert()).unwrap().is_none(),
+            "{name}"
+        );
+        assert!(MlmHead::of(&m).unwrap().is_none(), "{name}");
+        assert!(FinetuneHead::of(&m).unwrap().is_none(), "{name}");
+    }
+    let opts = PipelineOptions {
+        precision: Precision::Int8,
+    };
+    let err = FillMask::from_dir_with(&dir_of("modernbert-mlm"), &Device::Cpu, &opts)
+        .err()
+        .expect("int8 needs the fast path")
+        .to_string();
+    assert!(
+        err.contains("fast path") && err.contains("ModernBert"),
+        "{err}"
+    );
+}
+
+/// Both config layouts describe the same model, and a config written back
+/// reads as the same config.
+#[test]
+fn modernbert_configs_agree_and_round_trip() {
+    let new = BertConfig::from_file(&dir_of("modernbert-mlm").join("config.json")).unwrap();
+    let legacy =
+        BertConfig::from_file(&dir_of("modernbert-mlm-legacy").join("config.json")).unwrap();
+    assert_eq!(new, legacy);
+    for cfg in [&new, &legacy] {
+        let text = cfg.to_json().to_string();
+        let back = BertConfig::from_json_str(&text, std::path::Path::new("written.json")).unwrap();
+        assert_eq!(&back, cfg);
+    }
+}
