@@ -14,9 +14,11 @@ use std::path::PathBuf;
 use bertha::fast::train::{FinetuneHead, MlmHead};
 use bertha::fast::{PackedBert, Precision};
 use bertha::tasks::{FillMask, PipelineOptions};
+use bertha::training::checkpoint::CheckpointParts;
+use bertha::training::{Checkpoint, ParamStore};
 use bertha::{
     BertConfig, BertForTask, BertInput, BertModel, DType, Device, ForwardOptions, HeadInit,
-    HeadLabels, HeadOptions, Tensor, Tokenizer,
+    HeadKind, HeadLabels, HeadOptions, Tensor, Tokenizer, Weights,
 };
 use candle_nn::{VarBuilder, VarMap};
 use common::{fixtures, load_safetensors, read_json};
@@ -308,5 +310,67 @@ fn modernbert_configs_agree_and_round_trip() {
         let text = cfg.to_json().to_string();
         let back = BertConfig::from_json_str(&text, std::path::Path::new("written.json")).unwrap();
         assert_eq!(&back, cfg);
+    }
+}
+
+/// A ModernBERT built and saved by bertha (fresh weights) loads back with
+/// the same outputs, and the saved tensors carry transformers' names: the
+/// fused `Wqkv`, no `attn_norm` in layer 0, no bias where the config has
+/// none, no `decoder.weight` (tied to `tok_embeddings`).
+#[test]
+fn modernbert_saved_by_bertha_loads_back() {
+    for (name, kind) in [
+        ("modernbert-mlm", HeadKind::MaskedLM),
+        ("modernbert-seqcls", HeadKind::SequenceClassification),
+        ("modernbert-tokcls", HeadKind::TokenClassification),
+    ] {
+        let src = dir_of(name);
+        let config = BertConfig::from_file(&src.join("config.json")).unwrap();
+        let (mut params, vb) = ParamStore::builder(None, "model.", 7, &Device::Cpu);
+        let model = BertForTask::load(vb, config.clone(), kind).unwrap();
+        params.freeze().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join(name);
+        let parts = CheckpointParts {
+            config: &config,
+            params: &params,
+            optimizer: None,
+            state: None,
+            tokenizer_source: &src,
+        };
+        Checkpoint::save_model_files(&out, &parts).unwrap();
+
+        let saved = Weights::from_model_dir(&out).unwrap();
+        let mut names: Vec<&str> = saved.names().collect();
+        names.sort_unstable();
+        let theirs = Weights::from_model_dir(&src).unwrap();
+        let mut want: Vec<&str> = theirs.names().collect();
+        want.sort_unstable();
+        assert_eq!(
+            names, want,
+            "{name}: the saved tensors are transformers' own"
+        );
+        assert!(names.contains(&"model.layers.0.attn.Wqkv.weight"));
+        assert!(!names.contains(&"model.layers.0.attn_norm.weight"));
+
+        let back =
+            BertForTask::from_dir(&out, None, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+        assert_eq!(back.kind(), kind, "{name}");
+        let c = case(name);
+        let logits = |m: &BertForTask| {
+            let out = m
+                .forward(&c.input, &HeadLabels::default(), HeadOptions::default())
+                .unwrap();
+            let bertha::model::TaskOutput::Logits(out) = out else {
+                panic!("{name}: not a logits head")
+            };
+            out.logits
+        };
+        let d = common::max_abs_diff(&logits(&model), &logits(&back));
+        assert_eq!(d, 0.0, "{name}: logits after the round trip");
+        assert!(
+            out.join("tokenizer.json").is_file(),
+            "{name}: tokenizer copied"
+        );
     }
 }
