@@ -374,3 +374,93 @@ fn modernbert_saved_by_bertha_loads_back() {
         );
     }
 }
+
+/// Fine-tuning a ModernBERT classifier runs on the candle modules (the
+/// fast path covers BERT only): its dev loss falls on the examples it
+/// learns; asking for the fast engine is an error that says why, and
+/// question answering (not transformers' ModernBERT head) is refused.
+#[test]
+fn modernbert_finetunes_on_the_candle_path() {
+    use bertha::data::{DataOptions, Task};
+    use bertha::training::{Engine, FinetuneOptions, Finetuner};
+    let tmp = tempfile::tempdir().unwrap();
+    let sst2 = fixtures().join("finetune/sst2-dev-head.tsv");
+    let model = dir_of("modernbert-seqcls");
+    let options = |engine: Engine, name: &str| FinetuneOptions {
+        epochs: 8.0,
+        lr: 3e-3,
+        batch_size: 8,
+        eval_batch_size: 64,
+        max_length: 32,
+        seed: 0,
+        engine,
+        out: tmp.path().join(name),
+        ..FinetuneOptions::default()
+    };
+    let squad = tmp.path().join("squad.json");
+    std::fs::write(&squad, common::runs::squad_json()).unwrap();
+    let new = |task: Task, engine: Engine, name: &str| {
+        let data = if task == Task::Qa { &squad } else { &sst2 };
+        let opts = options(engine, name);
+        Finetuner::new(
+            task,
+            &model,
+            data,
+            Some(data),
+            &DataOptions::default(),
+            opts,
+        )
+    };
+    let err = new(Task::Classification, Engine::Fast, "fast")
+        .err()
+        .expect("fast engine")
+        .to_string();
+    assert!(
+        err.contains("fast path does not cover") && err.contains("modernbert"),
+        "{err}"
+    );
+    let err = new(Task::Qa, Engine::Auto, "qa")
+        .err()
+        .expect("qa")
+        .to_string();
+    assert!(err.contains("modernbert"), "{err}");
+
+    let mut t = new(Task::Classification, Engine::Auto, "auto").unwrap();
+    assert!(!t.on_fast_path());
+    let before = t.evaluate().unwrap().unwrap();
+    t.run(|_| {}).unwrap();
+    let after = t.evaluate().unwrap().unwrap();
+    let (b, a) = (before.loss.unwrap(), after.loss.unwrap());
+    println!(
+        "dev loss {b:.4} -> {a:.4}, scores {:?} -> {:?}",
+        before.scores, after.scores
+    );
+    assert!(a < 0.5 * b, "dev loss {b} -> {a}");
+
+    // The saved model scores the same when loaded back for `evaluate`.
+    use bertha::data::TaskData;
+    use bertha::tasks::{FinetunedModel, InferenceOptions};
+    let saved = tmp.path().join("auto");
+    let m = FinetunedModel::from_dir(
+        Task::Classification,
+        &saved,
+        &InferenceOptions::default(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let data = TaskData::read(
+        Task::Classification,
+        &sst2,
+        None,
+        false,
+        &DataOptions::default(),
+    )
+    .unwrap();
+    let again = m.evaluate(&data).unwrap();
+    assert_eq!(again.scores, after.scores);
+    assert!(
+        (again.loss.unwrap() - a).abs() <= 1e-5 * a.max(1e-3),
+        "{:?} vs {a}",
+        again.loss
+    );
+}

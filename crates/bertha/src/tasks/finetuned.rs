@@ -537,14 +537,31 @@ impl Scorer<'_> {
 
 /// Checks that `config` is a BERT the task heads fit.
 pub(crate) fn check_family(config: &BertConfig, origin: &Path) -> Result<()> {
-    if !matches!(config.family, Family::Bert) {
+    if !matches!(config.family, Family::Bert | Family::ModernBert(_)) {
         return Err(Error::config(
             origin,
             "model_type",
             format!(
-                "fine-tuning supports BERT checkpoints (model_type `bert`), not `{}`",
+                "fine-tuning supports BERT and ModernBERT checkpoints (model_type `bert`, \
+                 `modernbert`), not `{}`",
                 config.model_type
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_family`] for one task: ModernBERT's question-answering head
+/// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
+/// so a ModernBERT QA run would save a checkpoint transformers cannot
+/// read; it is refused.
+pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
+    check_family(config, origin)?;
+    if task == Task::Qa && matches!(config.family, Family::ModernBert(_)) {
+        return Err(Error::config(
+            origin,
+            "model_type",
+            "question answering is not supported for `modernbert` (classification and NER are)",
         ));
     }
     Ok(())
