@@ -464,3 +464,108 @@ fn modernbert_finetunes_on_the_candle_path() {
         again.loss
     );
 }
+
+/// MLM pre-training from scratch runs a ModernBERT (the `modernbert-mini`
+/// preset's family, at a test's size) on the candle modules: the loss
+/// falls, the run saves `ModernBertForMaskedLM` under transformers'
+/// names, and the fast engine is refused with the reason.
+#[test]
+fn modernbert_pretrains_from_scratch() {
+    use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
+    use bertha::training::presets::Preset;
+    use bertha::training::{
+        Engine, Event, LoopOptions, ModelSetup, PretrainData, PretrainOptions, Pretrainer,
+        RunLength, Warmup,
+    };
+    let preset = Preset::parse("modernbert-mini").unwrap().config(1000, 128);
+    assert_eq!(preset.model_type, "modernbert");
+    assert_eq!((preset.num_hidden_layers, preset.hidden_size), (4, 256));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("few.txt");
+    let sentences = "the cat sat on the mat and looked at the dog.\n\n\
+                     a man is playing a guitar in the park today.\n\n\
+                     paris is the capital and largest city of france.\n\n\
+                     water boils at one hundred degrees celsius at sea level.\n";
+    std::fs::write(&text, sentences.repeat(4)).unwrap();
+    let dir = fixtures().join("minilm-tokenizer");
+    let tok = Tokenizer::from_dir(&dir, 512).unwrap();
+    let corpus_opts = CorpusOptions {
+        seq_len: 32,
+        nsp: false,
+        seed: 1,
+    };
+    let train = Corpus::read(&[text], &tok, &corpus_opts).unwrap();
+    let config = BertConfig::modernbert(tok.vocab_size(), (2, 64, 4, 96), 64);
+    let build = |engine: Engine, out: &str| {
+        let masker = Masker::for_tokenizer(&tok, 0.15, MaskSplit::default(), false).unwrap();
+        let opts = PretrainOptions {
+            nsp: false,
+            train: LoopOptions {
+                batch_size: 4,
+                length: RunLength::Steps(150),
+                warmup: Warmup::Steps(10),
+                lr: 3e-3,
+                seed: 11,
+                engine,
+                ..LoopOptions::new(&tmp.path().join(out))
+            },
+        };
+        let setup = ModelSetup {
+            config: config.clone(),
+            init: None,
+            tokenizer_source: dir.clone(),
+        };
+        let data = PretrainData {
+            train: train.clone().into(),
+            eval: train.clone().into(),
+            masker,
+            eval_masker: None,
+            pad_id: tok.pad_id(),
+        };
+        Pretrainer::new(setup, data, opts)
+    };
+    let err = build(Engine::Fast, "fast")
+        .err()
+        .expect("fast engine")
+        .to_string();
+    assert!(
+        err.contains("fast path does not cover") && err.contains("modernbert"),
+        "{err}"
+    );
+
+    let mut t = build(Engine::Auto, "auto").unwrap();
+    let mut losses = Vec::new();
+    t.run(|e| {
+        if let Event::Step(m) = e {
+            losses.push(m.figures["mlm_loss"]);
+        }
+    })
+    .unwrap();
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    let (first, last) = (mean(&losses[..10]), mean(&losses[losses.len() - 20..]));
+    println!("ModernBERT MLM loss: first 10 steps {first:.3}, last 20 {last:.3}");
+    assert!(first > 9.0, "a fresh model starts near ln(30522): {first}");
+    assert!(
+        last < 0.5 * first,
+        "the loss did not fall: {first} -> {last}"
+    );
+
+    let saved = tmp.path().join("auto");
+    let back = BertConfig::from_file(&saved.join("config.json")).unwrap();
+    assert_eq!(
+        back.architectures,
+        vec!["ModernBertForMaskedLM".to_string()]
+    );
+    let names: Vec<String> = Weights::from_model_dir(&saved)
+        .unwrap()
+        .names()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "model.layers.1.attn.Wqkv.weight"),
+        "{names:?}"
+    );
+    let m = BertForTask::from_dir(&saved, None, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    assert_eq!(m.kind(), HeadKind::MaskedLM);
+}

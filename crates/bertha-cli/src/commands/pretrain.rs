@@ -24,7 +24,8 @@ pub struct Args {
     #[arg(long, required = true, num_args = 1..)]
     corpus: Vec<PathBuf>,
 
-    /// A preset (tiny, mini, small, base, mini-bert-seed) or a config.json.
+    /// A preset (tiny, mini, small, base, mini-bert-seed, modernbert-mini) or a
+    /// config.json.
     #[arg(long, default_value = "mini")]
     config: String,
 

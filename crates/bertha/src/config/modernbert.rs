@@ -328,6 +328,59 @@ pub(super) fn common_key(bert: &'static str) -> &'static str {
         .map_or(bert, |(_, modern)| modern)
 }
 
+impl BertConfig {
+    /// A ModernBERT of the given shape with transformers' defaults
+    /// otherwise (global attention every third layer, window 128, RoPE
+    /// bases 160,000 / 10,000, no biases, GELU), for pre-training from
+    /// scratch; `pad_token_id` 0, as bertha's WordPiece vocabularies have
+    /// `[PAD]` first.
+    pub fn modernbert(
+        vocab_size: usize,
+        (layers, hidden, heads, intermediate): (usize, usize, usize, usize),
+        max_positions: usize,
+    ) -> Self {
+        let every = 3;
+        let options = ModernBertOptions {
+            layer_types: (0..layers)
+                .map(|i| {
+                    if i % every == 0 {
+                        AttentionKind::Full
+                    } else {
+                        AttentionKind::Sliding
+                    }
+                })
+                .collect(),
+            global_attn_every_n_layers: every,
+            global_rope_theta: 160_000.0,
+            local_rope_theta: 10_000.0,
+            local_attention: 128,
+            norm_bias: false,
+            attention_bias: false,
+            mlp_bias: false,
+            embedding_dropout: 0.0,
+            classifier_pooling: ClassifierPooling::Cls,
+            classifier_activation: Activation::Gelu,
+            classifier_bias: false,
+            decoder_bias: true,
+            sparse_prediction: false,
+            initializer_cutoff_factor: 2.0,
+            special_ids: [None; 4],
+        };
+        Self {
+            model_type: "modernbert".into(),
+            family: super::Family::ModernBert(options),
+            vocab_size,
+            hidden_size: hidden,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            intermediate_size: intermediate,
+            max_position_embeddings: max_positions,
+            pad_token_id: 0,
+            ..defaults(Self::default())
+        }
+    }
+}
+
 /// transformers' `ModernBertConfig` defaults for the common keys
 /// (ModernBERT-base). BERT's layer-shape keys (`norm_position`,
 /// `final_layer_norm`) keep BERT's values: ModernBERT's own layers do not
@@ -523,6 +576,26 @@ mod tests {
             options(&legacy).layer_types,
             vec![Full, Sliding, Full, Sliding, Full]
         );
+    }
+
+    /// The pre-training shape is a valid config that round-trips.
+    #[test]
+    fn a_shaped_modernbert_is_valid_and_round_trips() {
+        let cfg = BertConfig::modernbert(1000, (4, 256, 4, 384), 512);
+        cfg.validate(Path::new("preset")).unwrap();
+        assert_eq!(
+            parse(&cfg.to_json().to_string()).unwrap(),
+            BertConfig {
+                architectures: vec!["ModernBertModel".into()],
+                ..cfg.clone()
+            }
+        );
+        let full: Vec<bool> = options(&cfg)
+            .layer_types
+            .iter()
+            .map(|t| *t == AttentionKind::Full)
+            .collect();
+        assert_eq!(full, vec![true, false, false, true]);
     }
 
     #[test]

@@ -141,11 +141,13 @@ impl Pretrainer {
                 "needs a pooler, but the config has add_pooling_layer false",
             ));
         }
-        config.architectures = vec![if opts.nsp {
-            "BertForPreTraining".into()
+        // The family's class name (`ModernBertForMaskedLM`).
+        let head = if opts.nsp {
+            HeadKind::PreTraining
         } else {
-            "BertForMaskedLM".into()
-        }];
+            HeadKind::MaskedLM
+        };
+        config.architectures = vec![head.class_name(&config.family)];
         let setup = ModelSetup {
             config: config.clone(),
             init,
