@@ -569,3 +569,104 @@ fn modernbert_pretrains_from_scratch() {
     let m = BertForTask::from_dir(&saved, None, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
     assert_eq!(m.kind(), HeadKind::MaskedLM);
 }
+
+/// The model's logits [1, T, C] (or [1, C]) on `text` encoded by the
+/// folder's tokenizer, with the encoding.
+fn direct_logits(name: &str, text: &str) -> (Tensor, bertha::Encoded) {
+    let dir = dir_of(name);
+    let tok = Tokenizer::from_dir(&dir, 64).unwrap();
+    let enc = tok.encode(text).unwrap();
+    let m = BertForTask::from_dir(&dir, None, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    let n = enc.input_ids.len();
+    let input = BertInput {
+        input_ids: Tensor::from_vec(enc.input_ids.clone(), (1, n), &Device::Cpu).unwrap(),
+        token_type_ids: None,
+        attention_mask: None,
+    };
+    let out = m
+        .forward(&input, &HeadLabels::default(), HeadOptions::default())
+        .unwrap();
+    let bertha::model::TaskOutput::Logits(out) = out else {
+        panic!("{name}: not a logits head")
+    };
+    (out.logits.get(0).unwrap(), enc)
+}
+
+fn softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+    row.iter()
+        .map(|&x| ((x as f64 - max).exp() / sum) as f32)
+        .collect()
+}
+
+/// fill-mask, classify, NER and embed run on ModernBERT folders (BPE
+/// `tokenizer.json`, `[MASK]` from `tokenizer_config.json`), each answer
+/// the softmax / pooling of the model's own outputs.
+#[test]
+fn modernbert_pipelines_answer_from_the_model() {
+    use bertha::tasks::{Aggregation, Classifier, TokenClassifier};
+    use bertha::{EmbedOptions, Embedder};
+    let text = "the movie was [MASK] good";
+    let fm = FillMask::from_dir(&dir_of("modernbert-mlm"), &Device::Cpu).unwrap();
+    assert_eq!(fm.mask_token(), "[MASK]");
+    let got = fm.fill(text, 5).unwrap();
+    let (logits, enc) = direct_logits("modernbert-mlm", text);
+    let pos = enc.input_ids.iter().position(|&id| id == 4).unwrap();
+    let probs = softmax(&logits.get(pos).unwrap().to_vec1::<f32>().unwrap());
+    assert_eq!(got[0].len(), 5);
+    for p in &got[0] {
+        assert!((p.score - probs[p.token as usize]).abs() < 1e-6, "{p:?}");
+    }
+    let best = probs.iter().copied().fold(0f32, f32::max);
+    assert_eq!(got[0][0].score, best);
+
+    let text = "a charming and often affecting journey";
+    let cls = Classifier::from_dir(&dir_of("modernbert-seqcls"), &Device::Cpu).unwrap();
+    let top = cls.classify(text, None, None).unwrap();
+    let (logits, _) = direct_logits("modernbert-seqcls", text);
+    let probs = softmax(&logits.to_vec1::<f32>().unwrap());
+    let (arg, p) = probs
+        .iter()
+        .enumerate()
+        .fold((0, 0f32), |b, (i, &p)| if p > b.1 { (i, p) } else { b });
+    let names = ["negative", "neutral", "positive"];
+    assert_eq!(top[0].label, names[arg]);
+    assert!((top[0].score - p).abs() < 1e-6);
+
+    let text = "john lives in paris";
+    let ner = TokenClassifier::from_dir(&dir_of("modernbert-tokcls"), &Device::Cpu).unwrap();
+    let entities = ner.entities(text, Aggregation::None).unwrap();
+    let (logits, _) = direct_logits("modernbert-tokcls", text);
+    assert!(!entities.is_empty());
+    for e in &entities {
+        let probs = softmax(
+            &logits
+                .get(e.index.unwrap())
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+        );
+        let best = probs.iter().copied().fold(0f32, f32::max);
+        assert!((e.score - best).abs() < 1e-6, "{e:?}");
+    }
+
+    let dir = dir_of("modernbert-long");
+    let embedder = Embedder::from_dir(&dir, &Device::Cpu, &EmbedOptions::default()).unwrap();
+    let got = embedder.embed(&[text], 1, &mut |_| {}).unwrap();
+    let enc = Tokenizer::from_dir(&dir, 64).unwrap().encode(text).unwrap();
+    let n = enc.input_ids.len();
+    let input = BertInput {
+        input_ids: Tensor::from_vec(enc.input_ids, (1, n), &Device::Cpu).unwrap(),
+        token_type_ids: None,
+        attention_mask: None,
+    };
+    let m = BertModel::from_dir(&dir, &Device::Cpu).unwrap();
+    let last = m
+        .forward(&input, ForwardOptions::default())
+        .unwrap()
+        .last_hidden_state;
+    let mean = last.mean(1).unwrap().get(0).unwrap();
+    let want = Tensor::new(got[0].as_slice(), &Device::Cpu).unwrap();
+    assert!(common::max_abs_diff(&want, &mean) < 1e-6);
+}
