@@ -508,7 +508,7 @@ fn modernbert_pretrains_from_scratch() {
                 lr: 3e-3,
                 seed: 11,
                 engine,
-                ..LoopOptions::new(&tmp.path().join(out))
+                ..LoopOptions::new(tmp.path().join(out))
             },
         };
         let setup = ModelSetup {
