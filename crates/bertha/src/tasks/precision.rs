@@ -83,8 +83,8 @@ pub(crate) fn pack(
 pub(crate) fn fast_path_refused(precision: Precision, model: &BertModel) -> Error {
     Error::Input(format!(
         "{precision:?} runs only on the CPU fast path, which this model \
-         ({:?} on {:?}) does not take",
-        model.config().family,
+         (`{}` on {:?}) does not take",
+        model.config().model_type,
         model.device()
     ))
 }
