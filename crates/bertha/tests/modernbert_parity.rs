@@ -293,7 +293,7 @@ fn modernbert_stays_off_the_fast_path() {
         .expect("int8 needs the fast path")
         .to_string();
     assert!(
-        err.contains("fast path") && err.contains("`modernbert`"),
+        err.contains("fast path") && err.contains("(ModernBert on Cpu)"),
         "{err}"
     );
 }
