@@ -28,7 +28,8 @@ pub trait PassContext: Debug + Send + Sync {
 /// and outputs as [`BertEncoder::forward`].
 pub trait LayerStack: Debug + Send + Sync {
     /// `x` [B, T, D] the embeddings, `mask` the additive padding mask
-    /// [B, 1, 1, T] (0 to attend, `f32::MIN` at padding).
+    /// [B, 1, 1, T] (0 to attend, `f32::MIN` at padding), `keep` whether
+    /// to return (hidden states, attentions).
     fn forward(
         &self,
         x: &Tensor,
