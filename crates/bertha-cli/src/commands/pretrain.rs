@@ -26,10 +26,10 @@ pub struct Args {
     #[arg(long, required = true, num_args = 1..)]
     corpus: Vec<PathBuf>,
 
-    /// A preset (tiny, mini, small, base, mini-bert-seed, electra-mini,
-    /// electra-small) or a config.json. With `--objective electra`, the
-    /// discriminator's shape (a BERT preset or config becomes an ELECTRA
-    /// one of the same shape).
+    /// A preset (tiny, mini, small, base, mini-bert-seed, modernbert-mini,
+    /// electra-mini, electra-small) or a config.json. With `--objective
+    /// electra`, the discriminator's shape (a BERT preset or config becomes
+    /// an ELECTRA one of the same shape).
     #[arg(long, default_value = "mini")]
     config: String,
 

@@ -1,7 +1,7 @@
 //! Which member of the BERT family a config describes, with the options
 //! only that member has.
 
-use super::Activation;
+use super::{Activation, ModernBertOptions};
 
 /// Which member of the BERT family a config describes (`model_type`),
 /// with the options only that member has.
@@ -21,6 +21,9 @@ pub enum Family {
     /// `electra`: BERT's encoder on embeddings `embedding_size` wide,
     /// projected to `hidden_size` by `embeddings_project` when they differ.
     Electra(ElectraOptions),
+    /// `modernbert`: rotary positions, local/global attention, GeGLU,
+    /// pre-norm blocks (its own layers: `model::family::modernbert`).
+    ModernBert(ModernBertOptions),
 }
 
 /// ELECTRA's own `config.json` keys.
@@ -92,6 +95,7 @@ impl Family {
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta-v2",
             Self::Electra(_) => "electra",
+            Self::ModernBert(_) => "modernbert",
         }
     }
 
@@ -105,6 +109,7 @@ impl Family {
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta",
             Self::Electra(_) => "electra",
+            Self::ModernBert(_) => "model",
         }
     }
 
@@ -117,6 +122,7 @@ impl Family {
             Self::Albert(_) => "Albert",
             Self::DebertaV2(_) => "DebertaV2",
             Self::Electra(_) => "Electra",
+            Self::ModernBert(_) => "ModernBert",
         }
     }
 

@@ -11,6 +11,7 @@
 
 mod family;
 mod keys;
+mod modernbert;
 mod read;
 #[cfg(test)]
 mod tests;
@@ -21,6 +22,7 @@ use std::collections::BTreeMap;
 
 pub use family::{AlbertOptions, DebertaOptions, ElectraOptions, Family};
 pub use keys::{Activation, NormPosition, ProblemType};
+pub use modernbert::{AttentionKind, ClassifierPooling, ModernBertOptions};
 
 /// A BERT configuration. Field names and defaults follow transformers'
 /// `BertConfig`; `norm_position`, `embedding_layer_norm`,
@@ -99,6 +101,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "albert",
     "deberta-v2",
     "electra",
+    "modernbert",
 ];
 
 impl BertConfig {

@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::{
-    Activation, AlbertOptions, BertConfig, DebertaOptions, ElectraOptions, Family, NormPosition,
-    ProblemType, SUPPORTED_MODEL_TYPES,
+    modernbert, Activation, AlbertOptions, BertConfig, DebertaOptions, ElectraOptions, Family,
+    ModernBertOptions, NormPosition, ProblemType, SUPPORTED_MODEL_TYPES,
 };
 use crate::error::{Error, Result};
 
@@ -48,8 +48,12 @@ impl BertConfig {
         }
         let d = Self::defaults_for(&model_type);
         let distil = model_type == "distilbert";
-        // DistilBERT spells the common keys its own way.
+        let modern = model_type == "modernbert";
+        // DistilBERT and ModernBERT spell the common keys their own way.
         let key = |bert: &'static str| -> &'static str {
+            if modern {
+                return modernbert::common_key(bert);
+            }
             if !distil {
                 return bert;
             }
@@ -156,6 +160,10 @@ impl BertConfig {
                 num_hidden_groups: r.get("num_hidden_groups", 1)?,
                 inner_group_num: r.get("inner_group_num", 1)?,
             }),
+            "modernbert" => Family::ModernBert(ModernBertOptions::read(
+                &r,
+                r.get(key("num_hidden_layers"), d.num_hidden_layers)?,
+            )?),
             "deberta-v2" => Family::DebertaV2(Self::read_deberta(
                 &r,
                 hidden_size,
@@ -198,7 +206,7 @@ impl BertConfig {
                 // DistilBERT's LayerNorms use a fixed eps.
                 1e-12
             } else {
-                r.get("layer_norm_eps", d.layer_norm_eps)?
+                r.get(key("layer_norm_eps"), d.layer_norm_eps)?
             },
             pad_token_id: r
                 .get::<Option<u32>>("pad_token_id", Some(d.pad_token_id))?
@@ -249,6 +257,7 @@ impl BertConfig {
                 add_pooling_layer: false,
                 ..d
             },
+            "modernbert" => modernbert::defaults(d),
             "deberta-v2" => Self {
                 vocab_size: 128100,
                 hidden_size: 1536,
@@ -331,13 +340,13 @@ impl BertConfig {
 }
 
 /// Reads single fields, naming the field on a type error.
-struct FieldReader<'a> {
-    map: &'a Map<String, Value>,
-    origin: &'a Path,
+pub(super) struct FieldReader<'a> {
+    pub(super) map: &'a Map<String, Value>,
+    pub(super) origin: &'a Path,
 }
 
 impl FieldReader<'_> {
-    fn get<T: DeserializeOwned>(&self, field: &str, default: T) -> Result<T> {
+    pub(super) fn get<T: DeserializeOwned>(&self, field: &str, default: T) -> Result<T> {
         match self.map.get(field) {
             None | Some(Value::Null) => Ok(default),
             Some(v) => serde_json::from_value(v.clone()).map_err(|e| {

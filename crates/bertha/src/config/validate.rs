@@ -129,6 +129,7 @@ impl BertConfig {
                     ));
                 }
             }
+            Family::ModernBert(o) => o.validate(self, origin)?,
             Family::Roberta if self.max_sequence_length() == 0 => {
                 return Err(Error::config(
                     origin,

@@ -103,6 +103,7 @@ impl BertConfig {
             Family::Electra(o) => {
                 m.insert("embedding_size".into(), o.embedding_size.into());
             }
+            Family::ModernBert(o) => o.write(&mut m),
             Family::DebertaV2(o) => {
                 let mut types = Vec::new();
                 if o.p2c {

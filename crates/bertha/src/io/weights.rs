@@ -210,10 +210,17 @@ impl Weights {
     /// saved from a head class (`BertForMaskedLM`, ...) store the encoder
     /// under `bert.`, a bare `BertModel` stores it at the root.
     pub fn base_prefix(&self, model_type: &str) -> Option<String> {
-        let probe = "embeddings.word_embeddings.weight";
-        if self.contains(probe) {
+        // BERT's word embeddings, or ModernBERT's `tok_embeddings`.
+        let probes = [
+            "embeddings.word_embeddings.weight",
+            "embeddings.tok_embeddings.weight",
+        ];
+        if probes.iter().any(|p| self.contains(p)) {
             Some(String::new())
-        } else if self.contains(&format!("{model_type}.{probe}")) {
+        } else if probes
+            .iter()
+            .any(|p| self.contains(&format!("{model_type}.{p}")))
+        {
             Some(format!("{model_type}."))
         } else {
             None

@@ -17,8 +17,8 @@ pub mod ops;
 pub use bert::{
     roberta_position_ids, BertAttention, BertEmbeddings, BertEncoder, BertInput, BertIntermediate,
     BertLayer, BertModel, BertOutput, BertOutputBlock, BertPooler, BertSelfAttention,
-    EmbeddingLayout, EncoderOutput, ForwardOptions, LayerPass, PassContext, PositionIds, ScoreBias,
-    ScoreInput,
+    EmbeddingLayout, EncoderOutput, ForwardOptions, LayerPass, LayerStack, PassContext,
+    PositionIds, ScoreBias, ScoreInput,
 };
 pub use family::{log_bucket_position, relative_positions, RelativeContext};
 pub use heads::{

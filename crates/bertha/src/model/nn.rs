@@ -43,6 +43,28 @@ impl Dense {
         Self { weight, bias }
     }
 
+    /// As [`Dense::load`], without a bias when `bias` is false (the
+    /// checkpoint then has none: ModernBERT's layers).
+    pub fn load_with_bias(
+        vb: VarBuilder,
+        (in_dim, out_dim): (usize, usize),
+        std: f64,
+        bias: bool,
+    ) -> Result<Self> {
+        if bias {
+            return Self::load(vb, in_dim, out_dim, std);
+        }
+        let weight = vb.get_with_hints(
+            (out_dim, in_dim),
+            "weight",
+            Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        )?;
+        Ok(Self { weight, bias: None })
+    }
+
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
@@ -100,6 +122,18 @@ impl LayerNorm {
     pub fn load(vb: VarBuilder, dim: usize, eps: f64) -> Result<Self> {
         let weight = vb.get_with_hints(dim, "weight", Init::Const(1.0))?;
         let bias = vb.get_with_hints(dim, "bias", Init::Const(0.0))?;
+        Ok(Self { weight, bias, eps })
+    }
+
+    /// As [`LayerNorm::load`], with a constant zero bias (not a parameter,
+    /// not in the checkpoint) when `bias` is false, as PyTorch's
+    /// `LayerNorm(bias=False)`.
+    pub fn load_with_bias(vb: VarBuilder, dim: usize, eps: f64, bias: bool) -> Result<Self> {
+        if bias {
+            return Self::load(vb, dim, eps);
+        }
+        let weight = vb.get_with_hints(dim, "weight", Init::Const(1.0))?;
+        let bias = Tensor::zeros(dim, weight.dtype(), weight.device())?;
         Ok(Self { weight, bias, eps })
     }
 

@@ -539,14 +539,34 @@ impl Scorer<'_> {
 /// ELECTRA (whose classifier reads the first token through its own head,
 /// and whose token and span heads are BERT's).
 pub(crate) fn check_family(config: &BertConfig, origin: &Path) -> Result<()> {
-    if !matches!(config.family, Family::Bert | Family::Electra(_)) {
+    if !matches!(
+        config.family,
+        Family::Bert | Family::Electra(_) | Family::ModernBert(_)
+    ) {
         return Err(Error::config(
             origin,
             "model_type",
             format!(
-                "fine-tuning supports BERT and ELECTRA checkpoints (model_type `bert`, `electra`), not `{}`",
+                "fine-tuning supports BERT, ELECTRA and ModernBERT checkpoints (model_type `bert`, \
+                 `electra`, `modernbert`), not `{}`",
                 config.model_type
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_family`] for one task: ModernBERT's question-answering head
+/// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
+/// so a ModernBERT QA run would save a checkpoint transformers cannot
+/// read; it is refused.
+pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
+    check_family(config, origin)?;
+    if task == Task::Qa && matches!(config.family, Family::ModernBert(_)) {
+        return Err(Error::config(
+            origin,
+            "model_type",
+            "question answering is not supported for `modernbert` (classification and NER are)",
         ));
     }
     Ok(())

@@ -83,8 +83,9 @@ pub(crate) fn pack(
 pub(crate) fn fast_path_refused(precision: Precision, model: &BertModel) -> Error {
     Error::Input(format!(
         "{precision:?} runs only on the CPU fast path, which this model \
-         ({:?} on {:?}) does not take",
-        model.config().family,
+         ({} on {:?}) does not take",
+        // The family's name, without its options.
+        model.config().family.class_prefix(),
         model.device()
     ))
 }

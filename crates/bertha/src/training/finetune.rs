@@ -33,7 +33,8 @@ use crate::io::weights::Weights;
 use crate::io::ModelDir;
 use crate::model::{HeadKind, IGNORE_INDEX};
 use crate::tasks::finetuned::{
-    check_family, infer_batches, length_batches, Scorer, TaskHead, TRAINING_ARGS_FILE,
+    check_family, check_task_family, infer_batches, length_batches, Scorer, TaskHead,
+    TRAINING_ARGS_FILE,
 };
 use crate::tasks::Evaluation;
 
@@ -322,7 +323,7 @@ impl Finetuner {
         opts: FinetuneOptions,
     ) -> Result<Self> {
         let origin = Path::new("config");
-        check_family(&config, origin)?;
+        check_task_family(task, &config, origin)?;
         validate(&opts, &config, origin)?;
         for d in std::iter::once(&train).chain(dev.as_ref()) {
             if d.task() != task {

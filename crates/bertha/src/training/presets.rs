@@ -1,5 +1,6 @@
 //! Model sizes for pre-training from scratch: Google's small BERTs
-//! (Turc et al., 2019) and the seed's pre-LN mini BERT.
+//! (Turc et al., 2019), the seed's pre-LN mini BERT, and a ModernBERT of
+//! BERT mini's size.
 
 use std::path::Path;
 
@@ -18,11 +19,14 @@ pub enum Preset {
     Base,
     /// The seed's pre-LN, ReLU mini BERT, widened to the tokenizer.
     MiniBertSeed,
+    /// ModernBERT at BERT mini's size: L=4, H=256, A=4, GeGLU width 384
+    /// (ModernBERT-base's 1.5 H), global attention in layers 0 and 3.
+    ModernBertMini,
 }
 
 impl Preset {
     pub const NAMES: &'static str =
-        "tiny, mini, small, base, mini-bert-seed, electra-mini, electra-small";
+        "tiny, mini, small, base, mini-bert-seed, modernbert-mini, electra-mini, electra-small";
 
     pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
@@ -31,6 +35,7 @@ impl Preset {
             "small" => Self::Small,
             "base" => Self::Base,
             "mini-bert-seed" => Self::MiniBertSeed,
+            "modernbert-mini" => Self::ModernBertMini,
             _ => return None,
         })
     }
@@ -53,6 +58,9 @@ impl Preset {
                     max_position_embeddings: seq_len.max(4),
                     ..BertConfig::mini_bert_seed()
                 }
+            }
+            Self::ModernBertMini => {
+                return BertConfig::modernbert(vocab_size, (4, 256, 4, 384), Self::MAX_POSITIONS)
             }
         };
         BertConfig {

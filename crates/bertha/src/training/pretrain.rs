@@ -141,6 +141,7 @@ impl Pretrainer {
                 "needs a pooler, but the config has add_pooling_layer false",
             ));
         }
+        // The family's class name (`ModernBertForMaskedLM`).
         let head = if opts.nsp {
             HeadKind::PreTraining
         } else {

@@ -187,6 +187,30 @@ impl BertEmbeddings {
         })
     }
 
+    /// Word embeddings only (no positions, no token types), then an
+    /// optional LayerNorm and dropout: a family that loads its own
+    /// (ModernBERT's `tok_embeddings` and bias-free `norm`).
+    pub(crate) fn words_only(
+        word_embeddings: Embedding,
+        layer_norm: Option<LayerNorm>,
+        dropout: Dropout,
+        padding_idx: u32,
+    ) -> Self {
+        Self {
+            word_embeddings,
+            position_embeddings: None,
+            position_ids: PositionIds::None,
+            projection: None,
+            mask_padding: false,
+            ignore_token_types: false,
+            padding_idx,
+            token_type_embeddings: None,
+            layer_norm,
+            dropout,
+            max_positions: usize::MAX,
+        }
+    }
+
     /// The word-embedding matrix [vocab, hidden] (tied to the MLM decoder).
     pub fn word_embeddings(&self) -> &Tensor {
         self.word_embeddings.embeddings()

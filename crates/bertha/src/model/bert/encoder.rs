@@ -1,7 +1,8 @@
 //! `encoder`: the stack of layers (and, for pre-LN models that have one,
 //! the final LayerNorm). What a family varies plugs in here: shared
-//! layers (`steps`), an input projection, and a [`PassContext`] its
-//! attention reads.
+//! layers (`steps`), an input projection, a [`PassContext`] its
+//! attention reads, or, for a family whose layers are not BERT's at all
+//! (ModernBERT), its own [`LayerStack`].
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -22,6 +23,31 @@ pub trait PassContext: Debug + Send + Sync {
     fn context(&self, len: usize, device: &Device) -> Result<Box<dyn Any>>;
 }
 
+/// A family's own layers, run in place of BERT's (ModernBERT: rotary
+/// positions, fused QKV, GeGLU, local attention), with the same inputs
+/// and outputs as [`BertEncoder::forward`].
+pub trait LayerStack: Debug + Send + Sync {
+    /// `x` [B, T, D] the embeddings, `mask` the additive padding mask
+    /// [B, 1, 1, T] (0 to attend, `f32::MIN` at padding), `keep` whether
+    /// to return (hidden states, attentions).
+    fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        keep: (bool, bool),
+        train: bool,
+    ) -> Result<EncoderOutput>;
+
+    fn num_layers(&self) -> usize;
+
+    /// The family's sentence vector from the last hidden state [B, T, D]
+    /// and the attention mask [B, T] (1 for tokens): what its sequence
+    /// classifier reads, as `pooler_output`; `None` when it has none.
+    fn pool(&self, _last: &Tensor, _attention_mask: Option<&Tensor>) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct BertEncoder {
     /// The distinct layers (ALBERT: group g's layer i at g · inner + i).
@@ -37,6 +63,8 @@ pub struct BertEncoder {
     /// embeddings).
     pub(crate) pass_context: Option<Arc<dyn PassContext>>,
     pub(crate) final_layer_norm: Option<LayerNorm>,
+    /// A family's own layers, in place of `layers` (which is then empty).
+    pub(crate) stack: Option<Arc<dyn LayerStack>>,
 }
 
 /// What the encoder returns: the last state, and on request every layer's
@@ -70,6 +98,24 @@ impl BertEncoder {
             input_projection: None,
             pass_context: None,
             final_layer_norm: None,
+            stack: None,
+        }
+    }
+
+    /// An encoder that runs a family's own layers.
+    pub fn from_stack(stack: Arc<dyn LayerStack>) -> Self {
+        Self {
+            stack: Some(stack),
+            ..Self::from_layers(Vec::new())
+        }
+    }
+
+    /// The family's sentence vector ([`LayerStack::pool`]); `None` for
+    /// BERT's layers, whose pooler is its own module.
+    pub fn pool(&self, last: &Tensor, attention_mask: Option<&Tensor>) -> Result<Option<Tensor>> {
+        match &self.stack {
+            Some(s) => s.pool(last, attention_mask),
+            None => Ok(None),
         }
     }
 
@@ -78,13 +124,17 @@ impl BertEncoder {
     pub fn is_plain(&self) -> bool {
         self.input_projection.is_none()
             && self.pass_context.is_none()
+            && self.stack.is_none()
             && self.steps.len() == self.layers.len()
             && self.steps.iter().enumerate().all(|(i, s)| s == &[i])
     }
 
     /// The number of steps (`num_hidden_layers`).
     pub fn num_layers(&self) -> usize {
-        self.steps.len()
+        match &self.stack {
+            Some(s) => s.num_layers(),
+            None => self.steps.len(),
+        }
     }
 
     pub fn forward(
@@ -95,6 +145,9 @@ impl BertEncoder {
         keep_attentions: bool,
         train: bool,
     ) -> Result<EncoderOutput> {
+        if let Some(stack) = &self.stack {
+            return stack.forward(x, mask, (keep_hidden, keep_attentions), train);
+        }
         let x = match &self.input_projection {
             Some(p) => p.forward(x)?,
             None => x.clone(),

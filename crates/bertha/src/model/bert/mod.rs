@@ -13,7 +13,7 @@ mod pooler;
 
 pub use attention::{BertAttention, BertSelfAttention, LayerPass, ScoreBias, ScoreInput};
 pub use embeddings::{roberta_position_ids, BertEmbeddings, EmbeddingLayout, PositionIds};
-pub use encoder::{BertEncoder, EncoderOutput, PassContext};
+pub use encoder::{BertEncoder, EncoderOutput, LayerStack, PassContext};
 pub use layer::{BertIntermediate, BertLayer, BertOutputBlock};
 pub(crate) use model::read_model_dir;
 pub use model::{BertInput, BertModel, BertOutput, ForwardOptions};

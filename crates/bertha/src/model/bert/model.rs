@@ -191,7 +191,10 @@ impl BertModel {
         )?;
         let pooler_output = match &self.pooler {
             Some(p) => Some(p.forward(&enc.last_hidden_state)?),
-            None => None,
+            // A family's own sentence vector (ModernBERT's cls or mean).
+            None => self
+                .encoder
+                .pool(&enc.last_hidden_state, input.attention_mask.as_ref())?,
         };
         Ok(BertOutput {
             last_hidden_state: enc.last_hidden_state,

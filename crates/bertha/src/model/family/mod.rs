@@ -8,12 +8,14 @@ mod albert;
 mod deberta_v2;
 mod distilbert;
 mod electra;
+mod modernbert;
 mod roberta;
 
 use candle_core::Result;
 use candle_nn::VarBuilder;
 
 pub use self::deberta_v2::{log_bucket_position, relative_positions, RelativeContext};
+pub use self::modernbert::PredictionHead;
 use super::bert::{BertEmbeddings, BertEncoder, BertModel, BertPooler, EmbeddingLayout};
 use crate::config::{Activation, BertConfig, Family};
 
@@ -23,6 +25,12 @@ pub(crate) trait Layout {
     /// How the embeddings are laid out.
     fn embeddings(&self, _cfg: &BertConfig) -> EmbeddingLayout {
         EmbeddingLayout::default()
+    }
+
+    /// The embeddings, `vb` rooted at the base model: BERT's under
+    /// [`Layout::embeddings`], unless the family loads its own.
+    fn load_embeddings(&self, vb: VarBuilder, cfg: &BertConfig) -> Result<BertEmbeddings> {
+        BertEmbeddings::load_with(vb.pp("embeddings"), cfg, self.embeddings(cfg))
     }
 
     /// The encoder, `vb` rooted at the base model.
@@ -63,6 +71,16 @@ pub(crate) trait Layout {
         false
     }
 
+    /// A module every classifier runs before its dropout and output
+    /// layer (ModernBERT's `head`), `root` at the checkpoint root.
+    fn classifier_head(
+        &self,
+        _root: &VarBuilder,
+        _cfg: &BertConfig,
+    ) -> Result<Option<PredictionHead>> {
+        Ok(None)
+    }
+
     /// Head tensor prefixes, besides the common ones, that a fresh head
     /// may initialise.
     fn fresh_prefixes(&self) -> &'static [&'static str] {
@@ -79,6 +97,7 @@ pub(crate) fn layout(family: &Family) -> Box<dyn Layout + '_> {
         Family::Albert(o) => Box::new(albert::Albert(o)),
         Family::DebertaV2(o) => Box::new(deberta_v2::DebertaV2(o)),
         Family::Electra(o) => Box::new(electra::Electra(o)),
+        Family::ModernBert(o) => Box::new(modernbert::ModernBert(o)),
     }
 }
 
@@ -114,6 +133,15 @@ pub(crate) struct MlmNames {
     /// The width the head maps to before the decoder (ALBERT: embedding_size).
     pub(crate) width: usize,
     pub(crate) eps: f64,
+    pub(crate) biases: MlmBiases,
+}
+
+/// Which of the MLM head's layers have a bias (all but ModernBERT's).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MlmBiases {
+    pub(crate) dense: bool,
+    pub(crate) norm: bool,
+    pub(crate) decoder: bool,
 }
 
 impl MlmNames {
@@ -128,6 +156,11 @@ impl MlmNames {
             act: config.hidden_act,
             width: config.hidden_size,
             eps: config.layer_norm_eps,
+            biases: MlmBiases {
+                dense: true,
+                norm: true,
+                decoder: true,
+            },
         }
     }
 }
@@ -138,9 +171,8 @@ impl BertModel {
     pub fn load(vb: VarBuilder, config: BertConfig, with_pooler: bool) -> Result<Self> {
         let (embeddings, encoder) = {
             let family = layout(&config.family);
-            let embeddings = family.embeddings(&config);
             (
-                BertEmbeddings::load_with(vb.pp("embeddings"), &config, embeddings)?,
+                family.load_embeddings(vb.clone(), &config)?,
                 family.load_encoder(vb.clone(), &config)?,
             )
         };

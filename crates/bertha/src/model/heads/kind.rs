@@ -102,6 +102,7 @@ impl HeadKind {
             "Albert",
             "DebertaV2",
             "Electra",
+            "ModernBert",
         ]
         .iter()
         .find_map(|p| {
@@ -134,12 +135,15 @@ impl HeadKind {
     pub(super) fn head_tensors(self, base: &str, config: &BertConfig) -> Vec<String> {
         let family = &config.family;
         let m = layout(family).mlm_names(config);
-        let mlm: Vec<String> = [m.dense, m.norm]
+        let mlm: Vec<String> = [(m.dense, m.biases.dense), (m.norm, m.biases.norm)]
             .iter()
-            .flat_map(|n| {
-                ["weight", "bias"]
-                    .iter()
-                    .map(move |w| format!("{}{n}.{w}", m.root))
+            .flat_map(|&(n, bias)| {
+                let parts: &[&str] = if bias {
+                    &["weight", "bias"]
+                } else {
+                    &["weight"]
+                };
+                parts.iter().map(move |w| format!("{}{n}.{w}", m.root))
             })
             .collect();
         let nsp = ["cls.seq_relationship.weight", "cls.seq_relationship.bias"];

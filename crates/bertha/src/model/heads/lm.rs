@@ -51,8 +51,9 @@ impl BertLMPredictionHead {
     ) -> CResult<Self> {
         let (d, v, e) = (config.hidden_size, config.vocab_size, names.width);
         let std = config.initializer_range;
-        let dense = Dense::load(vb.pp(names.dense), d, e, std)?;
-        let layer_norm = LayerNorm::load(vb.pp(names.norm), e, names.eps)?;
+        let biases = names.biases;
+        let dense = Dense::load_with_bias(vb.pp(names.dense), (d, e), std, biases.dense)?;
+        let layer_norm = LayerNorm::load_with_bias(vb.pp(names.norm), e, names.eps, biases.norm)?;
         let decoder_weight = format!("{}.weight", names.decoder);
         let weight = if vb.contains_tensor(&decoder_weight) || !config.tie_word_embeddings {
             vb.pp(names.decoder).get_with_hints(
@@ -69,16 +70,18 @@ impl BertLMPredictionHead {
         // The bias is `{root}bias` (tied to `decoder.bias`); some old
         // checkpoints carry only the latter.
         let decoder_bias = format!("{}.bias", names.decoder);
-        let bias = if !vb.contains_tensor(names.bias) && vb.contains_tensor(&decoder_bias) {
-            vb.get_with_hints(v, &decoder_bias, Init::Const(0.0))?
+        let bias = if !biases.decoder {
+            None
+        } else if !vb.contains_tensor(names.bias) && vb.contains_tensor(&decoder_bias) {
+            Some(vb.get_with_hints(v, &decoder_bias, Init::Const(0.0))?)
         } else {
-            vb.get_with_hints(v, names.bias, Init::Const(0.0))?
+            Some(vb.get_with_hints(v, names.bias, Init::Const(0.0))?)
         };
         Ok(Self {
             dense,
             act: names.act,
             layer_norm,
-            decoder: Dense::new(weight, Some(bias)),
+            decoder: Dense::new(weight, bias),
         })
     }
 

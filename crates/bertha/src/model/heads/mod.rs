@@ -53,6 +53,7 @@ pub use self::sequence_classification::{
 pub use self::token_classification::{BertForTokenClassification, TokenClassificationModule};
 
 use super::bert::{read_model_dir, BertInput, BertModel, BertOutput, ForwardOptions};
+use super::family::{layout, PredictionHead};
 use super::nn::{Dense, Dropout};
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
@@ -285,6 +286,8 @@ fn pooled(out: &BertOutput) -> Result<&Tensor> {
 /// the hidden dropout) then a linear layer.
 #[derive(Debug, Clone)]
 struct Classifier {
+    /// A family's module before the dropout (ModernBERT's `head`).
+    head: Option<PredictionHead>,
     dropout: Dropout,
     dense: Dense,
     outputs: usize,
@@ -306,7 +309,9 @@ impl Classifier {
                 .classifier_dropout
                 .unwrap_or(config.hidden_dropout_prob),
         );
+        let head = layout(&config.family).classifier_head(from.root(), config)?;
         Ok(Self {
+            head,
             dropout,
             dense,
             outputs,
@@ -325,7 +330,11 @@ impl Classifier {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let x = self.dropout.forward(x, train)?;
+        let x = match &self.head {
+            Some(head) => head.forward(x)?,
+            None => x.clone(),
+        };
+        let x = self.dropout.forward(&x, train)?;
         Ok(self.dense.forward(&x)?)
     }
 }
