@@ -203,8 +203,8 @@ fn electra_output_holds_both_models_over_shared_embeddings() {
         .encode("the quick brown fox [MASK] over the dog")
         .unwrap();
     let input = BertInput::from_ids(
-        &[enc.input_ids.clone()],
-        &[enc.token_type_ids.clone()],
+        std::slice::from_ref(&enc.input_ids),
+        std::slice::from_ref(&enc.token_type_ids),
         tok.pad_id(),
         &dev,
     )

@@ -60,7 +60,7 @@ pub fn replaced_token_loss(
 ) -> Result<Tensor> {
     let targets = float_labels(labels, logits.dims(), what)?;
     let Some(mask) = mask else {
-        return Ok(bce_with_logits(logits, &targets)?);
+        return bce_with_logits(logits, &targets);
     };
     if mask.dims() != logits.dims() {
         return Err(Error::Input(format!(
@@ -86,5 +86,5 @@ pub fn replaced_token_loss(
     let n = keep.len();
     let idx = Tensor::from_vec(keep, n, logits.device())?;
     let pick = |t: &Tensor| t.flatten_all()?.index_select(&idx, 0);
-    Ok(bce_with_logits(&pick(logits)?, &pick(&targets)?)?)
+    bce_with_logits(&pick(logits)?, &pick(&targets)?)
 }
