@@ -304,3 +304,51 @@ fn a_generator_of_another_embedding_width_is_refused() {
     let err = common::err_text(ElectraPretraining::load(vb, disc, gen));
     assert!(err.contains("embedding_size"), "{err}");
 }
+
+/// fill-mask on the generator: candidates best first, each score the
+/// softmax of the generator's logits at `[MASK]`.
+#[test]
+fn pipelines_run_on_electra() {
+    use bertha::tasks::FillMask;
+    let d = dir("electra-generator");
+    let fm = FillMask::from_dir(&d, &Device::Cpu).unwrap();
+    let text = "tok5 [MASK] tok7";
+    let got = fm.fill(text, 5).unwrap();
+    let enc = fm.tokenizer().encode(text).unwrap();
+    let pos = enc.tokens.iter().position(|t| t == "[MASK]").unwrap();
+    let m = BertForTask::from_dir(&d, None, HeadInit::FromCheckpoint, &Device::Cpu).unwrap();
+    let n = enc.input_ids.len();
+    let input = BertInput {
+        input_ids: Tensor::from_vec(enc.input_ids.clone(), (1, n), &Device::Cpu).unwrap(),
+        token_type_ids: None,
+        attention_mask: None,
+    };
+    let bertha::TaskOutput::Logits(out) = m
+        .forward(
+            &input,
+            &HeadLabels::default(),
+            ForwardOptions::default().into(),
+        )
+        .unwrap()
+    else {
+        panic!("one-logits output expected")
+    };
+    let row = out
+        .logits
+        .get(0)
+        .unwrap()
+        .get(pos)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+    assert_eq!(got[0].len(), 5);
+    let mut last = f32::INFINITY;
+    for p in &got[0] {
+        let want = ((row[p.token as usize] as f64 - max).exp() / sum) as f32;
+        assert!((p.score - want).abs() < 1e-6, "{p:?} vs {want}");
+        assert!(p.score <= last);
+        last = p.score;
+    }
+}
