@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use bertha::data::{EmbeddingData, PairLayout};
+use bertha::fast::train::Compute;
 use bertha::training::trainer::Engine;
 use bertha::training::{
     EmbeddingLoss, EmbeddingOptions, EmbeddingTrainer, FinetuneOptions, LossKind,
@@ -340,4 +341,26 @@ fn runs_the_fast_engine_does_not_cover_fall_back_or_are_refused() {
     )
     .unwrap();
     assert!(t.on_fast_path());
+    // bf16 products exist on the fast engine only.
+    let mut opts = options(
+        &mnrl,
+        Engine::Candle,
+        Pooling::Mean,
+        &tmp.path().join("q"),
+        4,
+    );
+    opts.train.precision = Compute::Bf16;
+    let err = EmbeddingTrainer::new(
+        &fixture_dir(),
+        data(&["anchor", "positive"], false),
+        None,
+        opts,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("precision") && err.contains("fast engine"),
+        "{err}"
+    );
 }

@@ -15,7 +15,7 @@ use candle_core::{Tensor, Var};
 
 use super::{EmbeddingTraining, LossKind};
 use crate::error::{Error, Result};
-use crate::fast::train::{EncoderStates, HiddenLoss};
+use crate::fast::train::{Compute, EncoderStates, HiddenLoss};
 use crate::model::BertModel;
 use crate::pooling;
 use crate::training::trainer::{Engine, Slice};
@@ -50,9 +50,17 @@ impl EmbeddingTraining {
         if slice.group.size() == 1 && slice.first == 0 && rows.len() == slice.micro_batch.len() {
             return Ok(true);
         }
-        self.opts.train.engine.fallback(
-            "embedding training across processes (MPI: embeddings gathered across ranks)",
-        )?;
+        let what = "embedding training across processes (MPI: embeddings gathered across ranks)";
+        self.opts.train.engine.fallback(what)?;
+        if self.opts.train.precision != Compute::F32 {
+            return Err(Error::option(
+                "precision",
+                format!(
+                    "{:?} trains on the fast engine only, which does not cover {what}",
+                    self.opts.train.precision
+                ),
+            ));
+        }
         Ok(false)
     }
 
