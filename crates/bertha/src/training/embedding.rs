@@ -334,9 +334,10 @@ impl EmbeddingTrainer {
     }
 
     /// Whether training steps run on the fast engine (a data-parallel
-    /// run's still run on candle under `--engine auto`).
+    /// run's, on the processes attached, run on candle under `--engine
+    /// auto`).
     pub fn on_fast_path(&self) -> bool {
-        self.objective().fast
+        self.objective().fast && self.group().size() == 1
     }
 
     /// The current model's dev scores (`None` without a dev set).
