@@ -158,12 +158,17 @@ pub fn run(a: Args, processes: &training::Processes) -> Result<()> {
     training::resume(&mut trainer, a.run.resume.as_deref())?;
     if say {
         eprintln!(
-            "model: {} layers, hidden {}, {} parameters; loss {kind}; {} steps of {}",
+            "model: {} layers, hidden {}, {} parameters; loss {kind}; {} steps of {} on the {}",
             trainer.config().num_hidden_layers,
             trainer.config().hidden_size,
             trainer.params().num_values(),
             trainer.total_steps(),
             a.batch_size,
+            if trainer.on_fast_path() {
+                "fast path"
+            } else {
+                "candle modules"
+            }
         );
     }
     training::run(&mut trainer, &training::FINETUNE_WORDING)?;

@@ -13,6 +13,8 @@
 //! through its own rows, so the processes' gradients sum to one process's
 //! on the whole batch.
 
+mod fast;
+
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::path::Path;
@@ -33,6 +35,7 @@ use super::trainer::{
 use crate::config::BertConfig;
 use crate::data::{EmbeddingData, EmbeddingEval, PairLayout};
 use crate::error::{Error, Result};
+use crate::fast::train::Compute;
 use crate::io::st_folder::SentenceTransformerSpec;
 use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
@@ -192,6 +195,10 @@ pub struct EmbeddingTraining {
     /// The trainable tensors (GradCache keeps only their gradients).
     params: Vec<Tensor>,
     device: Device,
+    /// Whether steps run on the fast engine (`fast.rs`; a data-parallel
+    /// slice still runs on candle under `--engine auto`).
+    fast: bool,
+    compute: Compute,
 }
 
 impl EmbeddingTrainer {
@@ -291,6 +298,18 @@ impl EmbeddingTrainer {
                 path: origin,
                 reason: crate::io::weights::strip_backtrace(&e),
             })?;
+            let engine = opts.train.engine;
+            let fast = fast::decide(engine, fast::not_covered(&model, opts.loss.kind)?)?;
+            if opts.train.precision != Compute::F32 && !fast {
+                return Err(Error::option(
+                    "precision",
+                    format!(
+                        "{:?} trains on the fast engine only, which this run does not take",
+                        opts.train.precision
+                    ),
+                ));
+            }
+            let compute = opts.train.precision.on_this_cpu();
             Ok(EmbeddingTraining {
                 model,
                 tokenizer,
@@ -301,6 +320,8 @@ impl EmbeddingTrainer {
                 opts,
                 params: Vec::new(),
                 device: Device::Cpu,
+                fast,
+                compute,
             })
         })?;
         let params = trainer
@@ -310,6 +331,13 @@ impl EmbeddingTrainer {
             .collect();
         trainer.objective_mut().params = params;
         Ok(trainer)
+    }
+
+    /// Whether training steps run on the fast engine (a data-parallel
+    /// run's, on the processes attached, run on candle under `--engine
+    /// auto`).
+    pub fn on_fast_path(&self) -> bool {
+        self.objective().fast && self.group().size() == 1
     }
 
     /// The current model's dev scores (`None` without a dev set).
@@ -364,15 +392,17 @@ impl EmbeddingTraining {
             .sum()
     }
 
-    /// Seeds the dropout of column `j` of micro-batch `micro` for a pass
-    /// over rows starting at row `first_row` of the micro-batch: each row's
-    /// masks depend on the column and its place in the micro-batch alone,
-    /// whichever process or mini-batch encodes it.
-    fn seed_column(&self, micro: u64, j: usize, first_row: usize) {
-        let stream = micro * self.train.columns() as u64 + j as u64;
+    /// Seeds the dropout of column `j` of micro-batch `micro` (of `batch`
+    /// rows) for a pass over rows starting at row `first_row` of the
+    /// micro-batch: each row's masks depend on the column and its place in
+    /// the micro-batch alone, whichever process or mini-batch encodes it.
+    /// One stream per micro-batch, column `j`'s rows keyed from `j ·
+    /// batch`: the masks of every column's rows are those of one pass over
+    /// the columns laid end to end, which is what the fast engine runs.
+    fn seed_column(&self, micro: u64, j: usize, first_row: usize, batch: usize) {
         seed_dropout(
-            seed_for(self.opts.train.seed, COLUMN_STREAM, stream),
-            first_row as u64,
+            seed_for(self.opts.train.seed, COLUMN_STREAM, micro),
+            (j * batch + first_row) as u64,
         );
     }
 
@@ -420,7 +450,7 @@ impl EmbeddingTraining {
             let local = if rows.is_empty() {
                 None
             } else {
-                self.seed_column(micro, j, first);
+                self.seed_column(micro, j, first, slice.micro_batch.len());
                 Some(self.encode_padded(&self.train, j, rows, true, longest)?)
             };
             reps.push(self.gather_rows(local, group)?);
@@ -460,20 +490,16 @@ impl EmbeddingTraining {
     /// gradients equal the uncached loss's (the same masks: they depend on
     /// the row, not on the mini-batch); memory is one mini-batch's
     /// activations.
-    fn cached_loss(
-        &self,
-        rows: &[usize],
-        micro: u64,
-        first: usize,
-        group: &dyn ProcessGroup,
-    ) -> Result<(f64, GradStore)> {
+    fn cached_loss(&self, rows: &[usize], slice: &Slice) -> Result<(f64, GradStore)> {
+        let (micro, first, group) = (slice.micro, slice.first, slice.group);
+        let batch = slice.micro_batch.len();
         let mini = self.opts.mini_batch_size;
         // 1. Embeddings without their graphs.
         let mut reps = Vec::with_capacity(self.train.columns());
         for j in 0..self.train.columns() {
             let mut parts = Vec::new();
             for (k, chunk) in rows.chunks(mini).enumerate() {
-                self.seed_column(micro, j, first + k * mini);
+                self.seed_column(micro, j, first + k * mini, batch);
                 parts.push(self.encode(&self.train, j, chunk, true)?.detach());
             }
             let local = (!parts.is_empty())
@@ -493,7 +519,7 @@ impl EmbeddingTraining {
         for (j, rep) in tensors.iter().enumerate() {
             let grad = rep_grads.get(rep).cloned().unwrap_or(rep.zeros_like()?);
             for (k, chunk) in rows.chunks(mini).enumerate() {
-                self.seed_column(micro, j, first + k * mini);
+                self.seed_column(micro, j, first + k * mini, batch);
                 let emb = self.encode(&self.train, j, chunk, true)?;
                 let g = grad.narrow(0, first + k * mini, chunk.len())?;
                 let surrogate = (emb * g)?.sum_all()?;
@@ -606,8 +632,10 @@ impl Objective for EmbeddingTraining {
         // Every process computes the whole micro-batch's loss (gathered),
         // weighted by its rows in the step's figures: their sum over the
         // processes is the loss × B.
-        let (loss, grads) = if self.opts.loss.kind == LossKind::CachedMnrl {
-            self.cached_loss(batch, slice.micro, slice.first, slice.group)?
+        let (loss, grads) = if self.fast_slice(batch, slice)? {
+            self.fast_loss(batch, slice.micro)?
+        } else if self.opts.loss.kind == LossKind::CachedMnrl {
+            self.cached_loss(batch, slice)?
         } else {
             self.gathered_loss(batch, slice)?
         };

@@ -15,6 +15,7 @@
 mod attention;
 mod encoder;
 mod heads;
+mod hidden;
 mod losses;
 mod mlm;
 mod packs;
@@ -28,6 +29,7 @@ use crate::error::Result;
 use crate::fast::buffers;
 
 pub use heads::{CustomLoss, FinetuneHead, HeadBatch, HeadOutcome, HeadTargets};
+pub use hidden::{EncoderStates, HiddenLoss, HiddenOutcome};
 pub use mlm::{MlmBatch, MlmBuffers, MlmHead, MlmOutcome};
 pub(crate) use packs::WeightPacks;
 pub use products::Compute;

@@ -1,0 +1,366 @@
+//! Sentence-embedding training on the fast engine against the candle
+//! path, on the tiny encoder of `tests/fixtures/st-embedding` with dropout
+//! on: one step's loss and gradients for every loss the fast engine
+//! covers (mean, CLS and max pooling), a few steps' losses, and the runs
+//! it does not cover (falling back under `auto`, refused under `fast`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use bertha::data::{EmbeddingData, PairLayout};
+use bertha::fast::train::Compute;
+use bertha::training::trainer::Engine;
+use bertha::training::{
+    EmbeddingLoss, EmbeddingOptions, EmbeddingTrainer, FinetuneOptions, LossKind,
+};
+use bertha::Pooling;
+use candle_core::Tensor;
+use common::{fixtures, load_safetensors, max_abs, max_abs_diff, read_json};
+
+fn fixture_dir() -> PathBuf {
+    fixtures().join("st-embedding")
+}
+
+/// The fixture's rows in the columns `cols`, or as scored pairs.
+fn data(cols: &[&str], scored: bool) -> EmbeddingData {
+    let inputs = read_json(&fixture_dir().join("inputs.json"));
+    let columns: Vec<Vec<String>> = cols
+        .iter()
+        .map(|c| serde_json::from_value(inputs[format!("{c}s")].clone()).unwrap())
+        .collect();
+    let n = columns[0].len();
+    let rows = (0..n)
+        .map(|i| columns.iter().map(|c| c[i].clone()).collect())
+        .collect();
+    let scores: Option<Vec<f32>> = scored.then(|| {
+        let s: Vec<f64> = serde_json::from_value(inputs["scores"].clone()).unwrap();
+        s.into_iter().map(|v| v as f32).collect()
+    });
+    EmbeddingData {
+        path: fixture_dir().join("inputs.json"),
+        layout: if scored {
+            PairLayout::Scored
+        } else {
+            PairLayout::Texts
+        },
+        columns: if scored {
+            vec!["sentence1".into(), "sentence2".into()]
+        } else {
+            cols.iter().map(|c| c.to_string()).collect()
+        },
+        rows,
+        scores,
+        lines: (2..n + 2).collect(),
+        bad_rows: Vec::new(),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+/// The fixture's model with dropout on.
+fn dropout_model(tmp: &Path) -> PathBuf {
+    let model = tmp.join("model");
+    copy_dir(&fixture_dir(), &model);
+    let path = model.join("config.json");
+    let mut config = read_json(&path);
+    config["hidden_dropout_prob"] = 0.1.into();
+    config["attention_probs_dropout_prob"] = 0.1.into();
+    std::fs::write(&path, config.to_string()).unwrap();
+    model
+}
+
+/// A case: the fixture's loss name, the loss and its data.
+struct Case {
+    name: &'static str,
+    loss: EmbeddingLoss,
+    cols: &'static [&'static str],
+    scored: bool,
+}
+
+fn cases() -> Vec<Case> {
+    let l = EmbeddingLoss::new;
+    let mut matryoshka = l(LossKind::Mnrl);
+    matryoshka.matryoshka = Some(vec![64, 32, 16]);
+    vec![
+        Case {
+            name: "mnrl",
+            loss: l(LossKind::Mnrl),
+            cols: &["anchor", "positive"],
+            scored: false,
+        },
+        Case {
+            name: "mnrl_hard",
+            loss: l(LossKind::Mnrl),
+            cols: &["anchor", "positive", "negative"],
+            scored: false,
+        },
+        Case {
+            name: "mnrl_symmetric",
+            loss: l(LossKind::MnrlSymmetric),
+            cols: &["anchor", "positive"],
+            scored: false,
+        },
+        Case {
+            name: "cosent",
+            loss: l(LossKind::Cosent),
+            cols: &["anchor", "positive"],
+            scored: true,
+        },
+        Case {
+            name: "cosine_mse",
+            loss: l(LossKind::CosineMse),
+            cols: &["anchor", "positive"],
+            scored: true,
+        },
+        Case {
+            name: "matryoshka_mnrl",
+            loss: matryoshka,
+            cols: &["anchor", "positive"],
+            scored: false,
+        },
+    ]
+}
+
+fn options(
+    loss: &EmbeddingLoss,
+    engine: Engine,
+    pooling: Pooling,
+    out: &Path,
+    batch_size: usize,
+) -> EmbeddingOptions {
+    let mut train = FinetuneOptions {
+        max_length: 32,
+        batch_size,
+        lr: 1e-3,
+        engine,
+        out: out.to_path_buf(),
+        ..FinetuneOptions::default()
+    };
+    train.epochs = 1.0;
+    let mut opts = EmbeddingOptions::new(loss.clone(), train);
+    opts.pooling = Some(pooling);
+    opts
+}
+
+fn step(
+    model: &Path,
+    case: &Case,
+    engine: Engine,
+    pooling: Pooling,
+    out: &Path,
+) -> (f64, HashMap<String, Tensor>) {
+    let opts = options(&case.loss, engine, pooling, out, 4);
+    let t = EmbeddingTrainer::new(model, data(case.cols, case.scored), None, opts).unwrap();
+    assert_eq!(t.on_fast_path(), engine == Engine::Fast, "{}", case.name);
+    t.loss_and_gradients(&[0, 1, 2, 3]).unwrap()
+}
+
+/// Asserts the same loss (1e-5 relative) and gradients (1e-4 of each
+/// tensor's largest); returns the largest relative gradient difference.
+fn assert_same_step(
+    what: &str,
+    (got, got_grads): &(f64, HashMap<String, Tensor>),
+    (want, want_grads): &(f64, HashMap<String, Tensor>),
+) -> f32 {
+    let rel = (got - want).abs() / want.abs().max(1e-12);
+    assert!(rel <= 1e-5, "{what}: loss {got} vs {want} (rel {rel:e})");
+    assert_eq!(got_grads.len(), want_grads.len(), "{what}: gradients");
+    let largest = want_grads.values().map(max_abs).fold(0f32, f32::max);
+    assert!(largest > 0.0, "{what}: no gradient");
+    let mut worst = 0f32;
+    for (name, want) in want_grads {
+        let got = got_grads
+            .get(name)
+            .unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+        let diff = max_abs_diff(got, want);
+        if name.ends_with("attention.self.key.bias") {
+            // Zero in exact arithmetic (a constant added to a softmax row
+            // changes nothing): what is left is rounding noise, so it is
+            // held to the scale of the step's other gradients.
+            assert!(
+                diff <= 1e-5 * largest,
+                "{what}: d/d{name} off by {diff:e} (largest gradient {largest:e})"
+            );
+            continue;
+        }
+        let err = diff / max_abs(want).max(1e-30);
+        assert!(err <= 1e-4, "{what}: d/d{name} off by {err:e} of its max");
+        worst = worst.max(err);
+    }
+    worst
+}
+
+#[test]
+fn one_step_equals_the_candle_path_for_every_covered_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = dropout_model(tmp.path());
+    let expected = load_safetensors(&fixture_dir().join("expected.safetensors"));
+    let out = tmp.path().join("out");
+    for case in cases() {
+        let want = step(&model, &case, Engine::Candle, Pooling::Mean, &out);
+        let got = step(&model, &case, Engine::Fast, Pooling::Mean, &out);
+        // Dropout is on: without it the loss would be the fixture's.
+        let plain = expected[&format!("loss.{}", case.name)]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0] as f64;
+        assert!(
+            (want.0 - plain).abs() > 1e-4,
+            "{}: {} vs {plain} without dropout",
+            case.name,
+            want.0
+        );
+        let worst = assert_same_step(case.name, &got, &want);
+        eprintln!(
+            "{} (mean): loss {} vs {} (abs diff {:e}), gradients within {worst:e} of their max",
+            case.name,
+            got.0,
+            want.0,
+            (got.0 - want.0).abs()
+        );
+    }
+}
+
+#[test]
+fn cls_and_max_pooling_equal_the_candle_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = dropout_model(tmp.path());
+    let out = tmp.path().join("out");
+    for case in cases()
+        .into_iter()
+        .filter(|c| c.name == "mnrl_hard" || c.name == "cosent")
+    {
+        for pooling in [Pooling::Cls, Pooling::Max, Pooling::MeanSqrtLen] {
+            let want = step(&model, &case, Engine::Candle, pooling, &out);
+            let got = step(&model, &case, Engine::Fast, pooling, &out);
+            let what = format!("{} ({})", case.name, pooling.name());
+            let worst = assert_same_step(&what, &got, &want);
+            eprintln!(
+                "{what}: loss abs diff {:e}, gradients within {worst:e} of their max",
+                (got.0 - want.0).abs()
+            );
+        }
+    }
+}
+
+/// A few optimizer steps (2 epochs of 2-row batches, dropout on) give the
+/// same per-step losses and the same weights on both engines.
+#[test]
+fn a_few_steps_equal_the_candle_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = dropout_model(tmp.path());
+    for case in cases()
+        .into_iter()
+        .filter(|c| c.name == "mnrl_hard" || c.name == "cosent")
+    {
+        let run = |engine: Engine| {
+            let out = tmp.path().join(format!("{}-{engine:?}", case.name));
+            let mut opts = options(&case.loss, engine, Pooling::Mean, &out, 2);
+            opts.train.epochs = 2.0;
+            let mut t =
+                EmbeddingTrainer::new(&model, data(case.cols, case.scored), None, opts).unwrap();
+            assert_eq!(t.on_fast_path(), engine == Engine::Fast);
+            t.run(|_| {}).unwrap();
+            let losses: Vec<f64> = t.history().iter().map(|m| m.loss).collect();
+            (losses, load_safetensors(&out.join("model.safetensors")))
+        };
+        let (want, want_weights) = run(Engine::Candle);
+        let (got, got_weights) = run(Engine::Fast);
+        assert_eq!(want.len(), 4, "{}: steps", case.name);
+        assert_eq!(got.len(), want.len(), "{}: steps", case.name);
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            let rel = (g - w).abs() / w.abs().max(1e-12);
+            assert!(
+                rel <= 1e-5,
+                "{} step {s}: loss {g} vs {w} (rel {rel:e})",
+                case.name
+            );
+        }
+        // The steps differ: the weights moved and dropout draws anew.
+        assert!(
+            want.windows(2).any(|w| w[0] != w[1]),
+            "{}: {want:?}",
+            case.name
+        );
+        // Attention key biases aside: their gradient is rounding noise
+        // (see `assert_same_step`), which AdamW's m / sqrt(v) turns into
+        // full-size steps of either sign on either engine.
+        for (name, w) in want_weights
+            .iter()
+            .filter(|(n, _)| !n.ends_with("attention.self.key.bias"))
+        {
+            let err = max_abs_diff(&got_weights[name], w) / max_abs(w).max(1e-30);
+            assert!(err <= 1e-4, "{}: weight {name} off by {err:e}", case.name);
+        }
+        eprintln!("{}: fast {got:?} candle {want:?}", case.name);
+    }
+}
+
+#[test]
+fn runs_the_fast_engine_does_not_cover_fall_back_or_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cached = EmbeddingLoss::new(LossKind::CachedMnrl);
+    let make = |engine| {
+        let opts = options(&cached, engine, Pooling::Mean, &tmp.path().join("o"), 4);
+        EmbeddingTrainer::new(
+            &fixture_dir(),
+            data(&["anchor", "positive"], false),
+            None,
+            opts,
+        )
+    };
+    let auto = make(Engine::Auto).unwrap();
+    assert!(!auto.on_fast_path());
+    let err = make(Engine::Fast).err().unwrap().to_string();
+    assert!(
+        err.contains("engine") && err.contains("cached-mnrl"),
+        "{err}"
+    );
+    // What it covers, `auto` runs on the fast engine.
+    let mnrl = EmbeddingLoss::new(LossKind::Mnrl);
+    let opts = options(&mnrl, Engine::Auto, Pooling::Mean, &tmp.path().join("p"), 4);
+    let t = EmbeddingTrainer::new(
+        &fixture_dir(),
+        data(&["anchor", "positive"], false),
+        None,
+        opts,
+    )
+    .unwrap();
+    assert!(t.on_fast_path());
+    // bf16 products exist on the fast engine only.
+    let mut opts = options(
+        &mnrl,
+        Engine::Candle,
+        Pooling::Mean,
+        &tmp.path().join("q"),
+        4,
+    );
+    opts.train.precision = Compute::Bf16;
+    let err = EmbeddingTrainer::new(
+        &fixture_dir(),
+        data(&["anchor", "positive"], false),
+        None,
+        opts,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("precision") && err.contains("fast engine"),
+        "{err}"
+    );
+}
