@@ -124,8 +124,13 @@ fn max_rel_diff(a: &[Value], b: &[Value]) -> f64 {
     let mut worst = 0f64;
     for (x, y) in a.iter().zip(b) {
         assert_eq!(x["step"], y["step"]);
+        // Spearman correlations are rank statistics: where two dev cosines
+        // nearly tie, rounding-level differences (another summation order)
+        // swap their ranks and the statistic jumps. The continuous figures
+        // (losses, Pearson) carry the equality.
         let figures = x.as_object().unwrap().iter().filter(|(k, _)| {
             !matches!(k.as_str(), "step" | "epoch" | "elapsed_s" | "tokens_per_s")
+                && !k.contains("spearman")
         });
         for (key, p) in figures {
             if let Some(p) = p.as_f64() {
@@ -431,22 +436,7 @@ fn embedding_training_on_2_and_3_processes_equals_one() {
         (
             "cosent",
             &sts,
-            // Seed 3: since the embedding columns share one dropout
-            // stream, seeds 0, 1 and 2 reach dev cosines that nearly tie
-            // (this tiny model's cosines crowd together), so the rounding
-            // of 1 vs 2 or 3 processes (losses within 5e-7, Pearson within
-            // 5e-6) reorders them and Spearman, a rank statistic, jumps by
-            // 3e-4 to 2e-3 at one evaluation. Seed 3 has no such tie.
-            &[
-                "--loss",
-                "cosent",
-                "--batch-size",
-                "8",
-                "--epochs",
-                "2",
-                "--seed",
-                "3",
-            ],
+            &["--loss", "cosent", "--batch-size", "8", "--epochs", "2"],
         ),
         (
             "cached-mnrl",
