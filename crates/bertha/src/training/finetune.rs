@@ -393,10 +393,9 @@ impl Finetuner {
             let fast = engine.tries_fast() && FinetuneHead::of(head.model())?.is_some();
             if !fast && engine.tries_fast() {
                 engine.fallback(&format!(
-                    "{} heads on {} models (family {:?}, as configured)",
+                    "{} heads on `{}` models as configured",
                     task.head(),
                     config.model_type,
-                    config.family
                 ))?;
             }
             if opts.precision != Compute::F32 && !fast {

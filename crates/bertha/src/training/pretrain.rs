@@ -162,10 +162,7 @@ impl Pretrainer {
             let model = BertForTask::load(vb, config.clone(), kind)?;
             let engine = opts.train.engine;
             let fast = engine.tries_fast() && MlmHead::of(&model)?.is_some();
-            let uncovered = format!(
-                "{} models (family {:?}, as configured)",
-                config.model_type, config.family
-            );
+            let uncovered = format!("`{}` models as configured", config.model_type);
             if !fast && engine.tries_fast() {
                 engine.fallback(&uncovered)?;
             }

@@ -169,8 +169,8 @@ impl RerankTrainer {
             let fast = engine.tries_fast() && FinetuneHead::of(&model)?.is_some();
             if !fast && engine.tries_fast() {
                 engine.fallback(&format!(
-                    "rerankers on {} models (family {:?}, as configured)",
-                    config.model_type, config.family
+                    "rerankers on `{}` models as configured",
+                    config.model_type
                 ))?;
             }
             if opts.train.precision != Compute::F32 && !fast {

@@ -26,8 +26,8 @@ pub(super) fn not_covered(model: &BertModel, kind: LossKind) -> Result<Option<St
     if EncoderStates::of(model)?.is_none() {
         let cfg = model.config();
         return Ok(Some(format!(
-            "embedding training on {} models (family {:?}, as configured)",
-            cfg.model_type, cfg.family
+            "embedding training on `{}` models as configured",
+            cfg.model_type
         )));
     }
     if kind == LossKind::CachedMnrl {
