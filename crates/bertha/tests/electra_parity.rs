@@ -59,17 +59,6 @@ fn rel(got: f32, want: f32) -> f32 {
     ((got - want) / want).abs()
 }
 
-/// Max |got − want| over sequence `b`'s first `n` positions of each axis
-/// in `axes` (counted after the batch axis).
-fn diff_unpadded(got: &Tensor, want: &Tensor, b: usize, n: usize, axes: &[usize]) -> f32 {
-    let (mut g, mut w) = (got.get(b).unwrap(), want.get(b).unwrap());
-    for &a in axes {
-        g = g.narrow(a, 0, n).unwrap();
-        w = w.narrow(a, 0, n).unwrap();
-    }
-    common::max_abs_diff(&g.contiguous().unwrap(), &w.contiguous().unwrap())
-}
-
 /// Worst (logits, hidden, attentions) differences at non-padded positions.
 fn output_diffs(
     name: &str,
@@ -89,9 +78,15 @@ fn output_diffs(
     assert_eq!(att.dims(), want_a.dims(), "{name}: attentions");
     let (mut dl, mut dh, mut da) = (0f32, 0f32, 0f32);
     for (b, &n) in lens.iter().enumerate() {
-        dl = dl.max(diff_unpadded(logits, &expected["logits"], b, n, logit_axes));
-        dh = dh.max(diff_unpadded(&hidden, &want_h, b, n, &[1]));
-        da = da.max(diff_unpadded(&att, &want_a, b, n, &[2, 3]));
+        dl = dl.max(common::diff_unpadded(
+            logits,
+            &expected["logits"],
+            b,
+            n,
+            logit_axes,
+        ));
+        dh = dh.max(common::diff_unpadded(&hidden, &want_h, b, n, &[1]));
+        da = da.max(common::diff_unpadded(&att, &want_a, b, n, &[2, 3]));
     }
     (dl, dh, da)
 }
@@ -261,7 +256,7 @@ fn replaced_token_objective_matches_transformers() {
         let worst = lens
             .iter()
             .enumerate()
-            .map(|(b, &n)| diff_unpadded(got, &expected[what], b, n, axes))
+            .map(|(b, &n)| common::diff_unpadded(got, &expected[what], b, n, axes))
             .fold(0f32, f32::max);
         println!("{what}: {worst:.2e}");
         if worst > 1e-4 {

@@ -83,17 +83,6 @@ fn case(name: &str) -> Case {
     }
 }
 
-/// Max |got - want| over sequence `b`'s first `n` positions of every
-/// token axis (`axes`, counted after the batch axis).
-fn diff_unpadded(got: &Tensor, want: &Tensor, b: usize, n: usize, axes: &[usize]) -> f32 {
-    let (mut g, mut w) = (got.get(b).unwrap(), want.get(b).unwrap());
-    for &a in axes {
-        g = g.narrow(a, 0, n).unwrap();
-        w = w.narrow(a, 0, n).unwrap();
-    }
-    common::max_abs_diff(&g.contiguous().unwrap(), &w.contiguous().unwrap())
-}
-
 fn scalar(t: &Tensor) -> f32 {
     t.to_dtype(DType::F32)
         .unwrap()
@@ -126,8 +115,8 @@ fn diff_layers(c: &Case, hidden: Vec<Tensor>, att: Vec<Tensor>) -> (f32, f32) {
     assert_eq!(att.dims(), want_att.dims());
     let (mut dh, mut da) = (0f32, 0f32);
     for (b, &n) in c.lens.iter().enumerate() {
-        dh = dh.max(diff_unpadded(&hidden, &want_hidden, b, n, &[1]));
-        da = da.max(diff_unpadded(&att, &want_att, b, n, &[2, 3]));
+        dh = dh.max(common::diff_unpadded(&hidden, &want_hidden, b, n, &[1]));
+        da = da.max(common::diff_unpadded(&att, &want_att, b, n, &[2, 3]));
     }
     (dh, da)
 }
@@ -150,7 +139,7 @@ fn check_head(name: &str) -> (f32, f32, f32, f32) {
     let mut dl = 0f32;
     if out.logits.rank() == 3 {
         for (b, &n) in c.lens.iter().enumerate() {
-            dl = dl.max(diff_unpadded(&out.logits, want_logits, b, n, &[0]));
+            dl = dl.max(common::diff_unpadded(&out.logits, want_logits, b, n, &[0]));
         }
     } else {
         dl = common::max_abs_diff(&out.logits, want_logits);

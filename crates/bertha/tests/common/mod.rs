@@ -94,3 +94,14 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f32) {
     let d = max_abs_diff(got, want);
     assert!(d <= tol, "{what}: max abs diff {d:e} > {tol:e}");
 }
+
+/// Max |got − want| over sequence `b`'s first `n` positions of each axis
+/// in `axes` (counted after the batch axis): the non-padded part.
+pub fn diff_unpadded(got: &Tensor, want: &Tensor, b: usize, n: usize, axes: &[usize]) -> f32 {
+    let (mut g, mut w) = (got.get(b).unwrap(), want.get(b).unwrap());
+    for &a in axes {
+        g = g.narrow(a, 0, n).unwrap();
+        w = w.narrow(a, 0, n).unwrap();
+    }
+    max_abs_diff(&g.contiguous().unwrap(), &w.contiguous().unwrap())
+}
