@@ -12,11 +12,13 @@ mod common;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use bertha::model::electra_pretraining::{ElectraPretraining, ReplacedTokenBatch};
+use bertha::fast::train::{MlmBatch, MlmHead, ReplacedTokenHead};
+use bertha::model::electra_pretraining::{ElectraPretraining, ReplacedTokenBatch as PairBatch};
 use bertha::{
     BertConfig, BertForTask, BertInput, DType, Device, ForwardOptions, HeadInit, HeadKind,
     HeadLabels, HeadOptions, PackedBert, Tensor,
 };
+use candle_core::backprop::GradStore;
 use candle_nn::{VarBuilder, VarMap};
 use common::{fixtures, load_safetensors, read_json};
 
@@ -178,22 +180,25 @@ fn electra_heads_match_transformers() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// The joint objective on the fixture's own corruption: generator loss,
-/// discriminator loss, `gen + 50 × disc`, both logits, and gradients of
-/// shared tensors (both models' parts summed) and unshared ones.
-#[test]
-fn replaced_token_objective_matches_transformers() {
+/// The `electra-rtd` fixture: its pair loaded with transformers' weights
+/// (the generator's own tensors under `generator.`, its embeddings the
+/// discriminator's), its inputs and expected values.
+struct RtdFixture {
+    varmap: VarMap,
+    pair: ElectraPretraining,
+    json: serde_json::Value,
+    expected: HashMap<String, Tensor>,
+}
+
+fn rtd_fixture() -> RtdFixture {
     let d = dir("electra-rtd");
     let json = read_json(&d.join("inputs.json"));
-    let inputs = &json["inputs"];
     let expected = load_safetensors(&d.join("expected.safetensors"));
     let disc_cfg = BertConfig::from_file(&d.join("discriminator/config.json")).unwrap();
     let gen_cfg = BertConfig::from_file(&d.join("generator/config.json")).unwrap();
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let pair = ElectraPretraining::load(vb, disc_cfg, gen_cfg).unwrap();
-    // The discriminator's tensors by their names, the generator's own under
-    // `generator.`; its saved embeddings are the shared ones.
     let disc_w = load_safetensors(&d.join("discriminator/model.safetensors"));
     let gen_w = load_safetensors(&d.join("generator/model.safetensors"));
     {
@@ -222,12 +227,67 @@ fn replaced_token_objective_matches_transformers() {
             "the generator keeps no embeddings of its own"
         );
     }
+    RtdFixture {
+        varmap,
+        pair,
+        json,
+        expected,
+    }
+}
+
+/// Failures among the gradients of every tensor the fixture names, both
+/// models' parts of the shared ones summed in `grads`.
+fn rtd_gradient_failures(f: &RtdFixture, grads: &GradStore) -> Vec<String> {
+    let vars = f.varmap.data().lock().unwrap();
+    let params: HashMap<String, Vec<String>> =
+        serde_json::from_value(f.json["grad_params"].clone()).unwrap();
+    let mut failures = Vec::new();
+    for (model, names) in &params {
+        for p in names {
+            let var = match model.as_str() {
+                "discriminator" => p.clone(),
+                _ => format!("generator.{p}"),
+            };
+            let got = common::grad_of(grads, &vars, &var, "electra-rtd");
+            let want = &f.expected[&format!("grad.{model}.{p}")];
+            let scale = common::max_abs(want);
+            let diff = common::max_abs_diff(got, want);
+            println!("grad.{model}.{p}: {:.2e} of max {scale:.2e}", diff / scale);
+            if diff > 1e-4 * scale.max(1e-12) {
+                failures.push(format!("grad.{model}.{p}: {diff:e} of max {scale:e}"));
+            }
+        }
+    }
+    failures
+}
+
+/// Failures among the loss parts and the total, against the fixture's.
+fn rtd_loss_failures(f: &RtdFixture, parts: [(&str, f32); 3]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (what, got) in parts {
+        let r = rel(got, scalar(&f.expected[what]));
+        println!("{what}: rel {r:.2e}");
+        if r > 1e-5 {
+            failures.push(format!("{what}: rel {r:e}"));
+        }
+    }
+    failures
+}
+
+/// The joint objective on the fixture's own corruption: generator loss,
+/// discriminator loss, `gen + 50 × disc`, both logits, and gradients of
+/// shared tensors (both models' parts summed) and unshared ones.
+#[test]
+fn replaced_token_objective_matches_transformers() {
+    let f = rtd_fixture();
+    let (json, expected, pair) = (&f.json, &f.expected, &f.pair);
+    let inputs = &json["inputs"];
     let masked = input_of(inputs, &json["masked_input_ids"]);
     let corrupted = input_of(inputs, &json["corrupted_input_ids"]);
     let gen_labels = ids_tensor(&json["generator_labels"]);
     let disc_labels = ids_tensor(&json["discriminator_labels"]);
     let weight = json["discriminator_weight"].as_f64().unwrap();
-    let batch = ReplacedTokenBatch {
+    let batch = PairBatch {
         masked: &masked,
         generator_labels: &gen_labels,
         corrupted: &corrupted,
@@ -236,18 +296,14 @@ fn replaced_token_objective_matches_transformers() {
     let out = pair
         .forward(&batch, weight, ForwardOptions::default().into())
         .unwrap();
-    let mut failures = Vec::new();
-    for (what, got) in [
-        ("loss", &out.loss),
-        ("generator_loss", &out.generator_loss),
-        ("discriminator_loss", &out.discriminator_loss),
-    ] {
-        let r = rel(scalar(got), scalar(&expected[what]));
-        println!("{what}: rel {r:.2e}");
-        if r > 1e-5 {
-            failures.push(format!("{what}: rel {r:e}"));
-        }
-    }
+    let mut failures = rtd_loss_failures(
+        &f,
+        [
+            ("loss", scalar(&out.loss)),
+            ("generator_loss", scalar(&out.generator_loss)),
+            ("discriminator_loss", scalar(&out.discriminator_loss)),
+        ],
+    );
     let lens = lens(inputs);
     for (what, got, axes) in [
         ("generator_logits", &out.generator_logits, &[0usize][..]),
@@ -264,25 +320,91 @@ fn replaced_token_objective_matches_transformers() {
         }
     }
     let grads = out.loss.backward().unwrap();
-    let vars = varmap.data().lock().unwrap();
-    let params: HashMap<String, Vec<String>> =
-        serde_json::from_value(json["grad_params"].clone()).unwrap();
-    for (model, names) in &params {
-        for p in names {
-            let var = match model.as_str() {
-                "discriminator" => p.clone(),
-                _ => format!("generator.{p}"),
-            };
-            let got = common::grad_of(&grads, &vars, &var, "electra-rtd");
-            let want = &expected[&format!("grad.{model}.{p}")];
-            let scale = common::max_abs(want);
-            let diff = common::max_abs_diff(got, want);
-            println!("grad.{model}.{p}: {:.2e} of max {scale:.2e}", diff / scale);
-            if diff > 1e-4 * scale.max(1e-12) {
-                failures.push(format!("grad.{model}.{p}: {diff:e} of max {scale:e}"));
-            }
-        }
+    failures.extend(rtd_gradient_failures(&f, &grads));
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The same objective on the fast engine: the generator's MLM step on the
+/// masked rows and the discriminator's on the corrupted ones, packed
+/// without padding, give the fixture's loss parts and, their gradient
+/// stores added, its gradients.
+#[test]
+fn replaced_token_objective_matches_transformers_on_the_fast_path() {
+    let f = rtd_fixture();
+    let json = &f.json;
+    let rows = |key: &str| -> Vec<Vec<i64>> { serde_json::from_value(json[key].clone()).unwrap() };
+    let lens = lens(&json["inputs"]);
+    let cut = |rows: Vec<Vec<i64>>| -> Vec<Vec<i64>> {
+        rows.into_iter()
+            .zip(&lens)
+            .map(|(r, &n)| r[..n].to_vec())
+            .collect()
+    };
+    let ids = |key: &str| -> Vec<Vec<u32>> {
+        cut(rows(key))
+            .into_iter()
+            .map(|r| r.into_iter().map(|v| v as u32).collect())
+            .collect()
+    };
+    let (masked, corrupted, types) = (
+        ids("masked_input_ids"),
+        ids("corrupted_input_ids"),
+        cut(serde_json::from_value(json["inputs"]["token_type_ids"].clone()).unwrap())
+            .into_iter()
+            .map(|r| r.into_iter().map(|v| v as u32).collect::<Vec<u32>>())
+            .collect::<Vec<_>>(),
+    );
+    let gen_labels = cut(rows("generator_labels"));
+    let replaced: Vec<Vec<bool>> = cut(rows("discriminator_labels"))
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v == 1).collect())
+        .collect();
+    let weight = json["discriminator_weight"].as_f64().unwrap();
+    let pack = |ids: &[Vec<u32>]| -> Vec<(Vec<u32>, Vec<u32>)> {
+        ids.iter().cloned().zip(types.iter().cloned()).collect()
+    };
+    let (masked, corrupted) = (pack(&masked), pack(&corrupted));
+    fn seqs(p: &[(Vec<u32>, Vec<u32>)]) -> Vec<(&[u32], &[u32])> {
+        p.iter().map(|(i, t)| (&i[..], &t[..])).collect()
     }
+    let generator = MlmHead::of_masked_lm(&f.pair.generator)
+        .unwrap()
+        .expect("the fast path runs the generator");
+    let gen = generator
+        .step(
+            &MlmBatch {
+                sequences: seqs(&masked),
+                labels: gen_labels.iter().map(|l| &l[..]).collect(),
+                next_sentence: None,
+            },
+            [1.0, 0.0],
+            false,
+        )
+        .unwrap();
+    let disc = ReplacedTokenHead::of(&f.pair.discriminator)
+        .unwrap()
+        .expect("the fast path runs the discriminator")
+        .step(
+            &bertha::fast::train::ReplacedTokenBatch {
+                sequences: seqs(&corrupted),
+                replaced: replaced.iter().map(|r| &r[..]).collect(),
+            },
+            weight,
+            false,
+        )
+        .unwrap();
+    let total = gen.mlm_loss + weight * disc.loss;
+    let mut failures = rtd_loss_failures(
+        &f,
+        [
+            ("loss", total as f32),
+            ("generator_loss", gen.mlm_loss as f32),
+            ("discriminator_loss", disc.loss as f32),
+        ],
+    );
+    let mut grads = gen.gradients;
+    grads.extend(disc.gradients).unwrap();
+    failures.extend(rtd_gradient_failures(&f, &grads));
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
 use bertha::training::electra::{as_electra, generator_config, GENERATOR_DIR};
 use bertha::training::{
-    ElectraPretrainer, ElectraRunOptions, Event, LoopOptions, ModelSetup, PretrainData, RunLength,
-    StepMetrics, Warmup,
+    ElectraPretrainer, ElectraRunOptions, Engine, Event, LoopOptions, ModelSetup, PretrainData,
+    RunLength, StepMetrics, Warmup,
 };
 use bertha::{
     BertConfig, BertForTask, BertInput, Device, ForwardOptions, HeadInit, HeadKind, HeadLabels,
@@ -224,6 +224,55 @@ fn electra_output_holds_both_models_over_shared_embeddings() {
         .logits;
     assert!(common::max_abs_diff(&logits(&disc), &want_disc) < 1e-5);
     assert!(common::max_abs_diff(&logits(&generator), &want_gen) < 1e-5);
+}
+
+/// Both engines give the same steps: per-step losses and figures (the
+/// same masks, draws and dropout), and the same weights after them.
+#[test]
+fn fast_engine_steps_equal_the_candle_engine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |engine: Engine| {
+        let out = tmp.path().join(format!("{engine:?}"));
+        let mut opts = options(&out, 4);
+        opts.train.engine = engine;
+        let mut t = trainer(opts);
+        assert_eq!(t.objective().on_fast_path(), engine == Engine::Fast);
+        let history = steps(&mut t, 4);
+        (history, load_safetensors(&out.join("model.safetensors")))
+    };
+    let (want, want_weights) = run(Engine::Candle);
+    let (got, got_weights) = run(Engine::Fast);
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-12);
+        assert!(
+            rel(g.loss, w.loss) <= 1e-5,
+            "step {}: loss {} vs {}",
+            w.step,
+            g.loss,
+            w.loss
+        );
+        for key in ["generator_loss", "discriminator_loss"] {
+            let (a, b) = (g.figures[key], w.figures[key]);
+            assert!(rel(a, b) <= 1e-5, "step {}: {key} {a} vs {b}", w.step);
+        }
+        // The same draws: the same replaced tokens.
+        assert_eq!(
+            g.figures["replaced_fraction"], w.figures["replaced_fraction"],
+            "step {}",
+            w.step
+        );
+    }
+    assert!(want.windows(2).any(|w| w[0].loss != w[1].loss));
+    // Attention key biases aside: their gradient is rounding noise, which
+    // AdamW's m / sqrt(v) turns into full-size steps of either sign.
+    for (name, w) in want_weights
+        .iter()
+        .filter(|(n, _)| !n.ends_with("attention.self.key.bias"))
+    {
+        let err = common::max_abs_diff(&got_weights[name], w) / common::max_abs(w).max(1e-30);
+        assert!(err <= 1e-4, "weight {name} off by {err:e}");
+    }
 }
 
 #[test]

@@ -774,3 +774,78 @@ fn finetuning_dropout_steps_equal_the_candle_path() {
         }
     }
 }
+
+/// ELECTRA's encoder on the fast path (narrower embeddings, so
+/// `embeddings_project`), under the token-classification and QA heads:
+/// with dropout on, a step equals the candle head's.
+#[test]
+fn electra_token_and_answer_steps_equal_the_candle_path() {
+    let dir = fixtures().join("families").join("electra-discriminator");
+    let mut cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    assert!(
+        cfg.embedding_size() < cfg.hidden_size,
+        "a projecting config"
+    );
+    cfg.hidden_dropout_prob = 0.1;
+    cfg.attention_probs_dropout_prob = 0.15;
+    cfg.id2label = (0..3).map(|i| (i, format!("L{i}"))).collect();
+    let dev = Device::Cpu;
+    for kind in [HeadKind::TokenClassification, HeadKind::QuestionAnswering] {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+        let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
+        let rows = random_rows(cfg.vocab_size as u32, false);
+        let n = rows.ids.len();
+        let l = head_labels(&rows, 3);
+        let spans: Vec<(i64, i64)> = (0..n as i64).map(|s| (s, s + 2)).collect();
+        let (starts, ends): (Vec<i64>, Vec<i64>) = spans.iter().copied().unzip();
+        let (starts, ends) = (
+            Tensor::from_vec(starts, n, &dev).unwrap(),
+            Tensor::from_vec(ends, n, &dev).unwrap(),
+        );
+        let (_, padded, _) = Rows {
+            labels: l.tokens.clone(),
+            ..rows.clone()
+        }
+        .padded();
+        let qa = kind == HeadKind::QuestionAnswering;
+        let (targets, head_labels) = if qa {
+            (
+                HeadTargets::Spans(&spans),
+                HeadLabels {
+                    start_positions: Some(&starts),
+                    end_positions: Some(&ends),
+                    ..HeadLabels::default()
+                },
+            )
+        } else {
+            (
+                HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),
+                HeadLabels::labels(Some(&padded)),
+            )
+        };
+        let (want_loss, want) = candle_head_step(&model, &rows, &head_labels, 7);
+        let longest = rows.ids.iter().map(Vec::len).max().unwrap();
+        let batch = HeadBatch {
+            sequences: sequences(&rows.ids, &rows.types),
+            targets,
+            pad_to: if qa { longest } else { 0 },
+        };
+        seed_dropout(7, 0);
+        let out = FinetuneHead::of(&model)
+            .unwrap()
+            .expect("the fast path runs ELECTRA's encoder")
+            .step(&batch, 1.0, true)
+            .unwrap();
+        let what = format!("electra {kind:?}");
+        assert!(
+            (out.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+            "{what}: loss {} vs candle {want_loss}",
+            out.loss
+        );
+        let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
+        let projection = vars(&varmap)["electra.embeddings_project.weight"].clone();
+        assert!(out.gradients.get(projection.as_tensor()).is_some());
+        assert!(checked >= 30, "{what}: only {checked} gradients compared");
+    }
+}

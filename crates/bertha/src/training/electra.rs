@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::{Device, Tensor, D};
+use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::checkpoint::{save_safetensors, write_atomic};
@@ -26,9 +27,13 @@ use super::trainer::{
 use crate::config::{BertConfig, ElectraOptions, Family};
 use crate::data::{Example, Masker, Sequences};
 use crate::error::{Error, Result};
+use crate::fast::train::{Compute, MlmBuffers, WeightPacks};
 use crate::model::electra_pretraining::{check_pair, ElectraPretraining, GENERATOR_PREFIX};
 use crate::model::{BertInput, ForwardOptions, HeadKind, HeadOptions, IGNORE_INDEX};
 use crate::rng::rng_for;
+use crate::training::optim::UpdateSink;
+
+mod fast;
 
 /// Purposes of the generators (data order and dropout: 1 and 3).
 const MASK: u64 = 2;
@@ -137,6 +142,15 @@ impl Tally for ElectraTally {
 /// ELECTRA pre-training: the pair, the corpus and the masking.
 pub struct ElectraTraining {
     pair: ElectraPretraining,
+    /// Whether training steps run on the fast path, and its products.
+    fast: bool,
+    compute: Compute,
+    /// The generator's MLM logits and their gradient, kept from step to
+    /// step (fast path).
+    kept: std::sync::Mutex<MlmBuffers>,
+    /// Both models' bf16 weight panels, written by the optimizer (made at
+    /// the first bf16 fast step).
+    packs: std::sync::OnceLock<WeightPacks>,
     generator_config: BertConfig,
     masker: Masker,
     eval_masker: Masker,
@@ -167,18 +181,6 @@ impl ElectraPretrainer {
             return Err(Error::option(
                 "disc_weight",
                 format!("{}: must be a positive number", opts.disc_weight),
-            ));
-        }
-        if opts.train.engine == super::Engine::Fast {
-            return Err(Error::option(
-                "engine",
-                "ELECTRA pre-training runs on the candle engine (the fast engine does not cover it yet)",
-            ));
-        }
-        if opts.train.precision != crate::fast::train::Compute::F32 {
-            return Err(Error::option(
-                "precision",
-                "ELECTRA pre-training trains in f32 (bf16 needs the fast engine)",
             ));
         }
         let PretrainData {
@@ -213,8 +215,26 @@ impl ElectraPretrainer {
         };
         Trainer::build(setup, opts.train.clone(), |vb| {
             let pair = ElectraPretraining::load(vb, config.clone(), generator.clone())?;
+            let engine = opts.train.engine;
+            let fast = engine.tries_fast() && fast::covers(&pair)?;
+            let uncovered =
+                "this ELECTRA pair (both models must be BERT-shaped ELECTRA encoders on the CPU)";
+            if !fast && engine.tries_fast() {
+                engine.fallback(uncovered)?;
+            }
+            let compute = opts.train.precision;
+            if compute != Compute::F32 && !fast {
+                return Err(Error::option(
+                    "precision",
+                    format!("{compute:?} trains on the fast path only, which does not run {uncovered} with engine {engine:?}"),
+                ));
+            }
             Ok(ElectraTraining {
                 pair,
+                fast,
+                compute: compute.on_this_cpu(),
+                kept: Default::default(),
+                packs: Default::default(),
                 generator_config: generator,
                 masker,
                 eval_masker,
@@ -225,6 +245,41 @@ impl ElectraPretrainer {
                 device: Device::Cpu,
             })
         })
+    }
+}
+
+/// The generator's draws of one batch: each row draws from its own
+/// generator, seeded by its place in the whole micro-batch, so the same
+/// tokens come out however many processes share it (and on either
+/// engine).
+struct Draws {
+    seed: u64,
+    purpose: u64,
+    base: u64,
+    row: Option<(usize, StdRng)>,
+}
+
+impl Draws {
+    fn new(seed: u64, purpose: u64, base: u64) -> Self {
+        Self {
+            seed,
+            purpose,
+            base,
+            row: None,
+        }
+    }
+
+    /// A draw for a masked position of row `b` (rows in ascending order)
+    /// from the generator's `logits` there.
+    fn draw(&mut self, b: usize, logits: &[f32]) -> u32 {
+        let rng = match &mut self.row {
+            Some((at, r)) if *at == b => r,
+            slot => {
+                let r = rng_for(self.seed, self.purpose, self.base + b as u64);
+                &mut slot.insert((b, r)).1
+            }
+        };
+        sample_softmax(logits, rng)
     }
 }
 
@@ -248,10 +303,46 @@ fn sample_softmax(logits: &[f32], rng: &mut impl Rng) -> u32 {
     weights.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
 }
 
+/// A batch's inputs for the generator: masked ids, their labels (the
+/// original at masked positions, -100 elsewhere) and the token types.
+struct Masked {
+    ids: Vec<Vec<u32>>,
+    labels: Vec<Vec<i64>>,
+    types: Vec<Vec<u32>>,
+}
+
 impl ElectraTraining {
     /// The generator and the discriminator being trained.
     pub fn pair(&self) -> &ElectraPretraining {
         &self.pair
+    }
+
+    /// Whether training steps run on the fast engine.
+    pub fn on_fast_path(&self) -> bool {
+        self.fast
+    }
+
+    /// Masks each row with its own generator, keyed `(purpose, base +
+    /// row)`: as training does, or as held-out scoring does.
+    fn mask(&self, batch: &[&Example], (purpose, base): (u64, u64), train: bool) -> Masked {
+        let masker = if train {
+            &self.masker
+        } else {
+            &self.eval_masker
+        };
+        let seed = self.opts.train.seed;
+        let mut m = Masked {
+            ids: Vec::with_capacity(batch.len()),
+            labels: Vec::with_capacity(batch.len()),
+            types: Vec::with_capacity(batch.len()),
+        };
+        for (i, ex) in batch.iter().enumerate() {
+            let masked = masker.mask(&ex.input_ids, &mut rng_for(seed, purpose, base + i as u64));
+            m.ids.push(masked.input_ids);
+            m.labels.push(masked.labels);
+            m.types.push(ex.token_type_ids.clone());
+        }
+        m
     }
 
     /// Masks, samples and scores one batch: the loss parts (generator mean
@@ -265,21 +356,11 @@ impl ElectraTraining {
     ) -> Result<(Vec<LossPart>, ElectraTally)> {
         let (mask_purpose, sample_purpose, base) = rngs;
         let seed = self.opts.train.seed;
-        let masker = if train {
-            &self.masker
-        } else {
-            &self.eval_masker
-        };
-        let (mut masked_ids, mut labels, mut types) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, ex) in batch.iter().enumerate() {
-            let m = masker.mask(
-                &ex.input_ids,
-                &mut rng_for(seed, mask_purpose, base + i as u64),
-            );
-            masked_ids.push(m.input_ids);
-            labels.push(m.labels);
-            types.push(ex.token_type_ids.clone());
-        }
+        let Masked {
+            ids: masked_ids,
+            labels,
+            types,
+        } = self.mask(batch, (mask_purpose, base), train);
         let t = masked_ids.iter().map(Vec::len).max().unwrap_or(0);
         let tokens: usize = masked_ids.iter().map(Vec::len).sum();
         let mut flat = vec![IGNORE_INDEX; batch.len() * t];
@@ -313,19 +394,9 @@ impl ElectraTraining {
             let gen_labels = Tensor::from_vec(flat, (batch.len(), t), &self.device)?;
             let (logits, gen_loss) = self.pair.generator_pass(&masked, &gen_labels, opts)?;
             let rows = logits.detach().to_vec2::<f32>()?;
-            // Each row draws from its own generator, seeded by its place in
-            // the whole micro-batch: the same tokens however many
-            // processes share it.
-            let mut rng = None;
+            let mut draws = Draws::new(seed, sample_purpose, base);
             for ((b, p, y), row) in targets.iter().zip(&rows) {
-                let rng = match &mut rng {
-                    Some((at, r)) if *at == *b => r,
-                    slot => {
-                        let r = rng_for(seed, sample_purpose, base + *b as u64);
-                        &mut slot.insert((*b, r)).1
-                    }
-                };
-                let drawn = sample_softmax(row, rng);
+                let drawn = draws.draw(*b, row);
                 corrupted[*b][*p] = drawn;
                 if i64::from(drawn) != *y {
                     tally.replaced += 1.0;
@@ -408,10 +479,12 @@ impl Objective for ElectraTraining {
         if batch.is_empty() {
             return Ok(MicroStep::empty());
         }
+        if self.fast {
+            return self.train_batch_fast(batch, slice);
+        }
         let owned: Vec<_> = batch.iter().map(|&i| self.train.example(i)).collect();
         let examples: Vec<&Example> = owned.iter().map(|e| e.as_ref()).collect();
-        // Each row's mask and draws from its place in the whole micro-batch.
-        let base = slice.micro * 1_000_003 + slice.first as u64;
+        let base = row_base(slice);
         let (parts, tally) = self.run_batch(&examples, (MASK, SAMPLE, base), true)?;
         Ok(MicroStep {
             loss: self.total(&tally),
@@ -513,6 +586,16 @@ impl Objective for ElectraTraining {
     fn write_extras(&self, dir: &Path) -> Result<()> {
         write_generator(dir, &self.generator_config)
     }
+
+    fn update_sink(&self) -> Option<&dyn UpdateSink> {
+        self.packs.get().map(|p| p as &dyn UpdateSink)
+    }
+}
+
+/// The key of a training slice's first row, from its place in the whole
+/// micro-batch (each row's mask and draws are keyed by it).
+fn row_base(slice: &Slice) -> u64 {
+    slice.micro * 1_000_003 + slice.first as u64
 }
 
 /// Writes `dir/generator/` from `dir/model.safetensors` (which holds the

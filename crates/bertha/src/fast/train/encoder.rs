@@ -26,7 +26,7 @@ use super::products::{self, Compute};
 use super::products::{GradSink, Weight};
 use super::rows::{Rows, Selection};
 use super::{GradTarget, Param};
-use crate::config::NormPosition;
+use crate::config::{Family, NormPosition};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::{self, Act};
@@ -267,6 +267,9 @@ pub(crate) struct Tape {
     /// The embeddings' sum before their LayerNorm.
     embed_sum: Vec<f32>,
     embed_mask: Option<DropoutMask>,
+    /// With an input projection: its input (the embeddings after their
+    /// LayerNorm and dropout).
+    projected: Vec<f32>,
     layers: Vec<LayerTape>,
     /// Pre-LN with a final LayerNorm: its input.
     final_in: Vec<f32>,
@@ -295,6 +298,9 @@ impl Tape {
 /// BERT's embeddings and encoder as plain buffers, with gradients.
 pub(crate) struct Encoder<'a> {
     hidden: usize,
+    /// The embeddings' width: the hidden size, or ELECTRA's
+    /// `embedding_size` when `projection` maps them to it.
+    embed_width: usize,
     heads: Heads,
     act: Act,
     norm_position: NormPosition,
@@ -304,6 +310,8 @@ pub(crate) struct Encoder<'a> {
     position: Param<'a>,
     token_type: Option<Param<'a>>,
     embed_norm: Option<Norm<'a>>,
+    /// ELECTRA's `embeddings_project` (embedding width → hidden size).
+    projection: Option<Linear<'a>>,
     layers: Vec<Layer<'a>>,
     final_norm: Option<Norm<'a>>,
     hidden_dropout: Dropout,
@@ -313,11 +321,26 @@ pub(crate) struct Encoder<'a> {
 
 impl<'a> Encoder<'a> {
     /// The encoder of `model`, when the fast path covers it: BERT itself
-    /// (absolute positions, no family extras), on the CPU, with biases and
-    /// dropout rates below 1.
+    /// (absolute positions, no family extras) or ELECTRA's (BERT's, with
+    /// its embeddings projected when narrower), on the CPU, with biases
+    /// and dropout rates below 1.
     pub fn of(model: &'a BertModel) -> Result<Option<Self>> {
         let cfg = model.config();
-        if !model.device().is_cpu() || !cfg.family.is_bert() || !model.encoder.is_plain() {
+        let electra = matches!(cfg.family, Family::Electra(_));
+        if !model.device().is_cpu() || !(cfg.family.is_bert() || electra) {
+            return Ok(None);
+        }
+        let encoder = &model.encoder;
+        let projection = match &encoder.input_projection {
+            Some(p) if electra => match Linear::of(p)? {
+                Some(p) => Some(p),
+                None => return Ok(None),
+            },
+            _ => None,
+        };
+        if !encoder.runs_plain_layers()
+            || (encoder.input_projection.is_some() && projection.is_none())
+        {
             return Ok(None);
         }
         let emb = &model.embeddings;
@@ -360,6 +383,7 @@ impl<'a> Encoder<'a> {
         }
         Ok(Some(Self {
             hidden: cfg.hidden_size,
+            embed_width: cfg.embedding_size(),
             heads: Heads {
                 count: cfg.num_attention_heads,
                 dim: cfg.head_dim(),
@@ -376,6 +400,7 @@ impl<'a> Encoder<'a> {
                 .map(|t| Param::of(t.embeddings()))
                 .transpose()?,
             embed_norm: emb.layer_norm.as_ref().map(Norm::of).transpose()?,
+            projection,
             layers,
             final_norm: model
                 .encoder
@@ -402,6 +427,9 @@ impl<'a> Encoder<'a> {
             for lin in l.linears_mut() {
                 lin.compute = compute;
             }
+        }
+        if let Some(p) = &mut self.projection {
+            p.compute = compute;
         }
     }
 
@@ -452,7 +480,7 @@ impl<'a> Encoder<'a> {
         outputs: Option<Vec<[usize; 2]>>,
         train: bool,
     ) -> Result<(Vec<f32>, Tape)> {
-        let d = self.hidden;
+        let (d, e) = (self.hidden, self.embed_width);
         let mut offsets = vec![0];
         let (mut ids, mut types, mut positions) = (Vec::new(), Vec::new(), Vec::new());
         let rows = match pad_to {
@@ -469,8 +497,8 @@ impl<'a> Encoder<'a> {
             0 => Vec::new(),
             _ => sequences.iter().map(|s| s.0.len()).collect(),
         };
-        let vocab = self.word.data.len() / d;
-        let n_types = self.token_type.as_ref().map_or(0, |t| t.data.len() / d);
+        let vocab = self.word.data.len() / e;
+        let n_types = self.token_type.as_ref().map_or(0, |t| t.data.len() / e);
         for (s, (seq, tt)) in sequences.iter().enumerate() {
             if seq.len() > self.max_positions {
                 return Err(Error::Input(format!(
@@ -509,27 +537,28 @@ impl<'a> Encoder<'a> {
             _ => None,
         };
         let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
-        // Embeddings: word + position (+ type), LayerNorm, dropout.
-        let mut embed_sum = scratch(n * d);
+        // Embeddings: word + position (+ type), LayerNorm, dropout (and
+        // ELECTRA's projection to the hidden size).
+        let mut embed_sum = scratch(n * e);
         let (word, position) = (&self.word.data[..], &self.position.data[..]);
         let token_type = self.token_type.as_ref().map(|t| &t.data[..]);
         embed_sum
-            .par_chunks_mut(d.max(1))
+            .par_chunks_mut(e.max(1))
             .enumerate()
             .with_min_len(64)
             .for_each(|(r, row)| {
                 let id = ids[r] as usize;
-                row.copy_from_slice(&word[id * d..(id + 1) * d]);
+                row.copy_from_slice(&word[id * e..(id + 1) * e]);
                 let p = positions[r];
-                add(row, &position[p * d..(p + 1) * d]);
+                add(row, &position[p * e..(p + 1) * e]);
                 if let Some(tt) = token_type {
                     let t = types[r] as usize;
-                    add(row, &tt[t * d..(t + 1) * d]);
+                    add(row, &tt[t * e..(t + 1) * e]);
                 }
             });
         let mut x = match &self.embed_norm {
             Some(norm) => {
-                let mut y = scratch(n * d);
+                let mut y = scratch(n * e);
                 norm.forward(&embed_sum, &mut y);
                 y
             }
@@ -537,7 +566,13 @@ impl<'a> Encoder<'a> {
         };
         let embed_mask = mask_of(&self.hidden_dropout);
         if let Some(m) = &embed_mask {
-            drop_rows(m, &mut x, &offsets, d);
+            drop_rows(m, &mut x, &offsets, e);
+        }
+        let mut projected = Vec::new();
+        if let Some(p) = &self.projection {
+            let mut y = scratch(n * d);
+            p.forward(&x, &mut y, n);
+            projected = std::mem::replace(&mut x, y);
         }
         let mut tapes = Vec::with_capacity(self.layers.len());
         let mut x_pairs = None;
@@ -566,6 +601,7 @@ impl<'a> Encoder<'a> {
                 positions,
                 embed_sum,
                 embed_mask,
+                projected,
                 layers: tapes,
                 final_in,
                 outputs,
@@ -781,7 +817,7 @@ impl<'a> Encoder<'a> {
     /// the last hidden states. Takes the tape so that each layer's buffers
     /// go back to the step's pool once its backward is done.
     pub fn backward(&mut self, tape: Tape, mut dy: Vec<f32>) {
-        let d = self.hidden;
+        let (d, e) = (self.hidden, self.embed_width);
         let Tape {
             offsets,
             keys,
@@ -790,6 +826,7 @@ impl<'a> Encoder<'a> {
             positions,
             embed_sum,
             embed_mask,
+            projected,
             layers: layer_tapes,
             final_in,
             outputs,
@@ -812,8 +849,15 @@ impl<'a> Encoder<'a> {
             let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), i + 1 == layers);
             dy = layer_backward(layer, &t, dy, packing, (d, heads, act, pre));
         }
+        if let Some(p) = &mut self.projection {
+            let n = projected.len() / e.max(1);
+            let mut dx = scratch(n * e);
+            p.backward(&projected, &dy, Some(&mut dx), n, false);
+            recycle(std::mem::replace(&mut dy, dx));
+        }
+        recycle(projected);
         if let Some(m) = &embed_mask {
-            drop_rows(m, &mut dy, &offsets, d);
+            drop_rows(m, &mut dy, &offsets, e);
         }
         let de = match &mut self.embed_norm {
             Some(norm) => {
@@ -829,19 +873,19 @@ impl<'a> Encoder<'a> {
         // id's row gets none, as `nn.Embedding(padding_idx=..)`).
         let (pad, word_ids) = (self.pad_id, ids.iter().map(|&i| i as usize));
         let words = word_ids.enumerate().filter(|&(r, _)| ids[r] != pad);
-        scatter_rows(&de, words, self.word.grad_mut(), d);
+        scatter_rows(&de, words, self.word.grad_mut(), e);
         scatter_rows(
             &de,
             positions.iter().copied().enumerate(),
             self.position.grad_mut(),
-            d,
+            e,
         );
         if let Some(tt) = &mut self.token_type {
             scatter_rows(
                 &de,
                 types.iter().map(|&t| t as usize).enumerate(),
                 tt.grad_mut(),
-                d,
+                e,
             );
         }
         recycle(de);
@@ -853,6 +897,9 @@ impl<'a> Encoder<'a> {
         out.extend(&mut self.token_type);
         if let Some(n) = &mut self.embed_norm {
             out.extend([&mut n.gamma, &mut n.beta]);
+        }
+        if let Some(p) = &mut self.projection {
+            out.extend([&mut p.w, &mut p.b]);
         }
         for l in &mut self.layers {
             out.extend(l.params_mut());

@@ -14,7 +14,9 @@ use crate::fast::buffers::{add, recycle, scratch, zeros, StepBuffers};
 use crate::fast::kernels::Act;
 use crate::fast::matmul::as_words_mut;
 use crate::model::ops::{bias_act_backward, bias_act_forward, column_sums};
-use crate::model::{BertForTask, BertLMPredictionHead, Dense, IGNORE_INDEX};
+use crate::model::{
+    BertForMaskedLM, BertForTask, BertHead, BertLMPredictionHead, BertModel, Dense, IGNORE_INDEX,
+};
 
 /// One micro-batch: packed sequences with their MLM labels (one per
 /// token, [`IGNORE_INDEX`] where nothing is predicted) and, with NSP,
@@ -104,12 +106,25 @@ impl<'a> MlmHead<'a> {
             BertForTask::PreTraining(m) => (m.predictions(), Some(m.seq_relationship())),
             _ => return Ok(None),
         };
-        let Some(encoder) = Encoder::of(model.bert())? else {
+        Self::of_parts(model.bert(), head, nsp)
+    }
+
+    /// [`MlmHead::of`] a masked LM (ELECTRA's generator).
+    pub fn of_masked_lm(model: &'a BertForMaskedLM) -> Result<Option<Self>> {
+        Self::of_parts(model.bert(), model.predictions(), None)
+    }
+
+    fn of_parts(
+        bert: &'a BertModel,
+        head: &'a BertLMPredictionHead,
+        nsp: Option<&'a Dense>,
+    ) -> Result<Option<Self>> {
+        let Some(encoder) = Encoder::of(bert)? else {
             return Ok(None);
         };
         let nsp = match nsp {
             Some(classifier) => {
-                let Some(pooler) = &model.bert().pooler else {
+                let Some(pooler) = &bert.pooler else {
                     return Ok(None);
                 };
                 Some((
@@ -178,11 +193,26 @@ impl<'a> MlmHead<'a> {
     /// [`MlmHead::step`] with the logits and their gradient in `kept`'s
     /// buffers, which it leaves there for the next step.
     pub fn step_keeping(
+        self,
+        batch: &MlmBatch,
+        weights: [f64; 2],
+        train: bool,
+        kept: &mut MlmBuffers,
+    ) -> Result<MlmOutcome> {
+        self.step_reading_logits(batch, weights, train, kept, &mut |_| Ok(()))
+    }
+
+    /// [`MlmHead::step_keeping`] that hands the logits of the masked rows
+    /// (`[masked, vocab]`, in the order of the labels: sequence by
+    /// sequence, positions ascending) to `read` before the backward pass
+    /// turns them into their gradient (ELECTRA samples from them).
+    pub fn step_reading_logits(
         mut self,
         batch: &MlmBatch,
         weights: [f64; 2],
         train: bool,
         kept: &mut MlmBuffers,
+        read: &mut dyn FnMut(&[f32]) -> Result<()>,
     ) -> Result<MlmOutcome> {
         // The step's buffers are reused within it and freed at its end.
         let _buffers = StepBuffers::begin();
@@ -277,6 +307,7 @@ impl<'a> MlmHead<'a> {
             let bias = Some(&self.decoder_bias.data[..]);
             self.compute
                 .forward_weight(&z, decoder_weight, bias, &mut logits, masked);
+            read(&logits)?;
             let weight = (weights[0] / masked as f64) as f32;
             let mut dz = scratch(masked * width);
             // Backward: logits turn into their gradient in place (and, for

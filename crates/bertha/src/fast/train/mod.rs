@@ -20,6 +20,7 @@ mod losses;
 mod mlm;
 mod packs;
 mod products;
+mod replaced_token;
 mod rows;
 
 use candle_core::backprop::GradStore;
@@ -34,6 +35,7 @@ pub use mlm::{MlmBatch, MlmBuffers, MlmHead, MlmOutcome};
 pub(crate) use packs::WeightPacks;
 pub use products::Compute;
 use products::GradSink;
+pub use replaced_token::{ReplacedTokenBatch, ReplacedTokenHead, ReplacedTokenOutcome};
 
 /// One parameter: its variable, its values this step and its gradient.
 ///

@@ -122,8 +122,13 @@ impl BertEncoder {
     /// One layer per step, no projection, no relative positions: what the
     /// packed fast path can run.
     pub fn is_plain(&self) -> bool {
-        self.input_projection.is_none()
-            && self.pass_context.is_none()
+        self.input_projection.is_none() && self.runs_plain_layers()
+    }
+
+    /// [`BertEncoder::is_plain`] but for the input projection, which the
+    /// training fast path runs for ELECTRA.
+    pub fn runs_plain_layers(&self) -> bool {
+        self.pass_context.is_none()
             && self.stack.is_none()
             && self.steps.len() == self.layers.len()
             && self.steps.iter().enumerate().all(|(i, s)| s == &[i])

@@ -50,6 +50,15 @@ impl DiscriminatorModule {
     }
 }
 
+impl ElectraForPreTraining {
+    /// `discriminator_predictions`: its dense layer, activation and
+    /// one-logit `dense_prediction`.
+    pub fn parts(&self) -> (&Dense, Activation, &Dense) {
+        let m = &self.module;
+        (&m.dense, m.act, &m.prediction)
+    }
+}
+
 /// The discriminator's loss: mean binary cross-entropy of `logits` [B, T]
 /// against `labels` [B, T] over the positions where `mask` is 1.
 pub fn replaced_token_loss(
