@@ -12,12 +12,12 @@
 # Each objective first runs 25 steps to measure its step rate here; its run
 # then has as many steps as fit in MINUTES (so each learning-rate schedule
 # ends with its run), checkpoints at each quarter. Both run on ENGINE
-# (default candle: ELECTRA trains on the candle engine only, so BERT runs
-# there too and the objective is the only difference; BERT_ENGINE=auto gives
-# BERT bertha's fast engine as well, i.e. more steps in the same time).
+# (default auto: the fast engine runs both objectives, so each gets the
+# steps bertha's best engine gives it here and the objective is the only
+# difference; ENGINE=candle compares them on the general path).
 #
 # Env: MINUTES (60), CONFIG (mini), SEEDS ("0 1 2"), TASKS ("sst2 conll"),
-# ENGINE (candle), BERT_ENGINE (ENGINE), LR (5e-4), OUT (.cache/electra-vs-bert),
+# ENGINE (auto), BERT_ENGINE (ENGINE), LR (5e-4), OUT (.cache/electra-vs-bert),
 # DATA (../shared/data). Results: OUT/results.jsonl (one line per
 # fine-tuning), OUT/summary.md (the table), OUT/*.png (score against minutes).
 set -euo pipefail
@@ -28,7 +28,7 @@ MINUTES=${MINUTES:-60}
 CONFIG=${CONFIG:-mini}
 SEEDS=${SEEDS:-0 1 2}
 TASKS=${TASKS:-sst2 conll}
-ENGINE=${ENGINE:-candle}
+ENGINE=${ENGINE:-auto}
 BERT_ENGINE=${BERT_ENGINE:-$ENGINE}
 LR=${LR:-5e-4}
 OUT=${OUT:-.cache/electra-vs-bert}

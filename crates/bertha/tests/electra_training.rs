@@ -275,6 +275,35 @@ fn fast_engine_steps_equal_the_candle_engine() {
     }
 }
 
+/// `--precision bf16` runs both models' products in bf16 on the fast
+/// engine: the first step's parts track fp32's (the generator's closely;
+/// the discriminator's within the few draws that bf16 logits change).
+#[test]
+fn bf16_steps_track_the_fp32_steps() {
+    if !bertha::fast::cpu::has_bf16() {
+        println!("no AVX512-BF16: bf16 training runs in fp32 here");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |precision: bertha::fast::train::Compute| {
+        let mut opts = options(&tmp.path().join(format!("{precision:?}")), 2);
+        opts.train.precision = precision;
+        let mut t = trainer(opts);
+        assert!(t.objective().on_fast_path());
+        steps(&mut t, 2)
+    };
+    let exact = run(bertha::fast::train::Compute::F32);
+    let bf16 = run(bertha::fast::train::Compute::Bf16);
+    let part = |m: &StepMetrics, k: &str| m.figures[k];
+    let rel = |a: f64, b: f64| (a - b).abs() / b.abs();
+    let (g, w) = (&bf16[0], &exact[0]);
+    assert_ne!(g.loss, w.loss, "the bf16 products did not run");
+    let gen = rel(part(g, "generator_loss"), part(w, "generator_loss"));
+    assert!(gen <= 5e-3, "generator loss off by {gen:e}");
+    let disc = rel(part(g, "discriminator_loss"), part(w, "discriminator_loss"));
+    assert!(disc <= 5e-2, "discriminator loss off by {disc:e}");
+}
+
 #[test]
 fn bad_electra_options_are_refused_by_name() {
     let disc = discriminator(100);
