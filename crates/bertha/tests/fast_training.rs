@@ -776,10 +776,12 @@ fn finetuning_dropout_steps_equal_the_candle_path() {
 }
 
 /// ELECTRA's encoder on the fast path (narrower embeddings, so
-/// `embeddings_project`), under the token-classification and QA heads:
-/// with dropout on, a step equals the candle head's.
+/// `embeddings_project`), under its sequence classifier (dense → GELU →
+/// `out_proj` on the first token, dropout before each) and the
+/// token-classification and QA heads: with dropout on, a step equals the
+/// candle head's.
 #[test]
-fn electra_token_and_answer_steps_equal_the_candle_path() {
+fn electra_finetuning_steps_equal_the_candle_path() {
     let dir = fixtures().join("families").join("electra-discriminator");
     let mut cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
     assert!(
@@ -790,7 +792,11 @@ fn electra_token_and_answer_steps_equal_the_candle_path() {
     cfg.attention_probs_dropout_prob = 0.15;
     cfg.id2label = (0..3).map(|i| (i, format!("L{i}"))).collect();
     let dev = Device::Cpu;
-    for kind in [HeadKind::TokenClassification, HeadKind::QuestionAnswering] {
+    for kind in [
+        HeadKind::SequenceClassification,
+        HeadKind::TokenClassification,
+        HeadKind::QuestionAnswering,
+    ] {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
         let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
@@ -809,20 +815,24 @@ fn electra_token_and_answer_steps_equal_the_candle_path() {
         }
         .padded();
         let qa = kind == HeadKind::QuestionAnswering;
-        let (targets, head_labels) = if qa {
-            (
+        let classes = Tensor::from_vec(l.classes.clone(), n, &dev).unwrap();
+        let (targets, head_labels) = match kind {
+            HeadKind::QuestionAnswering => (
                 HeadTargets::Spans(&spans),
                 HeadLabels {
                     start_positions: Some(&starts),
                     end_positions: Some(&ends),
                     ..HeadLabels::default()
                 },
-            )
-        } else {
-            (
+            ),
+            HeadKind::TokenClassification => (
                 HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),
                 HeadLabels::labels(Some(&padded)),
-            )
+            ),
+            _ => (
+                HeadTargets::Classes(&l.classes),
+                HeadLabels::labels(Some(&classes)),
+            ),
         };
         let (want_loss, want) = candle_head_step(&model, &rows, &head_labels, 7);
         let longest = rows.ids.iter().map(Vec::len).max().unwrap();
@@ -842,6 +852,17 @@ fn electra_token_and_answer_steps_equal_the_candle_path() {
             (out.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
             "{what}: loss {} vs candle {want_loss}",
             out.loss
+        );
+        // Without the same masks the losses would differ by far more.
+        seed_dropout(8, 0);
+        let other = FinetuneHead::of(&model)
+            .unwrap()
+            .unwrap()
+            .step(&batch, 1.0, true)
+            .unwrap();
+        assert!(
+            (other.loss - want_loss).abs() > 1e-4,
+            "{what}: masks make no difference"
         );
         let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
         let projection = vars(&varmap)["electra.embeddings_project.weight"].clone();

@@ -15,6 +15,8 @@ use super::products::Compute;
 use crate::config::ProblemType;
 use crate::error::{Error, Result};
 use crate::fast::buffers::{recycle, zeros, StepBuffers};
+use crate::fast::kernels::Act;
+use crate::model::ops::{bias_act_backward, bias_act_forward};
 use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
 
 /// What a head's loss is computed against.
@@ -64,10 +66,19 @@ pub struct HeadOutcome {
     pub gradients: GradStore,
 }
 
+/// What makes a sequence's vector from its first token's state.
+enum Sentence<'a> {
+    /// BERT's pooler: dense + tanh.
+    Pooler(Linear<'a>),
+    /// A family's head on the first token (ELECTRA's `classifier.dense`):
+    /// dropout → dense → activation.
+    FirstToken { dense: Linear<'a>, act: Act },
+}
+
 /// The layers above the encoder.
 enum Top<'a> {
     Sequence {
-        pooler: Linear<'a>,
+        sentence: Sentence<'a>,
         classifier: Linear<'a>,
         dropout: Dropout,
         problem: Option<ProblemType>,
@@ -102,15 +113,20 @@ impl<'a> FinetuneHead<'a> {
     pub fn of(model: &'a BertForTask) -> Result<Option<Self>> {
         let top = match model {
             BertForTask::SequenceClassification(m) => {
-                let Some(pooler) = &model.bert().pooler else {
-                    return Ok(None);
+                let sentence = match (m.first_token(), &model.bert().pooler) {
+                    (Some((dense, act)), _) if dense.bias().is_some() => Sentence::FirstToken {
+                        dense: linear(dense, "the classifier's dense layer")?,
+                        act: act.into(),
+                    },
+                    (None, Some(pooler)) => Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
+                    _ => return Ok(None),
                 };
                 let (dense, dropout) = m.classifier();
                 if dropout.rate() >= 1.0 || dense.bias().is_none() {
                     return Ok(None);
                 }
                 Top::Sequence {
-                    pooler: linear(&pooler.dense, "the pooler")?,
+                    sentence,
                     classifier: linear(dense, "the classifier")?,
                     dropout,
                     problem: model.config().problem_type,
@@ -169,18 +185,28 @@ impl<'a> FinetuneHead<'a> {
         let mask_of = |drop: &Dropout| if train { drop.next_mask(true) } else { None };
         let step = match &mut self.top {
             Top::Sequence {
-                pooler,
+                sentence,
                 classifier,
                 dropout,
                 problem,
             } => {
+                // The first token's head draws its mask before the
+                // classifier's, as the candle modules run.
+                let first_mask = match sentence {
+                    Sentence::FirstToken { .. } => mask_of(dropout),
+                    Sentence::Pooler(_) => None,
+                };
                 let mask = mask_of(dropout);
                 let (targets, problem) = (&batch.targets, *problem);
                 let loss = |logits: &mut [f32], c: usize| {
                     sequence_loss(logits, c, targets, problem, weight)
                 };
-                let parts = Pooled { pooler, classifier };
-                parts.step(&hidden, d, mask.as_ref(), &mut dhidden, loss)?
+                let parts = Pooled {
+                    sentence,
+                    classifier,
+                };
+                let masks = [first_mask.as_ref(), mask.as_ref()];
+                parts.step(&hidden, d, masks, &mut dhidden, loss)?
             }
             Top::Token {
                 classifier,
@@ -223,13 +249,20 @@ impl<'a> FinetuneHead<'a> {
         let mut params = self.encoder.params_mut();
         match &mut self.top {
             Top::Sequence {
-                pooler, classifier, ..
-            } => params.extend([
-                &mut pooler.w,
-                &mut pooler.b,
-                &mut classifier.w,
-                &mut classifier.b,
-            ]),
+                sentence,
+                classifier,
+                ..
+            } => {
+                let dense = match sentence {
+                    Sentence::Pooler(l) | Sentence::FirstToken { dense: l, .. } => l,
+                };
+                params.extend([
+                    &mut dense.w,
+                    &mut dense.b,
+                    &mut classifier.w,
+                    &mut classifier.b,
+                ])
+            }
             Top::Token { classifier, .. } => params.extend([&mut classifier.w, &mut classifier.b]),
             Top::Answer { qa_outputs } => params.extend([&mut qa_outputs.w, &mut qa_outputs.b]),
         }
@@ -251,29 +284,46 @@ fn outcome(loss: f64, targets: usize, logits: Vec<f32>) -> HeadOutcome {
     }
 }
 
-/// The pooler (dense + tanh on each `[CLS]` row) and the classifier on it.
+/// The sentence head (the pooler, or a family's first-token head) on each
+/// `[CLS]` row, and the classifier on it.
 struct Pooled<'a, 'p> {
-    pooler: &'a mut Linear<'p>,
+    sentence: &'a mut Sentence<'p>,
     classifier: &'a mut Linear<'p>,
 }
 
 impl Pooled<'_, '_> {
     /// Forward from the `[CLS]` rows `cls` (`[N, D]`), the loss (`loss`
     /// turns the logits `[N, C]` into their gradient, giving the mean loss
-    /// and its target count) and backward into `dcls`; dropout (`mask`,
-    /// rows keyed by sequence) between pooler and classifier.
+    /// and its target count) and backward into `dcls`; dropout (`masks`,
+    /// rows keyed by sequence) before a first-token head and before the
+    /// classifier.
     fn step(
         self,
         cls: &[f32],
         d: usize,
-        mask: Option<&DropoutMask>,
+        [first_mask, mask]: [Option<&DropoutMask>; 2],
         dcls: &mut [f32],
         loss: impl FnOnce(&mut [f32], usize) -> Result<(f64, usize)>,
     ) -> Result<HeadOutcome> {
         let n = cls.len() / d.max(1);
         let mut pooled = zeros(n * d);
-        self.pooler.forward(cls, &mut pooled, n);
-        pooled.iter_mut().for_each(|v| *v = v.tanh());
+        // The first-token head's input (dropped) and pre-activation.
+        let (mut x0, mut pre) = (Vec::new(), Vec::new());
+        match &*self.sentence {
+            Sentence::Pooler(pooler) => {
+                pooler.forward(cls, &mut pooled, n);
+                pooled.iter_mut().for_each(|v| *v = v.tanh());
+            }
+            Sentence::FirstToken { dense, act } => {
+                x0 = cls.to_vec();
+                if let Some(m) = first_mask {
+                    drop_sequences(m, &mut x0, d);
+                }
+                pre = zeros(n * d);
+                dense.compute.forward(&x0, &dense.w.data, None, &mut pre, n);
+                bias_act_forward(&pre, &dense.b.data, &mut pooled, *act);
+            }
+        }
         let mut x = pooled.clone();
         if let Some(m) = mask {
             drop_sequences(m, &mut x, d);
@@ -292,10 +342,27 @@ impl Pooled<'_, '_> {
         if let Some(m) = mask {
             drop_sequences(m, &mut dx, d);
         }
-        for (g, p) in dx.iter_mut().zip(&pooled) {
-            *g *= 1.0 - p * p;
+        match self.sentence {
+            Sentence::Pooler(pooler) => {
+                for (g, p) in dx.iter_mut().zip(&pooled) {
+                    *g *= 1.0 - p * p;
+                }
+                pooler.backward(cls, &dx, Some(dcls), n, false);
+            }
+            Sentence::FirstToken { dense, act } => {
+                let mut dpre = zeros(n * d);
+                let (bias, dbias) = dense.b.data_and_grad();
+                bias_act_backward(&pre, bias, &dx, &mut dpre, dbias, *act);
+                let compute = dense.compute;
+                dense
+                    .w
+                    .grad_product(|dw| compute.weight_grad_into(&dpre, &x0, dw, n));
+                compute.input_grad(&dpre, &dense.w.data, dcls, n, false);
+                if let Some(m) = first_mask {
+                    drop_sequences(m, dcls, d);
+                }
+            }
         }
-        self.pooler.backward(cls, &dx, Some(dcls), n, false);
         Ok(outcome(mean, targets, out))
     }
 }

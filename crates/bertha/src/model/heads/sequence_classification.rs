@@ -80,6 +80,13 @@ impl BertForSequenceClassification {
         self.module.classifier.outputs()
     }
 
+    /// The family's first-token head (dense and activation; its dropout
+    /// is the classifier's rate), when it has one in place of the pooler.
+    pub fn first_token(&self) -> Option<(&Dense, Activation)> {
+        let f = self.module.first_token.as_ref()?;
+        Some((&f.dense, f.act))
+    }
+
     /// The classifier on the pooled output and the dropout before it.
     pub fn classifier(&self) -> (&Dense, Dropout) {
         self.module.classifier.parts()
