@@ -80,9 +80,15 @@ fn fixture_rows(dir: &std::path::Path) -> Rows {
     for (row, &n) in labels.iter().zip(&lens) {
         assert!(row[n..].iter().all(|&y| y == IGNORE_INDEX));
     }
+    let ids = to_u32(cut(get("input_ids")));
+    // RoBERTa's fixtures have no token types.
+    let types = match inputs["inputs"].get("token_type_ids") {
+        Some(_) => to_u32(cut(get("token_type_ids"))),
+        None => ids.iter().map(|r| vec![0; r.len()]).collect(),
+    };
     Rows {
-        ids: to_u32(cut(get("input_ids"))),
-        types: to_u32(cut(get("token_type_ids"))),
+        ids,
+        types,
         labels: cut(labels),
         nsp: inputs["labels"]
             .get("next_sentence_label")
@@ -115,13 +121,14 @@ fn mlm_and_nsp_match_transformers() {
     for (name, kind) in [
         ("bert-mlm", HeadKind::MaskedLM),
         ("bert-pretraining", HeadKind::PreTraining),
+        ("roberta-mlm", HeadKind::MaskedLM),
     ] {
         let dir = fixtures().join("tiny").join(name);
         let (varmap, model) = fixture_model(&dir, kind);
         let rows = fixture_rows(&dir);
         let head = MlmHead::of(&model)
             .unwrap()
-            .expect("the fast path covers BERT");
+            .unwrap_or_else(|| panic!("the fast path covers {name}"));
         let out = head.step(&rows.batch(), [1.0, 1.0], false).unwrap();
         let expected = load_safetensors(&dir.join("expected.safetensors"));
         let want = expected["loss"]
@@ -151,7 +158,9 @@ fn assert_fixture_gradients(
     let inputs = read_json(&dir.join("inputs.json"));
     let vars = vars(varmap);
     let params = inputs["grad_params"].as_array().unwrap();
-    assert!(params.len() >= 7, "{name}: {} gradients", params.len());
+    // The tiny fixtures name 3 (RoBERTa's) to 9 tensors; the candle
+    // comparisons below check every tensor.
+    assert!(params.len() >= 3, "{name}: {} gradients", params.len());
     for p in params {
         let p = p.as_str().unwrap();
         let g = common::grad_of(grads, &vars, p, name);
@@ -574,14 +583,16 @@ fn head_labels(rows: &Rows, c: usize) -> HeadLabelsOf {
     }
 }
 
-/// The candle head's loss and gradients on `rows`, padded, with `labels`.
+/// The candle head's loss and gradients on `rows`, padded with the
+/// model's padding id, with `labels`.
 fn candle_head_step(
     model: &BertForTask,
     rows: &Rows,
     labels: &HeadLabels,
     seed: u64,
 ) -> (f64, GradStore) {
-    let input = BertInput::from_ids(&rows.ids, &rows.types, 0, &Device::Cpu).unwrap();
+    let pad = model.config().pad_token_id;
+    let input = BertInput::from_ids(&rows.ids, &rows.types, pad, &Device::Cpu).unwrap();
     let opts = HeadOptions::from(ForwardOptions {
         train: true,
         ..ForwardOptions::default()
@@ -783,20 +794,42 @@ fn finetuning_dropout_steps_equal_the_candle_path() {
 #[test]
 fn electra_finetuning_steps_equal_the_candle_path() {
     let dir = fixtures().join("families").join("electra-discriminator");
-    let mut cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
     assert!(
         cfg.embedding_size() < cfg.hidden_size,
         "a projecting config"
     );
+    let kinds = [
+        HeadKind::SequenceClassification,
+        HeadKind::TokenClassification,
+        HeadKind::QuestionAnswering,
+    ];
+    family_steps_equal_the_candle_path(cfg, &kinds, "electra.embeddings_project.weight");
+}
+
+/// RoBERTa's encoder on the fast path (positions from the padding id, its
+/// row frozen; no token types) under the token-classification and QA
+/// heads, QA with padding rows as a padded batch has them.
+#[test]
+fn roberta_finetuning_steps_equal_the_candle_path() {
+    let dir = fixtures().join("tiny").join("roberta-mlm");
+    let cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let kinds = [HeadKind::TokenClassification, HeadKind::QuestionAnswering];
+    family_steps_equal_the_candle_path(
+        cfg,
+        &kinds,
+        "roberta.embeddings.position_embeddings.weight",
+    );
+}
+
+/// A step of each head of `kinds` on a model of `cfg` (dropout on) on both
+/// engines; `named` must be among the gradients.
+fn family_steps_equal_the_candle_path(mut cfg: BertConfig, kinds: &[HeadKind], named: &str) {
     cfg.hidden_dropout_prob = 0.1;
     cfg.attention_probs_dropout_prob = 0.15;
     cfg.id2label = (0..3).map(|i| (i, format!("L{i}"))).collect();
     let dev = Device::Cpu;
-    for kind in [
-        HeadKind::SequenceClassification,
-        HeadKind::TokenClassification,
-        HeadKind::QuestionAnswering,
-    ] {
+    for &kind in kinds {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
         let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
@@ -847,7 +880,7 @@ fn electra_finetuning_steps_equal_the_candle_path() {
             .expect("the fast path runs ELECTRA's encoder")
             .step(&batch, 1.0, true)
             .unwrap();
-        let what = format!("electra {kind:?}");
+        let what = format!("{} {kind:?}", cfg.model_type);
         assert!(
             (out.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
             "{what}: loss {} vs candle {want_loss}",
@@ -865,8 +898,8 @@ fn electra_finetuning_steps_equal_the_candle_path() {
             "{what}: masks make no difference"
         );
         let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
-        let projection = vars(&varmap)["electra.embeddings_project.weight"].clone();
-        assert!(out.gradients.get(projection.as_tensor()).is_some());
+        let named = vars(&varmap)[named].clone();
+        assert!(out.gradients.get(named.as_tensor()).is_some());
         assert!(checked >= 30, "{what}: only {checked} gradients compared");
     }
 }

@@ -34,7 +34,7 @@ use crate::fast::matmul::{as_words, as_words_mut, WeightPanels};
 use crate::model::ops::{
     bias_act_backward, bias_act_forward, column_sums, grad_to_pairs, layer_norm_backward,
 };
-use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm};
+use crate::model::{BertModel, Dense, Dropout, DropoutMask, LayerNorm, PositionIds};
 
 /// A linear layer: weight `[out, in]` (as `nn.Linear`) and bias.
 pub(crate) struct Linear<'a> {
@@ -306,6 +306,11 @@ pub(crate) struct Encoder<'a> {
     norm_position: NormPosition,
     max_positions: usize,
     pad_id: u32,
+    /// RoBERTa's positions: from `padding_idx + 1` over the non-padding
+    /// tokens (padding tokens at `padding_idx`, whose row learns nothing).
+    positions_from: Option<u32>,
+    /// Every token type read as 0 (RoBERTa's tokenizers give none).
+    ignore_types: bool,
     pub word: Param<'a>,
     position: Param<'a>,
     token_type: Option<Param<'a>>,
@@ -321,13 +326,15 @@ pub(crate) struct Encoder<'a> {
 
 impl<'a> Encoder<'a> {
     /// The encoder of `model`, when the fast path covers it: BERT itself
-    /// (absolute positions, no family extras) or ELECTRA's (BERT's, with
-    /// its embeddings projected when narrower), on the CPU, with biases
-    /// and dropout rates below 1.
+    /// (absolute positions, no family extras), RoBERTa's (BERT's, with
+    /// positions counted from the padding id and no token types) or
+    /// ELECTRA's (BERT's, with its embeddings projected when narrower), on
+    /// the CPU, with biases and dropout rates below 1.
     pub fn of(model: &'a BertModel) -> Result<Option<Self>> {
         let cfg = model.config();
         let electra = matches!(cfg.family, Family::Electra(_));
-        if !model.device().is_cpu() || !(cfg.family.is_bert() || electra) {
+        let family_covered = cfg.family.is_bert() || electra || cfg.family == Family::Roberta;
+        if !model.device().is_cpu() || !family_covered {
             return Ok(None);
         }
         let encoder = &model.encoder;
@@ -347,9 +354,16 @@ impl<'a> Encoder<'a> {
         let Some(position) = &emb.position_embeddings else {
             return Ok(None);
         };
-        if emb.projection.is_some() || emb.mask_padding || emb.ignore_token_types {
+        if emb.projection.is_some() || emb.mask_padding {
             return Ok(None);
         }
+        let positions_from = match emb.position_ids {
+            PositionIds::Absolute => None,
+            PositionIds::FromPadding { padding_idx } if padding_idx == emb.padding_idx => {
+                Some(padding_idx)
+            }
+            _ => return Ok(None),
+        };
         if cfg.hidden_dropout_prob >= 1.0 || cfg.attention_probs_dropout_prob >= 1.0 {
             return Ok(None);
         }
@@ -392,6 +406,8 @@ impl<'a> Encoder<'a> {
             norm_position: cfg.norm_position,
             max_positions: cfg.max_position_embeddings,
             pad_id: emb.padding_idx,
+            positions_from,
+            ignore_types: emb.ignore_token_types,
             word: Param::of(emb.word_embeddings.embeddings())?,
             position: Param::of(position.embeddings())?,
             token_type: emb
@@ -507,26 +523,45 @@ impl<'a> Encoder<'a> {
                     self.max_positions
                 )));
             }
+            let mut rank = 0;
             for (p, &id) in seq.iter().enumerate() {
                 if id as usize >= vocab {
                     return Err(Error::Input(format!(
                         "sequence {s}: token id {id} is outside the vocabulary ({vocab})"
                     )));
                 }
-                let t = tt.get(p).copied().unwrap_or(0);
+                let t = match self.ignore_types {
+                    true => 0,
+                    false => tt.get(p).copied().unwrap_or(0),
+                };
                 if self.token_type.is_some() && t as usize >= n_types {
                     return Err(Error::Input(format!(
                         "sequence {s}: token type {t} is not below type_vocab_size {n_types}"
                     )));
                 }
+                let position = match self.positions_from {
+                    Some(pad) if id == pad => pad as usize,
+                    Some(pad) => {
+                        rank += 1;
+                        pad as usize + rank
+                    }
+                    None => p,
+                };
+                if position >= self.max_positions {
+                    return Err(Error::Input(format!(
+                        "sequence {s} of {} tokens needs position {position}, beyond max_position_embeddings ({})",
+                        seq.len(),
+                        self.max_positions
+                    )));
+                }
                 ids.push(id);
                 types.push(t);
-                positions.push(p);
+                positions.push(position);
             }
             for p in seq.len()..rows {
                 ids.push(self.pad_id);
                 types.push(0);
-                positions.push(p);
+                positions.push(self.positions_from.map_or(p, |pad| pad as usize));
             }
             offsets.push(ids.len());
         }
@@ -874,9 +909,13 @@ impl<'a> Encoder<'a> {
         let (pad, word_ids) = (self.pad_id, ids.iter().map(|&i| i as usize));
         let words = word_ids.enumerate().filter(|&(r, _)| ids[r] != pad);
         scatter_rows(&de, words, self.word.grad_mut(), e);
+        // RoBERTa's position table has the padding id too: its row learns
+        // nothing.
+        let frozen = self.positions_from.map(|pad| pad as usize);
+        let live_positions = positions.iter().copied().enumerate();
         scatter_rows(
             &de,
-            positions.iter().copied().enumerate(),
+            live_positions.filter(|&(_, p)| Some(p) != frozen),
             self.position.grad_mut(),
             e,
         );
