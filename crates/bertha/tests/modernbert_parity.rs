@@ -259,16 +259,16 @@ fn modernbert_tokenizer_matches_transformers() {
     }
 }
 
-/// The packed fast path covers BERT only: ModernBERT never takes it, the
-/// automatic choice falls back to the candle modules, and asking for a
-/// reduced precision (fast path only) is a clear error.
+/// ModernBERT takes the packed inference fast path (its parity:
+/// `modernbert_fast.rs`), and a reduced precision with it; the fast
+/// training path covers BERT only.
 #[test]
-fn modernbert_stays_off_the_fast_path() {
+fn modernbert_infers_on_the_fast_path_and_trains_off_it() {
     for name in HEADS {
         let m = BertForTask::from_dir(&dir_of(name), None, HeadInit::FromCheckpoint, &Device::Cpu)
             .unwrap();
         assert!(
-            PackedBert::from_model(m.bert()).unwrap().is_none(),
+            PackedBert::from_model(m.bert()).unwrap().is_some(),
             "{name}"
         );
         assert!(MlmHead::of(&m).unwrap().is_none(), "{name}");
@@ -277,14 +277,9 @@ fn modernbert_stays_off_the_fast_path() {
     let opts = PipelineOptions {
         precision: Precision::Int8,
     };
-    let err = FillMask::from_dir_with(&dir_of("modernbert-mlm"), &Device::Cpu, &opts)
-        .err()
-        .expect("int8 needs the fast path")
-        .to_string();
-    assert!(
-        err.contains("fast path") && err.contains("(ModernBert on Cpu)"),
-        "{err}"
-    );
+    let fm = FillMask::from_dir_with(&dir_of("modernbert-mlm"), &Device::Cpu, &opts).unwrap();
+    assert_eq!(fm.precision(), Precision::Int8);
+    assert_eq!(fm.fill("the movie was [MASK] good", 3).unwrap()[0].len(), 3);
 }
 
 /// Both config layouts describe the same model, and a config written back

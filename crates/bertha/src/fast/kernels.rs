@@ -337,27 +337,31 @@ pub(crate) fn gelu_tanh_inner(x: f32) -> f32 {
 /// A raw pointer that may cross threads: attention tasks write disjoint
 /// elements of one buffer.
 #[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
+pub(super) struct SharedMut(pub(super) *mut f32);
 // SAFETY: every task writes a disjoint set of elements (see `attend_body`).
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
 /// What every attention task shares.
-struct AttentionJob<'a> {
-    qkv: &'a [f32],
-    out: SharedMut,
-    d: usize,
-    head_dim: usize,
-    scale: f32,
+pub(super) struct AttentionJob<'a> {
+    pub(super) qkv: &'a [f32],
+    pub(super) out: SharedMut,
+    pub(super) d: usize,
+    pub(super) head_dim: usize,
+    pub(super) scale: f32,
     /// `None`: gemm from [`ATTENTION_GEMM_MIN_LEN`] tokens, else loops.
     path: Option<AttentionPath>,
+    /// A sliding window (ModernBERT's local layers): query `i` sees keys
+    /// `j` with `|i − j| ≤` this; sequences longer than the window run
+    /// [`band::attend_band`](super::band::attend_band).
+    half_window: Option<usize>,
 }
 
 /// Per-thread buffers of the attention tasks.
 #[derive(Default)]
-struct Scratch {
+pub(super) struct Scratch {
     kt: Vec<f32>,
-    scores: Vec<f32>,
+    pub(super) scores: Vec<f32>,
     acc: Vec<f32>,
     /// Q of one head, scaled, `[len, head_dim]` (register-tile path).
     q: Vec<f32>,
@@ -395,24 +399,26 @@ enum AttentionPath {
 ///
 /// `bf16_products`: both products on bf16 tiles where the CPU has
 /// AVX512-BF16 (the softmax stays fp32), for the bf16 and int8 precisions.
+/// `half_window`: query `i` attends to keys `|i − j| ≤ half_window` only,
+/// at a cost that grows as tokens × window on longer sequences.
 pub fn packed_attention(
     qkv: &[f32],
     ctx: &mut [f32],
     offsets: &[usize],
-    num_heads: usize,
-    head_dim: usize,
+    (num_heads, head_dim): (usize, usize),
     bf16_products: bool,
+    half_window: Option<usize>,
 ) {
     let path = if bf16_products && crate::fast::cpu::features().bf16 {
         Some(AttentionPath::TilesBf16)
     } else {
         crate::fast::matmul::has_f32_tiles().then_some(AttentionPath::Tiles)
     };
-    packed_attention_on(path, qkv, ctx, offsets, num_heads, head_dim);
+    packed_attention_on((path, half_window), qkv, ctx, offsets, num_heads, head_dim);
 }
 
 fn packed_attention_on(
-    path: Option<AttentionPath>,
+    (path, half_window): (Option<AttentionPath>, Option<usize>),
     qkv: &[f32],
     ctx: &mut [f32],
     offsets: &[usize],
@@ -439,6 +445,7 @@ fn packed_attention_on(
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
         path,
+        half_window,
     };
     let tasks: Vec<(usize, usize, usize)> = offsets
         .windows(2)
@@ -446,7 +453,7 @@ fn packed_attention_on(
         .collect();
     let work: usize = tasks
         .iter()
-        .map(|(_, len, _)| 2 * len * len * head_dim)
+        .map(|&(_, len, _)| 2 * len * len.min(half_window.map_or(len, |w| 2 * w + 1)) * head_dim)
         .sum();
     if work < SERIAL_ATTENTION_WORK {
         let mut scratch = Scratch::default();
@@ -473,6 +480,12 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
         // An empty sequence has no rows to write (and its start may be
         // the end of qkv).
         return;
+    }
+    if let Some(w) = job.half_window {
+        // A sequence the window covers whole is plain attention.
+        if len > w + 1 {
+            return super::band::attend_band(job, scratch, start, len, h, w);
+        }
     }
     let path = job.path.unwrap_or(if len >= ATTENTION_GEMM_MIN_LEN {
         AttentionPath::Gemm
@@ -794,7 +807,7 @@ pub(crate) fn lane_dot_centered(a: &[f32], b: &[f32], shift: f32) -> f32 {
 /// once are `QUERY_BLOCK × len` (128 KB at 512 tokens) rather than
 /// `len × len` (1 MB), so they stay in L2 beside the head's K and V while
 /// the softmax and the second product read them back.
-const QUERY_BLOCK: usize = 64;
+pub(super) const QUERY_BLOCK: usize = 64;
 
 /// One (sequence, head) as `softmax(scale · Q Kᵀ) V` with two gemm calls
 /// per block of query rows, reading Q, K and V in place from the packed
@@ -1023,7 +1036,7 @@ mod tests {
                 .collect();
             for &path in &paths {
                 let mut ctx = vec![0f32; tokens * d];
-                packed_attention_on(path, &qkv, &mut ctx, &offsets, heads, hd);
+                packed_attention_on((path, None), &qkv, &mut ctx, &offsets, heads, hd);
                 let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
                 assert!(
                     worst < 1e-5,
@@ -1035,7 +1048,7 @@ mod tests {
                 // 2^-9 of the values (|v| ≤ 1), far above fp32's.
                 let mut ctx = vec![0f32; tokens * d];
                 let path = Some(AttentionPath::TilesBf16);
-                packed_attention_on(path, &qkv, &mut ctx, &offsets, heads, hd);
+                packed_attention_on((path, None), &qkv, &mut ctx, &offsets, heads, hd);
                 let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
                 assert!(
                     worst < 1e-2,

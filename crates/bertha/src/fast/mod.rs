@@ -7,11 +7,14 @@
 //! [`matmul_gflops`]. The training ops (`model::ops`) share the row loops
 //! of `kernels`.
 
+mod band;
 pub(crate) mod buffers;
 pub mod cpu;
 pub(crate) mod kernels;
 pub(crate) mod matmul;
+mod modernbert;
 mod packed;
+mod rope;
 pub mod train;
 
 pub use cpu::{flush_denormals, instruction_peak_gops};

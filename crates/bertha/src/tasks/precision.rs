@@ -21,7 +21,8 @@ const CALIBRATION_EN: &str = include_str!("calibration-en.txt");
 pub struct PipelineOptions {
     /// `F32`: today's exact path. `Bf16` / `Int8`: the encoder on the
     /// packed CPU fast path at that precision, the head in fp32; only for
-    /// a plain BERT on the CPU (other models are refused with an error).
+    /// a plain BERT or a ModernBERT on the CPU (other models are refused
+    /// with an error).
     /// bf16 on a CPU without AVX512-BF16 runs in fp32, with a notice.
     pub precision: Precision,
 }
@@ -186,7 +187,10 @@ impl HeadEncoder {
             .enumerate()
             .map(|(i, s)| (&s[..], types.get(i).map_or(&[][..], |t| &t[..])))
             .collect();
-        let first_row_only = first_row_only && ids.iter().all(|s| !s.is_empty());
+        // A family with its own layers pools its own way (ModernBERT: the
+        // mean over tokens too), so it gets every row.
+        let first_row_only =
+            first_row_only && model.encoder.stack().is_none() && ids.iter().all(|s| !s.is_empty());
         let states = match first_row_only {
             true => packed.forward_at(&seqs, &vec![0; seqs.len()])?,
             false => packed.forward(&seqs)?,
@@ -199,10 +203,7 @@ impl HeadEncoder {
             padded[s * t * d..s * t * d + rows.len()].copy_from_slice(rows);
         }
         let last_hidden_state = Tensor::from_vec(padded, (b, t, d), model.device())?;
-        let pooler_output = match &model.pooler {
-            Some(p) => Some(p.forward(&last_hidden_state)?),
-            None => None,
-        };
+        let pooler_output = model.pooled(&last_hidden_state, input.attention_mask.as_ref())?;
         let out = BertOutput {
             last_hidden_state,
             pooler_output,
