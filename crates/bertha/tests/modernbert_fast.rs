@@ -82,15 +82,6 @@ fn padded(states: &bertha::fast::PackedStates, t: usize) -> Tensor {
     Tensor::from_vec(data, (b, t, d), &Device::Cpu).unwrap()
 }
 
-fn scalar(t: &Tensor) -> f32 {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()[0]
-}
-
 /// Every head fixture (both config layouts): the encoder's output against
 /// transformers' last hidden state, then the head on it against its
 /// logits and loss.
@@ -147,7 +138,10 @@ fn modernbert_fast_heads_match_transformers() {
         } else {
             dl = common::max_abs_diff(&out.logits, want);
         }
-        let (got_loss, want_loss) = (scalar(&out.loss.unwrap()), scalar(&expected["loss"]));
+        let (got_loss, want_loss) = (
+            common::scalar(&out.loss.unwrap()),
+            common::scalar(&expected["loss"]),
+        );
         let rel = ((got_loss - want_loss) / want_loss).abs();
         println!("{name}: last hidden {dh:.2e}, logits {dl:.2e}, loss rel {rel:.2e}");
         if dh > 1e-4 || dl > 1e-4 || rel > 1e-5 {

@@ -83,15 +83,6 @@ fn case(name: &str) -> Case {
     }
 }
 
-fn scalar(t: &Tensor) -> f32 {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()[0]
-}
-
 fn all_outputs() -> ForwardOptions {
     ForwardOptions {
         output_hidden_states: true,
@@ -145,8 +136,8 @@ fn check_head(name: &str) -> (f32, f32, f32, f32) {
         dl = common::max_abs_diff(&out.logits, want_logits);
     }
     let (dh, da) = diff_layers(&c, out.hidden_states.unwrap(), out.attentions.unwrap());
-    let got_loss = scalar(&out.loss.expect("loss"));
-    let want_loss = scalar(&c.expected["loss"]);
+    let got_loss = common::scalar(&out.loss.expect("loss"));
+    let want_loss = common::scalar(&c.expected["loss"]);
     (dl, dh, da, ((got_loss - want_loss) / want_loss).abs())
 }
 

@@ -1,31 +1,44 @@
-//! Sliding-window attention (ModernBERT's local layers) on packed
-//! sequences: query `i` attends to keys `|i − j| ≤ w` only, so a block of
-//! query rows needs only the keys of its rows' windows. Work and scratch
-//! grow as tokens × window, not tokens², which is what lets local layers
-//! read 8,192 tokens.
+//! Attention as gemm products over blocks of query rows, each block
+//! against the keys of its rows' windows: the whole sequence for global
+//! attention (long inputs), or ModernBERT's sliding window, where query
+//! `i` attends to keys `|i − j| ≤ w` only. Then work and scratch grow as
+//! tokens × window, not tokens², which is what lets local layers read
+//! 8,192 tokens.
 
 use gemm::Parallelism;
 
 use super::kernels::{softmax_row, AttentionJob, Scratch};
 
-/// Query rows per block: the block's keys span `rows + 2w`, so a block
-/// much taller than the window would compute scores that the window then
-/// throws away; much shorter, and the products get too thin for gemm.
+/// Query rows per block of a band: the block's keys span `rows + 2w`, so
+/// a block much taller than the window would compute scores that the
+/// window then throws away; much shorter, and the products get too thin
+/// for gemm.
 const BAND_BLOCK: usize = 32;
 
-/// One (sequence, head) of a sequence longer than its window: per block
-/// of query rows, `scores = scale · Q Kᵀ` against the block's keys, the
-/// softmax over each row's window alone (the keys outside it get
-/// probability 0, as the masked softmax gives them up to rounding), then
-/// `P · V` into the context rows.
+/// One (sequence, head) of a sequence longer than its window `w`.
 #[inline(always)]
 pub(super) fn attend_band(
     job: &AttentionJob,
     scratch: &mut Scratch,
-    start: usize,
-    len: usize,
-    h: usize,
+    task: (usize, usize, usize),
     w: usize,
+) {
+    attend_blocked(job, scratch, task, (w, BAND_BLOCK));
+}
+
+/// One (sequence, head) `task` = (first row, length, head) with two gemm
+/// calls per `block` of query rows, reading Q, K and V in place from the
+/// packed QKV rows: `scores = scale · Q Kᵀ` against the block's keys (the
+/// union of its rows' windows `|i − j| ≤ w`), the softmax over each row's
+/// window alone (keys outside it get probability 0, as the masked softmax
+/// gives them up to rounding), then `P · V` into the context rows. With
+/// `w ≥ len` this is plain attention, each row's softmax over all keys.
+#[inline(always)]
+pub(super) fn attend_blocked(
+    job: &AttentionJob,
+    scratch: &mut Scratch,
+    (start, len, h): (usize, usize, usize),
+    (w, block): (usize, usize),
 ) {
     let AttentionJob {
         qkv,
@@ -34,7 +47,7 @@ pub(super) fn attend_band(
         scale,
         ..
     } = *job;
-    let block = BAND_BLOCK.min(len);
+    let block = block.min(len);
     let widest = (block + 2 * w).min(len);
     let scores = &mut scratch.scores;
     scores.resize(block * widest, 0.0);

@@ -353,7 +353,7 @@ pub(super) struct AttentionJob<'a> {
     path: Option<AttentionPath>,
     /// A sliding window (ModernBERT's local layers): query `i` sees keys
     /// `j` with `|i − j| ≤` this; sequences longer than the window run
-    /// [`band::attend_band`](super::band::attend_band).
+    /// [`attend_band`](super::band::attend_band).
     half_window: Option<usize>,
 }
 
@@ -484,7 +484,7 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
     if let Some(w) = job.half_window {
         // A sequence the window covers whole is plain attention.
         if len > w + 1 {
-            return super::band::attend_band(job, scratch, start, len, h, w);
+            return super::band::attend_band(job, scratch, (start, len, h), w);
         }
     }
     let path = job.path.unwrap_or(if len >= ATTENTION_GEMM_MIN_LEN {
@@ -811,88 +811,12 @@ pub(super) const QUERY_BLOCK: usize = 64;
 
 /// One (sequence, head) as `softmax(scale · Q Kᵀ) V` with two gemm calls
 /// per block of query rows, reading Q, K and V in place from the packed
-/// QKV rows. Each row's softmax sees all its keys, so blocking changes no
-/// result.
+/// QKV rows: [`attend_blocked`](super::band::attend_blocked) with a window
+/// that covers the sequence. Each row's softmax sees all its keys, so
+/// blocking changes no result.
 #[inline(always)]
 fn attend_gemm(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
-    let AttentionJob {
-        qkv,
-        d,
-        head_dim,
-        scale,
-        ..
-    } = *job;
-    let scores = &mut scratch.scores;
-    scores.resize(QUERY_BLOCK.min(len) * len, 0.0);
-    let base = start * 3 * d + h * head_dim;
-    assert!(
-        base + (len - 1) * 3 * d + 2 * d + head_dim <= qkv.len(),
-        "attention rows lie inside qkv"
-    );
-    let rs = 3 * d as isize;
-    for first in (0..len).step_by(QUERY_BLOCK) {
-        let rows = QUERY_BLOCK.min(len - first);
-        let scores = &mut scores[..rows * len];
-        // SAFETY: Q rows start+first..start+first+rows and K, V rows
-        // start..start+len, columns of head h, lie inside qkv (asserted
-        // above); scores is [rows, len]; the output rows
-        // start+first..start+first+rows, columns of head h, lie inside ctx
-        // (asserted by packed_attention) and no other task writes them.
-        unsafe {
-            let q = qkv[base..].as_ptr();
-            let (k, v) = (q.add(d), q.add(2 * d));
-            let q = q.offset(first as isize * rs);
-            // scores[i, j] = scale · Σ_c Q[first + i, c] K[j, c]
-            gemm::gemm(
-                rows,
-                len,
-                head_dim,
-                scores.as_mut_ptr(),
-                1,
-                len as isize,
-                false,
-                q,
-                1,
-                rs,
-                k,
-                rs,
-                1,
-                0.0,
-                scale,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
-            // A plain loop: a function passed to `for_each` would be
-            // compiled without this function's target features.
-            for row in scores.chunks_exact_mut(len) {
-                softmax_row(row);
-            }
-            let out = job.out.0.add((start + first) * d + h * head_dim);
-            gemm::gemm(
-                rows,
-                head_dim,
-                len,
-                out,
-                1,
-                d as isize,
-                false,
-                scores.as_ptr(),
-                1,
-                len as isize,
-                v,
-                1,
-                rs,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
-        }
-    }
+    super::band::attend_blocked(job, scratch, (start, len, h), (len, QUERY_BLOCK));
 }
 
 /// One (sequence, head) of a short sequence, as plain loops.
