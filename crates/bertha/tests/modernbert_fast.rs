@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use bertha::fast::PackedBert;
 use bertha::{
-    BertForTask, BertInput, BertModel, BertOutput, DType, Device, ForwardOptions, HeadInit,
-    HeadLabels, HeadOptions, Tensor,
+    BertForTask, BertInput, BertModel, BertOutput, Device, ForwardOptions, HeadInit, HeadLabels,
+    HeadOptions, Tensor,
 };
 use common::{fixtures, load_safetensors, read_json};
 
