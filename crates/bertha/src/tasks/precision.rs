@@ -219,12 +219,21 @@ mod tests {
     use super::*;
     use crate::model::{BertForSequenceClassification, BertHead, HeadInit, HeadLabels};
 
-    /// The fast path's plumbing (packing, padding back, pooler) on its
-    /// own: at f32 it gives the candle path's logits on a padded batch.
+    /// The fast path's plumbing (packing, padding back, pooler or the
+    /// family's pooling) on its own: at f32 it gives the candle path's
+    /// logits on a padded batch, for BERT's pooler and ModernBERT's mean
+    /// over tokens.
     #[test]
     fn fast_path_at_f32_gives_the_candle_logits() {
+        for fixture in ["tiny/bert-seqcls", "families/modernbert-seqcls"] {
+            fast_head_gives_the_candle_logits(fixture);
+        }
+    }
+
+    fn fast_head_gives_the_candle_logits(fixture: &str) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny/bert-seqcls");
+            .join("../../tests/fixtures")
+            .join(fixture);
         let device = candle_core::Device::Cpu;
         let head = BertForSequenceClassification::from_dir(&dir, HeadInit::FromCheckpoint, &device)
             .unwrap();
@@ -261,7 +270,10 @@ mod tests {
         for first_row_only in [false, true] {
             let got = run(&fast, first_row_only);
             for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
-                assert!((w - g).abs() <= 1e-5, "{w} vs {g} ({first_row_only})");
+                assert!(
+                    (w - g).abs() <= 1e-5,
+                    "{fixture}: {w} vs {g} ({first_row_only})"
+                );
             }
         }
         let opts = ForwardOptions {
