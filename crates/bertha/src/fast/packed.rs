@@ -7,7 +7,8 @@
 //! bias + GELU are single parallel passes. Weights are copied out of the
 //! candle model once, transposed for the multiplies. Used for inference
 //! on the CPU; training and optional outputs (hidden states, attentions)
-//! go through the candle modules.
+//! go through the candle modules. ModernBERT runs on the same layers with
+//! what its own adds (`fast::modernbert`: rotary positions, windows, GeGLU).
 
 use std::path::Path;
 
@@ -16,6 +17,7 @@ use candle_core::Tensor;
 use super::kernels::{self, Act};
 use super::matmul::{I8Scheme, PackedBf16, PackedF32, PackedI8, QuantScratch};
 use super::modernbert::{geglu, ModernParts};
+use super::site::{Site, SITES};
 use crate::config::{Activation, Family, NormPosition};
 use crate::error::{Error, Result};
 use crate::io::quantized::{PackedData, PackedLinear};
@@ -41,50 +43,6 @@ enum Weights {
     F32(PackedF32),
     Bf16(PackedBf16),
     I8(PackedI8),
-}
-
-/// The multiplies whose inputs calibration watches: the four linear
-/// layers of an encoder layer.
-#[derive(Debug, Clone, Copy)]
-enum Site {
-    Qkv = 0,
-    AttnOut = 1,
-    FfnIn = 2,
-    FfnOut = 3,
-}
-
-const SITES: [Site; 4] = [Site::Qkv, Site::AttnOut, Site::FfnIn, Site::FfnOut];
-
-impl Site {
-    /// The site's name in a quantised checkpoint.
-    fn name(self) -> &'static str {
-        match self {
-            Site::Qkv => "qkv",
-            Site::AttnOut => "attn_out",
-            Site::FfnIn => "ffn_in",
-            Site::FfnOut => "ffn_out",
-        }
-    }
-
-    /// How the site's multiply quantizes. Measured on all-MiniLM-L6-v2
-    /// (min cosine of sentence embeddings to fp32, SST-2 dev / SQuAD
-    /// contexts): groups of 64 channels for activations and weight scales
-    /// everywhere; the LayerNorm outputs (Q/K/V, FFN input), whose outlier
-    /// channels are steady, take a stronger migration (α = 0.6: 0.99917
-    /// on SST-2 against 0.99914 at 0.5); the attention context and GELU
-    /// output keep α = 0.5 (0.75 loses: 0.99898 with FFN-output alone in
-    /// int8). Groups of 32 everywhere reach 0.99931, at more float work per
-    /// product.
-    fn int8_scheme(self) -> I8Scheme {
-        let alpha = match self {
-            Site::Qkv | Site::FfnIn => 0.6,
-            Site::AttnOut | Site::FfnOut => 0.5,
-        };
-        I8Scheme {
-            alpha,
-            ..I8Scheme::default()
-        }
-    }
 }
 
 impl Linear {
@@ -118,50 +76,6 @@ impl Linear {
         if let Weights::F32(w) = &self.weights {
             let packed = PackedI8::new(&w.unpack(), w.in_dim(), w.out_dim(), Some(act_max), scheme);
             self.weights = Weights::I8(packed);
-        }
-    }
-}
-
-/// Number format of the fast path's matrix multiplies.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Precision {
-    /// fp32 throughout: matches transformers to ~1e-5.
-    #[default]
-    F32,
-    /// bf16 weights and multiply inputs with fp32 sums (AVX512-BF16), in
-    /// all four linear layers; LayerNorm, softmax, GELU and the attention
-    /// products in fp32 (see [`PackedBert::to_bf16`]).
-    Bf16,
-    /// int8 weights (per output column and group of 64 input channels)
-    /// and activations (per token and channel group) in all four linear
-    /// layers, int32 sums; embeddings, LayerNorm, softmax, GELU, the
-    /// attention products and the pooler in fp32 (see
-    /// [`PackedBert::quantize_int8`]).
-    Int8,
-}
-
-impl Precision {
-    /// The name `--precision` takes (and a quantised checkpoint records).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::Int8 => "int8",
-        }
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "f32" | "fp32" | "none" => Ok(Self::F32),
-            "bf16" | "bfloat16" => Ok(Self::Bf16),
-            "int8" | "i8" => Ok(Self::Int8),
-            other => Err(Error::option(
-                "precision",
-                format!("`{other}` is unknown: use f32, bf16 or int8"),
-            )),
         }
     }
 }
