@@ -132,6 +132,7 @@ pub(super) fn attend_blocked(
 #[cfg(test)]
 mod tests {
     use crate::fast::kernels::packed_attention;
+    use crate::fast::kernels::tests::worst_attention_error;
 
     /// The band against `softmax(scale · Q Kᵀ + mask) V` in f64 with the
     /// window's mask, for windows narrower and wider than the sequences,
@@ -149,40 +150,7 @@ mod tests {
             for bf16 in [false, true] {
                 let mut ctx = vec![0f32; tokens * d];
                 packed_attention(&qkv, &mut ctx, &offsets, (heads, hd), bf16, Some(w));
-                let at = |t: usize, part: usize, h: usize, c: usize| {
-                    f64::from(qkv[t * 3 * d + part * d + h * hd + c])
-                };
-                let scale = 1.0 / (hd as f64).sqrt();
-                let mut worst = 0f64;
-                for s in 0..3 {
-                    let (a, n) = (offsets[s], offsets[s + 1] - offsets[s]);
-                    for h in 0..heads {
-                        for i in 0..n {
-                            let keys: Vec<usize> = (0..n).filter(|j| i.abs_diff(*j) <= w).collect();
-                            let scores: Vec<f64> = keys
-                                .iter()
-                                .map(|&j| {
-                                    (0..hd)
-                                        .map(|c| at(a + i, 0, h, c) * at(a + j, 1, h, c))
-                                        .sum::<f64>()
-                                        * scale
-                                })
-                                .collect();
-                            let max = scores.iter().copied().fold(f64::MIN, f64::max);
-                            let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
-                            let z: f64 = e.iter().sum();
-                            for c in 0..hd {
-                                let want: f64 = keys
-                                    .iter()
-                                    .zip(&e)
-                                    .map(|(&j, p)| p / z * at(a + j, 2, h, c))
-                                    .sum();
-                                let got = f64::from(ctx[(a + i) * d + h * hd + c]);
-                                worst = worst.max((got - want).abs());
-                            }
-                        }
-                    }
-                }
+                let worst = worst_attention_error(&qkv, &ctx, &offsets, (heads, hd), Some(w));
                 // bf16 products (where the CPU has them) round the inputs
                 // of sequences the window covers whole.
                 let tol = if bf16 { 1e-2 } else { 1e-5 };

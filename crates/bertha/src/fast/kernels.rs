@@ -929,7 +929,7 @@ pub fn linear_gops(precision: super::Precision, m: usize, k: usize, n: usize, re
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Packed attention against softmax(scale · Q Kᵀ) V in f64, on every
@@ -961,7 +961,7 @@ mod tests {
             for &path in &paths {
                 let mut ctx = vec![0f32; tokens * d];
                 packed_attention_on((path, None), &qkv, &mut ctx, &offsets, heads, hd);
-                let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
+                let worst = worst_attention_error(&qkv, &ctx, &offsets, (heads, hd), None);
                 assert!(
                     worst < 1e-5,
                     "{path:?}, head_dim {hd}: largest difference {worst}"
@@ -973,7 +973,7 @@ mod tests {
                 let mut ctx = vec![0f32; tokens * d];
                 let path = Some(AttentionPath::TilesBf16);
                 packed_attention_on((path, None), &qkv, &mut ctx, &offsets, heads, hd);
-                let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
+                let worst = worst_attention_error(&qkv, &ctx, &offsets, (heads, hd), None);
                 assert!(
                     worst < 1e-2,
                     "bf16, head_dim {hd}: largest difference {worst}"
@@ -983,12 +983,14 @@ mod tests {
         }
     }
 
-    fn worst_attention_error(
+    /// The largest difference of `ctx` from `softmax(scale · Q Kᵀ) V` in
+    /// f64, each query over the keys within `window` of it (all without).
+    pub(in crate::fast) fn worst_attention_error(
         qkv: &[f32],
         ctx: &[f32],
         offsets: &[usize],
-        heads: usize,
-        hd: usize,
+        (heads, hd): (usize, usize),
+        window: Option<usize>,
     ) -> f64 {
         let d = heads * hd;
         let lens: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
@@ -1001,8 +1003,15 @@ mod tests {
             let (a, n) = (offsets[s], lens[s]);
             for h in 0..heads {
                 for i in 0..n {
-                    let scores: Vec<f64> = (0..n)
-                        .map(|j| {
+                    let keys: Vec<usize> = (0..n)
+                        .filter(|j| match window {
+                            Some(w) => i.abs_diff(*j) <= w,
+                            None => true,
+                        })
+                        .collect();
+                    let scores: Vec<f64> = keys
+                        .iter()
+                        .map(|&j| {
                             (0..hd)
                                 .map(|c| at(a + i, 0, h, c) * at(a + j, 1, h, c))
                                 .sum::<f64>()
@@ -1013,7 +1022,11 @@ mod tests {
                     let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
                     let z: f64 = e.iter().sum();
                     for c in 0..hd {
-                        let want: f64 = (0..n).map(|j| e[j] / z * at(a + j, 2, h, c)).sum();
+                        let want: f64 = keys
+                            .iter()
+                            .zip(&e)
+                            .map(|(&j, p)| p / z * at(a + j, 2, h, c))
+                            .sum();
                         let got = ctx[(a + i) * d + h * hd + c] as f64;
                         worst = worst.max((got - want).abs());
                     }
