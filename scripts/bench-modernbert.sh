@@ -4,7 +4,8 @@
 # truncated at 512 tokens (texts/s, batch 32), and one text of 512, 2,048 and 8,192 tokens (seconds, peak RSS).
 #
 #   scripts/bench-modernbert.sh [OUT]
-#   (env: PY, the Python with torch + transformers; MODEL; LENGTHS; REPS; BERTHA, a built binary)
+#   (env: PY, the Python with torch + transformers; MODEL; LENGTHS; REPS; LONG_REPS, REPS of the long texts;
+#    LIMIT, the first LIMIT texts of each set, for a short run on a small or busy machine; BERTHA, a built binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
@@ -13,6 +14,8 @@ OUT=${1:-.cache/bench-modernbert}
 MODEL=${MODEL:-.cache/models/modernbert-base-random}
 LENGTHS=${LENGTHS:-512 2048 8192}
 REPS=${REPS:-3}
+LONG_REPS=${LONG_REPS:-$REPS}
+LIMIT=${LIMIT:-}
 mkdir -p "$OUT"
 [ -f "$MODEL/model.safetensors" ] || "$PY" scripts/make-modernbert-base.py "$MODEL"
 if [ -z "${BERTHA:-}" ]; then cargo build --release -p bertha-cli --quiet; fi
@@ -25,6 +28,9 @@ d = json.load(open(sys.argv[1], encoding="utf-8"))
 ctx = [p["context"].replace("\n", " ") for a in d["data"] for p in a["paragraphs"]]
 open(sys.argv[2], "w", encoding="utf-8").write("\n".join(ctx[:320]) + "\n")
 PY
+if [ -n "$LIMIT" ]; then
+    for f in sst2-dev squad-contexts; do head -n "$LIMIT" "$OUT/$f.txt" > "$OUT/$f.cut" && mv "$OUT/$f.cut" "$OUT/$f.txt"; done
+fi
 for set in sst2-dev:128 squad-contexts:512; do
     name=${set%%:*} len=${set##*:}
     for p in f32 bf16; do
@@ -50,5 +56,5 @@ PY
     /usr/bin/time -f "%e s, peak RSS %M KiB" -o "$OUT/time-$n" \
         "$BIN" embed --model "$MODEL" --input "$OUT/long-$n.txt" --max-length "$n" > /dev/null
     echo "bertha f32: one text of $n tokens, $(cat "$OUT/time-$n") (load included)" | tee -a "$OUT/results.txt"
-    "$PY" scripts/anchor_modernbert.py "$MODEL" --long "$n" "$REPS" fp32 | tee -a "$OUT/results.txt"
+    "$PY" scripts/anchor_modernbert.py "$MODEL" --long "$n" "$LONG_REPS" fp32 | tee -a "$OUT/results.txt"
 done

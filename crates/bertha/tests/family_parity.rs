@@ -64,15 +64,6 @@ fn case(name: &str) -> Case {
     }
 }
 
-fn scalar(t: &Tensor) -> f32 {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()[0]
-}
-
 fn all_outputs() -> ForwardOptions {
     ForwardOptions {
         output_hidden_states: true,
@@ -122,8 +113,8 @@ fn check(name: &str) -> (f32, f32, f32, f32) {
         dh = dh.max(common::diff_unpadded(&hidden, &want_hidden, b, n, &[1]));
         da = da.max(common::diff_unpadded(&att, &want_att, b, n, &[2, 3]));
     }
-    let got_loss = scalar(&out.loss.expect("loss"));
-    let want_loss = scalar(&c.expected["loss"]);
+    let got_loss = common::scalar(&out.loss.expect("loss"));
+    let want_loss = common::scalar(&c.expected["loss"]);
     let rel = ((got_loss - want_loss) / want_loss).abs();
     (dl, dh, da, rel)
 }

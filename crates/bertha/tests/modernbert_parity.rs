@@ -83,15 +83,6 @@ fn case(name: &str) -> Case {
     }
 }
 
-fn scalar(t: &Tensor) -> f32 {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()[0]
-}
-
 fn all_outputs() -> ForwardOptions {
     ForwardOptions {
         output_hidden_states: true,
@@ -145,8 +136,8 @@ fn check_head(name: &str) -> (f32, f32, f32, f32) {
         dl = common::max_abs_diff(&out.logits, want_logits);
     }
     let (dh, da) = diff_layers(&c, out.hidden_states.unwrap(), out.attentions.unwrap());
-    let got_loss = scalar(&out.loss.expect("loss"));
-    let want_loss = scalar(&c.expected["loss"]);
+    let got_loss = common::scalar(&out.loss.expect("loss"));
+    let want_loss = common::scalar(&c.expected["loss"]);
     (dl, dh, da, ((got_loss - want_loss) / want_loss).abs())
 }
 
@@ -259,16 +250,16 @@ fn modernbert_tokenizer_matches_transformers() {
     }
 }
 
-/// The packed fast path covers BERT only: ModernBERT never takes it, the
-/// automatic choice falls back to the candle modules, and asking for a
-/// reduced precision (fast path only) is a clear error.
+/// ModernBERT takes the packed inference fast path (its parity:
+/// `modernbert_fast.rs`), and a reduced precision with it; the fast
+/// training path covers BERT only.
 #[test]
-fn modernbert_stays_off_the_fast_path() {
+fn modernbert_infers_on_the_fast_path_and_trains_off_it() {
     for name in HEADS {
         let m = BertForTask::from_dir(&dir_of(name), None, HeadInit::FromCheckpoint, &Device::Cpu)
             .unwrap();
         assert!(
-            PackedBert::from_model(m.bert()).unwrap().is_none(),
+            PackedBert::from_model(m.bert()).unwrap().is_some(),
             "{name}"
         );
         assert!(MlmHead::of(&m).unwrap().is_none(), "{name}");
@@ -277,14 +268,9 @@ fn modernbert_stays_off_the_fast_path() {
     let opts = PipelineOptions {
         precision: Precision::Int8,
     };
-    let err = FillMask::from_dir_with(&dir_of("modernbert-mlm"), &Device::Cpu, &opts)
-        .err()
-        .expect("int8 needs the fast path")
-        .to_string();
-    assert!(
-        err.contains("fast path") && err.contains("(ModernBert on Cpu)"),
-        "{err}"
-    );
+    let fm = FillMask::from_dir_with(&dir_of("modernbert-mlm"), &Device::Cpu, &opts).unwrap();
+    assert_eq!(fm.precision(), Precision::Int8);
+    assert_eq!(fm.fill("the movie was [MASK] good", 3).unwrap()[0].len(), 3);
 }
 
 /// Both config layouts describe the same model, and a config written back

@@ -110,9 +110,10 @@ pub struct PrecisionArgs {
     /// with a notice elsewhere); `int8` (all four encoder linears: int8
     /// weights per output column and channel group, activations per token
     /// and channel group, calibrated SmoothQuant factors; AVX-512 VNNI
-    /// where present). Task heads stay fp32; bf16 and int8 need a BERT on
-    /// the CPU. A `bertha quantize` folder runs its stored weights when
-    /// this names its precision. `--quantize` is the older name.
+    /// where present). Task heads stay fp32; bf16 and int8 need a BERT or a
+    /// ModernBERT on the CPU. A `bertha quantize` folder runs its stored
+    /// weights when this names its precision. `--quantize` is the older
+    /// name.
     #[arg(long, alias = "quantize", default_value = "f32")]
     pub precision: bertha::fast::Precision,
 }

@@ -337,27 +337,31 @@ pub(crate) fn gelu_tanh_inner(x: f32) -> f32 {
 /// A raw pointer that may cross threads: attention tasks write disjoint
 /// elements of one buffer.
 #[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
+pub(super) struct SharedMut(pub(super) *mut f32);
 // SAFETY: every task writes a disjoint set of elements (see `attend_body`).
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
 /// What every attention task shares.
-struct AttentionJob<'a> {
-    qkv: &'a [f32],
-    out: SharedMut,
-    d: usize,
-    head_dim: usize,
-    scale: f32,
+pub(super) struct AttentionJob<'a> {
+    pub(super) qkv: &'a [f32],
+    pub(super) out: SharedMut,
+    pub(super) d: usize,
+    pub(super) head_dim: usize,
+    pub(super) scale: f32,
     /// `None`: gemm from [`ATTENTION_GEMM_MIN_LEN`] tokens, else loops.
     path: Option<AttentionPath>,
+    /// A sliding window (ModernBERT's local layers): query `i` sees keys
+    /// `j` with `|i − j| ≤` this; sequences longer than the window run
+    /// [`attend_band`](super::band::attend_band).
+    half_window: Option<usize>,
 }
 
 /// Per-thread buffers of the attention tasks.
 #[derive(Default)]
-struct Scratch {
+pub(super) struct Scratch {
     kt: Vec<f32>,
-    scores: Vec<f32>,
+    pub(super) scores: Vec<f32>,
     acc: Vec<f32>,
     /// Q of one head, scaled, `[len, head_dim]` (register-tile path).
     q: Vec<f32>,
@@ -395,24 +399,26 @@ enum AttentionPath {
 ///
 /// `bf16_products`: both products on bf16 tiles where the CPU has
 /// AVX512-BF16 (the softmax stays fp32), for the bf16 and int8 precisions.
+/// `half_window`: query `i` attends to keys `|i − j| ≤ half_window` only,
+/// at a cost that grows as tokens × window on longer sequences.
 pub fn packed_attention(
     qkv: &[f32],
     ctx: &mut [f32],
     offsets: &[usize],
-    num_heads: usize,
-    head_dim: usize,
+    (num_heads, head_dim): (usize, usize),
     bf16_products: bool,
+    half_window: Option<usize>,
 ) {
     let path = if bf16_products && crate::fast::cpu::features().bf16 {
         Some(AttentionPath::TilesBf16)
     } else {
         crate::fast::matmul::has_f32_tiles().then_some(AttentionPath::Tiles)
     };
-    packed_attention_on(path, qkv, ctx, offsets, num_heads, head_dim);
+    packed_attention_on((path, half_window), qkv, ctx, offsets, num_heads, head_dim);
 }
 
 fn packed_attention_on(
-    path: Option<AttentionPath>,
+    (path, half_window): (Option<AttentionPath>, Option<usize>),
     qkv: &[f32],
     ctx: &mut [f32],
     offsets: &[usize],
@@ -439,6 +445,7 @@ fn packed_attention_on(
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
         path,
+        half_window,
     };
     let tasks: Vec<(usize, usize, usize)> = offsets
         .windows(2)
@@ -446,7 +453,7 @@ fn packed_attention_on(
         .collect();
     let work: usize = tasks
         .iter()
-        .map(|(_, len, _)| 2 * len * len * head_dim)
+        .map(|&(_, len, _)| 2 * len * len.min(half_window.map_or(len, |w| 2 * w + 1)) * head_dim)
         .sum();
     if work < SERIAL_ATTENTION_WORK {
         let mut scratch = Scratch::default();
@@ -473,6 +480,12 @@ fn attend_body(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usi
         // An empty sequence has no rows to write (and its start may be
         // the end of qkv).
         return;
+    }
+    if let Some(w) = job.half_window {
+        // A sequence the window covers whole is plain attention.
+        if len > w + 1 {
+            return super::band::attend_band(job, scratch, (start, len, h), w);
+        }
     }
     let path = job.path.unwrap_or(if len >= ATTENTION_GEMM_MIN_LEN {
         AttentionPath::Gemm
@@ -794,92 +807,16 @@ pub(crate) fn lane_dot_centered(a: &[f32], b: &[f32], shift: f32) -> f32 {
 /// once are `QUERY_BLOCK × len` (128 KB at 512 tokens) rather than
 /// `len × len` (1 MB), so they stay in L2 beside the head's K and V while
 /// the softmax and the second product read them back.
-const QUERY_BLOCK: usize = 64;
+pub(super) const QUERY_BLOCK: usize = 64;
 
 /// One (sequence, head) as `softmax(scale · Q Kᵀ) V` with two gemm calls
 /// per block of query rows, reading Q, K and V in place from the packed
-/// QKV rows. Each row's softmax sees all its keys, so blocking changes no
-/// result.
+/// QKV rows: [`attend_blocked`](super::band::attend_blocked) with a window
+/// that covers the sequence. Each row's softmax sees all its keys, so
+/// blocking changes no result.
 #[inline(always)]
 fn attend_gemm(job: &AttentionJob, scratch: &mut Scratch, start: usize, len: usize, h: usize) {
-    let AttentionJob {
-        qkv,
-        d,
-        head_dim,
-        scale,
-        ..
-    } = *job;
-    let scores = &mut scratch.scores;
-    scores.resize(QUERY_BLOCK.min(len) * len, 0.0);
-    let base = start * 3 * d + h * head_dim;
-    assert!(
-        base + (len - 1) * 3 * d + 2 * d + head_dim <= qkv.len(),
-        "attention rows lie inside qkv"
-    );
-    let rs = 3 * d as isize;
-    for first in (0..len).step_by(QUERY_BLOCK) {
-        let rows = QUERY_BLOCK.min(len - first);
-        let scores = &mut scores[..rows * len];
-        // SAFETY: Q rows start+first..start+first+rows and K, V rows
-        // start..start+len, columns of head h, lie inside qkv (asserted
-        // above); scores is [rows, len]; the output rows
-        // start+first..start+first+rows, columns of head h, lie inside ctx
-        // (asserted by packed_attention) and no other task writes them.
-        unsafe {
-            let q = qkv[base..].as_ptr();
-            let (k, v) = (q.add(d), q.add(2 * d));
-            let q = q.offset(first as isize * rs);
-            // scores[i, j] = scale · Σ_c Q[first + i, c] K[j, c]
-            gemm::gemm(
-                rows,
-                len,
-                head_dim,
-                scores.as_mut_ptr(),
-                1,
-                len as isize,
-                false,
-                q,
-                1,
-                rs,
-                k,
-                rs,
-                1,
-                0.0,
-                scale,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
-            // A plain loop: a function passed to `for_each` would be
-            // compiled without this function's target features.
-            for row in scores.chunks_exact_mut(len) {
-                softmax_row(row);
-            }
-            let out = job.out.0.add((start + first) * d + h * head_dim);
-            gemm::gemm(
-                rows,
-                head_dim,
-                len,
-                out,
-                1,
-                d as isize,
-                false,
-                scores.as_ptr(),
-                1,
-                len as isize,
-                v,
-                1,
-                rs,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
-        }
-    }
+    super::band::attend_blocked(job, scratch, (start, len, h), (len, QUERY_BLOCK));
 }
 
 /// One (sequence, head) of a short sequence, as plain loops.
@@ -992,7 +929,7 @@ pub fn linear_gops(precision: super::Precision, m: usize, k: usize, n: usize, re
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Packed attention against softmax(scale · Q Kᵀ) V in f64, on every
@@ -1023,8 +960,8 @@ mod tests {
                 .collect();
             for &path in &paths {
                 let mut ctx = vec![0f32; tokens * d];
-                packed_attention_on(path, &qkv, &mut ctx, &offsets, heads, hd);
-                let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
+                packed_attention_on((path, None), &qkv, &mut ctx, &offsets, heads, hd);
+                let worst = worst_attention_error(&qkv, &ctx, &offsets, (heads, hd), None);
                 assert!(
                     worst < 1e-5,
                     "{path:?}, head_dim {hd}: largest difference {worst}"
@@ -1035,8 +972,8 @@ mod tests {
                 // 2^-9 of the values (|v| ≤ 1), far above fp32's.
                 let mut ctx = vec![0f32; tokens * d];
                 let path = Some(AttentionPath::TilesBf16);
-                packed_attention_on(path, &qkv, &mut ctx, &offsets, heads, hd);
-                let worst = worst_attention_error(&qkv, &ctx, &offsets, heads, hd);
+                packed_attention_on((path, None), &qkv, &mut ctx, &offsets, heads, hd);
+                let worst = worst_attention_error(&qkv, &ctx, &offsets, (heads, hd), None);
                 assert!(
                     worst < 1e-2,
                     "bf16, head_dim {hd}: largest difference {worst}"
@@ -1046,12 +983,14 @@ mod tests {
         }
     }
 
-    fn worst_attention_error(
+    /// The largest difference of `ctx` from `softmax(scale · Q Kᵀ) V` in
+    /// f64, each query over the keys within `window` of it (all without).
+    pub(in crate::fast) fn worst_attention_error(
         qkv: &[f32],
         ctx: &[f32],
         offsets: &[usize],
-        heads: usize,
-        hd: usize,
+        (heads, hd): (usize, usize),
+        window: Option<usize>,
     ) -> f64 {
         let d = heads * hd;
         let lens: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
@@ -1064,8 +1003,15 @@ mod tests {
             let (a, n) = (offsets[s], lens[s]);
             for h in 0..heads {
                 for i in 0..n {
-                    let scores: Vec<f64> = (0..n)
-                        .map(|j| {
+                    let keys: Vec<usize> = (0..n)
+                        .filter(|j| match window {
+                            Some(w) => i.abs_diff(*j) <= w,
+                            None => true,
+                        })
+                        .collect();
+                    let scores: Vec<f64> = keys
+                        .iter()
+                        .map(|&j| {
                             (0..hd)
                                 .map(|c| at(a + i, 0, h, c) * at(a + j, 1, h, c))
                                 .sum::<f64>()
@@ -1076,7 +1022,11 @@ mod tests {
                     let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
                     let z: f64 = e.iter().sum();
                     for c in 0..hd {
-                        let want: f64 = (0..n).map(|j| e[j] / z * at(a + j, 2, h, c)).sum();
+                        let want: f64 = keys
+                            .iter()
+                            .zip(&e)
+                            .map(|(&j, p)| p / z * at(a + j, 2, h, c))
+                            .sum();
                         let got = ctx[(a + i) * d + h * hd + c] as f64;
                         worst = worst.max((got - want).abs());
                     }

@@ -1,5 +1,6 @@
-//! The CPU inference fast path: BERT on packed sequences ([`PackedBert`])
-//! with fused kernels and matrix multiplies against weights packed once.
+//! The CPU inference fast path: BERT and ModernBERT on packed sequences
+//! ([`PackedBert`]) with fused kernels and matrix multiplies against
+//! weights packed once.
 //!
 //! Everything here is crate-private except what a caller chooses or
 //! measures: the packed model, its [`Precision`], the CPU-mode switch
@@ -7,13 +8,19 @@
 //! [`matmul_gflops`]. The training ops (`model::ops`) share the row loops
 //! of `kernels`.
 
+mod band;
 pub(crate) mod buffers;
 pub mod cpu;
 pub(crate) mod kernels;
 pub(crate) mod matmul;
+mod modernbert;
 mod packed;
+mod precision;
+mod rope;
+mod site;
 pub mod train;
 
 pub use cpu::{flush_denormals, instruction_peak_gops};
 pub use kernels::{linear_gops, matmul_gflops};
-pub use packed::{PackedBert, PackedStates, Precision};
+pub use packed::{PackedBert, PackedStates};
+pub use precision::Precision;

@@ -7,7 +7,8 @@
 //! bias + GELU are single parallel passes. Weights are copied out of the
 //! candle model once, transposed for the multiplies. Used for inference
 //! on the CPU; training and optional outputs (hidden states, attentions)
-//! go through the candle modules.
+//! go through the candle modules. ModernBERT runs on the same layers with
+//! what its own adds (`fast::modernbert`: rotary positions, windows, GeGLU).
 
 use std::path::Path;
 
@@ -15,18 +16,20 @@ use candle_core::Tensor;
 
 use super::kernels::{self, Act};
 use super::matmul::{I8Scheme, PackedBf16, PackedF32, PackedI8, QuantScratch};
-use crate::config::{Activation, NormPosition};
+use super::modernbert::{geglu, ModernParts};
+use super::site::{Site, SITES};
+use crate::config::{Activation, Family, NormPosition};
 use crate::error::{Error, Result};
 use crate::io::quantized::{PackedData, PackedLinear};
 use crate::model::{BertModel, Dense, LayerNorm};
 
-struct Norm {
+pub(super) struct Norm {
     gamma: Vec<f32>,
     beta: Vec<f32>,
     eps: f32,
 }
 
-struct Linear {
+pub(super) struct Linear {
     weights: Weights,
     bias: Vec<f32>,
     out_dim: usize,
@@ -40,50 +43,6 @@ enum Weights {
     F32(PackedF32),
     Bf16(PackedBf16),
     I8(PackedI8),
-}
-
-/// The multiplies whose inputs calibration watches: the four linear
-/// layers of an encoder layer.
-#[derive(Debug, Clone, Copy)]
-enum Site {
-    Qkv = 0,
-    AttnOut = 1,
-    FfnIn = 2,
-    FfnOut = 3,
-}
-
-const SITES: [Site; 4] = [Site::Qkv, Site::AttnOut, Site::FfnIn, Site::FfnOut];
-
-impl Site {
-    /// The site's name in a quantised checkpoint.
-    fn name(self) -> &'static str {
-        match self {
-            Site::Qkv => "qkv",
-            Site::AttnOut => "attn_out",
-            Site::FfnIn => "ffn_in",
-            Site::FfnOut => "ffn_out",
-        }
-    }
-
-    /// How the site's multiply quantizes. Measured on all-MiniLM-L6-v2
-    /// (min cosine of sentence embeddings to fp32, SST-2 dev / SQuAD
-    /// contexts): groups of 64 channels for activations and weight scales
-    /// everywhere; the LayerNorm outputs (Q/K/V, FFN input), whose outlier
-    /// channels are steady, take a stronger migration (α = 0.6: 0.99917
-    /// on SST-2 against 0.99914 at 0.5); the attention context and GELU
-    /// output keep α = 0.5 (0.75 loses: 0.99898 with FFN-output alone in
-    /// int8). Groups of 32 everywhere reach 0.99931, at more float work per
-    /// product.
-    fn int8_scheme(self) -> I8Scheme {
-        let alpha = match self {
-            Site::Qkv | Site::FfnIn => 0.6,
-            Site::AttnOut | Site::FfnOut => 0.5,
-        };
-        I8Scheme {
-            alpha,
-            ..I8Scheme::default()
-        }
-    }
 }
 
 impl Linear {
@@ -121,57 +80,16 @@ impl Linear {
     }
 }
 
-/// Number format of the fast path's matrix multiplies.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Precision {
-    /// fp32 throughout: matches transformers to ~1e-5.
-    #[default]
-    F32,
-    /// bf16 weights and multiply inputs with fp32 sums (AVX512-BF16), in
-    /// all four linear layers; LayerNorm, softmax, GELU and the attention
-    /// products in fp32 (see [`PackedBert::to_bf16`]).
-    Bf16,
-    /// int8 weights (per output column and group of 64 input channels)
-    /// and activations (per token and channel group) in all four linear
-    /// layers, int32 sums; embeddings, LayerNorm, softmax, GELU, the
-    /// attention products and the pooler in fp32 (see
-    /// [`PackedBert::quantize_int8`]).
-    Int8,
-}
-
-impl Precision {
-    /// The name `--precision` takes (and a quantised checkpoint records).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::Int8 => "int8",
-        }
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "f32" | "fp32" | "none" => Ok(Self::F32),
-            "bf16" | "bfloat16" => Ok(Self::Bf16),
-            "int8" | "i8" => Ok(Self::Int8),
-            other => Err(Error::option(
-                "precision",
-                format!("`{other}` is unknown: use f32, bf16 or int8"),
-            )),
-        }
-    }
-}
-
-struct Layer {
-    qkv: Linear,
-    attn_out: Linear,
-    attn_norm: Norm,
-    ffn_in: Linear,
-    ffn_out: Linear,
-    ffn_norm: Norm,
+pub(super) struct Layer {
+    pub(super) qkv: Linear,
+    pub(super) attn_out: Linear,
+    /// `None`: the attention reads the layer input as it is (ModernBERT's
+    /// layer 0, whose input the embeddings' norm has just normalised).
+    pub(super) attn_norm: Option<Norm>,
+    /// With GeGLU (ModernBERT) `[D, 2·I]`: the input half, then the gate.
+    pub(super) ffn_in: Linear,
+    pub(super) ffn_out: Linear,
+    pub(super) ffn_norm: Norm,
 }
 
 impl Layer {
@@ -195,20 +113,23 @@ impl Layer {
 }
 
 pub struct PackedBert {
-    hidden: usize,
-    num_heads: usize,
-    head_dim: usize,
-    max_positions: usize,
-    act: Act,
-    norm_position: NormPosition,
-    word: Vec<f32>,
-    vocab: usize,
-    position: Vec<f32>,
-    token_type: Option<(Vec<f32>, usize)>,
-    embed_norm: Option<Norm>,
-    layers: Vec<Layer>,
-    final_norm: Option<Norm>,
-    pooler: Option<Linear>,
+    pub(super) hidden: usize,
+    pub(super) num_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) max_positions: usize,
+    pub(super) act: Act,
+    pub(super) norm_position: NormPosition,
+    pub(super) word: Vec<f32>,
+    pub(super) vocab: usize,
+    /// Absolute position embeddings (`None`: rotary positions, ModernBERT).
+    pub(super) position: Option<Vec<f32>>,
+    pub(super) token_type: Option<(Vec<f32>, usize)>,
+    pub(super) embed_norm: Option<Norm>,
+    pub(super) layers: Vec<Layer>,
+    pub(super) final_norm: Option<Norm>,
+    pub(super) pooler: Option<Linear>,
+    /// ModernBERT's rotary positions, windows and GeGLU.
+    pub(super) modern: Option<ModernParts>,
 }
 
 /// Packed hidden states: sequence `s` owns rows `offsets[s]..offsets[s+1]`.
@@ -232,13 +153,13 @@ impl PackedStates {
     }
 }
 
-fn flat(t: &Tensor) -> Result<Vec<f32>> {
+pub(super) fn flat(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(candle_core::DType::F32)?
         .flatten_all()?
         .to_vec1::<f32>()?)
 }
 
-fn linear_of(parts: &[&Dense]) -> Result<Linear> {
+pub(super) fn linear_of(parts: &[&Dense]) -> Result<Linear> {
     // Stack the [out_i, in] weights of several projections into one
     // [Σout, in] (for fused QKV), then transpose to [in, Σout].
     let w = Tensor::cat(
@@ -261,7 +182,7 @@ fn linear_of(parts: &[&Dense]) -> Result<Linear> {
     })
 }
 
-fn norm_of(ln: &LayerNorm) -> Result<Norm> {
+pub(super) fn norm_of(ln: &LayerNorm) -> Result<Norm> {
     Ok(Norm {
         gamma: flat(&ln.weight)?,
         beta: flat(&ln.bias)?,
@@ -277,6 +198,9 @@ impl PackedBert {
             return Ok(None);
         }
         let cfg = model.config();
+        if let Family::ModernBert(o) = &cfg.family {
+            return super::modernbert::pack(model, o);
+        }
         // Only BERT itself: the family's positions, shared layers and
         // relative attention run on the candle modules.
         if !cfg.family.is_bert() || !model.encoder.is_plain() {
@@ -295,7 +219,7 @@ impl PackedBert {
                 Ok(Layer {
                     qkv: linear_of(&[&sa.query, &sa.key, &sa.value])?,
                     attn_out: linear_of(&[&l.attention.dense])?,
-                    attn_norm: norm_of(&l.attention.layer_norm)?,
+                    attn_norm: Some(norm_of(&l.attention.layer_norm)?),
                     ffn_in: linear_of(&[&l.intermediate.dense])?,
                     ffn_out: linear_of(&[&l.output.dense])?,
                     ffn_norm: norm_of(&l.output.layer_norm)?,
@@ -315,7 +239,7 @@ impl PackedBert {
             norm_position: cfg.norm_position,
             word: flat(emb.word_embeddings.embeddings())?,
             vocab: cfg.vocab_size,
-            position: flat(position_embeddings.embeddings())?,
+            position: Some(flat(position_embeddings.embeddings())?),
             token_type: match &emb.token_type_embeddings {
                 Some(t) => Some((flat(t.embeddings())?, cfg.type_vocab_size)),
                 None => None,
@@ -332,6 +256,7 @@ impl PackedBert {
                 Some(p) => Some(linear_of(&[&p.dense])?),
                 None => None,
             },
+            modern: None,
         }))
     }
 
@@ -373,8 +298,10 @@ impl PackedBert {
                 )));
             }
         }
-        if self.layers.is_empty() {
-            // The embeddings are the output: keep the rows asked for.
+        if self.layers.is_empty() || self.modern.is_some() {
+            // The embeddings are the output, or (ModernBERT) the last
+            // layer's rotary positions and window run on the whole pass:
+            // keep the rows asked for.
             let states = self.forward(sequences)?;
             let d = self.hidden;
             let mut data = Vec::with_capacity(rows.len() * d);
@@ -556,6 +483,15 @@ impl PackedBert {
         let mut ctx = vec![0f32; n * d];
         let mut tmp = vec![0f32; n * d];
         let mut inter = vec![0f32; n * ffn];
+        // GeGLU's product of FFN-in's halves (BERT's FFN has none).
+        let mut glu = vec![
+            0f32;
+            if self.modern.is_some() {
+                n * ffn / 2
+            } else {
+                0
+            }
+        ];
         let mut inter_pairs = Vec::new();
         let mut q = QuantScratch::default();
         for (l, layer) in self.layers.iter().enumerate() {
@@ -574,28 +510,26 @@ impl PackedBert {
             match self.norm_position {
                 NormPosition::Post => {
                     observe(l, Site::Qkv, &x);
-                    self.attend(&mut q, layer, &x, &mut qkv, &mut ctx, &offsets);
+                    self.attend(&mut q, l, &x, &mut qkv, &mut ctx, &offsets);
                     observe(l, Site::AttnOut, &ctx);
                     run(&mut q, &layer.attn_out, &ctx, &mut tmp, n);
-                    let an = &layer.attn_norm;
-                    kernels::add_layer_norm(&mut tmp, Some(&x), &an.gamma, &an.beta, an.eps);
+                    add_attn_norm(layer, &mut tmp, &x);
                     std::mem::swap(&mut x, &mut tmp);
                     observe(l, Site::FfnIn, &x);
                     let pairs = &mut inter_pairs;
                     if watched || !self.ffn_bf16_pairs(&mut q, layer, &x, pairs, &mut tmp, n) {
-                        run_act(&mut q, &layer.ffn_in, &x, &mut inter, n, Some(self.act));
-                        observe(l, Site::FfnOut, &inter);
-                        run(&mut q, &layer.ffn_out, &inter, &mut tmp, n);
+                        let h = self.ffn_in(&mut q, layer, &x, (&mut inter, &mut glu), n);
+                        observe(l, Site::FfnOut, h);
+                        run(&mut q, &layer.ffn_out, h, &mut tmp, n);
                     }
                     let fnn = &layer.ffn_norm;
                     kernels::add_layer_norm(&mut tmp, Some(&x), &fnn.gamma, &fnn.beta, fnn.eps);
                     std::mem::swap(&mut x, &mut tmp);
                 }
                 NormPosition::Pre => {
-                    let an = &layer.attn_norm;
-                    kernels::layer_norm_into(&x, &mut tmp, &an.gamma, &an.beta, an.eps);
+                    self.attn_input(layer, &x, &mut tmp);
                     observe(l, Site::Qkv, &tmp);
-                    self.attend(&mut q, layer, &tmp, &mut qkv, &mut ctx, &offsets);
+                    self.attend(&mut q, l, &tmp, &mut qkv, &mut ctx, &offsets);
                     observe(l, Site::AttnOut, &ctx);
                     run(&mut q, &layer.attn_out, &ctx, &mut tmp, n);
                     kernels::add_in_place(&mut x, &tmp);
@@ -606,9 +540,9 @@ impl PackedBert {
                     // attention output), then the two swap.
                     let pairs = &mut inter_pairs;
                     if watched || !self.ffn_bf16_pairs(&mut q, layer, &tmp, pairs, &mut ctx, n) {
-                        run_act(&mut q, &layer.ffn_in, &tmp, &mut inter, n, Some(self.act));
-                        observe(l, Site::FfnOut, &inter);
-                        run(&mut q, &layer.ffn_out, &inter, &mut ctx, n);
+                        let h = self.ffn_in(&mut q, layer, &tmp, (&mut inter, &mut glu), n);
+                        observe(l, Site::FfnOut, h);
+                        run(&mut q, &layer.ffn_out, h, &mut ctx, n);
                     }
                     std::mem::swap(&mut tmp, &mut ctx);
                     kernels::add_in_place(&mut x, &tmp);
@@ -639,9 +573,10 @@ impl PackedBert {
         y: &mut [f32],
         n: usize,
     ) -> bool {
-        let (Weights::Bf16(w_in), Weights::Bf16(w_out)) =
-            (&layer.ffn_in.weights, &layer.ffn_out.weights)
+        let (Weights::Bf16(w_in), Weights::Bf16(w_out), None) =
+            (&layer.ffn_in.weights, &layer.ffn_out.weights, &self.modern)
         else {
+            // (GeGLU's product of two columns does not fit the tile store.)
             return false;
         };
         let (b_in, b_out) = (&layer.ffn_in.bias, &layer.ffn_out.bias);
@@ -668,8 +603,7 @@ impl PackedBert {
         let n = *offsets.last().expect("offsets start with 0");
         let pre = self.norm_position == NormPosition::Pre;
         let input = if pre {
-            let an = &layer.attn_norm;
-            kernels::layer_norm_into(x, normed, &an.gamma, &an.beta, an.eps);
+            self.attn_input(layer, x, normed);
             &*normed
         } else {
             x
@@ -687,7 +621,7 @@ impl PackedBert {
         run(q, &layer.attn_out, &ctx, &mut a, m);
         let ffn = layer.ffn_in.out_dim;
         let (mut inter, mut pairs, mut o) = (vec![0f32; m * ffn], Vec::new(), vec![0f32; m * d]);
-        let (an, fnn) = (&layer.attn_norm, &layer.ffn_norm);
+        let fnn = &layer.ffn_norm;
         if pre {
             kernels::add_in_place(&mut h, &a);
             kernels::layer_norm_into(&h, &mut a, &fnn.gamma, &fnn.beta, fnn.eps);
@@ -695,7 +629,7 @@ impl PackedBert {
             kernels::add_in_place(&mut h, &o);
             h
         } else {
-            kernels::add_layer_norm(&mut a, Some(&h), &an.gamma, &an.beta, an.eps);
+            add_attn_norm(layer, &mut a, &h);
             self.ffn(q, layer, &a, (&mut inter, &mut pairs), &mut o, m);
             kernels::add_layer_norm(&mut o, Some(&a), &fnn.gamma, &fnn.beta, fnn.eps);
             o
@@ -714,8 +648,41 @@ impl PackedBert {
         n: usize,
     ) {
         if !self.ffn_bf16_pairs(q, layer, x, pairs, y, n) {
+            let mut glu = Vec::new();
+            let h = self.ffn_in(q, layer, x, (inter, &mut glu), n);
+            run(q, &layer.ffn_out, h, y, n);
+        }
+    }
+
+    /// FFN-in of `layer` on `n` rows of `x` and its activation: GELU
+    /// fused into the multiply's tiles into `inter`, or with GeGLU the
+    /// product of the two halves of `inter` into `glu` (resized to fit).
+    /// Returns FFN-out's input.
+    fn ffn_in<'a>(
+        &self,
+        q: &mut QuantScratch,
+        layer: &Layer,
+        x: &[f32],
+        (inter, glu): (&'a mut [f32], &'a mut Vec<f32>),
+        n: usize,
+    ) -> &'a [f32] {
+        let out = layer.ffn_in.out_dim;
+        if self.modern.is_none() {
             run_act(q, &layer.ffn_in, x, inter, n, Some(self.act));
-            run(q, &layer.ffn_out, inter, y, n);
+            return &inter[..n * out];
+        }
+        run(q, &layer.ffn_in, x, &mut inter[..n * out], n);
+        glu.resize(n * out / 2, 0.0);
+        geglu(&inter[..n * out], glu, out / 2, self.act);
+        &glu[..]
+    }
+
+    /// The attention's input: `x` through the layer's `attn_norm`, or `x`
+    /// itself where the layer has none.
+    fn attn_input(&self, layer: &Layer, x: &[f32], out: &mut [f32]) {
+        match &layer.attn_norm {
+            Some(an) => kernels::layer_norm_into(x, out, &an.gamma, &an.beta, an.eps),
+            None => out.copy_from_slice(x),
         }
     }
 
@@ -724,18 +691,26 @@ impl PackedBert {
     fn attend(
         &self,
         q: &mut QuantScratch,
-        layer: &Layer,
+        l: usize,
         input: &[f32],
         qkv: &mut [f32],
         ctx: &mut [f32],
         offsets: &[usize],
     ) {
+        let layer = &self.layers[l];
         let n = *offsets.last().expect("offsets start with 0");
         run(q, &layer.qkv, input, qkv, n);
+        // ModernBERT: rotary positions on the Q and K just made, and the
+        // layer's window.
+        let window = match &self.modern {
+            Some(m) => m.rotate(l, qkv, offsets, self.num_heads),
+            None => None,
+        };
         // bf16 and int8 weights: the attention products on bf16 tiles
         // (no loss of agreement with fp32 measured at either precision).
         let bf16 = !matches!(layer.qkv.weights, Weights::F32(_));
-        kernels::packed_attention(qkv, ctx, offsets, self.num_heads, self.head_dim, bf16);
+        let heads = (self.num_heads, self.head_dim);
+        kernels::packed_attention(qkv, ctx, offsets, heads, bf16, window);
     }
 
     fn embed(&self, sequences: &[(&[u32], &[u32])], x: &mut [f32]) -> Result<()> {
@@ -752,8 +727,10 @@ impl PackedBert {
                 }
                 let out = &mut x[row * d..(row + 1) * d];
                 out.copy_from_slice(&self.word[id * d..(id + 1) * d]);
-                for (o, p) in out.iter_mut().zip(&self.position[pos * d..(pos + 1) * d]) {
-                    *o += p;
+                if let Some(position) = &self.position {
+                    for (o, p) in out.iter_mut().zip(&position[pos * d..(pos + 1) * d]) {
+                        *o += p;
+                    }
                 }
                 if let Some((table, n_types)) = &self.token_type {
                     let t = types.get(pos).copied().unwrap_or(0) as usize;
@@ -798,6 +775,15 @@ impl PackedBert {
                 .map(|r| r.iter().map(|v| v.tanh()).collect())
                 .collect(),
         ))
+    }
+}
+
+/// A post-norm layer's `x = attn_norm(x + residual)` (without a norm,
+/// the sum alone).
+fn add_attn_norm(layer: &Layer, x: &mut [f32], residual: &[f32]) {
+    match &layer.attn_norm {
+        Some(an) => kernels::add_layer_norm(x, Some(residual), &an.gamma, &an.beta, an.eps),
+        None => kernels::add_in_place(x, residual),
     }
 }
 

@@ -9,7 +9,7 @@
 
 mod bert;
 pub mod electra_pretraining;
-mod family;
+pub(crate) mod family;
 mod heads;
 mod nn;
 pub mod ops;

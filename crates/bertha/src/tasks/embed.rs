@@ -409,7 +409,8 @@ impl Embedder {
     }
 
     /// Sets the number format of the fast path. `Int8` needs the fast
-    /// path (a BERT on the CPU); other models and devices refuse it.
+    /// path (a BERT or a ModernBERT on the CPU); other models and devices
+    /// refuse it.
     ///
     /// A quantised folder must hold `precision` (else an error naming its
     /// file and field) whatever this CPU then runs: bf16 without

@@ -21,7 +21,8 @@ const CALIBRATION_EN: &str = include_str!("calibration-en.txt");
 pub struct PipelineOptions {
     /// `F32`: today's exact path. `Bf16` / `Int8`: the encoder on the
     /// packed CPU fast path at that precision, the head in fp32; only for
-    /// a plain BERT on the CPU (other models are refused with an error).
+    /// a plain BERT or a ModernBERT on the CPU (other models are refused
+    /// with an error).
     /// bf16 on a CPU without AVX512-BF16 runs in fp32, with a notice.
     pub precision: Precision,
 }
@@ -186,7 +187,10 @@ impl HeadEncoder {
             .enumerate()
             .map(|(i, s)| (&s[..], types.get(i).map_or(&[][..], |t| &t[..])))
             .collect();
-        let first_row_only = first_row_only && ids.iter().all(|s| !s.is_empty());
+        // A family with its own layers pools its own way (ModernBERT: the
+        // mean over tokens too), so it gets every row.
+        let first_row_only =
+            first_row_only && model.encoder.stack().is_none() && ids.iter().all(|s| !s.is_empty());
         let states = match first_row_only {
             true => packed.forward_at(&seqs, &vec![0; seqs.len()])?,
             false => packed.forward(&seqs)?,
@@ -199,10 +203,7 @@ impl HeadEncoder {
             padded[s * t * d..s * t * d + rows.len()].copy_from_slice(rows);
         }
         let last_hidden_state = Tensor::from_vec(padded, (b, t, d), model.device())?;
-        let pooler_output = match &model.pooler {
-            Some(p) => Some(p.forward(&last_hidden_state)?),
-            None => None,
-        };
+        let pooler_output = model.pooled(&last_hidden_state, input.attention_mask.as_ref())?;
         let out = BertOutput {
             last_hidden_state,
             pooler_output,
@@ -218,12 +219,21 @@ mod tests {
     use super::*;
     use crate::model::{BertForSequenceClassification, BertHead, HeadInit, HeadLabels};
 
-    /// The fast path's plumbing (packing, padding back, pooler) on its
-    /// own: at f32 it gives the candle path's logits on a padded batch.
+    /// The fast path's plumbing (packing, padding back, pooler or the
+    /// family's pooling) on its own: at f32 it gives the candle path's
+    /// logits on a padded batch, for BERT's pooler and ModernBERT's mean
+    /// over tokens.
     #[test]
     fn fast_path_at_f32_gives_the_candle_logits() {
+        for fixture in ["tiny/bert-seqcls", "families/modernbert-seqcls"] {
+            fast_head_gives_the_candle_logits(fixture);
+        }
+    }
+
+    fn fast_head_gives_the_candle_logits(fixture: &str) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny/bert-seqcls");
+            .join("../../tests/fixtures")
+            .join(fixture);
         let device = candle_core::Device::Cpu;
         let head = BertForSequenceClassification::from_dir(&dir, HeadInit::FromCheckpoint, &device)
             .unwrap();
@@ -260,7 +270,10 @@ mod tests {
         for first_row_only in [false, true] {
             let got = run(&fast, first_row_only);
             for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
-                assert!((w - g).abs() <= 1e-5, "{w} vs {g} ({first_row_only})");
+                assert!(
+                    (w - g).abs() <= 1e-5,
+                    "{fixture}: {w} vs {g} ({first_row_only})"
+                );
             }
         }
         let opts = ForwardOptions {

@@ -45,6 +45,16 @@ pub fn read_json(path: &PathBuf) -> serde_json::Value {
 }
 
 /// Max |a - b| over all elements; shapes must agree.
+/// The first value of a tensor, as f32 (a loss).
+pub fn scalar(t: &Tensor) -> f32 {
+    t.to_dtype(bertha::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()[0]
+}
+
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims(), "shape mismatch");
     let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();

@@ -46,6 +46,12 @@ pub trait LayerStack: Debug + Send + Sync {
     fn pool(&self, _last: &Tensor, _attention_mask: Option<&Tensor>) -> Result<Option<Tensor>> {
         Ok(None)
     }
+
+    /// The stack as its concrete type, for a reader that knows it (the
+    /// packed fast path copies ModernBERT's weights); `None` by default.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -117,6 +123,11 @@ impl BertEncoder {
             Some(s) => s.pool(last, attention_mask),
             None => Ok(None),
         }
+    }
+
+    /// The family's own layers, when it has them ([`LayerStack`]).
+    pub(crate) fn stack(&self) -> Option<&dyn LayerStack> {
+        self.stack.as_deref()
     }
 
     /// One layer per step, no projection, no relative positions: what the

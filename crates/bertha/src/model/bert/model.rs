@@ -151,6 +151,20 @@ impl BertModel {
         &self.device
     }
 
+    /// `pooler_output` of a last hidden state [B, T, D] and its attention
+    /// mask [B, T]: the pooler's, or the family's own sentence vector
+    /// (ModernBERT's cls or mean); `None` when the model has neither.
+    pub fn pooled(
+        &self,
+        last: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> CResult<Option<Tensor>> {
+        match &self.pooler {
+            Some(p) => Ok(Some(p.forward(last)?)),
+            None => self.encoder.pool(last, attention_mask),
+        }
+    }
+
     pub fn has_pooler(&self) -> bool {
         self.pooler.is_some()
     }
@@ -189,13 +203,7 @@ impl BertModel {
             opts.output_attentions,
             opts.train,
         )?;
-        let pooler_output = match &self.pooler {
-            Some(p) => Some(p.forward(&enc.last_hidden_state)?),
-            // A family's own sentence vector (ModernBERT's cls or mean).
-            None => self
-                .encoder
-                .pool(&enc.last_hidden_state, input.attention_mask.as_ref())?,
-        };
+        let pooler_output = self.pooled(&enc.last_hidden_state, input.attention_mask.as_ref())?;
         Ok(BertOutput {
             last_hidden_state: enc.last_hidden_state,
             pooler_output,

@@ -8,7 +8,7 @@ mod albert;
 mod deberta_v2;
 mod distilbert;
 mod electra;
-mod modernbert;
+pub(crate) mod modernbert;
 mod roberta;
 
 use candle_core::Result;

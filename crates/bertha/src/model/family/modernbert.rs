@@ -17,8 +17,8 @@
 //! `head.norm`, then `decoder` (MLM, tied to `tok_embeddings`, own bias)
 //! or `classifier`. Biases exist only where the config's `*_bias` says.
 
-mod layers;
-mod rotary;
+pub(crate) mod layers;
+pub(crate) mod rotary;
 
 use std::sync::Arc;
 

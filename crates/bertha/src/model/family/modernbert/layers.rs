@@ -286,6 +286,10 @@ impl LayerStack for ModernBertEncoder {
         self.layers.len()
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     /// `classifier_pooling`: the first token, or the mean over attended
     /// tokens (all tokens without a mask).
     fn pool(&self, last: &Tensor, attention_mask: Option<&Tensor>) -> Result<Option<Tensor>> {

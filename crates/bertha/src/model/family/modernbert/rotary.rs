@@ -14,19 +14,16 @@ pub struct RotaryTables {
 impl RotaryTables {
     pub fn new(len: usize, head_dim: usize, theta: f64, device: &Device) -> Result<Self> {
         let half = head_dim / 2;
-        // f32 throughout, as torch computes the table (its pow, product
-        // and cos are all single precision).
-        let base = theta as f32;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / base.powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let (cos_half, sin_half) = half_tables(len, head_dim, theta);
         let mut cos = Vec::with_capacity(len * head_dim);
         let mut sin = Vec::with_capacity(len * head_dim);
-        for p in 0..len {
-            let angles: Vec<f32> = inv_freq.iter().map(|f| p as f32 * f).collect();
+        for (c, s) in cos_half
+            .chunks(half.max(1))
+            .zip(sin_half.chunks(half.max(1)))
+        {
             for _ in 0..2 {
-                cos.extend(angles.iter().map(|a| a.cos()));
-                sin.extend(angles.iter().map(|a| a.sin()));
+                cos.extend_from_slice(c);
+                sin.extend_from_slice(s);
             }
         }
         Ok(Self {
@@ -41,6 +38,28 @@ impl RotaryTables {
         x.broadcast_mul(&self.cos)?
             .add(&rotated.broadcast_mul(&self.sin)?)
     }
+}
+
+/// `cos` and `sin` `[len, head_dim / 2]` of the angles `p · inv_freq[i]`
+/// (both halves of a head share them). f32 throughout, as torch computes
+/// the table (its pow, product and cos are all single precision); the
+/// packed fast path reads the same numbers.
+pub(crate) fn half_tables(len: usize, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let base = theta as f32;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / base.powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(len * half);
+    let mut sin = Vec::with_capacity(len * half);
+    for p in 0..len {
+        for f in &inv_freq {
+            let a = p as f32 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    (cos, sin)
 }
 
 /// `[x1, x2] → [−x2, x1]` over the last dimension's halves.
