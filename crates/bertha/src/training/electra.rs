@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::{Device, Tensor, D};
-use rand::rngs::StdRng;
 use rand::Rng;
+use rayon::prelude::*;
 
 use super::checkpoint::{save_safetensors, write_atomic};
 use super::distributed::{deals, ProcessGroup};
@@ -251,35 +251,47 @@ impl ElectraPretrainer {
 /// The generator's draws of one batch: each row draws from its own
 /// generator, seeded by its place in the whole micro-batch, so the same
 /// tokens come out however many processes share it (and on either
-/// engine).
+/// engine). Rows draw in parallel (a softmax over the vocabulary per
+/// masked token is ~10 % of a `mini` step), each row's positions in order.
 struct Draws {
     seed: u64,
     purpose: u64,
     base: u64,
-    row: Option<(usize, StdRng)>,
 }
 
 impl Draws {
-    fn new(seed: u64, purpose: u64, base: u64) -> Self {
-        Self {
-            seed,
-            purpose,
-            base,
-            row: None,
-        }
-    }
-
-    /// A draw for a masked position of row `b` (rows in ascending order)
-    /// from the generator's `logits` there.
-    fn draw(&mut self, b: usize, logits: &[f32]) -> u32 {
-        let rng = match &mut self.row {
-            Some((at, r)) if *at == b => r,
-            slot => {
-                let r = rng_for(self.seed, self.purpose, self.base + b as u64);
-                &mut slot.insert((b, r)).1
+    /// Fills each target `(row, position, original)` of `corrupted` with a
+    /// draw from its row of `logits` (`[targets, vocab]`, in the targets'
+    /// order: rows ascending); returns how many differ from the original.
+    fn fill(
+        &self,
+        targets: &[(usize, usize, i64)],
+        logits: &[f32],
+        corrupted: &mut [Vec<u32>],
+    ) -> usize {
+        let vocab = logits.len() / targets.len().max(1);
+        let mut runs = Vec::new();
+        for (k, &(b, _, _)) in targets.iter().enumerate() {
+            match runs.last_mut() {
+                Some((row, _, end)) if *row == b => *end = k + 1,
+                _ => runs.push((b, k, k + 1)),
             }
-        };
-        sample_softmax(logits, rng)
+        }
+        let drawn: Vec<Vec<u32>> = runs
+            .par_iter()
+            .map(|&(b, start, end)| {
+                let mut rng = rng_for(self.seed, self.purpose, self.base + b as u64);
+                (start..end)
+                    .map(|k| sample_softmax(&logits[k * vocab..(k + 1) * vocab], &mut rng))
+                    .collect()
+            })
+            .collect();
+        let mut replaced = 0;
+        for (&(b, p, y), d) in targets.iter().zip(drawn.into_iter().flatten()) {
+            corrupted[b][p] = d;
+            replaced += usize::from(i64::from(d) != y);
+        }
+        replaced
     }
 }
 
@@ -367,16 +379,7 @@ impl ElectraTraining {
         for (b, l) in labels.iter().enumerate() {
             flat[b * t..b * t + l.len()].copy_from_slice(l);
         }
-        let targets: Vec<(usize, usize, i64)> = labels
-            .iter()
-            .enumerate()
-            .flat_map(|(b, l)| {
-                l.iter()
-                    .enumerate()
-                    .filter(|(_, &y)| y != IGNORE_INDEX)
-                    .map(move |(p, &y)| (b, p, y))
-            })
-            .collect();
+        let targets = masked_targets(&labels);
         let mut tally = ElectraTally::default();
         let opts = HeadOptions {
             forward: ForwardOptions {
@@ -393,15 +396,13 @@ impl ElectraTraining {
             let masked = BertInput::from_ids(&masked_ids, &types, self.pad_id, &self.device)?;
             let gen_labels = Tensor::from_vec(flat, (batch.len(), t), &self.device)?;
             let (logits, gen_loss) = self.pair.generator_pass(&masked, &gen_labels, opts)?;
-            let rows = logits.detach().to_vec2::<f32>()?;
-            let mut draws = Draws::new(seed, sample_purpose, base);
-            for ((b, p, y), row) in targets.iter().zip(&rows) {
-                let drawn = draws.draw(*b, row);
-                corrupted[*b][*p] = drawn;
-                if i64::from(drawn) != *y {
-                    tally.replaced += 1.0;
-                }
-            }
+            let rows = logits.detach().flatten_all()?.to_vec1::<f32>()?;
+            let draws = Draws {
+                seed,
+                purpose: sample_purpose,
+                base,
+            };
+            tally.replaced = draws.fill(&targets, &rows, &mut corrupted) as f64;
             let pred = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
             tally.generator_correct = pred
                 .iter()
@@ -590,6 +591,21 @@ impl Objective for ElectraTraining {
     fn update_sink(&self) -> Option<&dyn UpdateSink> {
         self.packs.get().map(|p| p as &dyn UpdateSink)
     }
+}
+
+/// The masked positions `(row, position, original)` of a batch's labels,
+/// row by row: the order of the generator's logits rows.
+fn masked_targets(labels: &[Vec<i64>]) -> Vec<(usize, usize, i64)> {
+    labels
+        .iter()
+        .enumerate()
+        .flat_map(|(b, l)| {
+            l.iter()
+                .enumerate()
+                .filter(|(_, &y)| y != IGNORE_INDEX)
+                .map(move |(p, &y)| (b, p, y))
+        })
+        .collect()
 }
 
 /// The key of a training slice's first row, from its place in the whole

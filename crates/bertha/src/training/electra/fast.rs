@@ -6,7 +6,7 @@
 //! gives them. Masks, draws and dropout streams are the candle path's, so
 //! in fp32 both engines compute the same step.
 
-use super::{row_base, Draws, ElectraTally, ElectraTraining, Masked, MASK, SAMPLE};
+use super::{masked_targets, row_base, Draws, ElectraTally, ElectraTraining, Masked, MASK, SAMPLE};
 use crate::data::Example;
 use crate::error::{Error, Result};
 use crate::fast::train::{
@@ -70,27 +70,14 @@ impl ElectraTraining {
                 labels: labels.iter().map(|l| &l[..]).collect(),
                 next_sentence: None,
             };
-            // The logits' rows are the masked positions, row by row.
-            let targets: Vec<(usize, usize, i64)> = labels
-                .iter()
-                .enumerate()
-                .flat_map(|(b, l)| {
-                    l.iter()
-                        .enumerate()
-                        .filter(|(_, &y)| y != IGNORE_INDEX)
-                        .map(move |(p, &y)| (b, p, y))
-                })
-                .collect();
-            let mut draws = Draws::new(self.opts.train.seed, SAMPLE, base);
+            let targets = masked_targets(&labels);
+            let draws = Draws {
+                seed: self.opts.train.seed,
+                purpose: SAMPLE,
+                base,
+            };
             let mut sample = |logits: &[f32]| {
-                let vocab = logits.len() / targets.len();
-                for (&(b, p, y), row) in targets.iter().zip(logits.chunks_exact(vocab)) {
-                    let drawn = draws.draw(b, row);
-                    corrupted[b][p] = drawn;
-                    if i64::from(drawn) != y {
-                        tally.replaced += 1.0;
-                    }
-                }
+                tally.replaced = draws.fill(&targets, logits, &mut corrupted) as f64;
                 Ok(())
             };
             let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
