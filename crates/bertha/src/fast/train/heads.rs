@@ -9,7 +9,7 @@ use candle_core::backprop::GradStore;
 
 use super::encoder::{drop_rows, Encoder, Linear};
 use super::grad_store;
-use super::losses::cross_entropy;
+use super::losses::{bce_with_logit, cross_entropy};
 use super::mlm::linear;
 use super::products::Compute;
 use crate::config::ProblemType;
@@ -451,15 +451,9 @@ fn sequence_loss(
             sum += f64::from(v - y).powi(2);
             *x = scale * 2.0 * (v - y);
         } else {
-            // BCEWithLogits: max(x, 0) - x·y + log(1 + exp(-|x|)).
-            let e = (-v.abs()).exp();
-            sum += f64::from(v.max(0.0) - v * y + e.ln_1p());
-            let sigmoid = if v >= 0.0 {
-                1.0 / (1.0 + e)
-            } else {
-                e / (1.0 + e)
-            };
-            *x = scale * (sigmoid - y);
+            let (loss, grad) = bce_with_logit(v, y);
+            sum += loss;
+            *x = scale * grad;
         }
     }
     Ok((sum / m, n))

@@ -157,6 +157,20 @@ fn ce_row_end(
     (f64::from(sum.ln()) - f64::from(target - max), arg == y)
 }
 
+/// Binary cross-entropy with logits of one logit `x` against a target `y`,
+/// computed stably as `max(x, 0) − x·y + log(1 + e^−|x|)`, and its
+/// derivative with respect to `x`, `σ(x) − y`.
+pub(crate) fn bce_with_logit(x: f32, y: f32) -> (f64, f32) {
+    let e = (-x.abs()).exp();
+    let loss = f64::from(x.max(0.0) - x * y + e.ln_1p());
+    let sigmoid = if x >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    };
+    (loss, sigmoid - y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

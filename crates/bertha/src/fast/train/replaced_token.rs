@@ -8,6 +8,7 @@ use candle_core::Tensor;
 
 use super::encoder::{Encoder, Linear};
 use super::grad_store;
+use super::losses::bce_with_logit;
 use super::mlm::linear;
 use super::packs::WeightPacks;
 use super::products::{Compute, GradSink};
@@ -121,23 +122,17 @@ impl<'a> ReplacedTokenHead<'a> {
         bias_act_forward(&pre, &self.dense.b.data, &mut h, self.act);
         let mut logits = zeros(t);
         self.prediction.forward(&h, &mut logits, t);
-        // BCEWithLogits, mean over the tokens: max(x, 0) − x·y + log(1 +
-        // e^−|x|); its gradient (σ(x) − y) / T, times the weight.
+        // BCEWithLogits, mean over the tokens; the logits become the
+        // gradient of the weighted mean.
         let (mut sum, mut correct) = (0f64, 0);
         let scale = (weight / t as f64) as f32;
         for (x, &replaced) in logits.iter_mut().zip(&labels) {
-            let (v, y) = (*x, if replaced { 1.0f32 } else { 0.0 });
-            if (v > 0.0) == replaced {
+            if (*x > 0.0) == replaced {
                 correct += 1;
             }
-            let e = (-v.abs()).exp();
-            sum += f64::from(v.max(0.0) - v * y + e.ln_1p());
-            let sigmoid = if v >= 0.0 {
-                1.0 / (1.0 + e)
-            } else {
-                e / (1.0 + e)
-            };
-            *x = scale * (sigmoid - y);
+            let (loss, grad) = bce_with_logit(*x, if replaced { 1.0 } else { 0.0 });
+            sum += loss;
+            *x = scale * grad;
         }
         let mut dh = scratch(t * d);
         self.prediction
