@@ -22,6 +22,14 @@ pub(super) fn covers(pair: &ElectraPretraining) -> Result<bool> {
         && ReplacedTokenHead::of(&pair.discriminator)?.is_some())
 }
 
+/// Rows of ids with their token types, as the fast heads take them.
+fn packed<'a>(ids: &'a [Vec<u32>], types: &'a [Vec<u32>]) -> Vec<(&'a [u32], &'a [u32])> {
+    ids.iter()
+        .zip(types)
+        .map(|(i, t)| (&i[..], &t[..]))
+        .collect()
+}
+
 fn uncovered() -> Error {
     Error::Input("internal: the fast path no longer covers the ELECTRA pair".into())
 }
@@ -62,11 +70,7 @@ impl ElectraTraining {
                 head = head.with_packs(packs);
             }
             let batch = MlmBatch {
-                sequences: ids
-                    .iter()
-                    .zip(&types)
-                    .map(|(i, t)| (&i[..], &t[..]))
-                    .collect(),
+                sequences: packed(&ids, &types),
                 labels: labels.iter().map(|l| &l[..]).collect(),
                 next_sentence: None,
             };
@@ -102,11 +106,7 @@ impl ElectraTraining {
             head = head.with_packs(packs);
         }
         let batch = ReplacedTokenBatch {
-            sequences: corrupted
-                .iter()
-                .zip(&types)
-                .map(|(i, t)| (&i[..], &t[..]))
-                .collect(),
+            sequences: packed(&corrupted, &types),
             replaced: replaced.iter().map(|r| &r[..]).collect(),
         };
         let out = head.step(&batch, self.opts.disc_weight * shares[1], true)?;
