@@ -3,118 +3,18 @@
 
 mod common;
 
-use std::collections::HashMap;
-
-use bertha::fast::train::{FinetuneHead, HeadBatch, HeadTargets, MlmBatch, MlmHead};
-use bertha::model::{seed_dropout, BertForTask, BertInput, HeadKind, HeadLabels, HeadOptions};
+use bertha::fast::train::{FinetuneHead, HeadBatch, HeadTargets, MlmHead};
+use bertha::model::{seed_dropout, BertForTask, HeadKind, HeadLabels, HeadOptions};
 use bertha::model::{ForwardOptions, TaskOutput, IGNORE_INDEX};
 use bertha::{BertConfig, NormPosition, ProblemType};
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use common::fast_steps::{
+    assert_fixture_gradients, assert_same_gradients, candle_head_step, fixture_model, fixture_rows,
+    head_labels, random_rows, rel_diff, sequences, vars, Rows,
+};
 use common::{fixtures, load_safetensors, read_json};
-
-/// Rows of ids / types / labels, unpadded.
-#[derive(Clone)]
-struct Rows {
-    ids: Vec<Vec<u32>>,
-    types: Vec<Vec<u32>>,
-    labels: Vec<Vec<i64>>,
-    nsp: Option<Vec<i64>>,
-}
-
-impl Rows {
-    fn batch(&self) -> MlmBatch<'_> {
-        MlmBatch {
-            sequences: self
-                .ids
-                .iter()
-                .zip(&self.types)
-                .map(|(i, t)| (&i[..], &t[..]))
-                .collect(),
-            labels: self.labels.iter().map(|l| &l[..]).collect(),
-            next_sentence: self.nsp.clone(),
-        }
-    }
-
-    /// The padded batch and labels the candle path runs.
-    fn padded(&self) -> (BertInput, Tensor, Option<Tensor>) {
-        let dev = Device::Cpu;
-        let input = BertInput::from_ids(&self.ids, &self.types, 0, &dev).unwrap();
-        let t = self.ids.iter().map(Vec::len).max().unwrap();
-        let mut flat = vec![IGNORE_INDEX; self.ids.len() * t];
-        for (b, l) in self.labels.iter().enumerate() {
-            flat[b * t..b * t + l.len()].copy_from_slice(l);
-        }
-        let labels = Tensor::from_vec(flat, (self.ids.len(), t), &dev).unwrap();
-        let nsp = self
-            .nsp
-            .as_ref()
-            .map(|n| Tensor::from_vec(n.clone(), n.len(), &dev).unwrap());
-        (input, labels, nsp)
-    }
-}
-
-fn fixture_rows(dir: &std::path::Path) -> Rows {
-    let inputs = read_json(&dir.join("inputs.json"));
-    let get =
-        |k: &str| -> Vec<Vec<i64>> { serde_json::from_value(inputs["inputs"][k].clone()).unwrap() };
-    let mask = get("attention_mask");
-    let lens: Vec<usize> = mask
-        .iter()
-        .map(|m| m.iter().filter(|&&x| x == 1).count())
-        .collect();
-    let cut = |rows: Vec<Vec<i64>>| -> Vec<Vec<i64>> {
-        rows.into_iter()
-            .zip(&lens)
-            .map(|(r, &n)| r[..n].to_vec())
-            .collect()
-    };
-    let to_u32 = |rows: Vec<Vec<i64>>| -> Vec<Vec<u32>> {
-        rows.into_iter()
-            .map(|r| r.into_iter().map(|v| v as u32).collect())
-            .collect()
-    };
-    let labels: Vec<Vec<i64>> = serde_json::from_value(inputs["labels"]["labels"].clone()).unwrap();
-    // Padding positions carry no label in the fixtures.
-    for (row, &n) in labels.iter().zip(&lens) {
-        assert!(row[n..].iter().all(|&y| y == IGNORE_INDEX));
-    }
-    let ids = to_u32(cut(get("input_ids")));
-    // RoBERTa's fixtures have no token types.
-    let types = match inputs["inputs"].get("token_type_ids") {
-        Some(_) => to_u32(cut(get("token_type_ids"))),
-        None => ids.iter().map(|r| vec![0; r.len()]).collect(),
-    };
-    Rows {
-        ids,
-        types,
-        labels: cut(labels),
-        nsp: inputs["labels"]
-            .get("next_sentence_label")
-            .map(|v| serde_json::from_value(v.clone()).unwrap()),
-    }
-}
-
-fn vars(varmap: &VarMap) -> HashMap<String, Var> {
-    varmap.data().lock().unwrap().clone()
-}
-
-/// Max |a - b| over max |b|, and max |b|.
-fn rel_diff(a: &Tensor, b: &Tensor) -> (f32, f32) {
-    let scale = common::max_abs(b);
-    (common::max_abs_diff(a, b) / scale.max(1e-12), scale)
-}
-
-/// The fixture's model as head `kind` on trainable variables.
-fn fixture_model(dir: &std::path::Path, kind: HeadKind) -> (VarMap, BertForTask) {
-    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
-    let mut varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let model = BertForTask::load(vb, config, kind).unwrap();
-    varmap.load(dir.join("model.safetensors")).unwrap();
-    (varmap, model)
-}
 
 #[test]
 fn mlm_and_nsp_match_transformers() {
@@ -122,6 +22,8 @@ fn mlm_and_nsp_match_transformers() {
         ("bert-mlm", HeadKind::MaskedLM),
         ("bert-pretraining", HeadKind::PreTraining),
         ("roberta-mlm", HeadKind::MaskedLM),
+        ("distilbert-mlm", HeadKind::MaskedLM),
+        ("albert-mlm", HeadKind::MaskedLM),
     ] {
         let dir = fixtures().join("tiny").join(name);
         let (varmap, model) = fixture_model(&dir, kind);
@@ -145,35 +47,6 @@ fn mlm_and_nsp_match_transformers() {
     }
 }
 
-/// The gradients of the fixture's `grad_params` against transformers', to
-/// 1e-4 relative (0, but for rounding, where transformers' are: e.g. QA's
-/// last LayerNorm bias, as each softmax's gradient sums to 0).
-fn assert_fixture_gradients(
-    name: &str,
-    dir: &std::path::Path,
-    varmap: &VarMap,
-    grads: &GradStore,
-    expected: &HashMap<String, Tensor>,
-) {
-    let inputs = read_json(&dir.join("inputs.json"));
-    let vars = vars(varmap);
-    let params = inputs["grad_params"].as_array().unwrap();
-    // The tiny fixtures name 3 (RoBERTa's) to 9 tensors; the candle
-    // comparisons below check every tensor.
-    assert!(params.len() >= 3, "{name}: {} gradients", params.len());
-    for p in params {
-        let p = p.as_str().unwrap();
-        let g = common::grad_of(grads, &vars, p, name);
-        let (rel, scale) = rel_diff(g, &expected[&format!("grad.{p}")]);
-        println!("{name} grad.{p}: {rel:.2e} of max {scale:.2e}");
-        if scale < 1e-6 {
-            assert!(common::max_abs(g) <= 1e-6, "{name} grad.{p} should be 0");
-            continue;
-        }
-        assert!(rel <= 1e-4, "{name} grad.{p}: {rel:e} relative");
-    }
-}
-
 /// A small BERT with dropout, in either LayerNorm placement.
 fn config(norm: NormPosition, nsp: bool) -> BertConfig {
     let mut c =
@@ -186,44 +59,6 @@ fn config(norm: NormPosition, nsp: bool) -> BertConfig {
     }
     c.add_pooling_layer = nsp;
     c
-}
-
-fn random_rows(vocab: u32, nsp: bool) -> Rows {
-    let lens = [12usize, 5, 30, 1, 17];
-    let mut state = 12345u64;
-    let mut next = |n: u64| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) % n
-    };
-    let mut rows = Rows {
-        ids: vec![],
-        types: vec![],
-        labels: vec![],
-        nsp: nsp.then(Vec::new),
-    };
-    for (s, &n) in lens.iter().enumerate() {
-        rows.ids
-            .push((0..n).map(|_| 1 + next(vocab as u64 - 1) as u32).collect());
-        rows.types
-            .push((0..n).map(|p| u32::from(p >= n / 2)).collect());
-        rows.labels.push(
-            (0..n)
-                .map(|_| {
-                    if next(4) == 0 {
-                        next(vocab as u64) as i64
-                    } else {
-                        IGNORE_INDEX
-                    }
-                })
-                .collect(),
-        );
-        if let Some(v) = rows.nsp.as_mut() {
-            v.push(if s == 1 { IGNORE_INDEX } else { (s % 2) as i64 });
-        }
-    }
-    rows
 }
 
 /// The candle path's loss and gradients on the same rows, with the
@@ -450,13 +285,6 @@ fn fixture_sequences(dir: &std::path::Path) -> (Vec<Vec<u32>>, Vec<Vec<u32>>, se
     )
 }
 
-fn sequences<'a>(ids: &'a [Vec<u32>], types: &'a [Vec<u32>]) -> Vec<(&'a [u32], &'a [u32])> {
-    ids.iter()
-        .zip(types)
-        .map(|(i, t)| (&i[..], &t[..]))
-        .collect()
-}
-
 /// The fast path's loss, logits and gradients against transformers' for
 /// each fine-tuning head of the tiny fixtures (QA with the fixture's
 /// padding rows, which its loss reads).
@@ -548,87 +376,6 @@ fn finetuning_heads_match_transformers() {
         }
         assert_fixture_gradients(name, &dir, &varmap, &out.gradients, &expected);
     }
-}
-
-/// Labels of every kind for the rows of `random_rows`.
-struct HeadLabelsOf {
-    classes: Vec<i64>,
-    values: Vec<f32>,
-    tokens: Vec<Vec<i64>>,
-}
-
-fn head_labels(rows: &Rows, c: usize) -> HeadLabelsOf {
-    let n = rows.ids.len();
-    HeadLabelsOf {
-        // One sequence without a label.
-        classes: (0..n)
-            .map(|s| {
-                if s == 2 {
-                    IGNORE_INDEX
-                } else {
-                    ((s * 7) % c) as i64
-                }
-            })
-            .collect(),
-        values: (0..n * c).map(|i| ((i * 5) % 3) as f32 * 0.5).collect(),
-        tokens: rows
-            .labels
-            .iter()
-            .map(|l| {
-                l.iter()
-                    .map(|&y| if y == IGNORE_INDEX { y } else { y % c as i64 })
-                    .collect()
-            })
-            .collect(),
-    }
-}
-
-/// The candle head's loss and gradients on `rows`, padded with the
-/// model's padding id, with `labels`.
-fn candle_head_step(
-    model: &BertForTask,
-    rows: &Rows,
-    labels: &HeadLabels,
-    seed: u64,
-) -> (f64, GradStore) {
-    let pad = model.config().pad_token_id;
-    let input = BertInput::from_ids(&rows.ids, &rows.types, pad, &Device::Cpu).unwrap();
-    let opts = HeadOptions::from(ForwardOptions {
-        train: true,
-        ..ForwardOptions::default()
-    });
-    seed_dropout(seed, 0);
-    let out = model.forward(&input, labels, opts).unwrap();
-    let loss = out.loss().unwrap();
-    (
-        loss.to_scalar::<f32>().unwrap() as f64,
-        loss.backward().unwrap(),
-    )
-}
-
-/// Every gradient of `want` (the candle path's) in `got`, within 1e-4
-/// relative; returns how many were compared.
-fn assert_same_gradients(what: &str, varmap: &VarMap, got: &GradStore, want: &GradStore) -> usize {
-    let mut checked = 0;
-    for (name, var) in vars(varmap) {
-        let Some(w) = want.get(var.as_tensor()) else {
-            continue;
-        };
-        let g = got
-            .get(var.as_tensor())
-            .unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
-        let (rel, scale) = rel_diff(g, w);
-        if scale < 1e-6 {
-            assert!(common::max_abs(g) <= 1e-6, "{what} {name}: should be 0");
-            continue;
-        }
-        assert!(
-            rel <= 1e-4,
-            "{what} {name}: {rel:e} relative (max {scale:e})"
-        );
-        checked += 1;
-    }
-    checked
 }
 
 /// Each fine-tuning head's step with dropout on equals the candle head's
@@ -783,123 +530,5 @@ fn finetuning_dropout_steps_equal_the_candle_path() {
                 "{what}: weight 0.5 gives {rel:e} off half the gradient"
             );
         }
-    }
-}
-
-/// ELECTRA's encoder on the fast path (narrower embeddings, so
-/// `embeddings_project`), under its sequence classifier (dense → GELU →
-/// `out_proj` on the first token, dropout before each) and the
-/// token-classification and QA heads: with dropout on, a step equals the
-/// candle head's.
-#[test]
-fn electra_finetuning_steps_equal_the_candle_path() {
-    let dir = fixtures().join("families").join("electra-discriminator");
-    let cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
-    assert!(
-        cfg.embedding_size() < cfg.hidden_size,
-        "a projecting config"
-    );
-    let kinds = [
-        HeadKind::SequenceClassification,
-        HeadKind::TokenClassification,
-        HeadKind::QuestionAnswering,
-    ];
-    family_steps_equal_the_candle_path(cfg, &kinds, "electra.embeddings_project.weight");
-}
-
-/// RoBERTa's encoder on the fast path (positions from the padding id, its
-/// row frozen; no token types) under the token-classification and QA
-/// heads, QA with padding rows as a padded batch has them.
-#[test]
-fn roberta_finetuning_steps_equal_the_candle_path() {
-    let dir = fixtures().join("tiny").join("roberta-mlm");
-    let cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
-    let kinds = [HeadKind::TokenClassification, HeadKind::QuestionAnswering];
-    family_steps_equal_the_candle_path(
-        cfg,
-        &kinds,
-        "roberta.embeddings.position_embeddings.weight",
-    );
-}
-
-/// A step of each head of `kinds` on a model of `cfg` (dropout on) on both
-/// engines; `named` must be among the gradients.
-fn family_steps_equal_the_candle_path(mut cfg: BertConfig, kinds: &[HeadKind], named: &str) {
-    cfg.hidden_dropout_prob = 0.1;
-    cfg.attention_probs_dropout_prob = 0.15;
-    cfg.id2label = (0..3).map(|i| (i, format!("L{i}"))).collect();
-    let dev = Device::Cpu;
-    for &kind in kinds {
-        let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-        let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
-        let rows = random_rows(cfg.vocab_size as u32, false);
-        let n = rows.ids.len();
-        let l = head_labels(&rows, 3);
-        let spans: Vec<(i64, i64)> = (0..n as i64).map(|s| (s, s + 2)).collect();
-        let (starts, ends): (Vec<i64>, Vec<i64>) = spans.iter().copied().unzip();
-        let (starts, ends) = (
-            Tensor::from_vec(starts, n, &dev).unwrap(),
-            Tensor::from_vec(ends, n, &dev).unwrap(),
-        );
-        let (_, padded, _) = Rows {
-            labels: l.tokens.clone(),
-            ..rows.clone()
-        }
-        .padded();
-        let qa = kind == HeadKind::QuestionAnswering;
-        let classes = Tensor::from_vec(l.classes.clone(), n, &dev).unwrap();
-        let (targets, head_labels) = match kind {
-            HeadKind::QuestionAnswering => (
-                HeadTargets::Spans(&spans),
-                HeadLabels {
-                    start_positions: Some(&starts),
-                    end_positions: Some(&ends),
-                    ..HeadLabels::default()
-                },
-            ),
-            HeadKind::TokenClassification => (
-                HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),
-                HeadLabels::labels(Some(&padded)),
-            ),
-            _ => (
-                HeadTargets::Classes(&l.classes),
-                HeadLabels::labels(Some(&classes)),
-            ),
-        };
-        let (want_loss, want) = candle_head_step(&model, &rows, &head_labels, 7);
-        let longest = rows.ids.iter().map(Vec::len).max().unwrap();
-        let batch = HeadBatch {
-            sequences: sequences(&rows.ids, &rows.types),
-            targets,
-            pad_to: if qa { longest } else { 0 },
-        };
-        seed_dropout(7, 0);
-        let out = FinetuneHead::of(&model)
-            .unwrap()
-            .expect("the fast path runs ELECTRA's encoder")
-            .step(&batch, 1.0, true)
-            .unwrap();
-        let what = format!("{} {kind:?}", cfg.model_type);
-        assert!(
-            (out.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
-            "{what}: loss {} vs candle {want_loss}",
-            out.loss
-        );
-        // Without the same masks the losses would differ by far more.
-        seed_dropout(8, 0);
-        let other = FinetuneHead::of(&model)
-            .unwrap()
-            .unwrap()
-            .step(&batch, 1.0, true)
-            .unwrap();
-        assert!(
-            (other.loss - want_loss).abs() > 1e-4,
-            "{what}: masks make no difference"
-        );
-        let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
-        let named = vars(&varmap)[named].clone();
-        assert!(out.gradients.get(named.as_tensor()).is_some());
-        assert!(checked >= 30, "{what}: only {checked} gradients compared");
     }
 }

@@ -10,7 +10,12 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ACTS: [Activation; 3] = [Activation::Gelu, Activation::GeluTanh, Activation::Relu];
+const ACTS: [Activation; 4] = [
+    Activation::Gelu,
+    Activation::GeluTanh,
+    Activation::Relu,
+    Activation::Tanh,
+];
 
 fn rand_tensor(rng: &mut StdRng, dims: &[usize], scale: f32, shift: f32) -> Tensor {
     let n: usize = dims.iter().product();

@@ -156,8 +156,9 @@ pub struct Args {
     early_stop: Option<usize>,
 
     /// What runs the forward and backward passes: `fast` (packed tokens,
-    /// fused kernels: BERT, RoBERTa and ELECTRA on the CPU), `candle` (any
-    /// family or device) or `auto` (fast where it covers the model).
+    /// fused kernels: BERT, RoBERTa, DistilBERT, ALBERT and ELECTRA on the
+    /// CPU), `candle` (any family or device) or `auto` (fast where it covers
+    /// the model).
     #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
     engine: bertha::training::Engine,
 

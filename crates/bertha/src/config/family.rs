@@ -13,7 +13,7 @@ pub enum Family {
     /// non-padding tokens, no token types in practice.
     Roberta,
     /// `distilbert`: no token types, no pooler, its own weight names.
-    DistilBert,
+    DistilBert(DistilBertOptions),
     /// `albert`: factorised embeddings and cross-layer sharing.
     Albert(AlbertOptions),
     /// `deberta-v2`: disentangled relative-position attention.
@@ -24,6 +24,13 @@ pub enum Family {
     /// `modernbert`: rotary positions, local/global attention, GeGLU,
     /// pre-norm blocks (its own layers: `model::family::modernbert`).
     ModernBert(ModernBertOptions),
+}
+
+/// DistilBERT's own `config.json` keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DistilBertOptions {
+    /// The dropout before `qa_outputs` (BERT's QA head has none).
+    pub qa_dropout: f64,
 }
 
 /// ELECTRA's own `config.json` keys.
@@ -91,7 +98,7 @@ impl Family {
         match self {
             Self::Bert => "bert",
             Self::Roberta => "roberta",
-            Self::DistilBert => "distilbert",
+            Self::DistilBert(_) => "distilbert",
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta-v2",
             Self::Electra(_) => "electra",
@@ -105,7 +112,7 @@ impl Family {
         match self {
             Self::Bert => "bert",
             Self::Roberta => "roberta",
-            Self::DistilBert => "distilbert",
+            Self::DistilBert(_) => "distilbert",
             Self::Albert(_) => "albert",
             Self::DebertaV2(_) => "deberta",
             Self::Electra(_) => "electra",
@@ -118,7 +125,7 @@ impl Family {
         match self {
             Self::Bert => "Bert",
             Self::Roberta => "Roberta",
-            Self::DistilBert => "DistilBert",
+            Self::DistilBert(_) => "DistilBert",
             Self::Albert(_) => "Albert",
             Self::DebertaV2(_) => "DebertaV2",
             Self::Electra(_) => "Electra",

@@ -10,6 +10,9 @@ pub enum Activation {
     GeluTanh,
     /// `relu`.
     Relu,
+    /// `tanh`: not a `hidden_act` bertha reads, but RoBERTa's
+    /// classification head (`classifier.dense` → tanh).
+    Tanh,
 }
 
 impl Activation {
@@ -27,6 +30,7 @@ impl Activation {
             Self::Gelu => "gelu",
             Self::GeluTanh => "gelu_new",
             Self::Relu => "relu",
+            Self::Tanh => "tanh",
         }
     }
 }

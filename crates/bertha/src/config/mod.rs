@@ -20,7 +20,7 @@ mod write;
 
 use std::collections::BTreeMap;
 
-pub use family::{AlbertOptions, DebertaOptions, ElectraOptions, Family};
+pub use family::{AlbertOptions, DebertaOptions, DistilBertOptions, ElectraOptions, Family};
 pub use keys::{Activation, NormPosition, ProblemType};
 pub use modernbert::{AttentionKind, ClassifierPooling, ModernBertOptions};
 

@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::{
-    modernbert, Activation, AlbertOptions, BertConfig, DebertaOptions, ElectraOptions, Family,
-    ModernBertOptions, NormPosition, ProblemType, SUPPORTED_MODEL_TYPES,
+    modernbert, Activation, AlbertOptions, BertConfig, DebertaOptions, DistilBertOptions,
+    ElectraOptions, Family, ModernBertOptions, NormPosition, ProblemType, SUPPORTED_MODEL_TYPES,
 };
 use crate::error::{Error, Result};
 
@@ -154,7 +154,9 @@ impl BertConfig {
             r.get("max_position_embeddings", d.max_position_embeddings)?;
         let family = match model_type.as_str() {
             "roberta" => Family::Roberta,
-            "distilbert" => Family::DistilBert,
+            "distilbert" => Family::DistilBert(DistilBertOptions {
+                qa_dropout: r.get("qa_dropout", 0.1)?,
+            }),
             "albert" => Family::Albert(AlbertOptions {
                 embedding_size: r.get("embedding_size", 128)?,
                 num_hidden_groups: r.get("num_hidden_groups", 1)?,
@@ -177,6 +179,8 @@ impl BertConfig {
         };
         let classifier_dropout = match &family {
             Family::Albert(_) => r.get("classifier_dropout_prob", Some(0.1))?,
+            // DebertaV2ForSequenceClassification reads `cls_dropout`.
+            Family::DebertaV2(_) => r.get("cls_dropout", d.classifier_dropout)?,
             _ => r.get(key("classifier_dropout"), d.classifier_dropout)?,
         };
 
@@ -311,6 +315,16 @@ impl BertConfig {
                     format!("`{t}` is not one of `c2p`, `p2c`"),
                 ));
             }
+        }
+        // ContextPooler maps hidden_size to pooler_hidden_size; bertha's
+        // classifier reads hidden_size features.
+        let pooler: usize = r.get("pooler_hidden_size", hidden_size)?;
+        if pooler != hidden_size {
+            return Err(Error::config(
+                origin,
+                "pooler_hidden_size",
+                format!("{pooler} differs from hidden_size {hidden_size}, which bertha does not support"),
+            ));
         }
         let norm: String = r.get("norm_rel_ebd", "none".to_string())?;
         let max_rel: i64 = r.get("max_relative_positions", -1)?;

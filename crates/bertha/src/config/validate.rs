@@ -52,11 +52,16 @@ impl BertConfig {
                 ));
             }
         }
-        if let Some(p) = self.classifier_dropout {
+        let family_rate = match &self.family {
+            Family::DistilBert(o) => Some(("qa_dropout", o.qa_dropout)),
+            _ => None,
+        };
+        let classifier = self.classifier_dropout.map(|p| ("classifier_dropout", p));
+        for (field, p) in classifier.into_iter().chain(family_rate) {
             if !(0.0..1.0).contains(&p) {
                 return Err(Error::config(
                     origin,
-                    "classifier_dropout",
+                    field,
                     format!("{p} is not in [0, 1)"),
                 ));
             }

@@ -74,7 +74,8 @@ impl BertConfig {
         }
         match &self.family {
             Family::Bert | Family::Roberta => {}
-            Family::DistilBert => {
+            Family::DistilBert(o) => {
+                m.insert("qa_dropout".into(), o.qa_dropout.into());
                 for (bert, distil) in [
                     ("hidden_size", "dim"),
                     ("num_hidden_layers", "n_layers"),
@@ -105,6 +106,9 @@ impl BertConfig {
             }
             Family::ModernBert(o) => o.write(&mut m),
             Family::DebertaV2(o) => {
+                if let Some(v) = m.remove("classifier_dropout") {
+                    m.insert("cls_dropout".into(), v);
+                }
                 let mut types = Vec::new();
                 if o.p2c {
                     types.push("p2c");

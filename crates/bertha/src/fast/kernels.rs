@@ -236,12 +236,14 @@ fn add_body(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
-/// The FFN non-linearity, in place.
+/// The FFN non-linearity, in place (tanh: RoBERTa's classification
+/// head).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Act {
     GeluErf,
     GeluTanh,
     Relu,
+    Tanh,
 }
 
 impl From<crate::config::Activation> for Act {
@@ -251,6 +253,7 @@ impl From<crate::config::Activation> for Act {
             Activation::Gelu => Act::GeluErf,
             Activation::GeluTanh => Act::GeluTanh,
             Activation::Relu => Act::Relu,
+            Activation::Tanh => Act::Tanh,
         }
     }
 }
@@ -261,6 +264,7 @@ pub(crate) fn activate_body(x: &mut [f32], act: Act) {
         Act::GeluErf => x.iter_mut().for_each(|v| *v = gelu_erf(*v)),
         Act::GeluTanh => x.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
         Act::Relu => x.iter_mut().for_each(|v| *v = v.max(0.0)),
+        Act::Tanh => x.iter_mut().for_each(|v| *v = tanh(*v)),
     }
 }
 
@@ -325,13 +329,18 @@ pub(crate) fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + gelu_tanh_inner(x))
 }
 
+/// tanh(x) = 1 - 2 / (e^{2x} + 1), branch-free so loops over it
+/// vectorise (absolute error ~2e-7).
+#[inline(always)]
+pub(crate) fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (fast_exp(2.0 * x) + 1.0)
+}
+
 /// `tanh(√(2/π)·(x + 0.044715·x³))`, the tanh of the GELU approximation
 /// (its derivative needs it too).
 #[inline(always)]
 pub(crate) fn gelu_tanh_inner(x: f32) -> f32 {
-    let inner = 0.797_884_6 * (x + 0.044_715 * x * x * x);
-    // tanh(u) = 1 - 2 / (e^{2u} + 1)
-    1.0 - 2.0 / (fast_exp(2.0 * inner) + 1.0)
+    tanh(0.797_884_6 * (x + 0.044_715 * x * x * x))
 }
 
 /// A raw pointer that may cross threads: attention tasks write disjoint

@@ -18,7 +18,7 @@ use super::kernels::{self, Act};
 use super::matmul::{I8Scheme, PackedBf16, PackedF32, PackedI8, QuantScratch};
 use super::modernbert::{geglu, ModernParts};
 use super::site::{Site, SITES};
-use crate::config::{Activation, Family, NormPosition};
+use crate::config::{Family, NormPosition};
 use crate::error::{Error, Result};
 use crate::io::quantized::{PackedData, PackedLinear};
 use crate::model::{BertModel, Dense, LayerNorm};
@@ -231,11 +231,7 @@ impl PackedBert {
             num_heads: cfg.num_attention_heads,
             head_dim: cfg.head_dim(),
             max_positions: cfg.max_position_embeddings,
-            act: match cfg.hidden_act {
-                Activation::Gelu => Act::GeluErf,
-                Activation::GeluTanh => Act::GeluTanh,
-                Activation::Relu => Act::Relu,
-            },
+            act: Act::from(cfg.hidden_act),
             norm_position: cfg.norm_position,
             word: flat(emb.word_embeddings.embeddings())?,
             vocab: cfg.vocab_size,

@@ -479,6 +479,7 @@ pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
         Activation::Gelu => x.gelu_erf(),
         Activation::GeluTanh => x.gelu(),
         Activation::Relu => x.relu(),
+        Activation::Tanh => x.tanh(),
     }
 }
 

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use crate::config::Activation;
 use crate::fast::kernels::{
     erf_and_gauss, gelu_erf, gelu_tanh, gelu_tanh_inner, lane_dot_centered, lane_sum,
-    layer_norm_into, multiversion, row_stats, softmax_row, Act, ROWS_PER_TASK,
+    layer_norm_into, multiversion, row_stats, softmax_row, tanh, Act, ROWS_PER_TASK,
 };
 use crate::fast::matmul::round_row;
 
@@ -571,6 +571,7 @@ fn bias_act_rows_body(x: &[f32], bias: &[f32], y: &mut [f32], act: Act) {
             Act::GeluErf => pairs.for_each(|(o, (v, b))| *o = gelu_erf(v + b)),
             Act::GeluTanh => pairs.for_each(|(o, (v, b))| *o = gelu_tanh(v + b)),
             Act::Relu => pairs.for_each(|(o, (v, b))| *o = (v + b).max(0.0)),
+            Act::Tanh => pairs.for_each(|(o, (v, b))| *o = tanh(v + b)),
         }
     }
 }
@@ -596,6 +597,10 @@ pub(crate) fn act_grad(z: f32, act: Act) -> f32 {
             } else {
                 0.0
             }
+        }
+        Act::Tanh => {
+            let t = tanh(z);
+            1.0 - t * t
         }
     }
 }
@@ -671,6 +676,7 @@ fn bias_act_bwd_rows_body(
             Act::GeluErf => each!(Act::GeluErf),
             Act::GeluTanh => each!(Act::GeluTanh),
             Act::Relu => each!(Act::Relu),
+            Act::Tanh => each!(Act::Tanh),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Shared helpers for the parity tests: fixture paths and tensor diffs.
 #![allow(dead_code)]
 
+pub mod fast_steps;
 pub mod runs;
 
 use std::collections::HashMap;

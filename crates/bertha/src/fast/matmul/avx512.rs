@@ -382,18 +382,27 @@ pub(super) unsafe fn activate(x: __m512, act: Act) -> __m512 {
             _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, e))
         }
         Act::GeluTanh => {
-            // tanh(u) = 1 - 2 / (e^{2u} + 1), u = √(2/π)·(x + 0.044715·x³)
+            // u = √(2/π)·(x + 0.044715·x³)
             let cube = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044_715), x), x);
             let cube = _mm512_mul_ps(cube, x);
             let inner = _mm512_mul_ps(_mm512_set1_ps(0.797_884_6), _mm512_add_ps(x, cube));
-            let e = exp(_mm512_mul_ps(_mm512_set1_ps(2.0), inner));
-            let tanh = _mm512_sub_ps(
-                one,
-                _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
-            );
-            _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, tanh))
+            let t = tanh(inner);
+            _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, t))
         }
+        Act::Tanh => tanh(x),
     }
+}
+
+/// [`crate::fast::kernels::tanh`] on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn tanh(x: __m512) -> __m512 {
+    let one = _mm512_set1_ps(1.0);
+    let e = exp(_mm512_mul_ps(_mm512_set1_ps(2.0), x));
+    _mm512_sub_ps(
+        one,
+        _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
+    )
 }
 
 /// [`crate::fast::kernels::erf`] on 16 lanes.
@@ -454,8 +463,7 @@ pub(super) unsafe fn act_and_grad(z: __m512, act: Act) -> (__m512, __m512) {
             let cube = _mm512_mul_ps(_mm512_mul_ps(c(0.044_715), z), z);
             let cube = _mm512_mul_ps(cube, z);
             let inner = _mm512_mul_ps(c(0.797_884_6), _mm512_add_ps(z, cube));
-            let e = exp(_mm512_mul_ps(c(2.0), inner));
-            let t = _mm512_sub_ps(one, _mm512_div_ps(c(2.0), _mm512_add_ps(e, one)));
+            let t = tanh(inner);
             let y = _mm512_mul_ps(_mm512_mul_ps(half, z), _mm512_add_ps(one, t));
             let left = _mm512_mul_ps(half, _mm512_add_ps(one, t));
             let mut right = _mm512_mul_ps(half, z);
@@ -464,6 +472,11 @@ pub(super) unsafe fn act_and_grad(z: __m512, act: Act) -> (__m512, __m512) {
             let zz = _mm512_mul_ps(_mm512_mul_ps(c(0.134_145), z), z);
             right = _mm512_mul_ps(right, _mm512_add_ps(one, zz));
             (y, _mm512_add_ps(left, right))
+        }
+        // 1 - tanh(z)²
+        Act::Tanh => {
+            let t = tanh(z);
+            (t, _mm512_sub_ps(one, _mm512_mul_ps(t, t)))
         }
         // The slope is 0 at z = 0, as PyTorch's.
         Act::Relu => {

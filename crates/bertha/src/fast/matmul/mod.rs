@@ -1250,7 +1250,7 @@ mod tests {
         );
         let row_major = PackedF32::with_panels(&w, k, n, false);
         let mut scratch = QuantScratch::default();
-        for act in [Act::Relu, Act::GeluErf, Act::GeluTanh] {
+        for act in [Act::Relu, Act::GeluErf, Act::GeluTanh, Act::Tanh] {
             let (mut plain, mut fused) = (vec![0f32; m * n], vec![0f32; m * n]);
             for f in [&f, &row_major] {
                 f.matmul(&x, &b, &mut plain, m, None);
@@ -1293,7 +1293,7 @@ mod tests {
             f32::NEG_INFINITY,
         ]);
         xs.resize(xs.len().next_multiple_of(16), 3.0);
-        for act in [Act::Relu, Act::GeluErf, Act::GeluTanh] {
+        for act in [Act::Relu, Act::GeluErf, Act::GeluTanh, Act::Tanh] {
             let mut want = xs.clone();
             activate_body(&mut want, act);
             let mut got = vec![0f32; xs.len()];

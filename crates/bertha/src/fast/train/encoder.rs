@@ -298,7 +298,7 @@ impl Tape {
 /// BERT's embeddings and encoder as plain buffers, with gradients.
 pub(crate) struct Encoder<'a> {
     hidden: usize,
-    /// The embeddings' width: the hidden size, or ELECTRA's
+    /// The embeddings' width: the hidden size, or ELECTRA's and ALBERT's
     /// `embedding_size` when `projection` maps them to it.
     embed_width: usize,
     heads: Heads,
@@ -315,39 +315,54 @@ pub(crate) struct Encoder<'a> {
     position: Param<'a>,
     token_type: Option<Param<'a>>,
     embed_norm: Option<Norm<'a>>,
-    /// ELECTRA's `embeddings_project` (embedding width → hidden size).
+    /// ELECTRA's `embeddings_project`, ALBERT's
+    /// `embedding_hidden_mapping_in` (embedding width → hidden size).
     projection: Option<Linear<'a>>,
+    /// The distinct layers.
     layers: Vec<Layer<'a>>,
+    /// The layer each pass through a layer runs, in order (BERT: 0, 1, …;
+    /// ALBERT: its groups' layers, shared across steps, so their
+    /// parameters add the gradients of every pass).
+    order: Vec<usize>,
     final_norm: Option<Norm<'a>>,
     hidden_dropout: Dropout,
     attention_dropout: Dropout,
+    /// The dropout on the attention's output projection: the hidden
+    /// dropout, or none (DistilBERT).
+    attn_out_dropout: Dropout,
     compute: Compute,
 }
 
 impl<'a> Encoder<'a> {
     /// The encoder of `model`, when the fast path covers it: BERT itself
     /// (absolute positions, no family extras), RoBERTa's (BERT's, with
-    /// positions counted from the padding id and no token types) or
-    /// ELECTRA's (BERT's, with its embeddings projected when narrower), on
-    /// the CPU, with biases and dropout rates below 1.
+    /// positions counted from the padding id and no token types),
+    /// DistilBERT's (BERT's under its own names, without token types and
+    /// without dropout on the attention's output), ELECTRA's (BERT's, with
+    /// its embeddings projected when narrower) or ALBERT's (embeddings
+    /// projected, layers shared across steps), on the CPU, with biases and
+    /// dropout rates below 1.
     pub fn of(model: &'a BertModel) -> Result<Option<Self>> {
         let cfg = model.config();
-        let electra = matches!(cfg.family, Family::Electra(_));
-        let family_covered = cfg.family.is_bert() || electra || cfg.family == Family::Roberta;
+        let projects = matches!(cfg.family, Family::Electra(_) | Family::Albert(_));
+        let family_covered = cfg.family.is_bert()
+            || projects
+            || matches!(cfg.family, Family::Roberta | Family::DistilBert(_));
         if !model.device().is_cpu() || !family_covered {
             return Ok(None);
         }
         let encoder = &model.encoder;
         let projection = match &encoder.input_projection {
-            Some(p) if electra => match Linear::of(p)? {
+            Some(p) if projects => match Linear::of(p)? {
                 Some(p) => Some(p),
                 None => return Ok(None),
             },
             _ => None,
         };
-        if !encoder.runs_plain_layers()
-            || (encoder.input_projection.is_some() && projection.is_none())
-        {
+        let Some(order) = encoder.layer_order() else {
+            return Ok(None);
+        };
+        if encoder.input_projection.is_some() && projection.is_none() {
             return Ok(None);
         }
         let emb = &model.embeddings;
@@ -365,6 +380,16 @@ impl<'a> Encoder<'a> {
             _ => return Ok(None),
         };
         if cfg.hidden_dropout_prob >= 1.0 || cfg.attention_probs_dropout_prob >= 1.0 {
+            return Ok(None);
+        }
+        let attn_out_dropout = match model.encoder.layers.first() {
+            Some(l) => l.attention.output_dropout(),
+            None => Dropout::new(cfg.hidden_dropout_prob),
+        };
+        let same_rate = |l: &crate::model::BertLayer| {
+            l.attention.output_dropout().rate() == attn_out_dropout.rate()
+        };
+        if attn_out_dropout.rate() >= 1.0 || !model.encoder.layers.iter().all(same_rate) {
             return Ok(None);
         }
         let mut layers = Vec::with_capacity(model.encoder.layers.len());
@@ -418,6 +443,7 @@ impl<'a> Encoder<'a> {
             embed_norm: emb.layer_norm.as_ref().map(Norm::of).transpose()?,
             projection,
             layers,
+            order,
             final_norm: model
                 .encoder
                 .final_layer_norm
@@ -426,6 +452,7 @@ impl<'a> Encoder<'a> {
                 .transpose()?,
             hidden_dropout: Dropout::new(cfg.hidden_dropout_prob),
             attention_dropout: Dropout::new(cfg.attention_probs_dropout_prob),
+            attn_out_dropout,
             compute: Compute::F32,
         }))
     }
@@ -609,10 +636,10 @@ impl<'a> Encoder<'a> {
             p.forward(&x, &mut y, n);
             projected = std::mem::replace(&mut x, y);
         }
-        let mut tapes = Vec::with_capacity(self.layers.len());
+        let mut tapes = Vec::with_capacity(self.order.len());
         let mut x_pairs = None;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let last = i + 1 == self.layers.len();
+        for (i, &l) in self.order.iter().enumerate() {
+            let (layer, last) = (&self.layers[l], i + 1 == self.order.len());
             let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), last);
             let (y, y_pairs, tape) =
                 self.layer_forward(layer, (x, x_pairs), (packing, !last), &mask_of);
@@ -665,7 +692,7 @@ impl<'a> Encoder<'a> {
             // as the candle modules draw them.
             t.masks = [
                 mask_of(&self.attention_dropout),
-                mask_of(&self.hidden_dropout),
+                mask_of(&self.attn_out_dropout),
                 mask_of(&self.hidden_dropout),
             ];
             t.x = x;
@@ -749,7 +776,7 @@ impl<'a> Encoder<'a> {
             }
             false => layer.attn_out.forward_new(&t.ctx, m),
         };
-        t.masks[1] = mask_of(&self.hidden_dropout);
+        t.masks[1] = mask_of(&self.attn_out_dropout);
         t.ffn_x = scratch(m * d);
         let norm1 = if pre {
             &layer.ffn_norm
@@ -879,9 +906,10 @@ impl<'a> Encoder<'a> {
         );
         // Each layer's tape goes back (for the layers below to reuse) once
         // its backward is done.
-        let layers = self.layers.len();
-        for (i, (layer, t)) in self.layers.iter_mut().zip(layer_tapes).enumerate().rev() {
-            let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), i + 1 == layers);
+        let passes = self.order.len();
+        for (i, t) in layer_tapes.into_iter().enumerate().rev() {
+            let layer = &mut self.layers[self.order[i]];
+            let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), i + 1 == passes);
             dy = layer_backward(layer, &t, dy, packing, (d, heads, act, pre));
         }
         if let Some(p) = &mut self.projection {

@@ -70,9 +70,14 @@ pub struct HeadOutcome {
 enum Sentence<'a> {
     /// BERT's pooler: dense + tanh.
     Pooler(Linear<'a>),
-    /// A family's head on the first token (ELECTRA's `classifier.dense`):
-    /// dropout → dense → activation.
-    FirstToken { dense: Linear<'a>, act: Act },
+    /// A family's head on the first token (RoBERTa's and ELECTRA's
+    /// `classifier.dense`, DistilBERT's `pre_classifier`, DeBERTa's
+    /// `pooler.dense`): dropout → dense → activation.
+    FirstToken {
+        dropout: Dropout,
+        dense: Linear<'a>,
+        act: Act,
+    },
 }
 
 /// The layers above the encoder.
@@ -88,6 +93,9 @@ enum Top<'a> {
         dropout: Dropout,
     },
     Answer {
+        /// Before `qa_outputs`: DistilBERT's `qa_dropout` (rate 0 but
+        /// there).
+        dropout: Dropout,
         qa_outputs: Linear<'a>,
     },
 }
@@ -114,10 +122,16 @@ impl<'a> FinetuneHead<'a> {
         let top = match model {
             BertForTask::SequenceClassification(m) => {
                 let sentence = match (m.first_token(), &model.bert().pooler) {
-                    (Some((dense, act)), _) if dense.bias().is_some() => Sentence::FirstToken {
-                        dense: linear(dense, "the classifier's dense layer")?,
-                        act: act.into(),
-                    },
+                    (Some((dropout, dense, act)), _) if dense.bias().is_some() => {
+                        if dropout.rate() >= 1.0 {
+                            return Ok(None);
+                        }
+                        Sentence::FirstToken {
+                            dropout,
+                            dense: linear(dense, "the classifier's dense layer")?,
+                            act: act.into(),
+                        }
+                    }
                     (None, Some(pooler)) => Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
                     _ => return Ok(None),
                 };
@@ -143,10 +157,11 @@ impl<'a> FinetuneHead<'a> {
                 }
             }
             BertForTask::QuestionAnswering(m) => {
-                if m.qa_outputs().bias().is_none() {
+                if m.qa_outputs().bias().is_none() || m.dropout().rate() >= 1.0 {
                     return Ok(None);
                 }
                 Top::Answer {
+                    dropout: m.dropout(),
                     qa_outputs: linear(m.qa_outputs(), "qa_outputs")?,
                 }
             }
@@ -193,7 +208,7 @@ impl<'a> FinetuneHead<'a> {
                 // The first token's head draws its mask before the
                 // classifier's, as the candle modules run.
                 let first_mask = match sentence {
-                    Sentence::FirstToken { .. } => mask_of(dropout),
+                    Sentence::FirstToken { dropout, .. } => mask_of(dropout),
                     Sentence::Pooler(_) => None,
                 };
                 let mask = mask_of(dropout);
@@ -227,17 +242,21 @@ impl<'a> FinetuneHead<'a> {
                     &mut dhidden,
                 )?
             }
-            Top::Answer { qa_outputs } => {
+            Top::Answer {
+                dropout,
+                qa_outputs,
+            } => {
                 let HeadTargets::Spans(spans) = &batch.targets else {
                     return Err(Error::Input(
                         "start_positions / end_positions: question answering needs an answer span per sequence".into(),
                     ));
                 };
+                let mask = mask_of(dropout);
                 answer_step(
                     qa_outputs,
                     (&hidden, offsets, d),
                     spans,
-                    weight,
+                    (mask.as_ref(), weight),
                     &mut dhidden,
                 )?
             }
@@ -264,7 +283,7 @@ impl<'a> FinetuneHead<'a> {
                 ])
             }
             Top::Token { classifier, .. } => params.extend([&mut classifier.w, &mut classifier.b]),
-            Top::Answer { qa_outputs } => params.extend([&mut qa_outputs.w, &mut qa_outputs.b]),
+            Top::Answer { qa_outputs, .. } => params.extend([&mut qa_outputs.w, &mut qa_outputs.b]),
         }
         Ok(HeadOutcome {
             gradients: grad_store(params)?,
@@ -314,7 +333,7 @@ impl Pooled<'_, '_> {
                 pooler.forward(cls, &mut pooled, n);
                 pooled.iter_mut().for_each(|v| *v = v.tanh());
             }
-            Sentence::FirstToken { dense, act } => {
+            Sentence::FirstToken { dense, act, .. } => {
                 x0 = cls.to_vec();
                 if let Some(m) = first_mask {
                     drop_sequences(m, &mut x0, d);
@@ -349,7 +368,7 @@ impl Pooled<'_, '_> {
                 }
                 pooler.backward(cls, &dx, Some(dcls), n, false);
             }
-            Sentence::FirstToken { dense, act } => {
+            Sentence::FirstToken { dense, act, .. } => {
                 let mut dpre = zeros(n * d);
                 let (bias, dbias) = dense.b.data_and_grad();
                 bias_act_backward(&pre, bias, &dx, &mut dpre, dbias, *act);
@@ -550,15 +569,15 @@ fn token_step(
     Ok(outcome(mean, targets, out))
 }
 
-/// QA: `qa_outputs` on every row, then the mean of the start and the end
-/// cross-entropies, each over its sequences' rows (padding rows included)
-/// and averaged over the sequences whose position is inside them;
-/// backward into `dhidden`.
+/// QA: dropout (`mask`, DistilBERT's) and `qa_outputs` on every row, then
+/// the mean of the start and the end cross-entropies, each over its
+/// sequences' rows (padding rows included) and averaged over the sequences
+/// whose position is inside them; backward into `dhidden`.
 fn answer_step(
     qa_outputs: &mut Linear,
     (hidden, offsets, d): (&[f32], &[usize], usize),
     spans: &[(i64, i64)],
-    weight: f64,
+    (mask, weight): (Option<&DropoutMask>, f64),
     dhidden: &mut [f32],
 ) -> Result<HeadOutcome> {
     let n = offsets.len() - 1;
@@ -569,8 +588,14 @@ fn answer_step(
         )));
     }
     let t = hidden.len() / d;
+    let dropped = mask.map(|m| {
+        let mut x = hidden.to_vec();
+        drop_rows(m, &mut x, offsets, d);
+        x
+    });
+    let x = dropped.as_deref().unwrap_or(hidden);
     let mut logits = zeros(t * 2);
-    qa_outputs.forward(hidden, &mut logits, t);
+    qa_outputs.forward(x, &mut logits, t);
     let out = logits.clone();
     let mut dlogits = zeros(t * 2);
     let mut loss = 0.0;
@@ -602,6 +627,9 @@ fn answer_step(
         }
         loss += sum / kept.len() as f64 / 2.0;
     }
-    qa_outputs.backward(hidden, &dlogits, Some(dhidden), t, false);
+    qa_outputs.backward(x, &dlogits, Some(dhidden), t, false);
+    if let Some(m) = mask {
+        drop_rows(m, dhidden, offsets, d);
+    }
     Ok(outcome(loss, n, out))
 }

@@ -167,6 +167,12 @@ impl BertAttention {
         })
     }
 
+    /// The dropout on the output projection, before the residual (none in
+    /// DistilBERT).
+    pub(crate) fn output_dropout(&self) -> Dropout {
+        self.dropout
+    }
+
     /// Returns the block's output and the attention probabilities.
     pub fn forward(&self, x: &Tensor, pass: LayerPass) -> Result<(Tensor, Tensor)> {
         let train = pass.train;

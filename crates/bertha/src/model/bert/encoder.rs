@@ -133,16 +133,18 @@ impl BertEncoder {
     /// One layer per step, no projection, no relative positions: what the
     /// packed fast path can run.
     pub fn is_plain(&self) -> bool {
-        self.input_projection.is_none() && self.runs_plain_layers()
+        let order = self.layer_order();
+        self.input_projection.is_none()
+            && self.steps.len() == self.layers.len()
+            && order.is_some_and(|o| o.iter().enumerate().all(|(i, &l)| l == i))
     }
 
-    /// [`BertEncoder::is_plain`] but for the input projection, which the
-    /// training fast path runs for ELECTRA.
-    pub fn runs_plain_layers(&self) -> bool {
-        self.pass_context.is_none()
-            && self.stack.is_none()
-            && self.steps.len() == self.layers.len()
-            && self.steps.iter().enumerate().all(|(i, s)| s == &[i])
+    /// The layer each pass runs, in order (every step's layers, one step
+    /// after another), when the layers are BERT's with no relative
+    /// positions (ALBERT's shared layers included): what the training fast
+    /// path runs.
+    pub(crate) fn layer_order(&self) -> Option<Vec<usize>> {
+        (self.pass_context.is_none() && self.stack.is_none()).then(|| self.steps.concat())
     }
 
     /// The number of steps (`num_hidden_layers`).

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, VarBuilder};
 
-use super::{Layout, MlmNames};
+use super::{FirstTokenHead, Layout, MlmNames};
 use crate::config::{BertConfig, DebertaOptions, NormPosition};
 use crate::model::bert::{
     BertAttention, BertEncoder, BertIntermediate, BertLayer, BertOutputBlock, BertSelfAttention,
@@ -84,6 +84,18 @@ impl Layout for DebertaV2<'_> {
 
     fn classifier_reads_pooler(&self) -> bool {
         false
+    }
+
+    /// ContextPooler: dropout (`pooler_dropout`) → `pooler.dense` →
+    /// `pooler_hidden_act` on the first token, then dropout (`cls_dropout`,
+    /// else the hidden dropout) → `classifier`.
+    fn first_token_head(&self, _cfg: &BertConfig) -> Option<FirstTokenHead> {
+        Some(FirstTokenHead {
+            dense: "pooler.dense",
+            act: self.0.pooler_hidden_act,
+            dropout: Some(self.0.pooler_dropout),
+            out: "classifier",
+        })
     }
 
     fn has_multiple_choice(&self) -> bool {

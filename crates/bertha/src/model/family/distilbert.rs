@@ -11,15 +11,15 @@
 use candle_core::Result;
 use candle_nn::VarBuilder;
 
-use super::{Layout, MlmNames};
-use crate::config::{BertConfig, NormPosition};
+use super::{FirstTokenHead, Layout, MlmNames};
+use crate::config::{Activation, BertConfig, DistilBertOptions, NormPosition};
 use crate::model::bert::{
     BertAttention, BertEncoder, BertIntermediate, BertLayer, BertOutputBlock, BertSelfAttention,
 };
 
-pub(super) struct DistilBert;
+pub(super) struct DistilBert<'a>(pub(super) &'a DistilBertOptions);
 
-impl Layout for DistilBert {
+impl Layout for DistilBert<'_> {
     /// `transformer.layer.N`.
     fn load_encoder(&self, vb: VarBuilder, cfg: &BertConfig) -> Result<BertEncoder> {
         let vb = vb.pp("transformer");
@@ -49,8 +49,27 @@ impl Layout for DistilBert {
         false
     }
 
+    /// DistilBertForSequenceClassification: `pre_classifier` → ReLU
+    /// (whatever `activation` says) → dropout (`seq_classif_dropout`) →
+    /// `classifier`, on the first token, with no dropout before
+    /// `pre_classifier`.
+    fn first_token_head(&self, _cfg: &BertConfig) -> Option<FirstTokenHead> {
+        Some(FirstTokenHead {
+            dense: "pre_classifier",
+            act: Activation::Relu,
+            dropout: Some(0.0),
+            out: "classifier",
+        })
+    }
+
     fn has_multiple_choice(&self) -> bool {
         false
+    }
+
+    /// DistilBertForQuestionAnswering drops the hidden states before
+    /// `qa_outputs`.
+    fn qa_dropout(&self) -> f64 {
+        self.0.qa_dropout
     }
 }
 

@@ -70,6 +70,7 @@ impl Layout for Electra<'_> {
         Some(FirstTokenHead {
             dense: "classifier.dense",
             act: Activation::Gelu,
+            dropout: None,
             out: "classifier.out_proj",
         })
     }

@@ -66,6 +66,12 @@ pub(crate) trait Layout {
         true
     }
 
+    /// The rate of the dropout before `qa_outputs` (none in BERT's QA
+    /// head).
+    fn qa_dropout(&self) -> f64 {
+        0.0
+    }
+
     /// Whether the family has BERT's pre-training and NSP heads.
     fn has_next_sentence(&self) -> bool {
         false
@@ -93,7 +99,7 @@ pub(crate) fn layout(family: &Family) -> Box<dyn Layout + '_> {
     match family {
         Family::Bert => Box::new(Bert),
         Family::Roberta => Box::new(roberta::Roberta),
-        Family::DistilBert => Box::new(distilbert::DistilBert),
+        Family::DistilBert(o) => Box::new(distilbert::DistilBert(o)),
         Family::Albert(o) => Box::new(albert::Albert(o)),
         Family::DebertaV2(o) => Box::new(deberta_v2::DebertaV2(o)),
         Family::Electra(o) => Box::new(electra::Electra(o)),
@@ -112,11 +118,15 @@ impl Layout for Bert {
 
 /// A family's sentence head on the first token, before the classifier:
 /// dropout → `{dense}` → activation, then the classifier block (dropout →
-/// `{out}`), as RoBERTa's and ELECTRA's classification heads are.
+/// `{out}`), as RoBERTa's, DistilBERT's, DeBERTa's and ELECTRA's
+/// classification heads are.
 pub(crate) struct FirstTokenHead {
     /// The hidden-to-hidden layer.
     pub(crate) dense: &'static str,
     pub(crate) act: Activation,
+    /// The rate of the dropout before `dense`: `None` for the
+    /// classifier's own rate (RoBERTa, ELECTRA), 0 for none (DistilBERT).
+    pub(crate) dropout: Option<f64>,
     /// The layer giving the logits.
     pub(crate) out: &'static str,
 }

@@ -3,7 +3,7 @@
 //! tokens, no token types in practice, the MLM head under `lm_head` and
 //! its own classification head (`classifier.dense`, `classifier.out_proj`).
 
-use super::{Layout, MlmNames};
+use super::{FirstTokenHead, Layout, MlmNames};
 use crate::config::{Activation, BertConfig};
 use crate::model::bert::{EmbeddingLayout, PositionIds};
 
@@ -37,5 +37,16 @@ impl Layout for Roberta {
 
     fn classifier_reads_pooler(&self) -> bool {
         false
+    }
+
+    /// RobertaClassificationHead: dropout → `classifier.dense` → tanh →
+    /// dropout → `classifier.out_proj`, on the first token.
+    fn first_token_head(&self, _cfg: &BertConfig) -> Option<FirstTokenHead> {
+        Some(FirstTokenHead {
+            dense: "classifier.dense",
+            act: Activation::Tanh,
+            dropout: None,
+            out: "classifier.out_proj",
+        })
     }
 }

@@ -1,4 +1,5 @@
-//! `BertForQuestionAnswering`: `qa_outputs` → start and end logits.
+//! `BertForQuestionAnswering`: `qa_outputs` → start and end logits (after
+//! the family's dropout: DistilBERT's `qa_dropout`).
 
 use candle_core::{Module, Result as CResult, Tensor, D};
 
@@ -6,7 +7,8 @@ use super::loss::{cross_entropy_with_ignore, label_values};
 use super::{BertHead, Head, HeadLabels, HeadPass, HeadSource};
 use crate::error::Result;
 use crate::model::bert::{BertInput, ForwardOptions};
-use crate::model::nn::Dense;
+use crate::model::family::layout;
+use crate::model::nn::{Dense, Dropout};
 
 /// `BertForQuestionAnswering`'s outputs.
 #[derive(Debug, Clone)]
@@ -24,7 +26,7 @@ super::declare_head! {
     /// `BertForQuestionAnswering`'s module: `qa_outputs`, the start and end
     /// logits of every token.
     BertForQuestionAnswering: QuestionAnswering -> QuestionAnsweringOutput,
-    QuestionAnsweringModule { qa_outputs: Dense }
+    QuestionAnsweringModule { dropout: Dropout, qa_outputs: Dense }
 }
 
 impl QuestionAnsweringModule {
@@ -32,7 +34,14 @@ impl QuestionAnsweringModule {
         let config = from.config();
         let (d, std) = (config.hidden_size, config.initializer_range);
         let qa_outputs = Dense::load(from.root().pp("qa_outputs"), d, 2, std)?;
-        Ok(Head::new(from.encoder()?, Self { qa_outputs }))
+        let dropout = Dropout::new(layout(&config.family).qa_dropout());
+        Ok(Head::new(
+            from.encoder()?,
+            Self {
+                dropout,
+                qa_outputs,
+            },
+        ))
     }
 
     /// `start_positions` / `end_positions` [B]: token indices of the answer.
@@ -40,7 +49,8 @@ impl QuestionAnsweringModule {
     /// its length and then ignored; the loss is (start CE + end CE) / 2.
     fn run(&self, pass: HeadPass) -> Result<QuestionAnsweringOutput> {
         let out = pass.encode()?;
-        let logits = self.qa_outputs.forward(&out.last_hidden_state)?;
+        let hidden = self.dropout.forward(&out.last_hidden_state, pass.train())?;
+        let logits = self.qa_outputs.forward(&hidden)?;
         let start_logits = logits.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
         let end_logits = logits.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
         let loss = match (pass.labels.start_positions, pass.labels.end_positions) {
@@ -69,6 +79,11 @@ impl BertForQuestionAnswering {
     /// `qa_outputs`: [D] → (start, end) logits per token.
     pub fn qa_outputs(&self) -> &Dense {
         &self.module.qa_outputs
+    }
+
+    /// The dropout before `qa_outputs` (rate 0 but for DistilBERT).
+    pub fn dropout(&self) -> Dropout {
+        self.module.dropout
     }
 
     /// [`BertHead::forward`] with the answer positions.

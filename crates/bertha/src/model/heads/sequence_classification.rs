@@ -1,6 +1,7 @@
 //! `BertForSequenceClassification`: pooler → dropout → classifier, with
 //! the loss its `problem_type` says. Families with their own head on the
-//! first token (ELECTRA) run it in place of the pooler.
+//! first token (RoBERTa, DistilBERT, DeBERTa, ELECTRA) run it in place of
+//! the pooler.
 
 use candle_core::{DType, Module, Result as CResult, Tensor};
 
@@ -44,8 +45,12 @@ impl SequenceClassificationModule {
             Some(spec) => {
                 let classifier = Classifier::load_at(from, spec.out, labels)?;
                 let d = config.hidden_size;
+                let dropout = match spec.dropout {
+                    Some(rate) => Dropout::new(rate),
+                    None => classifier.parts().1,
+                };
                 let first = FirstTokenDense {
-                    dropout: classifier.parts().1,
+                    dropout,
                     dense: Dense::load(from.root().pp(spec.dense), d, d, config.initializer_range)?,
                     act: spec.act,
                 };
@@ -80,11 +85,11 @@ impl BertForSequenceClassification {
         self.module.classifier.outputs()
     }
 
-    /// The family's first-token head (dense and activation; its dropout
-    /// is the classifier's rate), when it has one in place of the pooler.
-    pub fn first_token(&self) -> Option<(&Dense, Activation)> {
+    /// The family's first-token head (the dropout before it, its dense
+    /// layer and activation), when it has one in place of the pooler.
+    pub fn first_token(&self) -> Option<(Dropout, &Dense, Activation)> {
         let f = self.module.first_token.as_ref()?;
-        Some((&f.dense, f.act))
+        Some((f.dropout, &f.dense, f.act))
     }
 
     /// The classifier on the pooled output and the dropout before it.
