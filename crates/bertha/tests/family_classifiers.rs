@@ -127,18 +127,13 @@ fn family_classifier_gradients_match_transformers() {
             c.grad_params.len() >= 6,
             "{name}: the head's tensors listed"
         );
-        for p in &c.grad_params {
-            let got = common::grad_of(&grads, &vars, p, name);
-            let want = &c.expected[&format!("grad.{p}")];
-            let scale = common::max_abs(want);
-            let d = common::max_abs_diff(got, want);
-            println!("{name} grad.{p}: {:.2e} of max {scale:.2e}", d / scale);
-            if d > 1e-4 * scale.max(1e-12) {
-                failures.push(format!(
-                    "{name} grad.{p}: max abs diff {d:e}, scale {scale:e}"
-                ));
-            }
-        }
+        failures.extend(common::gradient_failures(
+            name,
+            &grads,
+            &vars,
+            &c.grad_params,
+            &c.expected,
+        ));
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

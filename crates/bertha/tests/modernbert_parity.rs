@@ -212,18 +212,13 @@ fn modernbert_gradients_match_transformers() {
         let grads = out.loss().unwrap().backward().unwrap();
         let vars = varmap.data().lock().unwrap();
         assert!(!c.grad_params.is_empty(), "{name}");
-        for p in &c.grad_params {
-            let got = common::grad_of(&grads, &vars, p, name);
-            let want = &c.expected[&format!("grad.{p}")];
-            let scale = common::max_abs(want);
-            let d = common::max_abs_diff(got, want);
-            println!("{name} grad.{p}: {:.2e} of max {scale:.2e}", d / scale);
-            if d > 1e-4 * scale.max(1e-12) {
-                failures.push(format!(
-                    "{name} grad.{p}: max abs diff {d:e}, scale {scale:e}"
-                ));
-            }
-        }
+        failures.extend(common::gradient_failures(
+            name,
+            &grads,
+            &vars,
+            &c.grad_params,
+            &c.expected,
+        ));
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -91,6 +91,32 @@ pub fn grad_of<'a>(
         .unwrap_or_else(|| panic!("{what}: no gradient for {p}"))
 }
 
+/// The parameters of `params` whose gradient in `grads` differs from
+/// transformers' (`expected["grad.<p>"]`) by more than 1e-4 of that
+/// tensor's max abs value, as messages (each comparison printed).
+pub fn gradient_failures(
+    name: &str,
+    grads: &GradStore,
+    vars: &HashMap<String, Var>,
+    params: &[String],
+    expected: &HashMap<String, Tensor>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for p in params {
+        let got = grad_of(grads, vars, p, name);
+        let want = &expected[&format!("grad.{p}")];
+        let scale = max_abs(want);
+        let d = max_abs_diff(got, want);
+        println!("{name} grad.{p}: {:.2e} of max {scale:.2e}", d / scale);
+        if d > 1e-4 * scale.max(1e-12) {
+            failures.push(format!(
+                "{name} grad.{p}: max abs diff {d:e}, scale {scale:e}"
+            ));
+        }
+    }
+    failures
+}
+
 /// The error of `r`, which must have failed, as text.
 #[track_caller]
 pub fn err_text<T>(r: bertha::Result<T>) -> String {
