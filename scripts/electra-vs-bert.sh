@@ -80,9 +80,17 @@ for objective in mlm electra; do
     fi
 done
 
-# finetune_score TASK MODEL SEED OUTDIR: the dev score of one fine-tuning.
+# finetune_score TASK MODEL SEED OUTDIR: the dev score of one fine-tuning
+# (a finished one, with its eval_results.json, is read again, so a stopped
+# run of this script resumes where it was).
 finetune_score() {
     local task=$1 model=$2 seed=$3 dir=$4
+    local metric=accuracy
+    [ "$task" = conll ] && metric=f1
+    if [ -f "$dir/eval_results.json" ]; then
+        python3 -c "import json; print(json.load(open('$dir/eval_results.json'))['$metric'])"
+        return
+    fi
     case $task in
     sst2)
         "$BIN" finetune --task classification --model "$model" --train "$DATA/sst2/train.tsv" \
