@@ -14,6 +14,13 @@ use common::fast_steps::{
 };
 use common::fixtures;
 
+/// The fine-tuning heads every family's encoder runs under.
+const FINETUNE_HEADS: [HeadKind; 3] = [
+    HeadKind::SequenceClassification,
+    HeadKind::TokenClassification,
+    HeadKind::QuestionAnswering,
+];
+
 /// ELECTRA's encoder on the fast path (narrower embeddings, so
 /// `embeddings_project`), under its sequence classifier (dense → GELU →
 /// `out_proj` on the first token, dropout before each) and the
@@ -27,12 +34,7 @@ fn electra_finetuning_steps_equal_the_candle_path() {
         cfg.embedding_size() < cfg.hidden_size,
         "a projecting config"
     );
-    let kinds = [
-        HeadKind::SequenceClassification,
-        HeadKind::TokenClassification,
-        HeadKind::QuestionAnswering,
-    ];
-    family_steps_equal_the_candle_path(cfg, &kinds, "electra.embeddings_project.weight");
+    family_steps_equal_the_candle_path(cfg, "electra.embeddings_project.weight");
 }
 
 /// RoBERTa's encoder on the fast path (positions from the padding id, its
@@ -43,16 +45,7 @@ fn electra_finetuning_steps_equal_the_candle_path() {
 fn roberta_finetuning_steps_equal_the_candle_path() {
     let dir = fixtures().join("tiny").join("roberta-mlm");
     let cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
-    let kinds = [
-        HeadKind::SequenceClassification,
-        HeadKind::TokenClassification,
-        HeadKind::QuestionAnswering,
-    ];
-    family_steps_equal_the_candle_path(
-        cfg,
-        &kinds,
-        "roberta.embeddings.position_embeddings.weight",
-    );
+    family_steps_equal_the_candle_path(cfg, "roberta.embeddings.position_embeddings.weight");
 }
 
 /// DistilBERT's encoder on the fast path (no token types, no dropout on
@@ -67,14 +60,8 @@ fn distilbert_finetuning_steps_equal_the_candle_path() {
         bertha::config::Family::DistilBert(o) => assert!(o.qa_dropout > 0.0),
         other => panic!("{other:?}"),
     }
-    let kinds = [
-        HeadKind::SequenceClassification,
-        HeadKind::TokenClassification,
-        HeadKind::QuestionAnswering,
-    ];
     family_steps_equal_the_candle_path(
         cfg,
-        &kinds,
         "distilbert.transformer.layer.0.attention.out_lin.weight",
     );
 }
@@ -91,26 +78,20 @@ fn albert_finetuning_steps_equal_the_candle_path() {
         bertha::config::Family::Albert(o) => assert!(o.num_hidden_groups < cfg.num_hidden_layers),
         other => panic!("{other:?}"),
     }
-    let kinds = [
-        HeadKind::SequenceClassification,
-        HeadKind::TokenClassification,
-        HeadKind::QuestionAnswering,
-    ];
     family_steps_equal_the_candle_path(
         cfg,
-        &kinds,
         "albert.encoder.albert_layer_groups.0.albert_layers.0.ffn.weight",
     );
 }
 
-/// A step of each head of `kinds` on a model of `cfg` (dropout on) on both
+/// A step of each of [`FINETUNE_HEADS`] on a model of `cfg` (dropout on) on both
 /// engines; `named` must be among the gradients.
-fn family_steps_equal_the_candle_path(mut cfg: BertConfig, kinds: &[HeadKind], named: &str) {
+fn family_steps_equal_the_candle_path(mut cfg: BertConfig, named: &str) {
     cfg.hidden_dropout_prob = 0.1;
     cfg.attention_probs_dropout_prob = 0.15;
     cfg.id2label = (0..3).map(|i| (i, format!("L{i}"))).collect();
     let dev = Device::Cpu;
-    for &kind in kinds {
+    for kind in FINETUNE_HEADS {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
         let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
