@@ -4,7 +4,9 @@
 # machine, one after the other, with the same discriminator shape, the same
 # tokens per batch and the same engine; then each at ¼, ½ and all of that
 # time fine-tuned on SST-2 (the first 3,000 training sentences, 3 seeds) and
-# CoNLL-2003 (1 seed), dev accuracy / F1 against pre-training minutes.
+# CoNLL-2003 (1 seed), dev accuracy / F1 against pre-training minutes, with
+# the untrained initialisation as minute 0. scripts/electra-probe.py then
+# probes each checkpoint (masked-LM and replaced-token-detection skill).
 #
 #   scripts/electra-vs-bert.sh                 # 60 minutes each (the bar)
 #   MINUTES=8 SEEDS=0 scripts/electra-vs-bert.sh   # a pilot
@@ -19,7 +21,7 @@
 # Env: MINUTES (60), CONFIG (mini), SEEDS ("0 1 2"), TASKS ("sst2 conll"),
 # ENGINE (auto), BERT_ENGINE (ENGINE), LR (5e-4), OUT (.cache/electra-vs-bert),
 # DATA (../shared/data). Results: OUT/results.jsonl (one line per
-# fine-tuning), OUT/summary.md (the table), OUT/*.png (score against minutes).
+# fine-tuning), OUT/summary.md (the table), OUT/score-vs-minutes.png (the chart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,6 +80,13 @@ for objective in mlm electra; do
         echo "$objective: $(python3 -c "print(round(20 / ($t25 - $t5), 3))") steps/s → $((4 * quarter)) steps in $MINUTES min" | tee -a "$OUT/plan.txt"
         pretrain "$objective" "$engine" "$run" $((4 * quarter)) "$quarter"
     fi
+    # Minute 0: the same model as initialised (seed 0), one step at learning
+    # rate 0, the baseline that shows what pre-training adds.
+    if [ ! -f "$OUT/init-$objective/model.safetensors" ]; then
+        "$BIN" pretrain --objective "$objective" --engine "$engine" --corpus "$OUT/corpus" \
+            --config "$CONFIG" --tokenizer "$VOCAB" --out "$OUT/init-$objective" --steps 1 \
+            --batch-size 32 --seq-len 128 --lr 0 --seed 0 --overwrite >/dev/null
+    fi
 done
 
 # finetune_score TASK MODEL SEED OUTDIR: the dev score of one fine-tuning
@@ -113,10 +122,15 @@ for objective in mlm electra; do
     run=$OUT/$objective
     last=$(ls -d "$run"/checkpoint-* | sed 's/.*checkpoint-//' | sort -n | tail -1)
     total=$(elapsed "$run" "$last")
-    for fraction in 0.25 0.5 1; do
+    for fraction in 0 0.25 0.5 1; do
         step=$(python3 -c "print(int($last * $fraction))")
         ck=$run/checkpoint-$step
-        minutes=$(python3 -c "print(round($(elapsed "$run" "$step") / 60, 2))")
+        minutes=0
+        if [ "$step" = 0 ]; then
+            ck=$OUT/init-$objective
+        else
+            minutes=$(python3 -c "print(round($(elapsed "$run" "$step") / 60, 2))")
+        fi
         for task in $TASKS; do
             seeds=$SEEDS
             [ "$task" = conll ] && seeds=${SEEDS%% *}
@@ -158,8 +172,10 @@ for task in {t for t, _, _ in groups}:
             for minutes, score in pts:
                 f.write(json.dumps({"step": minutes, "score": score}) + "\n")
 PY
+# One chart: each task's curve for each objective.
+runs=()
 for task in $TASKS; do
-    "$BIN" curves --metric score --title "$task dev score against pre-training minutes (x: minutes)" \
-        --out "$OUT/$task-vs-minutes.png" \
-        "BERT MLM=$OUT/curves/$task/mlm" "ELECTRA=$OUT/curves/$task/electra"
+    runs+=("$task BERT MLM=$OUT/curves/$task/mlm" "$task ELECTRA=$OUT/curves/$task/electra")
 done
+"$BIN" curves --metric score --out "$OUT/score-vs-minutes.png" --x-label "pre-training minutes" \
+    --title "dev score (SST-2 accuracy, CoNLL-2003 F1) against pre-training time" "${runs[@]}"

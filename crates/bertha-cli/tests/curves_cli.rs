@@ -67,6 +67,24 @@ fn curves_draw_each_run_and_report_its_figures() {
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
 
+    // The axis is labelled as asked (in an SVG the label is text).
+    let svg = tmp.path().join("chart.svg");
+    let out = common::run(&[
+        "curves",
+        "--metric",
+        "eval_mlm_loss",
+        "--x-label",
+        "pre-training minutes",
+        "--out",
+        svg.to_str().unwrap(),
+        &b,
+    ]);
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(&svg).unwrap();
+    // plotters writes each text on a line of its own.
+    assert!(text.contains(">\npre-training minutes\n</text>"), "{text}");
+    assert!(!text.contains(">\nstep\n</text>"));
+
     // A metric no line has, a missing folder and a broken line are named.
     let err = |args: &[&str]| {
         let out = common::run(&[&["curves", "--out", png.to_str().unwrap()], args].concat());

@@ -27,6 +27,10 @@ pub struct Args {
     /// The chart's title (default: the metric's name).
     #[arg(long)]
     title: Option<String>,
+
+    /// The horizontal axis's label (the metrics lines' `step`).
+    #[arg(long, default_value = "step")]
+    x_label: String,
 }
 
 /// One run's points of the metric, in step order.
@@ -47,7 +51,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(|c| (c.label.as_str(), c.points.clone()))
         .collect();
     let title = a.title.clone().unwrap_or_else(|| a.metric.clone());
-    bertha::show::curve::plot_curves(&a.out, &title, "step", &series)?;
+    bertha::show::curve::plot_curves(&a.out, &title, &a.x_label, &series)?;
     let mut out = JsonLines::open(None)?;
     for c in &curves {
         let best = c.points.iter().copied().min_by(|x, y| x.1.total_cmp(&y.1));
