@@ -1,8 +1,9 @@
 //! Sentence-embedding training on the fast engine against the candle
 //! path, on the tiny encoder of `tests/fixtures/st-embedding` with dropout
 //! on: one step's loss and gradients for every loss the fast engine
-//! covers (mean, CLS and max pooling), a few steps' losses, and the runs
-//! it does not cover (falling back under `auto`, refused under `fast`).
+//! covers (mean, CLS and max pooling; GradCache's mini-batches), a few
+//! steps' losses, and the runs it does not cover (falling back under
+//! `auto`, refused under `fast`).
 
 mod common;
 
@@ -310,28 +311,55 @@ fn a_few_steps_equal_the_candle_path() {
     }
 }
 
+/// GradCache on the fast engine (mini-batches of 3 over 4 rows: a full
+/// and a partial one per column) equals GradCache on candle and the
+/// uncached loss on the fast engine, with and without hard negatives.
+#[test]
+fn cached_mnrl_equals_the_candle_path_and_the_uncached_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = dropout_model(tmp.path());
+    let out = tmp.path().join("out");
+    for cols in [
+        &["anchor", "positive"][..],
+        &["anchor", "positive", "negative"],
+    ] {
+        let run = |kind: LossKind, engine: Engine| {
+            let mut opts = options(&EmbeddingLoss::new(kind), engine, Pooling::Mean, &out, 4);
+            opts.mini_batch_size = 3;
+            let t = EmbeddingTrainer::new(&model, data(cols, false), None, opts).unwrap();
+            assert_eq!(t.on_fast_path(), engine == Engine::Fast);
+            t.loss_and_gradients(&[0, 1, 2, 3]).unwrap()
+        };
+        let fast = run(LossKind::CachedMnrl, Engine::Fast);
+        let candle = run(LossKind::CachedMnrl, Engine::Candle);
+        let uncached = run(LossKind::Mnrl, Engine::Fast);
+        let what = format!("cached-mnrl, {} columns", cols.len());
+        let worst = assert_same_step(&what, &fast, &candle);
+        assert_same_step(&format!("{what} against mnrl"), &fast, &uncached);
+        eprintln!(
+            "{what}: loss {} vs candle {} (abs diff {:e}), gradients within {worst:e} of their max",
+            fast.0,
+            candle.0,
+            (fast.0 - candle.0).abs()
+        );
+    }
+}
+
 #[test]
 fn runs_the_fast_engine_does_not_cover_fall_back_or_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let cached = EmbeddingLoss::new(LossKind::CachedMnrl);
+    // DeBERTa-v2's disentangled attention trains on candle only.
+    let deberta = fixtures().join("tiny").join("deberta-v2-mlm");
+    let mnrl = EmbeddingLoss::new(LossKind::Mnrl);
     let make = |engine| {
-        let opts = options(&cached, engine, Pooling::Mean, &tmp.path().join("o"), 4);
-        EmbeddingTrainer::new(
-            &fixture_dir(),
-            data(&["anchor", "positive"], false),
-            None,
-            opts,
-        )
+        let opts = options(&mnrl, engine, Pooling::Mean, &tmp.path().join("o"), 4);
+        EmbeddingTrainer::new(&deberta, data(&["anchor", "positive"], false), None, opts)
     };
     let auto = make(Engine::Auto).unwrap();
     assert!(!auto.on_fast_path());
     let err = make(Engine::Fast).err().unwrap().to_string();
-    assert!(
-        err.contains("engine") && err.contains("cached-mnrl"),
-        "{err}"
-    );
+    assert!(err.contains("engine") && err.contains("deberta"), "{err}");
     // What it covers, `auto` runs on the fast engine.
-    let mnrl = EmbeddingLoss::new(LossKind::Mnrl);
     let opts = options(&mnrl, Engine::Auto, Pooling::Mean, &tmp.path().join("p"), 4);
     let t = EmbeddingTrainer::new(
         &fixture_dir(),

@@ -299,7 +299,7 @@ impl EmbeddingTrainer {
                 reason: crate::io::weights::strip_backtrace(&e),
             })?;
             let engine = opts.train.engine;
-            let fast = fast::decide(engine, fast::not_covered(&model, opts.loss.kind)?)?;
+            let fast = fast::decide(engine, fast::not_covered(&model)?)?;
             if opts.train.precision != Compute::F32 && !fast {
                 return Err(Error::option(
                     "precision",

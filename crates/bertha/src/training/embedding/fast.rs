@@ -21,19 +21,14 @@ use crate::pooling;
 use crate::training::trainer::{Engine, Slice};
 
 /// What the fast engine does not cover for this run, if anything (the
-/// encoder's family / layout, or the loss).
-pub(super) fn not_covered(model: &BertModel, kind: LossKind) -> Result<Option<String>> {
+/// encoder's family / layout: every loss runs on it).
+pub(super) fn not_covered(model: &BertModel) -> Result<Option<String>> {
     if EncoderStates::of(model)?.is_none() {
         let cfg = model.config();
         return Ok(Some(format!(
             "embedding training on `{}` models as configured",
             cfg.model_type
         )));
-    }
-    if kind == LossKind::CachedMnrl {
-        // GradCache bounds memory by re-encoding mini-batches; the packed
-        // engine encodes the micro-batch whole.
-        return Ok(Some("the cached-mnrl loss (GradCache)".into()));
     }
     Ok(None)
 }
@@ -67,7 +62,97 @@ impl EmbeddingTraining {
     /// The micro-batch `rows`' loss and its gradients on the fast engine
     /// (one process holds the whole micro-batch).
     pub(super) fn fast_loss(&self, rows: &[usize], micro: u64) -> Result<(f64, GradStore)> {
-        let columns = self.train.columns();
+        if self.opts.loss.kind == LossKind::CachedMnrl {
+            return self.fast_cached_loss(rows, micro);
+        }
+        let types = self.zero_types(rows);
+        let sequences: Vec<(&[u32], &[u32])> = (0..self.train.columns())
+            .flat_map(|j| self.sequences(j, rows, &types))
+            .collect();
+        let loss = |hidden: &[f32], offsets: &[usize]| self.pooled_loss(rows, hidden, offsets);
+        let hidden_loss: &HiddenLoss = &loss;
+        // Column j's row i is sequence j·n + i; the candle path keys it as
+        // row i of column j's pass seeded at j·n (see `seed_column`).
+        self.seed_column(micro, 0, 0, rows.len());
+        let out = self.states()?.step(&sequences, hidden_loss, 1.0, true)?;
+        Ok((out.loss, out.gradients))
+    }
+
+    /// GradCache on the fast engine, as [`EmbeddingTraining::cached_loss`]
+    /// on candle: each column's rows in mini-batches of
+    /// `--mini-batch-size`, embedded by a forward pass whose activations
+    /// are dropped; the loss and its gradient with respect to the
+    /// embeddings; then each mini-batch again (the same dropout masks:
+    /// they are keyed by the row's place in the micro-batch) with that
+    /// gradient pushed back through pooling and the encoder. Memory is one
+    /// mini-batch's activations; loss and gradients equal the uncached
+    /// loss's.
+    fn fast_cached_loss(&self, rows: &[usize], micro: u64) -> Result<(f64, GradStore)> {
+        let (n, mini) = (rows.len(), self.opts.mini_batch_size);
+        let types = self.zero_types(rows);
+        // 1. Embeddings, without activations kept (no backward pass).
+        let mut reps = Vec::with_capacity(self.train.columns());
+        for j in 0..self.train.columns() {
+            let mut parts = Vec::new();
+            for (k, chunk) in rows.chunks(mini).enumerate() {
+                let sequences: Vec<_> = self.sequences(j, chunk, &types).collect();
+                let embedded = std::cell::RefCell::new(None);
+                let embed = |hidden: &[f32], offsets: &[usize]| {
+                    let (_, _, rep) = self.pooled_column(hidden, offsets)?;
+                    *embedded.borrow_mut() = Some(rep.detach());
+                    Ok((0.0, 0, vec![0f32; hidden.len()]))
+                };
+                self.seed_column(micro, j, k * mini, n);
+                self.states()?.step(&sequences, &embed, 1.0, true)?;
+                parts.push(embedded.into_inner().ok_or_else(|| {
+                    Error::Input("internal: the fast pass returned no hidden states".into())
+                })?);
+            }
+            reps.push(Var::from_tensor(&Tensor::cat(&parts, 0)?)?);
+        }
+        // 2. The loss and d loss / d embedding.
+        let tensors: Vec<Tensor> = reps.iter().map(|v| v.as_tensor().clone()).collect();
+        let scores = self.train.scores(rows, &self.device)?;
+        let loss = self.opts.loss.compute(&tensors, scores.as_ref())?;
+        let value = f64::from(loss.to_scalar::<f32>()?);
+        let rep_grads = loss.backward()?;
+        // 3. Each mini-batch again, its embeddings' gradient pushed through.
+        let mut total = GradStore::default();
+        for (j, rep) in tensors.iter().enumerate() {
+            let Some(grad) = rep_grads.get(rep) else {
+                continue;
+            };
+            for (k, chunk) in rows.chunks(mini).enumerate() {
+                let sequences: Vec<_> = self.sequences(j, chunk, &types).collect();
+                let g = grad.narrow(0, k * mini, chunk.len())?;
+                let push = |hidden: &[f32], offsets: &[usize]| {
+                    let (states, len, rep) = self.pooled_column(hidden, offsets)?;
+                    let grads = (rep * &g)?.sum_all()?.backward()?;
+                    let mut dhidden = vec![0f32; hidden.len()];
+                    if let Some(gs) = grads.get(states.as_tensor()) {
+                        scatter_padded(gs, offsets, len, &mut dhidden)?;
+                    }
+                    Ok((0.0, chunk.len(), dhidden))
+                };
+                self.seed_column(micro, j, k * mini, n);
+                let out = self.states()?.step(&sequences, &push, 1.0, true)?;
+                total.extend(out.gradients)?;
+            }
+        }
+        Ok((value, total))
+    }
+
+    /// The encoder on the fast engine, in this run's precision.
+    fn states(&self) -> Result<EncoderStates<'_>> {
+        Ok(EncoderStates::of(&self.model)?
+            .ok_or_else(|| {
+                Error::Input("internal: the fast path no longer covers the model".into())
+            })?
+            .with_compute(self.compute))
+    }
+
+    /// Token types (all 0) as long as the longest of `rows`' texts.
+    fn zero_types(&self, rows: &[usize]) -> Vec<u32> {
         let longest = self
             .train
             .ids
@@ -75,28 +160,20 @@ impl EmbeddingTraining {
             .flat_map(|col| rows.iter().map(|&i| col[i].len()))
             .max()
             .unwrap_or(0);
-        let types = vec![0u32; longest];
-        let sequences: Vec<(&[u32], &[u32])> = (0..columns)
-            .flat_map(|j| {
-                let types = &types;
-                rows.iter().map(move |&i| {
-                    let ids = &self.train.ids[j][i][..];
-                    (ids, &types[..ids.len()])
-                })
-            })
-            .collect();
-        let loss = |hidden: &[f32], offsets: &[usize]| self.pooled_loss(rows, hidden, offsets);
-        let hidden_loss: &HiddenLoss = &loss;
-        let states = EncoderStates::of(&self.model)?
-            .ok_or_else(|| {
-                Error::Input("internal: the fast path no longer covers the model".into())
-            })?
-            .with_compute(self.compute);
-        // Column j's row i is sequence j·n + i; the candle path keys it as
-        // row i of column j's pass seeded at j·n (see `seed_column`).
-        self.seed_column(micro, 0, 0, rows.len());
-        let out = states.step(&sequences, hidden_loss, 1.0, true)?;
-        Ok((out.loss, out.gradients))
+        vec![0u32; longest]
+    }
+
+    /// Column `j`'s texts of `rows` as the engine takes them.
+    fn sequences<'s>(
+        &'s self,
+        j: usize,
+        rows: &'s [usize],
+        types: &'s [u32],
+    ) -> impl Iterator<Item = (&'s [u32], &'s [u32])> + 's {
+        rows.iter().map(move |&i| {
+            let ids = &self.train.ids[j][i][..];
+            (ids, &types[..ids.len()])
+        })
     }
 
     /// The loss on the last hidden states `hidden` (`[T, D]`, sequences
@@ -108,29 +185,13 @@ impl EmbeddingTraining {
         hidden: &[f32],
         offsets: &[usize],
     ) -> Result<(f64, usize, Vec<f32>)> {
-        let d = self.model.config().hidden_size;
         let n = rows.len();
         let columns = self.train.columns();
         let mut padded = Vec::with_capacity(columns);
         let mut reps = Vec::with_capacity(columns);
         for j in 0..columns {
-            let span = &offsets[j * n..=(j + 1) * n];
-            let len = (0..n).map(|i| span[i + 1] - span[i]).max().unwrap_or(0);
-            let mut values = vec![0f32; n * len * d];
-            let mut mask = vec![0u32; n * len];
-            for i in 0..n {
-                let (a, b) = (span[i], span[i + 1]);
-                values[i * len * d..(i * len + b - a) * d].copy_from_slice(&hidden[a * d..b * d]);
-                mask[i * len..i * len + b - a].fill(1);
-            }
-            let states = Var::from_vec(values, (n, len, d), &self.device)?;
-            let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
-            let pooled = pooling::pool(states.as_tensor(), &mask, self.pooling, None)?;
-            reps.push(if self.normalize {
-                pooling::normalize(&pooled)?
-            } else {
-                pooled
-            });
+            let (states, len, rep) = self.pooled_column(hidden, &offsets[j * n..=(j + 1) * n])?;
+            reps.push(rep);
             padded.push((states, len));
         }
         let scores = self.train.scores(rows, &self.device)?;
@@ -139,18 +200,52 @@ impl EmbeddingTraining {
         let grads = loss.backward()?;
         let mut dhidden = vec![0f32; hidden.len()];
         for (j, (states, len)) in padded.iter().enumerate() {
-            let Some(g) = grads.get(states.as_tensor()) else {
-                continue;
-            };
-            let g = g.flatten_all()?.to_vec1::<f32>()?;
-            let span = &offsets[j * n..=(j + 1) * n];
-            for i in 0..n {
-                let (a, b) = (span[i], span[i + 1]);
-                dhidden[a * d..b * d].copy_from_slice(&g[i * len * d..(i * len + b - a) * d]);
+            if let Some(g) = grads.get(states.as_tensor()) {
+                scatter_padded(g, &offsets[j * n..=(j + 1) * n], *len, &mut dhidden)?;
             }
         }
         Ok((value, n, dhidden))
     }
+
+    /// The sequences at `span` (row offsets into `hidden`, `[T, D]`) laid
+    /// out as the candle path's padded `[n, len, D]` batch (padding rows
+    /// zero), that batch, its `len`, and the pooled (and, for this model,
+    /// normalised) embeddings `[n, D]`.
+    fn pooled_column(&self, hidden: &[f32], span: &[usize]) -> Result<(Var, usize, Tensor)> {
+        let d = self.model.config().hidden_size;
+        let n = span.len() - 1;
+        let len = (0..n).map(|i| span[i + 1] - span[i]).max().unwrap_or(0);
+        let mut values = vec![0f32; n * len * d];
+        let mut mask = vec![0u32; n * len];
+        for i in 0..n {
+            let (a, b) = (span[i], span[i + 1]);
+            values[i * len * d..(i * len + b - a) * d].copy_from_slice(&hidden[a * d..b * d]);
+            mask[i * len..i * len + b - a].fill(1);
+        }
+        let states = Var::from_vec(values, (n, len, d), &self.device)?;
+        let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
+        let pooled = pooling::pool(states.as_tensor(), &mask, self.pooling, None)?;
+        let rep = if self.normalize {
+            pooling::normalize(&pooled)?
+        } else {
+            pooled
+        };
+        Ok((states, len, rep))
+    }
+}
+
+/// The gradient `g` of a padded `[n, len, D]` batch (see
+/// [`EmbeddingTraining::pooled_column`]) written back to the packed rows
+/// of the sequences at `span` in `dhidden` (`[T, D]`).
+fn scatter_padded(g: &Tensor, span: &[usize], len: usize, dhidden: &mut [f32]) -> Result<()> {
+    let g = g.flatten_all()?.to_vec1::<f32>()?;
+    let n = span.len() - 1;
+    let d = g.len() / (n * len).max(1);
+    for i in 0..n {
+        let (a, b) = (span[i], span[i + 1]);
+        dhidden[a * d..b * d].copy_from_slice(&g[i * len * d..(i * len + b - a) * d]);
+    }
+    Ok(())
 }
 
 /// Whether `engine` tries the fast engine for a run that `reason` (if
