@@ -44,6 +44,23 @@ impl<'a> EncoderStates<'a> {
         self
     }
 
+    /// The forward pass of [`Self::step`] alone, no backward and no
+    /// gradients: `read` sees the last hidden states and the sequences'
+    /// row offsets (GradCache's first pass: embeddings whose activations
+    /// are dropped).
+    pub fn forward<T>(
+        self,
+        sequences: &[(&[u32], &[u32])],
+        train: bool,
+        read: impl FnOnce(&[f32], &[usize]) -> Result<T>,
+    ) -> Result<T> {
+        let _buffers = StepBuffers::begin();
+        let (hidden, tape) = self.encoder.forward(sequences, 0, None, train)?;
+        let out = read(&hidden, tape.offsets());
+        crate::fast::buffers::recycle(hidden);
+        out
+    }
+
     /// Forward on `sequences` (`(ids, token types)`, packed end to end;
     /// dropout on with `train`, sequence `s` keyed as row `s` of a padded
     /// batch), the caller's `loss` on the last hidden states, and backward:

@@ -96,17 +96,13 @@ impl EmbeddingTraining {
             let mut parts = Vec::new();
             for (k, chunk) in rows.chunks(mini).enumerate() {
                 let sequences: Vec<_> = self.sequences(j, chunk, &types).collect();
-                let embedded = std::cell::RefCell::new(None);
-                let embed = |hidden: &[f32], offsets: &[usize]| {
-                    let (_, _, rep) = self.pooled_column(hidden, offsets)?;
-                    *embedded.borrow_mut() = Some(rep.detach());
-                    Ok((0.0, 0, vec![0f32; hidden.len()]))
-                };
                 self.seed_column(micro, j, k * mini, n);
-                self.states()?.step(&sequences, &embed, 1.0, true)?;
-                parts.push(embedded.into_inner().ok_or_else(|| {
-                    Error::Input("internal: the fast pass returned no hidden states".into())
-                })?);
+                let rep = self
+                    .states()?
+                    .forward(&sequences, true, |hidden, offsets| {
+                        Ok(self.pooled_column(hidden, offsets)?.2.detach())
+                    })?;
+                parts.push(rep);
             }
             reps.push(Var::from_tensor(&Tensor::cat(&parts, 0)?)?);
         }
