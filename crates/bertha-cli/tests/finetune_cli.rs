@@ -293,3 +293,66 @@ fn bad_input_is_a_one_line_error() {
     let err = failure(&on_checkpoint("predict", "sts", &tiny, &data, &[]));
     assert!(err.contains("expected classification, ner or qa"), "{err}");
 }
+
+/// Every family fine-tunes from the CLI (RoBERTa, DistilBERT and
+/// DeBERTa-v2 with their own sequence classifiers, ALBERT with its
+/// pooler), saves its head under the names transformers reads (ALBERT's
+/// pooler is `albert.pooler`, an `nn.Linear`, not BERT's
+/// `pooler.dense`), and `evaluate` reads the folder back to the accuracy
+/// training logged.
+#[test]
+fn every_family_finetunes_and_saves_transformers_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = repo().join("tests/fixtures/finetune/sst2-dev-head.tsv");
+    let cases = [
+        (
+            "roberta-seqcls",
+            "classifier.out_proj.weight",
+            "roberta.pooler.",
+        ),
+        (
+            "distilbert-seqcls",
+            "pre_classifier.weight",
+            "distilbert.pooler",
+        ),
+        (
+            "deberta-v2-seqcls",
+            "pooler.dense.weight",
+            "deberta.pooler.",
+        ),
+        ("albert-mlm", "albert.pooler.weight", "albert.pooler.dense."),
+    ];
+    for (name, expected, absent) in cases {
+        let tiny = repo().join("tests/fixtures/tiny").join(name);
+        let out = tmp.path().join(name);
+        ok(&finetune_sst2(&tiny, &data, &out, &[]));
+        let names: Vec<String> = candle_core::safetensors::load(
+            out.join("model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap()
+        .into_keys()
+        .collect();
+        assert!(names.iter().any(|n| n == expected), "{name}: {names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with(absent)),
+            "{name}: {names:?}"
+        );
+        let logged = read_json(&out.join("eval_results.json"))["accuracy"]
+            .as_f64()
+            .unwrap();
+        let eval = ok(&on_checkpoint(
+            "evaluate",
+            "classification",
+            &out,
+            &data,
+            &[],
+        ));
+        let scores: Value = serde_json::from_str(eval.lines().last().unwrap()).unwrap();
+        let read_back = scores["accuracy"].as_f64().unwrap();
+        assert!(
+            (read_back - logged).abs() < 1e-9,
+            "{name}: {read_back} vs {logged}"
+        );
+    }
+}

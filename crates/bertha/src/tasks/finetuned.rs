@@ -535,33 +535,14 @@ impl Scorer<'_> {
     }
 }
 
-/// Checks that `config` is a family the fine-tuning heads fit: BERT, and
-/// ELECTRA (whose classifier reads the first token through its own head,
-/// and whose token and span heads are BERT's).
-pub(crate) fn check_family(config: &BertConfig, origin: &Path) -> Result<()> {
-    if !matches!(
-        config.family,
-        Family::Bert | Family::Electra(_) | Family::ModernBert(_)
-    ) {
-        return Err(Error::config(
-            origin,
-            "model_type",
-            format!(
-                "fine-tuning supports BERT, ELECTRA and ModernBERT checkpoints (model_type `bert`, \
-                 `electra`, `modernbert`), not `{}`",
-                config.model_type
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// [`check_family`] for one task: ModernBERT's question-answering head
+/// Checks that `task` fits `config`'s family. Every family has the
+/// fine-tuning heads (BERT's pooler head or the family's own first-token
+/// classifier, and the token and span heads over the last hidden states),
+/// except that ModernBERT's question-answering head
 /// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
 /// so a ModernBERT QA run would save a checkpoint transformers cannot
 /// read; it is refused.
 pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
-    check_family(config, origin)?;
     if task == Task::Qa && matches!(config.family, Family::ModernBert(_)) {
         return Err(Error::config(
             origin,
@@ -632,7 +613,6 @@ impl FinetunedModel {
         let mut head = TaskHead::from_dir(task, dir, device)?;
         let config = head.config().clone();
         let origin = dir.join("config.json");
-        check_family(&config, &origin)?;
         let trained = read_trained_shapes(dir)?;
         let max_length = opts
             .max_length

@@ -33,8 +33,7 @@ use crate::io::weights::Weights;
 use crate::io::ModelDir;
 use crate::model::{HeadKind, IGNORE_INDEX};
 use crate::tasks::finetuned::{
-    check_family, check_task_family, infer_batches, length_batches, Scorer, TaskHead,
-    TRAINING_ARGS_FILE,
+    check_task_family, infer_batches, length_batches, Scorer, TaskHead, TRAINING_ARGS_FILE,
 };
 use crate::tasks::Evaluation;
 
@@ -224,7 +223,6 @@ impl Finetuner {
         let dir = ModelDir::open(model_dir)?;
         let config_path = dir.config_path();
         let config = dir.config()?;
-        check_family(&config, &config_path)?;
         validate(&opts, &config, &config_path)?;
         let tokenizer = dir.tokenizer(opts.max_length)?;
         let weights = dir.weights()?;

@@ -37,7 +37,7 @@ use crate::io::tokenizer::Tokenizer;
 use crate::io::ModelDir;
 use crate::metrics::{ranking_scores, RANKING_MAIN_METRIC};
 use crate::model::{BertForTask, BertInput, ForwardOptions, HeadKind, HeadLabels, TaskOutput};
-use crate::tasks::finetuned::{check_family, TRAINING_ARGS_FILE};
+use crate::tasks::finetuned::TRAINING_ARGS_FILE;
 use crate::tasks::rerank::{Activation, CrossEncoder, CrossEncoderOptions};
 
 /// A reranker training run.
@@ -96,9 +96,7 @@ impl RerankTrainer {
         opts: RerankOptions,
     ) -> Result<Self> {
         let dir = ModelDir::open(model_dir)?;
-        let config_path = dir.config_path();
         let config = dir.config()?;
-        check_family(&config, &config_path)?;
         let tokenizer = dir.tokenizer(opts.train.max_length)?;
         let weights = dir.weights()?;
         let is_ranker =
@@ -136,7 +134,6 @@ impl RerankTrainer {
         opts: RerankOptions,
     ) -> Result<Self> {
         let config = setup.config.clone();
-        check_family(&config, Path::new("config"))?;
         validate(
             &opts.train,
             &config,

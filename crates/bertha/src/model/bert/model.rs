@@ -116,7 +116,8 @@ impl BertModel {
                 config.family.prefix()
             ),
         })?;
-        let has_pooler = weights.contains(&format!("{prefix}pooler.dense.weight"));
+        let dense = crate::model::family::layout(&config.family).pooler_dense();
+        let has_pooler = weights.contains(&format!("{prefix}{dense}.weight"));
         if config.add_pooling_layer && !has_pooler {
             tracing::debug!(
                 "{} has no pooler weights; pooler_output is unavailable",

@@ -12,14 +12,11 @@ pub struct BertPooler {
 }
 
 impl BertPooler {
+    /// From `vb` at the pooler's dense layer (`pooler.dense` in BERT,
+    /// `pooler` in ALBERT: the family's `Layout::pooler_dense`).
     pub fn load(vb: VarBuilder, cfg: &BertConfig) -> Result<Self> {
         Ok(Self {
-            dense: Dense::load(
-                vb.pp("dense"),
-                cfg.hidden_size,
-                cfg.hidden_size,
-                cfg.initializer_range,
-            )?,
+            dense: Dense::load(vb, cfg.hidden_size, cfg.hidden_size, cfg.initializer_range)?,
         })
     }
 

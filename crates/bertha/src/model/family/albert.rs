@@ -42,6 +42,12 @@ impl Layout for Albert<'_> {
         })
     }
 
+    /// `albert.pooler` is the dense layer itself (`AlbertModel.pooler`
+    /// is an `nn.Linear`).
+    fn pooler_dense(&self) -> &'static str {
+        "pooler"
+    }
+
     fn mlm_names(&self, cfg: &BertConfig) -> MlmNames {
         MlmNames {
             root: "predictions.",

@@ -48,6 +48,12 @@ pub(crate) trait Layout {
         ["classifier.weight", "classifier.bias"]
     }
 
+    /// Where BERT's pooler keeps its dense layer (`pooler.dense`; ALBERT
+    /// names the layer `pooler` itself).
+    fn pooler_dense(&self) -> &'static str {
+        "pooler.dense"
+    }
+
     /// Whether the sequence classifier reads the pooler output (else the
     /// family's own head on the first token).
     fn classifier_reads_pooler(&self) -> bool {
@@ -187,7 +193,8 @@ impl BertModel {
             )
         };
         let pooler = if with_pooler && config.add_pooling_layer {
-            Some(BertPooler::load(vb.pp("pooler"), &config)?)
+            let dense = layout(&config.family).pooler_dense();
+            Some(BertPooler::load(vb.pp(dense), &config)?)
         } else {
             None
         };

@@ -174,8 +174,9 @@ impl HeadKind {
                 .collect(),
         };
         if self.uses_pooler_in(family) {
-            names.push(format!("{base}pooler.dense.weight"));
-            names.push(format!("{base}pooler.dense.bias"));
+            let dense = layout(family).pooler_dense();
+            names.push(format!("{base}{dense}.weight"));
+            names.push(format!("{base}{dense}.bias"));
         }
         names
     }
