@@ -345,6 +345,36 @@ fn cached_mnrl_equals_the_candle_path_and_the_uncached_loss() {
     }
 }
 
+/// ModernBERT's encoder (rotary Q and K, sliding windows, GeGLU, no
+/// biases) under embedding training, dropout on: one step equals the
+/// candle path's for an in-batch loss and a scored one.
+#[test]
+fn modernbert_steps_equal_the_candle_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("modernbert");
+    copy_dir(&fixtures().join("families").join("modernbert-mlm"), &model);
+    let path = model.join("config.json");
+    let mut config = read_json(&path);
+    for key in ["embedding_dropout", "attention_dropout", "mlp_dropout"] {
+        config[key] = 0.1.into();
+    }
+    std::fs::write(&path, config.to_string()).unwrap();
+    let out = tmp.path().join("out");
+    let mut ran = 0;
+    for case in cases()
+        .into_iter()
+        .filter(|c| c.name == "mnrl_hard" || c.name == "cosent")
+    {
+        let want = step(&model, &case, Engine::Candle, Pooling::Mean, &out);
+        let got = step(&model, &case, Engine::Fast, Pooling::Mean, &out);
+        let what = format!("modernbert {}", case.name);
+        let worst = assert_same_step(&what, &got, &want);
+        eprintln!("{what}: gradients within {worst:e} of their max");
+        ran += 1;
+    }
+    assert_eq!(ran, 2);
+}
+
 #[test]
 fn runs_the_fast_engine_does_not_cover_fall_back_or_are_refused() {
     let tmp = tempfile::tempdir().unwrap();

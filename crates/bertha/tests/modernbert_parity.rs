@@ -246,10 +246,11 @@ fn modernbert_tokenizer_matches_transformers() {
 }
 
 /// ModernBERT takes the packed inference fast path (its parity:
-/// `modernbert_fast.rs`), and a reduced precision with it; the fast
-/// training path covers BERT only.
+/// `modernbert_fast.rs`), and a reduced precision with it; the training
+/// fast path runs its MLM head (parity: `fast_modernbert_training.rs`),
+/// not yet its classifiers (their `head` and pooling).
 #[test]
-fn modernbert_infers_on_the_fast_path_and_trains_off_it() {
+fn modernbert_infers_and_pretrains_on_the_fast_paths() {
     for name in HEADS {
         let m = BertForTask::from_dir(&dir_of(name), None, HeadInit::FromCheckpoint, &Device::Cpu)
             .unwrap();
@@ -257,7 +258,8 @@ fn modernbert_infers_on_the_fast_path_and_trains_off_it() {
             PackedBert::from_model(m.bert()).unwrap().is_some(),
             "{name}"
         );
-        assert!(MlmHead::of(&m).unwrap().is_none(), "{name}");
+        let mlm = m.kind() == HeadKind::MaskedLM;
+        assert_eq!(MlmHead::of(&m).unwrap().is_some(), mlm, "{name}");
         assert!(FinetuneHead::of(&m).unwrap().is_none(), "{name}");
     }
     let opts = PipelineOptions {
@@ -436,9 +438,8 @@ fn modernbert_finetunes_on_the_candle_path() {
 }
 
 /// MLM pre-training from scratch runs a ModernBERT (the `modernbert-mini`
-/// preset's family, at a test's size) on the candle modules: the loss
-/// falls, the run saves `ModernBertForMaskedLM` under transformers'
-/// names, and the fast engine is refused with the reason.
+/// preset's family, at a test's size) on the fast engine: the loss falls
+/// and the run saves `ModernBertForMaskedLM` under transformers' names.
 #[test]
 fn modernbert_pretrains_from_scratch() {
     use bertha::data::{Corpus, CorpusOptions, MaskSplit, Masker};
@@ -495,16 +496,7 @@ fn modernbert_pretrains_from_scratch() {
         };
         Pretrainer::new(setup, data, opts)
     };
-    let err = build(Engine::Fast, "fast")
-        .err()
-        .expect("fast engine")
-        .to_string();
-    assert!(
-        err.contains("fast path does not cover") && err.contains("modernbert"),
-        "{err}"
-    );
-
-    let mut t = build(Engine::Auto, "auto").unwrap();
+    let mut t = build(Engine::Fast, "fast").unwrap();
     let mut losses = Vec::new();
     t.run(|e| {
         if let Event::Step(m) = e {
@@ -521,7 +513,7 @@ fn modernbert_pretrains_from_scratch() {
         "the loss did not fall: {first} -> {last}"
     );
 
-    let saved = tmp.path().join("auto");
+    let saved = tmp.path().join("fast");
     let back = BertConfig::from_file(&saved.join("config.json")).unwrap();
     assert_eq!(
         back.architectures,

@@ -42,6 +42,9 @@ pub(crate) struct Packing<'a> {
     pub keys: &'a [usize],
     /// The query rows (`None`: every row).
     pub queries: Option<&'a Selection>,
+    /// A sliding-window layer's half window: the query at position `i`
+    /// sees the keys at `|i − j| ≤ w` only (`None`: every key).
+    pub window: Option<usize>,
 }
 
 impl<'a> Packing<'a> {
@@ -57,7 +60,13 @@ impl<'a> Packing<'a> {
             offsets,
             keys,
             queries: outputs.filter(|_| last),
+            window: None,
         }
+    }
+
+    /// This packing under a sliding window of half-width `window`.
+    pub fn windowed(self, window: Option<usize>) -> Self {
+        Self { window, ..self }
     }
 
     fn sequences(&self) -> usize {
@@ -249,6 +258,23 @@ impl Shared<u32> {
     unsafe fn task_bits<'a>(self, t: Task) -> &'a mut [u32] {
         // SAFETY: the caller's contract; the task's block lies inside.
         unsafe { std::slice::from_raw_parts_mut(self.at(t.bits_at), t.len * t.row_words()) }
+    }
+}
+
+/// Task `t`'s scores `p` (`len` rows of `keys`) outside the packing's
+/// window set to `f32::MIN`, which the softmax turns into 0, as the candle
+/// path's mask chooses `f32::MIN` there. The probabilities outside the
+/// window are then 0, so the backward needs no mask of its own.
+fn mask_window(p: &mut [f32], t: Task, packing: Packing) {
+    let Some(w) = packing.window else {
+        return;
+    };
+    for (i, row) in p.chunks_exact_mut(t.keys.max(1)).take(t.len).enumerate() {
+        let (at, keys) = (packing.position(t.s, i), row.len());
+        let lo = at.saturating_sub(w).min(keys);
+        let hi = at.saturating_add(w + 1).clamp(lo, keys);
+        row[..lo].fill(f32::MIN);
+        row[hi..].fill(f32::MIN);
     }
 }
 
@@ -461,6 +487,7 @@ pub(crate) fn forward(
                     Strided::transposed(k, qkv.kv_stride),
                     scale,
                 );
+                mask_window(p, t, packing);
                 softmax_rows(p, nk.max(1));
                 let drawn = dropout.map(|(mask, bits)| {
                     let bits = bits.task_bits(t);
@@ -662,6 +689,7 @@ unsafe fn forward_pairs(
     // SAFETY: p is the task's len × nk block; the operands' extents are
     // checked by the product.
     unsafe { product_pairs_serial(q, (len, nk, hw), &sc.panels, (p.as_mut_ptr(), nk), scale) };
+    mask_window(p, t, packing);
     softmax_rows(p, nk.max(1));
     let drawn = dropout.map(|(mask, bits)| {
         draw_mask(mask, bits, t, packing);
@@ -809,6 +837,7 @@ mod tests {
                 offsets: &offsets,
                 keys: &keys,
                 queries,
+                window: None,
             };
             let m = packing.rows().count();
             // The fp32 operands, rounded as the pairs are, so both paths

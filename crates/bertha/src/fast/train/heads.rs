@@ -12,7 +12,7 @@ use super::grad_store;
 use super::losses::{bce_with_logit, cross_entropy};
 use super::mlm::linear;
 use super::products::Compute;
-use crate::config::ProblemType;
+use crate::config::{Family, ProblemType};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{recycle, zeros, StepBuffers};
 use crate::fast::kernels::Act;
@@ -119,6 +119,11 @@ impl<'a> FinetuneHead<'a> {
     /// classification or QA head on an encoder it runs; sequence
     /// classification needs the pooler).
     pub fn of(model: &'a BertForTask) -> Result<Option<Self>> {
+        // ModernBERT's classifiers run its `head` (dense → act → norm) and
+        // its pooling first, which this head does not.
+        if matches!(model.config().family, Family::ModernBert(_)) {
+            return Ok(None);
+        }
         let top = match model {
             BertForTask::SequenceClassification(m) => {
                 let sentence = match (m.first_token(), &model.bert().pooler) {

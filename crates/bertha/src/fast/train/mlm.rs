@@ -139,7 +139,8 @@ impl<'a> MlmHead<'a> {
         };
         let tied = encoder.word.is(head.decoder.weight());
         Ok(Some(Self {
-            transform: linear(&head.dense, "the MLM transform")?,
+            // ModernBERT's `head.dense` may have no bias.
+            transform: Linear::with_any_bias(&head.dense)?,
             act: head.act.into(),
             transform_norm: Norm {
                 gamma: Param::of(&head.layer_norm.weight)?,
@@ -164,7 +165,7 @@ impl<'a> MlmHead<'a> {
     /// tied, the largest) and the encoder's ([`Encoder::packed_weights`]).
     pub fn packed_weights(&self) -> Vec<&'a Tensor> {
         let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
-        let mut weights = vec![decoder.tensor()];
+        let mut weights: Vec<_> = decoder.tensor().into_iter().collect();
         weights.extend(self.encoder.packed_weights());
         weights
     }
@@ -296,7 +297,10 @@ impl<'a> MlmHead<'a> {
             let decoder = self.decoder.as_ref().unwrap_or(&self.encoder.word);
             // Packed by the optimizer (bf16 only): held for both products.
             let panels = match self.compute {
-                Compute::Bf16 => self.packs.and_then(|p| p.current(decoder.tensor())),
+                Compute::Bf16 => self
+                    .packs
+                    .zip(decoder.tensor())
+                    .and_then(|(p, w)| p.current(w)),
                 Compute::F32 => None,
             };
             let decoder_weight = Weight {

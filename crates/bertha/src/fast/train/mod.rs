@@ -48,7 +48,9 @@ pub use replaced_token::{ReplacedTokenBatch, ReplacedTokenHead, ReplacedTokenOut
 /// step does not write every weight gradient twice (zeroing the ~116 MB of
 /// a `small` model's took ~1 % of its bf16 step).
 pub(crate) struct Param<'a> {
-    tensor: &'a Tensor,
+    /// `None`: a bias the checkpoint does not have (ModernBERT's), zeros
+    /// that take part in the arithmetic and whose gradient goes nowhere.
+    tensor: Option<&'a Tensor>,
     pub data: buffers::TensorValues<'a>,
     /// Empty until something writes it this step.
     grad: Vec<f32>,
@@ -58,10 +60,19 @@ impl<'a> Param<'a> {
     pub fn of(t: &'a Tensor) -> Result<Self> {
         let data = buffers::values_of(t)?;
         Ok(Self {
-            tensor: t,
+            tensor: Some(t),
             grad: Vec::new(),
             data,
         })
+    }
+
+    /// `len` zeros standing for a parameter the model does not have.
+    pub fn absent(len: usize) -> Self {
+        Self {
+            tensor: None,
+            grad: Vec::new(),
+            data: buffers::TensorValues::Copied(vec![0.0; len]),
+        }
     }
 
     /// Its gradient, to add into (zeros when nothing wrote it yet).
@@ -103,14 +114,14 @@ impl<'a> Param<'a> {
         }
     }
 
-    /// Its variable.
-    pub fn tensor(&self) -> &'a Tensor {
+    /// Its variable (`None` for an [absent](Param::absent) one).
+    pub fn tensor(&self) -> Option<&'a Tensor> {
         self.tensor
     }
 
     /// Whether `t` is this parameter's variable (a tied weight).
     pub fn is(&self, t: &Tensor) -> bool {
-        self.tensor.id() == t.id()
+        self.tensor.is_some_and(|own| own.id() == t.id())
     }
 }
 
@@ -135,15 +146,19 @@ impl GradTarget for GradSink<'_> {
 
 /// The gradients of `params`, keyed by their variables; each gradient
 /// buffer moves into its tensor (no copy) and the parameter keeps none.
+/// Absent parameters have no variable: their gradients are dropped.
 pub(crate) fn grad_store<'a, 'p: 'a>(
     params: impl IntoIterator<Item = &'a mut Param<'p>>,
 ) -> Result<GradStore> {
     let mut store = GradStore::default();
     for p in params {
+        let Some(tensor) = p.tensor else {
+            continue;
+        };
         p.grad_mut();
         let grad = std::mem::take(&mut p.grad);
-        let g = Tensor::from_vec(grad, p.tensor.shape(), p.tensor.device())?;
-        store.insert(p.tensor, g);
+        let g = Tensor::from_vec(grad, tensor.shape(), tensor.device())?;
+        store.insert(tensor, g);
     }
     Ok(store)
 }

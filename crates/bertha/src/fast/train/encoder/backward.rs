@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::{drop_rows, drop_rows_of, qkv_pairs, Encoder, Layer, LayerTape, Tape};
+use super::{drop_rows, drop_rows_of, geglu, qkv_pairs, Encoder, Layer, LayerTape, Tape, Turn};
 use crate::config::NormPosition;
 use crate::fast::buffers::{add, copied, recycle, scratch, zeros};
 use crate::fast::kernels::Act;
@@ -36,6 +36,8 @@ impl<'a> Encoder<'a> {
             layers: layer_tapes,
             final_in,
             outputs,
+            rotaries,
+            rotary_positions,
         } = tape;
         if let Some(norm) = &mut self.final_norm {
             let mut dx = scratch(dy.len());
@@ -53,8 +55,16 @@ impl<'a> Encoder<'a> {
         let passes = self.order.len();
         for (i, t) in layer_tapes.into_iter().enumerate().rev() {
             let layer = &mut self.layers[self.order[i]];
-            let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), i + 1 == passes);
-            dy = layer_backward(layer, &t, dy, packing, (d, heads, act, pre));
+            let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), i + 1 == passes)
+                .windowed(layer.window);
+            let turn = layer
+                .rotary
+                .and_then(|r| rotaries.get(r))
+                .map(|table| Turn {
+                    table,
+                    positions: &rotary_positions,
+                });
+            dy = layer_backward(layer, &t, dy, (packing, turn), (d, heads, act, pre));
         }
         if let Some(p) = &mut self.projection {
             let n = projected.len() / e.max(1);
@@ -84,13 +94,15 @@ impl<'a> Encoder<'a> {
         // RoBERTa's position table has the padding id too: its row learns
         // nothing.
         let frozen = self.positions_from.map(|pad| pad as usize);
-        let live_positions = positions.iter().copied().enumerate();
-        scatter_rows(
-            &de,
-            live_positions.filter(|&(_, p)| Some(p) != frozen),
-            self.position.grad_mut(),
-            e,
-        );
+        if let Some(table) = &mut self.position {
+            let live_positions = positions.iter().copied().enumerate();
+            scatter_rows(
+                &de,
+                live_positions.filter(|&(_, p)| Some(p) != frozen),
+                table.grad_mut(),
+                e,
+            );
+        }
         if let Some(tt) = &mut self.token_type {
             scatter_rows(
                 &de,
@@ -109,7 +121,7 @@ fn layer_backward(
     layer: &mut Layer,
     t: &LayerTape,
     dy: Vec<f32>,
-    packing: Packing,
+    (packing, turn): (Packing, Option<Turn>),
     (d, heads, act, pre): (usize, Heads, Act, bool),
 ) -> Vec<f32> {
     let n = packing.offsets.last().copied().unwrap_or(0);
@@ -120,8 +132,6 @@ fn layer_backward(
         recycle(dy);
         return zeros(n * d);
     }
-    let inter = layer.ffn_in.out_dim();
-    let compute = layer.ffn_in.compute;
     // The gradient of the layer's last sum (before the norm after post-LN):
     // it goes to the FFN's output (through the mask) and, as d(s1), along
     // the residual path, which collects the FFN's input gradient too.
@@ -133,14 +143,46 @@ fn layer_backward(
         recycle(dy);
         ds2
     };
-    // FFN-out's backward ends at the activation's input gradient: in fp32
-    // through the activation's output gradient `dg`; in bf16 as the FFN-in
-    // products' pairs, made by the tiles of FFN-out's input gradient.
+    let mut ds1 = ds;
+    let dffn_x = match layer.glu {
+        true => glu_ffn_backward(layer, t, &ds1, rows, act),
+        false => ffn_backward(layer, t, &ds1, rows, act),
+    };
+    if pre {
+        // ffn_x = LN2(s1)
+        let mut tmp = scratch(m * d);
+        layer.ffn_norm.backward(&t.s1, &dffn_x, &mut tmp);
+        add(&mut ds1, &tmp);
+        recycle(tmp);
+    } else {
+        // ffn_x = LN1(s1), and s2 = o + ffn_x.
+        add(&mut ds1, &dffn_x);
+        let mut tmp = scratch(m * d);
+        layer.post_attn_norm_mut().backward(&t.s1, &ds1, &mut tmp);
+        recycle(std::mem::replace(&mut ds1, tmp));
+    }
+    recycle(dffn_x);
+    attention_backward(layer, t, ds1, (packing, turn), (d, heads, pre))
+}
+
+/// The FFN's backward from `ds`, the gradient of its output (before the
+/// hidden dropout): its parameters' gradients, and the gradient of its
+/// input returned. FFN-out's backward ends at the activation's input
+/// gradient: in fp32 through the activation's output gradient `dg`; in
+/// bf16 as the FFN-in products' pairs, made by the tiles of FFN-out's
+/// input gradient.
+fn ffn_backward(layer: &mut Layer, t: &LayerTape, ds: &[f32], rows: Rows, act: Act) -> Vec<f32> {
+    let (m, d, inter) = (
+        rows.count(),
+        layer.ffn_norm.gamma.data.len(),
+        layer.intermediate(),
+    );
+    let compute = layer.ffn_in.compute;
     let (mut dg, mut df_words, mut df_blocks) = (Vec::new(), Vec::new(), Vec::new());
     match compute {
         Compute::F32 => {
             dg = scratch(m * inter);
-            let mut d_o = copied(&ds);
+            let mut d_o = copied(ds);
             if let Some(mask) = &t.masks[2] {
                 drop_rows_of(mask, &mut d_o, rows, d);
             }
@@ -156,7 +198,7 @@ fn layer_backward(
             // pairs, read from ds, which stays d(s1); FFN-out's input as
             // the forward's tiles stored it.
             let (ffn_out, ffn_in) = (&mut layer.ffn_out, &mut layer.ffn_in);
-            let dz = output_grad_pairs(&ds, t.masks[2].as_ref(), rows, ffn_out.b.grad_mut());
+            let dz = output_grad_pairs(ds, t.masks[2].as_ref(), rows, ffn_out.b.grad_mut());
             let words = as_words(&dz);
             let g = (&t.g[..], inter);
             let weight_grad =
@@ -170,7 +212,6 @@ fn layer_backward(
             recycle(dz);
         }
     }
-    let mut ds1 = ds;
     let mut dffn_x = scratch(m * d);
     match compute {
         Compute::F32 => {
@@ -197,22 +238,63 @@ fn layer_backward(
     recycle(dg);
     recycle(df_words);
     recycle(df_blocks);
-    if pre {
-        // ffn_x = LN2(s1)
-        let mut tmp = scratch(m * d);
-        layer.ffn_norm.backward(&t.s1, &dffn_x, &mut tmp);
-        add(&mut ds1, &tmp);
-        recycle(tmp);
-    } else {
-        // ffn_x = LN1(s1), and s2 = o + ffn_x.
-        add(&mut ds1, &dffn_x);
-        let mut tmp = scratch(m * d);
-        layer.attn_norm.backward(&t.s1, &ds1, &mut tmp);
-        recycle(std::mem::replace(&mut ds1, tmp));
+    dffn_x
+}
+
+/// [`ffn_backward`] of a GeGLU FFN, in either number format: the gated
+/// product recomputed from the tape's `[input | gate]` (and dropped as the
+/// forward dropped it) for FFN-out's weight gradient, then GeGLU's
+/// backward and FFN-in's.
+fn glu_ffn_backward(
+    layer: &mut Layer,
+    t: &LayerTape,
+    ds: &[f32],
+    rows: Rows,
+    act: Act,
+) -> Vec<f32> {
+    let (m, d, inter) = (
+        rows.count(),
+        layer.ffn_norm.gamma.data.len(),
+        layer.intermediate(),
+    );
+    let mut g = scratch(m * inter);
+    geglu::forward(&t.f, &mut g, inter, act);
+    if let Some(mask) = &t.masks[2] {
+        drop_rows_of(mask, &mut g, rows, inter);
     }
-    recycle(dffn_x);
+    let mut dg = scratch(m * inter);
+    layer.ffn_out.backward(&g, ds, Some(&mut dg), m, false);
+    recycle(g);
+    if let Some(mask) = &t.masks[2] {
+        drop_rows_of(mask, &mut dg, rows, inter);
+    }
+    let mut df = scratch(m * 2 * inter);
+    geglu::backward(&t.f, &dg, &mut df, inter, act);
+    recycle(dg);
+    let mut dffn_x = scratch(m * d);
+    layer
+        .ffn_in
+        .backward(&t.ffn_x, &df, Some(&mut dffn_x), m, false);
+    recycle(df);
+    dffn_x
+}
+
+/// The attention block's backward from `ds1`, the gradient of its
+/// residual sum: its parameters' gradients, and the layer input's
+/// gradient returned (every row).
+fn attention_backward(
+    layer: &mut Layer,
+    t: &LayerTape,
+    ds1: Vec<f32>,
+    (packing, turn): (Packing, Option<Turn>),
+    (d, heads, pre): (usize, Heads, bool),
+) -> Vec<f32> {
+    let n = packing.offsets.last().copied().unwrap_or(0);
+    let rows = packing.rows();
+    let m = rows.count();
+    let compute = layer.ffn_in.compute;
     // s1 = dropout(ctx · Woᵀ + bo) + x
-    let pairs = qkv_pairs(compute, heads);
+    let pairs = qkv_pairs(compute, heads) && turn.is_none();
     let mut dctx: Vec<f32>;
     let mut dx = match compute {
         Compute::F32 => {
@@ -259,9 +341,12 @@ fn layer_backward(
             }
         }
     };
-    let attn_in = if pre { &t.attn_in } else { &t.x };
-    // d(attention input), on every row: into dx directly after post-LN.
-    let mut dn1 = match pre {
+    // Pre-LN: the attention's input was normed (but in ModernBERT's layer
+    // 0).
+    let normed = pre && layer.attn_norm.is_some();
+    let attn_in = if normed { &t.attn_in } else { &t.x };
+    // d(attention input), on every row: into dx directly without a norm.
+    let mut dn1 = match normed {
         true => Some(scratch(n * d)),
         false => None,
     };
@@ -274,7 +359,7 @@ fn layer_backward(
                 false => zeros(n * 3 * d),
             };
             attention::backward(
-                Qkv::fused(&t.qkv, d, qkv_pairs(compute, heads)),
+                Qkv::fused(&t.qkv, d, pairs),
                 &t.probs,
                 &dctx,
                 QkvGrad::fused(&mut dqkv, d),
@@ -283,6 +368,9 @@ fn layer_backward(
                 t.masks[0].as_ref().map(|m| (m, as_words(&t.attn_bits))),
             );
             recycle(dctx);
+            if let Some(turn) = turn {
+                turn.rotate(&mut dqkv, &mut [], None, d, true);
+            }
             // Q, K, V: one multiply each way on the stacked weights.
             let (mut dw, mut db) = (scratch(3 * d * d), zeros(3 * d));
             let into = match &mut dn1 {
@@ -296,13 +384,7 @@ fn layer_backward(
                 into,
                 n,
             );
-            for (i, lin) in [&mut layer.q, &mut layer.k, &mut layer.v]
-                .into_iter()
-                .enumerate()
-            {
-                lin.w.add_grad(&dw[i * d * d..(i + 1) * d * d]);
-                lin.b.add_grad(&db[i * d..(i + 1) * d]);
-            }
+            layer.qkv.add_grads(0, &dw, &db, d);
             recycle(dw);
             recycle(dqkv);
         }
@@ -312,7 +394,7 @@ fn layer_backward(
             let mut dq = scratch(m * d);
             let mut dkv = zeros(n * 2 * d);
             attention::backward(
-                Qkv::split(&t.q, &t.qkv, d, qkv_pairs(compute, heads)),
+                Qkv::split(&t.q, &t.qkv, d, pairs),
                 &t.probs,
                 &dctx,
                 QkvGrad::split(&mut dq, &mut dkv, d),
@@ -321,19 +403,21 @@ fn layer_backward(
                 t.masks[0].as_ref().map(|m| (m, as_words(&t.attn_bits))),
             );
             recycle(dctx);
+            if let Some(turn) = turn {
+                turn.rotate(&mut dkv, &mut dq, packing.queries, d, true);
+            }
             let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
             let mut dq_in = scratch(m * d);
-            let q = &mut layer.q;
-            let grads = (w_q, &mut q.w, q.b.grad_mut());
+            let (mut dw, mut db) = (scratch(d * d), zeros(d));
+            let grads = (w_q, GradSink::Overwrite(&mut dw), &mut db[..]);
             linear_backward(compute, (&dq, &t.q_in), grads, (&mut dq_in, false), m);
+            layer.qkv.add_grads(0, &dw, &db, d);
+            recycle(dw);
             let (mut dw, mut db) = (scratch(2 * d * d), zeros(2 * d));
             let into = dn1.as_mut().unwrap_or(&mut dx);
             let grads = (w_kv, GradSink::Overwrite(&mut dw), &mut db[..]);
-            linear_backward(compute, (&dkv, attn_in), grads, (into, !pre), n);
-            for (i, lin) in [&mut layer.k, &mut layer.v].into_iter().enumerate() {
-                lin.w.add_grad(&dw[i * d * d..(i + 1) * d * d]);
-                lin.b.add_grad(&db[i * d..(i + 1) * d]);
-            }
+            linear_backward(compute, (&dkv, attn_in), grads, (into, !normed), n);
+            layer.qkv.add_grads(1, &dw, &db, d);
             recycle(dw);
             sel.scatter_add(&dq_in, into, d);
             recycle(dq_in);
@@ -341,9 +425,9 @@ fn layer_backward(
             recycle(dkv);
         }
     }
-    if let Some(dn1) = dn1 {
+    if let (Some(dn1), Some(norm)) = (dn1, &mut layer.attn_norm) {
         let mut tmp = scratch(n * d);
-        layer.attn_norm.backward(&t.x, &dn1, &mut tmp);
+        norm.backward(&t.x, &dn1, &mut tmp);
         add(&mut dx, &tmp);
         recycle(dn1);
         recycle(tmp);

@@ -24,127 +24,24 @@ use super::packs::WeightPacks;
 use super::products::{self, Compute};
 use super::rows::{Rows, Selection};
 use super::Param;
-use crate::config::{Family, NormPosition};
+use crate::config::NormPosition;
 use crate::error::{Error, Result};
 use crate::fast::buffers::{add, copied, recycle, scratch};
 use crate::fast::kernels::{self, Act};
 use crate::fast::matmul::{as_words, as_words_mut};
+use crate::fast::rope::Rotary;
 use crate::model::ops::bias_act_forward;
-use crate::model::{BertModel, Dropout, DropoutMask, PositionIds};
+use crate::model::{Dropout, DropoutMask};
 
 mod backward;
+mod build;
+mod geglu;
+mod layer;
 mod parts;
 
+use layer::{Layer, LayerTape, Turn};
+
 pub(crate) use parts::{Linear, Norm};
-
-struct Layer<'a> {
-    q: Linear<'a>,
-    k: Linear<'a>,
-    v: Linear<'a>,
-    attn_out: Linear<'a>,
-    attn_norm: Norm<'a>,
-    ffn_in: Linear<'a>,
-    ffn_out: Linear<'a>,
-    ffn_norm: Norm<'a>,
-    /// Q, K and V weights stacked `[3·D, D]`, and their biases.
-    qkv_w: Vec<f32>,
-    qkv_b: Vec<f32>,
-}
-
-impl<'a> Layer<'a> {
-    /// Its six linear layers, in checkpoint order.
-    fn linears_mut(&mut self) -> [&mut Linear<'a>; 6] {
-        [
-            &mut self.q,
-            &mut self.k,
-            &mut self.v,
-            &mut self.attn_out,
-            &mut self.ffn_in,
-            &mut self.ffn_out,
-        ]
-    }
-
-    /// Its parameters: each linear's weight and bias, then both
-    /// LayerNorms'.
-    fn params_mut(&mut self) -> Vec<&mut Param<'a>> {
-        let Layer {
-            q,
-            k,
-            v,
-            attn_out,
-            attn_norm,
-            ffn_in,
-            ffn_out,
-            ffn_norm,
-            ..
-        } = self;
-        let mut out = Vec::with_capacity(16);
-        for lin in [q, k, v, attn_out, ffn_in, ffn_out] {
-            out.extend([&mut lin.w, &mut lin.b]);
-        }
-        out.extend([&mut attn_norm.gamma, &mut attn_norm.beta]);
-        out.extend([&mut ffn_norm.gamma, &mut ffn_norm.beta]);
-        out
-    }
-}
-
-/// One layer's saved activations (see the module docs).
-#[derive(Default)]
-struct LayerTape {
-    /// The layer's input.
-    x: Vec<f32>,
-    /// Pre-LN: the attention LayerNorm's output (the Q/K/V input); post-LN
-    /// reads `x`.
-    attn_in: Vec<f32>,
-    /// The fused Q/K/V rows `[T, 3·D]`; in a layer with a selection, K and
-    /// V `[T, 2·D]`, beside the selected rows' Q `[M, D]` and its input.
-    qkv: Vec<f32>,
-    q: Vec<f32>,
-    q_in: Vec<f32>,
-    probs: Vec<f32>,
-    /// The attention dropout's keep bits (words of fp32 storage), as the
-    /// forward drew them.
-    attn_bits: Vec<f32>,
-    ctx: Vec<f32>,
-    /// attention output + residual: a LayerNorm's input in both placements.
-    s1: Vec<f32>,
-    /// The FFN's input.
-    ffn_x: Vec<f32>,
-    /// fp32: the FFN expansion before bias and activation; bf16: the
-    /// activation's slopes `act'(f + b)` there, all its backward reads.
-    f: Vec<f32>,
-    /// bf16: the activation's output as FFN-out's weight gradient reads
-    /// it (a right operand's bf16 panels in fp32-sized words, stored by
-    /// FFN-in's tiles); fp32 recomputes it from `f`.
-    g: Vec<f32>,
-    /// Post-LN: FFN output + residual, the output LayerNorm's input.
-    s2: Vec<f32>,
-    masks: [Option<DropoutMask>; 3],
-}
-
-impl Drop for LayerTape {
-    /// The buffers go back for the next pass to overwrite.
-    fn drop(&mut self) {
-        let t = self;
-        for v in [
-            &mut t.x,
-            &mut t.attn_in,
-            &mut t.qkv,
-            &mut t.q,
-            &mut t.q_in,
-            &mut t.probs,
-            &mut t.attn_bits,
-            &mut t.ctx,
-            &mut t.s1,
-            &mut t.ffn_x,
-            &mut t.f,
-            &mut t.g,
-            &mut t.s2,
-        ] {
-            recycle(std::mem::take(v));
-        }
-    }
-}
 
 /// A forward pass's tape.
 pub(crate) struct Tape {
@@ -166,6 +63,10 @@ pub(crate) struct Tape {
     final_in: Vec<f32>,
     /// The rows of the last hidden states (`None`: every row).
     outputs: Option<Selection>,
+    /// With rotary layers: a table per base, as long as the longest
+    /// sequence, and each row's position in its sequence.
+    rotaries: Vec<Rotary>,
+    rotary_positions: Vec<u32>,
 }
 
 impl Tape {
@@ -203,7 +104,8 @@ pub(crate) struct Encoder<'a> {
     /// Every token type read as 0 (RoBERTa's tokenizers give none).
     ignore_types: bool,
     pub word: Param<'a>,
-    position: Param<'a>,
+    /// Absolute positions' table (ModernBERT has none: rotary layers).
+    position: Option<Param<'a>>,
     token_type: Option<Param<'a>>,
     embed_norm: Option<Norm<'a>>,
     /// ELECTRA's `embeddings_project`, ALBERT's
@@ -216,6 +118,9 @@ pub(crate) struct Encoder<'a> {
     /// parameters add the gradients of every pass).
     order: Vec<usize>,
     final_norm: Option<Norm<'a>>,
+    /// The rotary bases the layers' `rotary` indexes.
+    thetas: Vec<f64>,
+    embed_dropout: Dropout,
     hidden_dropout: Dropout,
     attention_dropout: Dropout,
     /// The dropout on the attention's output projection: the hidden
@@ -225,129 +130,6 @@ pub(crate) struct Encoder<'a> {
 }
 
 impl<'a> Encoder<'a> {
-    /// The encoder of `model`, when the fast path covers it: BERT itself
-    /// (absolute positions, no family extras), RoBERTa's (BERT's, with
-    /// positions counted from the padding id and no token types),
-    /// DistilBERT's (BERT's under its own names, without token types and
-    /// without dropout on the attention's output), ELECTRA's (BERT's, with
-    /// its embeddings projected when narrower) or ALBERT's (embeddings
-    /// projected, layers shared across steps), on the CPU, with biases and
-    /// dropout rates below 1.
-    pub fn of(model: &'a BertModel) -> Result<Option<Self>> {
-        let cfg = model.config();
-        let projects = matches!(cfg.family, Family::Electra(_) | Family::Albert(_));
-        let family_covered = cfg.family.is_bert()
-            || projects
-            || matches!(cfg.family, Family::Roberta | Family::DistilBert(_));
-        if !model.device().is_cpu() || !family_covered {
-            return Ok(None);
-        }
-        let encoder = &model.encoder;
-        let projection = match &encoder.input_projection {
-            Some(p) if projects => match Linear::of(p)? {
-                Some(p) => Some(p),
-                None => return Ok(None),
-            },
-            _ => None,
-        };
-        let Some(order) = encoder.layer_order() else {
-            return Ok(None);
-        };
-        if encoder.input_projection.is_some() && projection.is_none() {
-            return Ok(None);
-        }
-        let emb = &model.embeddings;
-        let Some(position) = &emb.position_embeddings else {
-            return Ok(None);
-        };
-        if emb.projection.is_some() || emb.mask_padding {
-            return Ok(None);
-        }
-        let positions_from = match emb.position_ids {
-            PositionIds::Absolute => None,
-            PositionIds::FromPadding { padding_idx } if padding_idx == emb.padding_idx => {
-                Some(padding_idx)
-            }
-            _ => return Ok(None),
-        };
-        if cfg.hidden_dropout_prob >= 1.0 || cfg.attention_probs_dropout_prob >= 1.0 {
-            return Ok(None);
-        }
-        let attn_out_dropout = match model.encoder.layers.first() {
-            Some(l) => l.attention.output_dropout(),
-            None => Dropout::new(cfg.hidden_dropout_prob),
-        };
-        let same_rate = |l: &crate::model::BertLayer| {
-            l.attention.output_dropout().rate() == attn_out_dropout.rate()
-        };
-        if attn_out_dropout.rate() >= 1.0 || !model.encoder.layers.iter().all(same_rate) {
-            return Ok(None);
-        }
-        let mut layers = Vec::with_capacity(model.encoder.layers.len());
-        for l in &model.encoder.layers {
-            let sa = &l.attention.self_attention;
-            let (Some(q), Some(k), Some(v), Some(attn_out), Some(ffn_in), Some(ffn_out)) = (
-                Linear::of(&sa.query)?,
-                Linear::of(&sa.key)?,
-                Linear::of(&sa.value)?,
-                Linear::of(&l.attention.dense)?,
-                Linear::of(&l.intermediate.dense)?,
-                Linear::of(&l.output.dense)?,
-            ) else {
-                return Ok(None);
-            };
-            let qkv_w = [&q.w.data[..], &k.w.data, &v.w.data].concat();
-            let qkv_b = [&q.b.data[..], &k.b.data, &v.b.data].concat();
-            layers.push(Layer {
-                q,
-                k,
-                v,
-                attn_out,
-                attn_norm: Norm::of(&l.attention.layer_norm)?,
-                ffn_in,
-                ffn_out,
-                ffn_norm: Norm::of(&l.output.layer_norm)?,
-                qkv_w,
-                qkv_b,
-            });
-        }
-        Ok(Some(Self {
-            hidden: cfg.hidden_size,
-            embed_width: cfg.embedding_size(),
-            heads: Heads {
-                count: cfg.num_attention_heads,
-                dim: cfg.head_dim(),
-            },
-            act: cfg.hidden_act.into(),
-            norm_position: cfg.norm_position,
-            max_positions: cfg.max_position_embeddings,
-            pad_id: emb.padding_idx,
-            positions_from,
-            ignore_types: emb.ignore_token_types,
-            word: Param::of(emb.word_embeddings.embeddings())?,
-            position: Param::of(position.embeddings())?,
-            token_type: emb
-                .token_type_embeddings
-                .as_ref()
-                .map(|t| Param::of(t.embeddings()))
-                .transpose()?,
-            embed_norm: emb.layer_norm.as_ref().map(Norm::of).transpose()?,
-            projection,
-            layers,
-            order,
-            final_norm: model
-                .encoder
-                .final_layer_norm
-                .as_ref()
-                .map(Norm::of)
-                .transpose()?,
-            hidden_dropout: Dropout::new(cfg.hidden_dropout_prob),
-            attention_dropout: Dropout::new(cfg.attention_probs_dropout_prob),
-            attn_out_dropout,
-            compute: Compute::F32,
-        }))
-    }
-
     pub fn hidden(&self) -> usize {
         self.hidden
     }
@@ -378,14 +160,14 @@ impl<'a> Encoder<'a> {
                 l.ffn_out.w.tensor(),
             ]
         };
-        self.layers.iter().flat_map(packed).collect()
+        self.layers.iter().flat_map(packed).flatten().collect()
     }
 
     /// Reads the packed weights' panels from `packs` where current.
     pub fn use_packs(&mut self, packs: &'a WeightPacks) {
         for l in &mut self.layers {
             for lin in [&mut l.attn_out, &mut l.ffn_in, &mut l.ffn_out] {
-                lin.panels = packs.current(lin.w.tensor());
+                lin.panels = lin.w.tensor().and_then(|w| packs.current(w));
             }
         }
     }
@@ -426,6 +208,12 @@ impl<'a> Encoder<'a> {
                 "padded to {rows} tokens, more than max_position_embeddings ({})",
                 self.max_positions
             )));
+        }
+        if rows > 0 && self.layers.iter().any(|l| l.window.is_some()) {
+            return Err(Error::Input(
+                "padded sequences under sliding-window attention: the fast path packs them unpadded"
+                    .into(),
+            ));
         }
         let keys: Vec<usize> = match rows {
             0 => Vec::new(),
@@ -493,7 +281,8 @@ impl<'a> Encoder<'a> {
         // Embeddings: word + position (+ type), LayerNorm, dropout (and
         // ELECTRA's projection to the hidden size).
         let mut embed_sum = scratch(n * e);
-        let (word, position) = (&self.word.data[..], &self.position.data[..]);
+        let word = &self.word.data[..];
+        let position = self.position.as_ref().map(|p| &p.data[..]);
         let token_type = self.token_type.as_ref().map(|t| &t.data[..]);
         embed_sum
             .par_chunks_mut(e.max(1))
@@ -502,8 +291,10 @@ impl<'a> Encoder<'a> {
             .for_each(|(r, row)| {
                 let id = ids[r] as usize;
                 row.copy_from_slice(&word[id * e..(id + 1) * e]);
-                let p = positions[r];
-                add(row, &position[p * e..(p + 1) * e]);
+                if let Some(table) = position {
+                    let p = positions[r];
+                    add(row, &table[p * e..(p + 1) * e]);
+                }
                 if let Some(tt) = token_type {
                     let t = types[r] as usize;
                     add(row, &tt[t * e..(t + 1) * e]);
@@ -517,7 +308,7 @@ impl<'a> Encoder<'a> {
             }
             None => copied(&embed_sum),
         };
-        let embed_mask = mask_of(&self.hidden_dropout);
+        let embed_mask = mask_of(&self.embed_dropout);
         if let Some(m) = &embed_mask {
             drop_rows(m, &mut x, &offsets, e);
         }
@@ -527,13 +318,34 @@ impl<'a> Encoder<'a> {
             p.forward(&x, &mut y, n);
             projected = std::mem::replace(&mut x, y);
         }
+        // Rotary layers' tables, as long as the longest sequence.
+        let (rotaries, rotary_positions) = match self.layers.iter().any(|l| l.rotary.is_some()) {
+            true => {
+                let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+                let tables = self.thetas.iter();
+                let tables = tables.map(|&theta| Rotary::new(longest, self.heads.dim, theta));
+                (
+                    tables.collect(),
+                    positions.iter().map(|&p| p as u32).collect(),
+                )
+            }
+            false => (Vec::new(), Vec::new()),
+        };
         let mut tapes = Vec::with_capacity(self.order.len());
         let mut x_pairs = None;
         for (i, &l) in self.order.iter().enumerate() {
             let (layer, last) = (&self.layers[l], i + 1 == self.order.len());
-            let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), last);
+            let packing =
+                Packing::of_layer(&offsets, &keys, outputs.as_ref(), last).windowed(layer.window);
+            let turn = layer
+                .rotary
+                .and_then(|r| rotaries.get(r))
+                .map(|table| Turn {
+                    table,
+                    positions: &rotary_positions,
+                });
             let (y, y_pairs, tape) =
-                self.layer_forward(layer, (x, x_pairs), (packing, !last), &mask_of);
+                self.layer_forward(layer, (x, x_pairs), (packing, !last, turn), &mask_of);
             tapes.push(tape);
             (x, x_pairs) = (y, y_pairs);
         }
@@ -558,6 +370,8 @@ impl<'a> Encoder<'a> {
                 layers: tapes,
                 final_in,
                 outputs,
+                rotaries,
+                rotary_positions,
             },
         ))
     }
@@ -570,13 +384,13 @@ impl<'a> Encoder<'a> {
         &self,
         layer: &Layer,
         (mut x, x_pairs): (Vec<f32>, Option<Vec<f32>>),
-        (packing, pairs_out): (Packing, bool),
+        (packing, pairs_out, turn): (Packing, bool, Option<Turn>),
         mask_of: &dyn Fn(&Dropout) -> Option<DropoutMask>,
     ) -> (Vec<f32>, Option<Vec<f32>>, LayerTape) {
         let (d, n) = (self.hidden, packing.offsets.last().copied().unwrap_or(0));
         let rows = packing.rows();
         let m = rows.count();
-        let inter = layer.ffn_in.out_dim();
+        let inter = layer.intermediate();
         let mut t = LayerTape::default();
         if m == 0 {
             // No output rows: nothing to compute, but the masks are drawn
@@ -595,20 +409,24 @@ impl<'a> Encoder<'a> {
             self.compute == Compute::Bf16,
         );
         let mut in_pairs = x_pairs.filter(|_| !pre);
-        if pre {
+        // Pre-LN: the attention's input is normed (but in ModernBERT's
+        // layer 0).
+        let pre_norm = layer.attn_norm.as_ref().filter(|_| pre);
+        if let Some(norm) = pre_norm {
             t.attn_in = scratch(n * d);
             match bf16 {
                 true => {
                     let mut pairs = scratch(n * d.div_ceil(2));
                     let out = (&mut t.attn_in[..], as_words_mut(&mut pairs));
-                    kernels::finish_norm_pairs(&mut x, out, layer.attn_norm.params(), |_, _| {});
+                    kernels::finish_norm_pairs(&mut x, out, norm.params(), |_, _| {});
                     in_pairs = Some(pairs);
                 }
-                false => layer.attn_norm.forward(&x, &mut t.attn_in),
+                false => norm.forward(&x, &mut t.attn_in),
             }
         }
-        let attn_in = if pre { &t.attn_in } else { &x };
-        let pairs = qkv_pairs(self.compute, self.heads);
+        let attn_in = if pre_norm.is_some() { &t.attn_in } else { &x };
+        // Rotated Q and K are made in fp32, then rounded by the products.
+        let pairs = qkv_pairs(self.compute, self.heads) && turn.is_none();
         // Q, K and V from the input's pairs where its pass stored them.
         let project = |x: &[f32], x_pairs: Option<&[f32]>, (w, b): (&[f32], &[f32]), rows| {
             let input = match x_pairs {
@@ -637,6 +455,9 @@ impl<'a> Encoder<'a> {
             }
         }
         recycle(in_pairs.unwrap_or_default());
+        if let Some(turn) = turn {
+            turn.rotate(&mut t.qkv, &mut t.q, packing.queries, d, false);
+        }
         let qkv = match packing.queries {
             None => Qkv::fused(&t.qkv, d, pairs),
             Some(_) => Qkv::split(&t.q, &t.qkv, d, pairs),
@@ -672,7 +493,7 @@ impl<'a> Encoder<'a> {
         let norm1 = if pre {
             &layer.ffn_norm
         } else {
-            &layer.attn_norm
+            layer.post_attn_norm()
         };
         // In bf16 the dropout, the residual add, the norm and FFN-in's
         // rounded input in one pass.
@@ -706,6 +527,20 @@ impl<'a> Encoder<'a> {
         };
         let (w_in, b_in) = (&layer.ffn_in.w.data, &layer.ffn_in.b.data);
         let mut o = match self.compute {
+            _ if layer.glu => {
+                // GeGLU, in either number format: `[input | gate]` with
+                // the bias, the gated product and its dropout.
+                t.f = self.compute.forward_new(&t.ffn_x, w_in, b_in, m);
+                let mut g = scratch(m * inter);
+                geglu::forward(&t.f, &mut g, inter, self.act);
+                t.masks[2] = mask_of(&self.hidden_dropout);
+                if let Some(mask) = &t.masks[2] {
+                    drop_rows_of(mask, &mut g, rows, inter);
+                }
+                let o = layer.ffn_out.forward_new(&g, m);
+                recycle(g);
+                o
+            }
             Compute::F32 => {
                 t.f = scratch(m * inter);
                 self.compute.forward(&t.ffn_x, w_in, None, &mut t.f, m);
@@ -733,8 +568,10 @@ impl<'a> Encoder<'a> {
             }
         };
         recycle(ffn_x_pairs.unwrap_or_default());
-        t.masks[2] = mask_of(&self.hidden_dropout);
-        if pre || !(bf16 && pairs_out) {
+        if !layer.glu {
+            t.masks[2] = mask_of(&self.hidden_dropout);
+        }
+        if !layer.glu && (pre || !(bf16 && pairs_out)) {
             if let Some(mask) = &t.masks[2] {
                 drop_rows_of(mask, &mut o, rows, d);
             }
@@ -768,7 +605,8 @@ impl<'a> Encoder<'a> {
 
     /// Every parameter, for returning gradients.
     pub fn params_mut(&mut self) -> Vec<&mut Param<'a>> {
-        let mut out = vec![&mut self.word, &mut self.position];
+        let mut out = vec![&mut self.word];
+        out.extend(&mut self.position);
         out.extend(&mut self.token_type);
         if let Some(n) = &mut self.embed_norm {
             out.extend([&mut n.gamma, &mut n.beta]);

@@ -12,7 +12,8 @@ use crate::fast::matmul::WeightPanels;
 use crate::model::ops::{column_sums, layer_norm_backward};
 use crate::model::{Dense, LayerNorm};
 
-/// A linear layer: weight `[out, in]` (as `nn.Linear`) and bias.
+/// A linear layer: weight `[out, in]` (as `nn.Linear`) and bias (zeros
+/// that are no parameter when the checkpoint has none).
 pub(crate) struct Linear<'a> {
     pub w: Param<'a>,
     pub b: Param<'a>,
@@ -50,6 +51,17 @@ impl<'a> Linear<'a> {
             Param::of(dense.weight())?,
             Param::of(bias)?,
         )))
+    }
+
+    /// `dense` with its bias, or with an absent one (zeros) when it has
+    /// none (ModernBERT's layers and heads).
+    pub(crate) fn with_any_bias(dense: &'a Dense) -> Result<Self> {
+        let w = Param::of(dense.weight())?;
+        let b = match dense.bias() {
+            Some(b) => Param::of(b)?,
+            None => Param::absent(dense.weight().dims().first().copied().unwrap_or(0)),
+        };
+        Ok(Self::new(w, b))
     }
 
     pub fn out_dim(&self) -> usize {
@@ -96,7 +108,7 @@ pub(crate) struct Norm<'a> {
 }
 
 impl<'a> Norm<'a> {
-    pub(super) fn of(ln: &'a LayerNorm) -> Result<Self> {
+    pub(crate) fn of(ln: &'a LayerNorm) -> Result<Self> {
         Ok(Self {
             gamma: Param::of(&ln.weight)?,
             beta: Param::of(&ln.bias)?,

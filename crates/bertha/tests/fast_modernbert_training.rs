@@ -1,0 +1,192 @@
+//! ModernBERT on the training fast engine: rotary Q and K, the sliding
+//! layers' window, GeGLU, layer 0 without `attn_norm`, no biases, the MLM
+//! head's `head` and tied decoder. A step's loss and gradients equal
+//! transformers' (the fixtures) and the candle path's, with dropout on.
+
+mod common;
+
+use bertha::fast::train::{Compute, MlmHead};
+use bertha::model::{seed_dropout, BertForTask, HeadKind, HeadLabels};
+use bertha::BertConfig;
+use candle_core::{DType, Device};
+use candle_nn::{VarBuilder, VarMap};
+use common::fast_steps::{
+    assert_fixture_gradients, assert_same_gradients, candle_head_step, fixture_model, fixture_rows,
+    random_rows, rel_diff, vars, Rows,
+};
+use common::{fixtures, load_safetensors};
+
+/// Both config layouts of the MLM fixture: the fast step's loss and the
+/// named gradients equal transformers'.
+#[test]
+fn mlm_steps_match_transformers_in_both_config_layouts() {
+    for name in ["modernbert-mlm", "modernbert-mlm-legacy"] {
+        let dir = fixtures().join("families").join(name);
+        let (varmap, model) = fixture_model(&dir, HeadKind::MaskedLM);
+        let rows = fixture_rows(&dir);
+        let out = MlmHead::of(&model)
+            .unwrap()
+            .unwrap_or_else(|| panic!("the fast path covers {name}"))
+            .step(&rows.batch(), [1.0, 1.0], false)
+            .unwrap();
+        let expected = load_safetensors(&dir.join("expected.safetensors"));
+        let want = expected["loss"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0] as f64;
+        assert!(
+            (out.mlm_loss - want).abs() <= 1e-5 * want.abs(),
+            "{name}: loss {} vs transformers {want}",
+            out.mlm_loss
+        );
+        assert_fixture_gradients(name, &dir, &varmap, &out.gradients, &expected);
+    }
+}
+
+/// The fixture's shape with dropout everywhere transformers has it
+/// (embeddings, attention probabilities, `Wo`'s output, the gated
+/// product), as a fresh MLM model.
+fn dropout_model(dir: &str) -> (VarMap, BertForTask, BertConfig) {
+    let path = fixtures().join("families").join(dir).join("config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for key in ["embedding_dropout", "attention_dropout", "mlp_dropout"] {
+        json[key] = serde_json::json!(0.125);
+    }
+    let cfg = BertConfig::from_json_str(&json.to_string(), &path).unwrap();
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = BertForTask::load(vb, cfg.clone(), HeadKind::MaskedLM).unwrap();
+    (varmap, model, cfg)
+}
+
+/// One fast MLM step (dropout seeded as the candle step's) against the
+/// candle path's: loss to 1e-5 relative, every gradient to 1e-4 of its
+/// tensor's max; another seed must move the gradients.
+fn fast_step_equals_candle(what: &str, varmap: &VarMap, model: &BertForTask, rows: &Rows) {
+    let (_, labels, _) = rows.padded();
+    let (want_loss, want) = candle_head_step(model, rows, &HeadLabels::labels(Some(&labels)), 5);
+    seed_dropout(5, 0);
+    let out = MlmHead::of(model)
+        .unwrap()
+        .expect("covered")
+        .step(&rows.batch(), [1.0, 1.0], true)
+        .unwrap();
+    assert!(
+        (out.mlm_loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+        "{what}: loss {} vs candle {want_loss}",
+        out.mlm_loss
+    );
+    seed_dropout(6, 0);
+    let other = MlmHead::of(model)
+        .unwrap()
+        .unwrap()
+        .step(&rows.batch(), [1.0, 1.0], true)
+        .unwrap();
+    let apart = vars(varmap)
+        .values()
+        .filter_map(|var| {
+            let g = other.gradients.get(var.as_tensor())?;
+            Some(rel_diff(g, want.get(var.as_tensor())?).0)
+        })
+        .fold(0f32, f32::max);
+    assert!(
+        apart > 1e-2,
+        "{what}: another seed moved nothing ({apart:e})"
+    );
+    let checked = assert_same_gradients(what, varmap, &out.gradients, &want);
+    // Every tensor of the model: 4 layers' 7 (6 in layer 0), embeddings,
+    // their norm, final_norm, head.dense, head.norm, decoder.bias.
+    let all = vars(varmap).len();
+    assert!(
+        checked == all,
+        "{what}: {checked} of {all} gradients compared"
+    );
+}
+
+/// With dropout on, on sequences longer than the window (and one of a
+/// single token): a fast step equals the candle path's. The MLM head reads
+/// the masked rows only, so the last layer's queries are a selection,
+/// rotated apart from its keys.
+#[test]
+fn dropout_steps_equal_the_candle_path() {
+    let (varmap, model, cfg) = dropout_model("modernbert-mlm");
+    let rows = random_rows(cfg.vocab_size as u32, false);
+    fast_step_equals_candle("modernbert-mlm", &varmap, &model, &rows);
+}
+
+/// The long fixture's shape (window 16) on a 200-token and a 77-token
+/// sequence: most keys lie outside the sliding layers' windows.
+#[test]
+fn long_sequences_equal_the_candle_path() {
+    let (varmap, model, cfg) = dropout_model("modernbert-long");
+    let vocab = cfg.vocab_size as u64;
+    let mut rows = Rows {
+        ids: vec![],
+        types: vec![],
+        labels: vec![],
+        nsp: None,
+    };
+    for (s, len) in [200usize, 77].into_iter().enumerate() {
+        let id = |p: usize| (1 + (p * 7919 + s * 31) as u64 % (vocab - 1)) as u32;
+        rows.ids.push((0..len).map(id).collect());
+        rows.types.push(vec![0; len]);
+        let label = |p: usize| match p % 6 {
+            0 => ((p * 13) as u64 % vocab) as i64,
+            _ => -100,
+        };
+        rows.labels.push((0..len).map(label).collect());
+    }
+    fast_step_equals_candle("modernbert-long", &varmap, &model, &rows);
+}
+
+/// bf16 products (fp32 sums; rotary, GeGLU, norms and softmax in fp32)
+/// track the fp32 step: the loss within 0.2 %, every gradient's cosine
+/// ≥ 0.999.
+#[test]
+fn bf16_steps_track_the_fp32_step() {
+    if !bertha::fast::cpu::has_bf16() {
+        println!("no AVX512-BF16: bf16 training runs in fp32 here");
+        return;
+    }
+    let dir = fixtures().join("families").join("modernbert-mlm");
+    let (varmap, model) = fixture_model(&dir, HeadKind::MaskedLM);
+    let rows = random_rows(model.config().vocab_size as u32, false);
+    let step = |compute: Compute| {
+        MlmHead::of(&model)
+            .unwrap()
+            .unwrap()
+            .with_compute(compute)
+            .step(&rows.batch(), [1.0, 1.0], false)
+            .unwrap()
+    };
+    let (exact, bf16) = (step(Compute::F32), step(Compute::Bf16));
+    let (a, b) = (exact.mlm_loss, bf16.mlm_loss);
+    assert!((a - b).abs() <= 2e-3 * a, "loss {b} (bf16) vs {a} (fp32)");
+    assert_ne!(a, b, "the bf16 products did not run");
+    let mut checked = 0;
+    for (name, var) in vars(&varmap) {
+        let (Some(g), Some(w)) = (
+            bf16.gradients.get(var.as_tensor()),
+            exact.gradients.get(var.as_tensor()),
+        ) else {
+            continue;
+        };
+        let flat = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (g, w) = (flat(g), flat(w));
+        let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        if norm(&w) < 1e-6 {
+            continue;
+        }
+        let dot: f64 = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        let cos = dot / (norm(&g) * norm(&w));
+        assert!(cos >= 0.999, "{name}: cosine {cos}");
+        checked += 1;
+    }
+    assert!(checked >= 25, "only {checked} gradients compared");
+}
