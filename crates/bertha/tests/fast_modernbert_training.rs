@@ -1,20 +1,22 @@
 //! ModernBERT on the training fast engine: rotary Q and K, the sliding
 //! layers' window, GeGLU, layer 0 without `attn_norm`, no biases, the MLM
-//! head's `head` and tied decoder. A step's loss and gradients equal
-//! transformers' (the fixtures) and the candle path's, with dropout on.
+//! head's `head` and tied decoder, the classifiers' `head` on the first
+//! token, the mean of the tokens or every token. A step's loss and
+//! gradients equal transformers' (the fixtures) and the candle path's,
+//! with dropout on.
 
 mod common;
 
-use bertha::fast::train::{Compute, MlmHead};
+use bertha::fast::train::{Compute, FinetuneHead, HeadBatch, HeadTargets, MlmHead};
 use bertha::model::{seed_dropout, BertForTask, HeadKind, HeadLabels};
 use bertha::BertConfig;
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::fast_steps::{
     assert_fixture_gradients, assert_same_gradients, candle_head_step, fixture_model, fixture_rows,
-    random_rows, rel_diff, vars, Rows,
+    head_labels, random_rows, rel_diff, sequences, vars, Rows,
 };
-use common::{fixtures, load_safetensors};
+use common::{fixtures, load_safetensors, read_json};
 
 /// Both config layouts of the MLM fixture: the fast step's loss and the
 /// named gradients equal transformers'.
@@ -189,4 +191,154 @@ fn bf16_steps_track_the_fp32_step() {
         checked += 1;
     }
     assert!(checked >= 25, "only {checked} gradients compared");
+}
+
+/// The classifiers of the fixtures (sequence classification with mean
+/// pooling, token classification with `head` on every token): the fast
+/// step's loss, logits and named gradients equal transformers'.
+#[test]
+fn classifier_steps_match_transformers() {
+    for (name, kind) in [
+        ("modernbert-seqcls", HeadKind::SequenceClassification),
+        ("modernbert-tokcls", HeadKind::TokenClassification),
+    ] {
+        let dir = fixtures().join("families").join(name);
+        let (varmap, model) = fixture_model(&dir, kind);
+        let rows = fixture_rows_unlabelled(&dir);
+        let labels = read_json(&dir.join("inputs.json"))["labels"]["labels"].clone();
+        let classes: Vec<i64>;
+        let tokens: Vec<Vec<i64>>;
+        let targets = match kind {
+            HeadKind::SequenceClassification => {
+                classes = serde_json::from_value(labels).unwrap();
+                HeadTargets::Classes(&classes)
+            }
+            _ => {
+                let padded: Vec<Vec<i64>> = serde_json::from_value(labels).unwrap();
+                tokens = padded
+                    .into_iter()
+                    .zip(&rows.ids)
+                    .map(|(l, i)| l[..i.len()].to_vec())
+                    .collect();
+                HeadTargets::Tokens(tokens.iter().map(|l| &l[..]).collect())
+            }
+        };
+        let batch = HeadBatch {
+            sequences: sequences(&rows.ids, &rows.types),
+            targets,
+            pad_to: 0,
+        };
+        let out = FinetuneHead::of(&model)
+            .unwrap()
+            .unwrap_or_else(|| panic!("the fast path covers {name}"))
+            .step(&batch, 1.0, false)
+            .unwrap();
+        let expected = load_safetensors(&dir.join("expected.safetensors"));
+        let want = expected["loss"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0] as f64;
+        assert!(
+            (out.loss - want).abs() <= 1e-5 * want.abs(),
+            "{name}: loss {} vs transformers {want}",
+            out.loss
+        );
+        assert_fixture_gradients(name, &dir, &varmap, &out.gradients, &expected);
+    }
+}
+
+/// A fixture's sequences (cut at their attention masks), without labels.
+fn fixture_rows_unlabelled(dir: &std::path::Path) -> Rows {
+    let inputs = read_json(&dir.join("inputs.json"));
+    let get =
+        |k: &str| -> Vec<Vec<u32>> { serde_json::from_value(inputs["inputs"][k].clone()).unwrap() };
+    let ids: Vec<Vec<u32>> = get("input_ids")
+        .into_iter()
+        .zip(get("attention_mask"))
+        .map(|(r, m)| r[..m.iter().filter(|&&x| x == 1).count()].to_vec())
+        .collect();
+    Rows {
+        types: ids.iter().map(|r| vec![0; r.len()]).collect(),
+        labels: ids.iter().map(|r| vec![-100; r.len()]).collect(),
+        ids,
+        nsp: None,
+    }
+}
+
+/// With dropout everywhere (the classifier's too), a fine-tuning step of
+/// sequence classification (first-token and mean pooling) and token
+/// classification equals the candle path's.
+#[test]
+fn classifier_dropout_steps_equal_the_candle_path() {
+    let path = fixtures().join("families/modernbert-seqcls/config.json");
+    let mut json = read_json(&path);
+    for key in [
+        "embedding_dropout",
+        "attention_dropout",
+        "mlp_dropout",
+        "classifier_dropout",
+    ] {
+        json[key] = serde_json::json!(0.125);
+    }
+    let dev = Device::Cpu;
+    for (kind, pooling) in [
+        (HeadKind::SequenceClassification, "mean"),
+        (HeadKind::SequenceClassification, "cls"),
+        (HeadKind::TokenClassification, "cls"),
+    ] {
+        json["classifier_pooling"] = serde_json::json!(pooling);
+        let cfg = BertConfig::from_json_str(&json.to_string(), &path).unwrap();
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+        let model = BertForTask::load(vb, cfg.clone(), kind).unwrap();
+        let c = cfg.num_labels();
+        let rows = random_rows(cfg.vocab_size as u32, false);
+        let l = head_labels(&rows, c);
+        let n = rows.ids.len();
+        let classes = Tensor::from_vec(l.classes.clone(), n, &dev).unwrap();
+        let (_, padded, _) = Rows {
+            labels: l.tokens.clone(),
+            ..rows.clone()
+        }
+        .padded();
+        let (targets, labels) = match kind {
+            HeadKind::TokenClassification => (
+                HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),
+                HeadLabels::labels(Some(&padded)),
+            ),
+            _ => (
+                HeadTargets::Classes(&l.classes),
+                HeadLabels::labels(Some(&classes)),
+            ),
+        };
+        let what = format!("{kind:?} ({pooling} pooling)");
+        let (want_loss, want) = candle_head_step(&model, &rows, &labels, 3);
+        let batch = HeadBatch {
+            sequences: sequences(&rows.ids, &rows.types),
+            targets,
+            pad_to: 0,
+        };
+        let step = |seed: u64| {
+            seed_dropout(seed, 0);
+            FinetuneHead::of(&model)
+                .unwrap()
+                .expect("covered")
+                .step(&batch, 1.0, true)
+                .unwrap()
+        };
+        let out = step(3);
+        assert!(
+            (out.loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+            "{what}: loss {} vs candle {want_loss}",
+            out.loss
+        );
+        assert!(
+            (step(4).loss - want_loss).abs() > 1e-4,
+            "{what}: masks make no difference"
+        );
+        let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
+        let all = vars(&varmap).len();
+        assert_eq!(checked, all, "{what}: gradients compared");
+    }
 }

@@ -11,8 +11,9 @@ use super::encoder::{drop_rows, Encoder, Linear};
 use super::grad_store;
 use super::losses::{bce_with_logit, cross_entropy};
 use super::mlm::linear;
+use super::prediction_head::{mean_rows, spread_means, PredictionHead};
 use super::products::Compute;
-use crate::config::{Family, ProblemType};
+use crate::config::{ClassifierPooling, Family, ProblemType};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{recycle, zeros, StepBuffers};
 use crate::fast::kernels::Act;
@@ -66,7 +67,8 @@ pub struct HeadOutcome {
     pub gradients: GradStore,
 }
 
-/// What makes a sequence's vector from its first token's state.
+/// What makes a sequence's vector from its first token's state (or, for
+/// ModernBERT, from the mean of its tokens' states).
 enum Sentence<'a> {
     /// BERT's pooler: dense + tanh.
     Pooler(Linear<'a>),
@@ -77,6 +79,12 @@ enum Sentence<'a> {
         dropout: Dropout,
         dense: Linear<'a>,
         act: Act,
+    },
+    /// ModernBERT's `head` on the pooled vector: the first token's state,
+    /// or (`mean`) the mean of the sequence's.
+    ModernBert {
+        head: PredictionHead<'a>,
+        mean: bool,
     },
 }
 
@@ -89,6 +97,8 @@ enum Top<'a> {
         problem: Option<ProblemType>,
     },
     Token {
+        /// ModernBERT's `head` on every token first.
+        head: Option<PredictionHead<'a>>,
         classifier: Linear<'a>,
         dropout: Dropout,
     },
@@ -119,14 +129,24 @@ impl<'a> FinetuneHead<'a> {
     /// classification or QA head on an encoder it runs; sequence
     /// classification needs the pooler).
     pub fn of(model: &'a BertForTask) -> Result<Option<Self>> {
-        // ModernBERT's classifiers run its `head` (dense → act → norm) and
-        // its pooling first, which this head does not.
-        if matches!(model.config().family, Family::ModernBert(_)) {
+        // ModernBERT has no QA head of its own (refused before training).
+        let modernbert = match &model.config().family {
+            Family::ModernBert(o) => Some(o.classifier_pooling),
+            _ => None,
+        };
+        if modernbert.is_some() && matches!(model, BertForTask::QuestionAnswering(_)) {
             return Ok(None);
         }
         let top = match model {
             BertForTask::SequenceClassification(m) => {
                 let sentence = match (m.first_token(), &model.bert().pooler) {
+                    _ if m.classifier_head().is_some() => match (m.classifier_head(), modernbert) {
+                        (Some(head), Some(pooling)) => Sentence::ModernBert {
+                            head: PredictionHead::of(head)?,
+                            mean: pooling == ClassifierPooling::Mean,
+                        },
+                        _ => return Ok(None),
+                    },
                     (Some((dropout, dense, act)), _) if dense.bias().is_some() => {
                         if dropout.rate() >= 1.0 {
                             return Ok(None);
@@ -157,6 +177,7 @@ impl<'a> FinetuneHead<'a> {
                     return Ok(None);
                 }
                 Top::Token {
+                    head: m.classifier_head().map(PredictionHead::of).transpose()?,
                     classifier: linear(dense, "the classifier")?,
                     dropout,
                 }
@@ -184,8 +205,23 @@ impl<'a> FinetuneHead<'a> {
         // The step's buffers are reused within it and freed at its end.
         let _buffers = StepBuffers::begin();
         // A sequence classifier reads the [CLS] rows only: the last layer
-        // runs there alone.
+        // runs there alone (a mean over the tokens reads every row).
+        let mean = matches!(
+            &self.top,
+            Top::Sequence {
+                sentence: Sentence::ModernBert { mean: true, .. },
+                ..
+            }
+        );
         let outputs = match self.top {
+            Top::Sequence { .. } if mean => {
+                if let Some(s) = batch.sequences.iter().position(|(ids, _)| ids.is_empty()) {
+                    return Err(Error::Input(format!(
+                        "sequence {s} is empty: mean pooling reads its tokens"
+                    )));
+                }
+                None
+            }
             Top::Sequence { .. } => {
                 if let Some(s) = batch.sequences.iter().position(|(ids, _)| ids.is_empty()) {
                     return Err(Error::Input(format!(
@@ -214,7 +250,7 @@ impl<'a> FinetuneHead<'a> {
                 // classifier's, as the candle modules run.
                 let first_mask = match sentence {
                     Sentence::FirstToken { dropout, .. } => mask_of(dropout),
-                    Sentence::Pooler(_) => None,
+                    Sentence::Pooler(_) | Sentence::ModernBert { .. } => None,
                 };
                 let mask = mask_of(dropout);
                 let (targets, problem) = (&batch.targets, *problem);
@@ -226,9 +262,19 @@ impl<'a> FinetuneHead<'a> {
                     classifier,
                 };
                 let masks = [first_mask.as_ref(), mask.as_ref()];
-                parts.step(&hidden, d, masks, &mut dhidden, loss)?
+                match mean {
+                    true => {
+                        let means = mean_rows(&hidden, offsets, d);
+                        let mut dmeans = zeros(means.len());
+                        let step = parts.step(&means, d, masks, &mut dmeans, loss)?;
+                        spread_means(&dmeans, offsets, &mut dhidden, d);
+                        step
+                    }
+                    false => parts.step(&hidden, d, masks, &mut dhidden, loss)?,
+                }
             }
             Top::Token {
+                head,
                 classifier,
                 dropout,
             } => {
@@ -238,14 +284,33 @@ impl<'a> FinetuneHead<'a> {
                     ));
                 };
                 let mask = mask_of(dropout);
-                token_step(
+                let headed = head.as_ref().map(|h| h.forward(&hidden));
+                let (states, mut dstates) = match &headed {
+                    Some((y, _)) => (&y[..], zeros(y.len())),
+                    None => (&hidden[..], Vec::new()),
+                };
+                let into = match head {
+                    Some(_) => &mut dstates,
+                    None => &mut dhidden,
+                };
+                let step = token_step(
                     classifier,
-                    (&hidden, offsets, d),
+                    (states, offsets, d),
                     (batch, labels),
                     mask.as_ref(),
                     weight,
-                    &mut dhidden,
-                )?
+                    into,
+                )?;
+                if let (Some(head), Some((y, tape))) = (head, headed) {
+                    recycle(y);
+                    if step.targets > 0 {
+                        recycle(std::mem::replace(
+                            &mut dhidden,
+                            head.backward(tape, &dstates),
+                        ));
+                    }
+                }
+                step
             }
             Top::Answer {
                 dropout,
@@ -277,17 +342,20 @@ impl<'a> FinetuneHead<'a> {
                 classifier,
                 ..
             } => {
-                let dense = match sentence {
-                    Sentence::Pooler(l) | Sentence::FirstToken { dense: l, .. } => l,
-                };
-                params.extend([
-                    &mut dense.w,
-                    &mut dense.b,
-                    &mut classifier.w,
-                    &mut classifier.b,
-                ])
+                match sentence {
+                    Sentence::Pooler(l) | Sentence::FirstToken { dense: l, .. } => {
+                        params.extend([&mut l.w, &mut l.b])
+                    }
+                    Sentence::ModernBert { head, .. } => params.extend(head.params_mut()),
+                }
+                params.extend([&mut classifier.w, &mut classifier.b])
             }
-            Top::Token { classifier, .. } => params.extend([&mut classifier.w, &mut classifier.b]),
+            Top::Token {
+                head, classifier, ..
+            } => {
+                params.extend(head.iter_mut().flat_map(PredictionHead::params_mut));
+                params.extend([&mut classifier.w, &mut classifier.b])
+            }
             Top::Answer { qa_outputs, .. } => params.extend([&mut qa_outputs.w, &mut qa_outputs.b]),
         }
         Ok(HeadOutcome {
@@ -331,9 +399,15 @@ impl Pooled<'_, '_> {
     ) -> Result<HeadOutcome> {
         let n = cls.len() / d.max(1);
         let mut pooled = zeros(n * d);
-        // The first-token head's input (dropped) and pre-activation.
-        let (mut x0, mut pre) = (Vec::new(), Vec::new());
+        // The first-token head's input (dropped) and pre-activation;
+        // ModernBERT's head's tape.
+        let (mut x0, mut pre, mut head_tape) = (Vec::new(), Vec::new(), None);
         match &*self.sentence {
+            Sentence::ModernBert { head, .. } => {
+                let (y, tape) = head.forward(cls);
+                recycle(std::mem::replace(&mut pooled, y));
+                head_tape = Some(tape);
+            }
             Sentence::Pooler(pooler) => {
                 pooler.forward(cls, &mut pooled, n);
                 pooled.iter_mut().for_each(|v| *v = v.tanh());
@@ -367,6 +441,13 @@ impl Pooled<'_, '_> {
             drop_sequences(m, &mut dx, d);
         }
         match self.sentence {
+            Sentence::ModernBert { head, .. } => {
+                if let Some(tape) = head_tape {
+                    let dpooled = head.backward(tape, &dx);
+                    dcls.copy_from_slice(&dpooled);
+                    recycle(dpooled);
+                }
+            }
             Sentence::Pooler(pooler) => {
                 for (g, p) in dx.iter_mut().zip(&pooled) {
                     *g *= 1.0 - p * p;

@@ -19,6 +19,7 @@ mod hidden;
 mod losses;
 mod mlm;
 mod packs;
+mod prediction_head;
 mod products;
 mod replaced_token;
 mod rows;

@@ -329,6 +329,11 @@ impl Classifier {
         (&self.dense, self.dropout)
     }
 
+    /// The family's module before the dropout (ModernBERT's `head`).
+    fn head(&self) -> Option<&PredictionHead> {
+        self.head.as_ref()
+    }
+
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let x = match &self.head {
             Some(head) => head.forward(x)?,

@@ -97,6 +97,12 @@ impl BertForSequenceClassification {
         self.module.classifier.parts()
     }
 
+    /// The family's module on the pooled vector before the dropout
+    /// (ModernBERT's `head`).
+    pub(crate) fn classifier_head(&self) -> Option<&crate::model::family::PredictionHead> {
+        self.module.classifier.head()
+    }
+
     /// The loss transformers would use for these labels: the config's
     /// `problem_type`, else regression for one label, single-label
     /// classification for integer labels and multi-label otherwise.

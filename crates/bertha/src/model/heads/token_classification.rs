@@ -38,4 +38,10 @@ impl BertForTokenClassification {
     pub fn classifier(&self) -> (&Dense, Dropout) {
         self.module.classifier.parts()
     }
+
+    /// The family's module on every token before the dropout (ModernBERT's
+    /// `head`).
+    pub(crate) fn classifier_head(&self) -> Option<&crate::model::family::PredictionHead> {
+        self.module.classifier.head()
+    }
 }
