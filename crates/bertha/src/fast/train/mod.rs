@@ -1,8 +1,9 @@
 //! The training fast path: BERT's forward and backward on packed tokens
 //! (no padding; each sequence attends over its own tokens only), on
 //! plain buffers with fused row passes and strided matrix products, for
-//! the models the inference fast path covers (BERT post-LN and pre-LN on
-//! the CPU).
+//! the models the inference fast path covers on the CPU: BERT post-LN and
+//! pre-LN, RoBERTa, DistilBERT, ALBERT, ELECTRA and ModernBERT
+//! (`encoder::build` says what each needs).
 //!
 //! A step reads the current weights in the trainer's variables (their
 //! storage read-locked while the step's parameters live), runs forward and

@@ -1,6 +1,9 @@
-//! BERT's embeddings and encoder on packed tokens, forward with a tape of
-//! what the backward reads, and backward into per-parameter gradients
-//! (in [`backward`]; the linear layers and LayerNorms in [`parts`]).
+//! BERT's embeddings and encoder on packed tokens (and those of the
+//! families built from them, and ModernBERT's: see [`build`]), forward
+//! with a tape of what the backward reads, and backward into
+//! per-parameter gradients (in [`backward`]; the linear layers and
+//! LayerNorms in [`parts`], one layer's parameters and tape in [`layer`],
+//! GeGLU in [`geglu`]).
 //!
 //! What the tape keeps per layer, and why: the layer input and the
 //! LayerNorm inputs (their backward reads them), the fused Q/K/V rows and
