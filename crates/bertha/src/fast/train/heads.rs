@@ -139,15 +139,14 @@ impl<'a> FinetuneHead<'a> {
         }
         let top = match model {
             BertForTask::SequenceClassification(m) => {
-                let sentence = match (m.first_token(), &model.bert().pooler) {
-                    _ if m.classifier_head().is_some() => match (m.classifier_head(), modernbert) {
-                        (Some(head), Some(pooling)) => Sentence::ModernBert {
-                            head: PredictionHead::of(head)?,
-                            mean: pooling == ClassifierPooling::Mean,
-                        },
-                        _ => return Ok(None),
+                let heads = (m.classifier_head(), modernbert);
+                let sentence = match (m.first_token(), &model.bert().pooler, heads) {
+                    (_, _, (Some(head), Some(pooling))) => Sentence::ModernBert {
+                        head: PredictionHead::of(head)?,
+                        mean: pooling == ClassifierPooling::Mean,
                     },
-                    (Some((dropout, dense, act)), _) if dense.bias().is_some() => {
+                    (_, _, (Some(_), None)) => return Ok(None),
+                    (Some((dropout, dense, act)), _, _) if dense.bias().is_some() => {
                         if dropout.rate() >= 1.0 {
                             return Ok(None);
                         }
@@ -157,7 +156,9 @@ impl<'a> FinetuneHead<'a> {
                             act: act.into(),
                         }
                     }
-                    (None, Some(pooler)) => Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
+                    (None, Some(pooler), _) => {
+                        Sentence::Pooler(linear(&pooler.dense, "the pooler")?)
+                    }
                     _ => return Ok(None),
                 };
                 let (dense, dropout) = m.classifier();
@@ -214,21 +215,14 @@ impl<'a> FinetuneHead<'a> {
             }
         );
         let outputs = match self.top {
-            Top::Sequence { .. } if mean => {
-                if let Some(s) = batch.sequences.iter().position(|(ids, _)| ids.is_empty()) {
-                    return Err(Error::Input(format!(
-                        "sequence {s} is empty: mean pooling reads its tokens"
-                    )));
-                }
-                None
-            }
             Top::Sequence { .. } => {
                 if let Some(s) = batch.sequences.iter().position(|(ids, _)| ids.is_empty()) {
                     return Err(Error::Input(format!(
-                        "sequence {s} is empty: the pooler reads its first token"
+                        "sequence {s} is empty: the classifier reads its {}",
+                        if mean { "tokens" } else { "first token" }
                     )));
                 }
-                Some((0..batch.sequences.len()).map(|s| [s, 0]).collect())
+                (!mean).then(|| (0..batch.sequences.len()).map(|s| [s, 0]).collect())
             }
             _ => None,
         };
