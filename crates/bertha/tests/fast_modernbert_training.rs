@@ -13,8 +13,9 @@ use bertha::BertConfig;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::fast_steps::{
-    assert_fixture_gradients, assert_same_gradients, candle_head_step, fixture_model, fixture_rows,
-    head_labels, random_rows, rel_diff, sequences, vars, Rows,
+    assert_fixture_gradients, assert_same_directions, assert_same_gradients, candle_head_step,
+    expected_loss, fixture_model, fixture_rows, head_labels, random_rows, rel_diff, sequences,
+    vars, Rows,
 };
 use common::{fixtures, load_safetensors, read_json};
 
@@ -32,11 +33,7 @@ fn mlm_steps_match_transformers_in_both_config_layouts() {
             .step(&rows.batch(), [1.0, 1.0], false)
             .unwrap();
         let expected = load_safetensors(&dir.join("expected.safetensors"));
-        let want = expected["loss"]
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()[0] as f64;
+        let want = expected_loss(&expected);
         assert!(
             (out.mlm_loss - want).abs() <= 1e-5 * want.abs(),
             "{name}: loss {} vs transformers {want}",
@@ -167,29 +164,7 @@ fn bf16_steps_track_the_fp32_step() {
     let (a, b) = (exact.mlm_loss, bf16.mlm_loss);
     assert!((a - b).abs() <= 2e-3 * a, "loss {b} (bf16) vs {a} (fp32)");
     assert_ne!(a, b, "the bf16 products did not run");
-    let mut checked = 0;
-    for (name, var) in vars(&varmap) {
-        let (Some(g), Some(w)) = (
-            bf16.gradients.get(var.as_tensor()),
-            exact.gradients.get(var.as_tensor()),
-        ) else {
-            continue;
-        };
-        let flat = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let (g, w) = (flat(g), flat(w));
-        let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        if norm(&w) < 1e-6 {
-            continue;
-        }
-        let dot: f64 = g
-            .iter()
-            .zip(&w)
-            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-            .sum();
-        let cos = dot / (norm(&g) * norm(&w));
-        assert!(cos >= 0.999, "{name}: cosine {cos}");
-        checked += 1;
-    }
+    let checked = assert_same_directions(&varmap, &bf16.gradients, &exact.gradients);
     assert!(checked >= 25, "only {checked} gradients compared");
 }
 
@@ -234,11 +209,7 @@ fn classifier_steps_match_transformers() {
             .step(&batch, 1.0, false)
             .unwrap();
         let expected = load_safetensors(&dir.join("expected.safetensors"));
-        let want = expected["loss"]
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()[0] as f64;
+        let want = expected_loss(&expected);
         assert!(
             (out.loss - want).abs() <= 1e-5 * want.abs(),
             "{name}: loss {} vs transformers {want}",

@@ -11,8 +11,8 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::fast_steps::{
-    assert_fixture_gradients, assert_same_gradients, candle_head_step, fixture_model, fixture_rows,
-    head_labels, random_rows, rel_diff, sequences, vars, Rows,
+    assert_fixture_gradients, assert_same_directions, assert_same_gradients, candle_head_step,
+    fixture_model, fixture_rows, head_labels, random_rows, rel_diff, sequences, vars, Rows,
 };
 use common::{fixtures, load_safetensors, read_json};
 
@@ -180,31 +180,7 @@ fn bf16_step_tracks_fp32(norm: NormPosition, train: bool) {
     );
     assert!((a - b).abs() <= 2e-3 * a, "loss {b} (bf16) vs {a} (fp32)");
     assert_ne!(a, b, "the bf16 products did not run");
-    let mut checked = 0;
-    for (name, var) in vars(&varmap) {
-        let (Some(g), Some(w)) = (
-            bf16.gradients.get(var.as_tensor()),
-            exact.gradients.get(var.as_tensor()),
-        ) else {
-            continue;
-        };
-        let (g, w) = (
-            g.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            w.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        );
-        let dot: f64 = g
-            .iter()
-            .zip(&w)
-            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-            .sum();
-        let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        if norm(&w) < 1e-6 {
-            continue;
-        }
-        let cos = dot / (norm(&g) * norm(&w));
-        assert!(cos >= 0.999, "{name}: cosine {cos}");
-        checked += 1;
-    }
+    let checked = assert_same_directions(&varmap, &bf16.gradients, &exact.gradients);
     assert!(checked >= 30, "only {checked} gradients compared");
 }
 

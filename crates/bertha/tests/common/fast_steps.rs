@@ -276,3 +276,38 @@ pub fn assert_same_gradients(
     }
     checked
 }
+
+/// Every gradient of `want` (fp32) that is not ~0 points the way `got`'s
+/// (bf16 products) does: cosine ≥ 0.999. Returns how many were compared.
+pub fn assert_same_directions(varmap: &VarMap, got: &GradStore, want: &GradStore) -> usize {
+    let mut checked = 0;
+    for (name, var) in vars(varmap) {
+        let (Some(g), Some(w)) = (got.get(var.as_tensor()), want.get(var.as_tensor())) else {
+            continue;
+        };
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (g, w) = (flat(g), flat(w));
+        let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        if norm(&w) < 1e-6 {
+            continue;
+        }
+        let dot: f64 = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        let cos = dot / (norm(&g) * norm(&w));
+        assert!(cos >= 0.999, "{name}: cosine {cos}");
+        checked += 1;
+    }
+    checked
+}
+
+/// The scalar `loss` of a fixture's expected tensors.
+pub fn expected_loss(expected: &HashMap<String, Tensor>) -> f64 {
+    expected["loss"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()[0] as f64
+}

@@ -57,13 +57,7 @@ impl<'a> Encoder<'a> {
             let layer = &mut self.layers[self.order[i]];
             let packing = Packing::of_layer(&offsets, &keys, outputs.as_ref(), i + 1 == passes)
                 .windowed(layer.window);
-            let turn = layer
-                .rotary
-                .and_then(|r| rotaries.get(r))
-                .map(|table| Turn {
-                    table,
-                    positions: &rotary_positions,
-                });
+            let turn = layer.turn(&rotaries, &rotary_positions);
             dy = layer_backward(layer, &t, dy, (packing, turn), (d, heads, act, pre));
         }
         if let Some(p) = &mut self.projection {

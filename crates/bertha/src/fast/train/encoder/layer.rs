@@ -101,6 +101,13 @@ impl<'a> Layer<'a> {
         }
     }
 
+    /// Its rotary turn: its base's table in `tables` (the encoder's
+    /// `thetas` order), with every packed row's position.
+    pub(super) fn turn<'t>(&self, tables: &'t [Rotary], positions: &'t [u32]) -> Option<Turn<'t>> {
+        let table = tables.get(self.rotary?)?;
+        Some(Turn { table, positions })
+    }
+
     /// The norm after attention's residual sum in a post-LN layer.
     pub(super) fn post_attn_norm(&self) -> &Norm<'a> {
         // Post-LN layers are built with it (`Encoder::of`).

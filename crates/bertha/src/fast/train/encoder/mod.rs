@@ -340,13 +340,7 @@ impl<'a> Encoder<'a> {
             let (layer, last) = (&self.layers[l], i + 1 == self.order.len());
             let packing =
                 Packing::of_layer(&offsets, &keys, outputs.as_ref(), last).windowed(layer.window);
-            let turn = layer
-                .rotary
-                .and_then(|r| rotaries.get(r))
-                .map(|table| Turn {
-                    table,
-                    positions: &rotary_positions,
-                });
+            let turn = layer.turn(&rotaries, &rotary_positions);
             let (y, y_pairs, tape) =
                 self.layer_forward(layer, (x, x_pairs), (packing, !last, turn), &mask_of);
             tapes.push(tape);
