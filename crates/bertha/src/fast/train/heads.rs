@@ -278,33 +278,37 @@ impl<'a> FinetuneHead<'a> {
                     ));
                 };
                 let mask = mask_of(dropout);
-                let headed = head.as_ref().map(|h| h.forward(&hidden));
-                let (states, mut dstates) = match &headed {
-                    Some((y, _)) => (&y[..], zeros(y.len())),
-                    None => (&hidden[..], Vec::new()),
-                };
-                let into = match head {
-                    Some(_) => &mut dstates,
-                    None => &mut dhidden,
-                };
-                let step = token_step(
-                    classifier,
-                    (states, offsets, d),
-                    (batch, labels),
-                    mask.as_ref(),
-                    weight,
-                    into,
-                )?;
-                if let (Some(head), Some((y, tape))) = (head, headed) {
-                    recycle(y);
-                    if step.targets > 0 {
-                        recycle(std::mem::replace(
-                            &mut dhidden,
-                            head.backward(tape, &dstates),
-                        ));
+                let targets = (batch, &labels[..]);
+                match head {
+                    None => token_step(
+                        classifier,
+                        (&hidden, offsets, d),
+                        targets,
+                        mask.as_ref(),
+                        weight,
+                        &mut dhidden,
+                    )?,
+                    Some(head) => {
+                        // ModernBERT: its `head` on every token first.
+                        let (states, tape) = head.forward(&hidden);
+                        let mut dstates = zeros(states.len());
+                        let step = token_step(
+                            classifier,
+                            (&states, offsets, d),
+                            targets,
+                            mask.as_ref(),
+                            weight,
+                            &mut dstates,
+                        )?;
+                        recycle(states);
+                        if step.targets > 0 {
+                            let dx = head.backward(&hidden, tape, &dstates);
+                            recycle(std::mem::replace(&mut dhidden, dx));
+                        }
+                        recycle(dstates);
+                        step
                     }
                 }
-                step
             }
             Top::Answer {
                 dropout,
@@ -437,7 +441,7 @@ impl Pooled<'_, '_> {
         match self.sentence {
             Sentence::ModernBert { head, .. } => {
                 if let Some(tape) = head_tape {
-                    let dpooled = head.backward(tape, &dx);
+                    let dpooled = head.backward(cls, tape, &dx);
                     dcls.copy_from_slice(&dpooled);
                     recycle(dpooled);
                 }

@@ -18,10 +18,10 @@ pub(super) struct PredictionHead<'a> {
     norm: Norm<'a>,
 }
 
-/// What [`PredictionHead::forward`] keeps for the backward: its input, the
-/// dense layer's output before bias and activation, and the norm's input.
+/// What [`PredictionHead::forward`] keeps for the backward: the dense
+/// layer's output before bias and activation, and the norm's input (the
+/// head's input stays the caller's).
 pub(super) struct HeadTape {
-    x: Vec<f32>,
     pre: Vec<f32>,
     u: Vec<f32>,
 }
@@ -46,16 +46,12 @@ impl<'a> PredictionHead<'a> {
         bias_act_forward(&pre, &dense.b.data, &mut u, self.act);
         let mut y = scratch(n * d);
         self.norm.forward(&u, &mut y);
-        let tape = HeadTape {
-            x: x.to_vec(),
-            pre,
-            u,
-        };
-        (y, tape)
+        (y, HeadTape { pre, u })
     }
 
-    /// The input's gradient from the output's `dy`; adds the parameters'.
-    pub fn backward(&mut self, tape: HeadTape, dy: &[f32]) -> Vec<f32> {
+    /// The gradient of the input `x` (the forward's) from the output's
+    /// `dy`; adds the parameters'.
+    pub fn backward(&mut self, x: &[f32], tape: HeadTape, dy: &[f32]) -> Vec<f32> {
         let d = self.norm.gamma.data.len();
         let n = dy.len() / d.max(1);
         let mut du = scratch(n * d);
@@ -64,7 +60,6 @@ impl<'a> PredictionHead<'a> {
         let (bias, dbias) = self.dense.b.data_and_grad();
         bias_act_backward(&tape.pre, bias, &du, &mut dpre, dbias, self.act);
         let compute = self.dense.compute;
-        let x = &tape.x;
         self.dense
             .w
             .grad_product(|dw| compute.weight_grad_into(&dpre, x, dw, n));

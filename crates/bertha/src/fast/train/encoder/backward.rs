@@ -374,11 +374,11 @@ fn attention_backward(
             linear_backward(
                 compute,
                 (&dqkv, attn_in),
-                (&layer.qkv_w, GradSink::Overwrite(&mut dw), &mut db),
+                (layer.qkv.stacked().0, GradSink::Overwrite(&mut dw), &mut db),
                 into,
                 n,
             );
-            layer.qkv.add_grads(0, &dw, &db, d);
+            layer.qkv.add_grads(&dw, &db, d);
             recycle(dw);
             recycle(dqkv);
         }
@@ -400,18 +400,18 @@ fn attention_backward(
             if let Some(turn) = turn {
                 turn.rotate(&mut dkv, &mut dq, packing.queries, d, true);
             }
-            let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
+            // Q's gradients into the first D rows, K's and V's below.
+            let (mut dw, mut db) = (scratch(3 * d * d), zeros(3 * d));
+            let (w_q, w_kv) = layer.qkv.stacked().0.split_at(d * d);
+            let (dw_q, dw_kv) = dw.split_at_mut(d * d);
+            let (db_q, db_kv) = db.split_at_mut(d);
             let mut dq_in = scratch(m * d);
-            let (mut dw, mut db) = (scratch(d * d), zeros(d));
-            let grads = (w_q, GradSink::Overwrite(&mut dw), &mut db[..]);
+            let grads = (w_q, GradSink::Overwrite(dw_q), db_q);
             linear_backward(compute, (&dq, &t.q_in), grads, (&mut dq_in, false), m);
-            layer.qkv.add_grads(0, &dw, &db, d);
-            recycle(dw);
-            let (mut dw, mut db) = (scratch(2 * d * d), zeros(2 * d));
             let into = dn1.as_mut().unwrap_or(&mut dx);
-            let grads = (w_kv, GradSink::Overwrite(&mut dw), &mut db[..]);
+            let grads = (w_kv, GradSink::Overwrite(dw_kv), db_kv);
             linear_backward(compute, (&dkv, attn_in), grads, (into, !normed), n);
-            layer.qkv.add_grads(1, &dw, &db, d);
+            layer.qkv.add_grads(&dw, &db, d);
             recycle(dw);
             sel.scatter_add(&dq_in, into, d);
             recycle(dq_in);

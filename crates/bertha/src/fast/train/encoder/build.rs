@@ -88,17 +88,13 @@ impl<'a> Encoder<'a> {
             ) else {
                 return Ok(None);
             };
-            let qkv_w = [&q.w.data[..], &k.w.data, &v.w.data].concat();
-            let qkv_b = [&q.b.data[..], &k.b.data, &v.b.data].concat();
             layers.push(Layer {
-                qkv: QkvParams(vec![q, k, v]),
+                qkv: QkvParams::new(vec![q, k, v]),
                 attn_out,
                 attn_norm: Some(Norm::of(&l.attention.layer_norm)?),
                 ffn_in,
                 ffn_out,
                 ffn_norm: Norm::of(&l.output.layer_norm)?,
-                qkv_w,
-                qkv_b,
                 glu: false,
                 rotary: None,
                 window: None,
@@ -176,18 +172,14 @@ impl<'a> Encoder<'a> {
         };
         let mut layers = Vec::with_capacity(stack.layers.len());
         for l in &stack.layers {
-            let qkv = Linear::with_any_bias(&l.attn.wqkv)?;
-            let (qkv_w, qkv_b) = (qkv.w.data.to_vec(), qkv.b.data.to_vec());
             let sliding = l.kind == AttentionKind::Sliding;
             layers.push(Layer {
-                qkv: QkvParams(vec![qkv]),
+                qkv: QkvParams::new(vec![Linear::with_any_bias(&l.attn.wqkv)?]),
                 attn_out: Linear::with_any_bias(&l.attn.wo)?,
                 attn_norm: l.attn_norm.as_ref().map(Norm::of).transpose()?,
                 ffn_in: Linear::with_any_bias(&l.mlp.wi)?,
                 ffn_out: Linear::with_any_bias(&l.mlp.wo)?,
                 ffn_norm: Norm::of(&l.mlp_norm)?,
-                qkv_w,
-                qkv_b,
                 glu: true,
                 rotary: Some(usize::from(sliding)),
                 window: sliding.then(|| o.half_window()),

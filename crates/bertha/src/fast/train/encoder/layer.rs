@@ -5,7 +5,7 @@
 use super::super::rows::Selection;
 use super::super::Param;
 use super::{Linear, Norm};
-use crate::fast::buffers::{add, recycle};
+use crate::fast::buffers::recycle;
 use crate::fast::rope::{Rotary, Span};
 use crate::model::DropoutMask;
 
@@ -18,9 +18,6 @@ pub(super) struct Layer<'a> {
     pub(super) ffn_in: Linear<'a>,
     pub(super) ffn_out: Linear<'a>,
     pub(super) ffn_norm: Norm<'a>,
-    /// Q, K and V weights stacked `[3·D, D]`, and their biases.
-    pub(super) qkv_w: Vec<f32>,
-    pub(super) qkv_b: Vec<f32>,
     /// GeGLU (ModernBERT): FFN-in makes `[input | gate]`, FFN-out reads
     /// `act(input) · gate`, and the hidden dropout falls on that product
     /// instead of FFN-out's output.
@@ -34,24 +31,48 @@ pub(super) struct Layer<'a> {
 
 /// Q, K and V's parameters: BERT's three linear layers (`query`, `key`,
 /// `value`), or ModernBERT's one `Wqkv` holding them stacked.
-pub(super) struct QkvParams<'a>(pub(super) Vec<Linear<'a>>);
+pub(super) struct QkvParams<'a> {
+    parts: Vec<Linear<'a>>,
+    /// Separate layers' weights stacked `[3·D, D]` and biases `[3·D]`, for
+    /// the one multiply each way (a fused `Wqkv` is read in place).
+    stacked: Option<(Vec<f32>, Vec<f32>)>,
+}
 
 impl<'a> QkvParams<'a> {
-    pub(super) fn linears_mut(&mut self) -> Vec<&mut Linear<'a>> {
-        self.0.iter_mut().collect()
+    /// `parts`: Q, K and V's layers, or the one fused layer.
+    pub(super) fn new(parts: Vec<Linear<'a>>) -> Self {
+        let stacked = (parts.len() > 1).then(|| {
+            let w: Vec<&[f32]> = parts.iter().map(|l| &l.w.data[..]).collect();
+            let b: Vec<&[f32]> = parts.iter().map(|l| &l.b.data[..]).collect();
+            (w.concat(), b.concat())
+        });
+        Self { parts, stacked }
     }
 
-    /// Adds the gradients of the stacked rows from `first` on (0: Q, 1:
-    /// K, 2: V): `dw` `[parts · D, D]` and `db` `[parts · D]`.
-    pub(super) fn add_grads(&mut self, first: usize, dw: &[f32], db: &[f32], d: usize) {
-        match &mut self.0[..] {
+    /// The weights `[3·D, D]` and biases `[3·D]` of Q, K and V, stacked.
+    pub(super) fn stacked(&self) -> (&[f32], &[f32]) {
+        match (&self.stacked, self.parts.first()) {
+            (Some((w, b)), _) => (w, b),
+            (None, Some(fused)) => (&fused.w.data, &fused.b.data),
+            (None, None) => (&[], &[]),
+        }
+    }
+
+    pub(super) fn linears_mut(&mut self) -> Vec<&mut Linear<'a>> {
+        self.parts.iter_mut().collect()
+    }
+
+    /// Adds the stacked gradients of Q, K and V: `dw` `[3·D, D]` and `db`
+    /// `[3·D]` (a fused `Wqkv` takes them whole).
+    pub(super) fn add_grads(&mut self, dw: &[f32], db: &[f32], d: usize) {
+        match &mut self.parts[..] {
             [fused] => {
-                add(&mut fused.w.grad_mut()[first * d * d..][..dw.len()], dw);
-                add(&mut fused.b.grad_mut()[first * d..][..db.len()], db);
+                fused.w.add_grad(dw);
+                fused.b.add_grad(db);
             }
             parts => {
                 let each = dw.chunks(d * d).zip(db.chunks(d));
-                for (lin, (w, b)) in parts.iter_mut().skip(first).zip(each) {
+                for (lin, (w, b)) in parts.iter_mut().zip(each) {
                     lin.w.add_grad(w);
                     lin.b.add_grad(b);
                 }

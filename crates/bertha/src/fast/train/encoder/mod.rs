@@ -440,10 +440,10 @@ impl<'a> Encoder<'a> {
         };
         let x_words = in_pairs.as_deref();
         match packing.queries {
-            None => t.qkv = project(attn_in, x_words, (&layer.qkv_w, &layer.qkv_b), n),
+            None => t.qkv = project(attn_in, x_words, layer.qkv.stacked(), n),
             Some(sel) => {
-                let (w_q, w_kv) = layer.qkv_w.split_at(d * d);
-                let (b_q, b_kv) = layer.qkv_b.split_at(d);
+                let (w, b) = layer.qkv.stacked();
+                let ((w_q, w_kv), (b_q, b_kv)) = (w.split_at(d * d), b.split_at(d));
                 t.qkv = project(attn_in, x_words, (w_kv, b_kv), n);
                 t.q_in = sel.gather(attn_in, d);
                 let q_pairs = x_words.map(|p| sel.gather(p, d.div_ceil(2)));
