@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
 # The library's kernel tests and a parity subset, cross-built for aarch64
 # and run under user-mode qemu (`-cpu max`: NEON, dotprod, i8mm, bf16), so
-# the code every ARM user runs (today the scalar loops and the gemm crate's
-# NEON kernels; NEON kernels of our own later) is tested on every CI run.
+# the code every ARM user runs (our NEON fp32 tiles and `sdot` int8 tiles,
+# the scalar row loops, the gemm crate's NEON kernels on the candle path)
+# is tested on every CI run.
 # Correctness only: qemu says nothing about speed. Set up once with
 # scripts/setup-arm.sh (Debian's rustc-web, whose aarch64 standard library
-# rustup's toolchain lacks). Arguments go to cargo test. Prints cargo's
-# test summaries and exits non-zero on any failure.
+# rustup's toolchain lacks). Arguments go to cargo test (options, not test
+# filters). Prints cargo's test summaries and exits non-zero on any failure.
 #
-# Status (2026-11-28): the aarch64 build succeeds (9.5 min from clean, no
-# warnings), but under Debian 12's qemu-aarch64 7.2 every test binary hangs
-# at its first test (`--list` works; `-cpu max` and `cortex-a76` alike), so
-# this is not yet in .ci/run: next, find whether libtest's thread per test
-# (clone3 / futex under qemu-user) is the cause (a `harness = false` runner
-# or a newer qemu).
+# Sized to CI's time: ~10 min to build from clean, ~5 min to run. qemu
+# emulates floating point in software, ~60× slower than the machine, so
+# the two whole-model int8 and bf16 checks of minilm_parity (5+ min each
+# there) are skipped: the int8 products' kernel (`sdot`) is checked in
+# the library's tests, through `PackedI8::matmul` against the definition,
+# and bf16 runs fp32 on aarch64 for now.
+#
+#
+# The runner puts the cross C library (libc6-arm64-cross, which the build
+# links against) on LD_LIBRARY_PATH. Without it qemu's `-L` prefix gives
+# the cross package's dynamic loader, but the loader finds libc.so.6 through
+# the host's ld.so.cache in /lib/aarch64-linux-gnu, where the multiarch
+# libc6:arm64 (pulled in by libstd-rust-web-dev:arm64) is another glibc
+# build: a loader and a libc of two builds disagree on their private state,
+# and every test binary hung in pthread_create, walking a stack-cache list
+# that was never initialised for that libc.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -x /usr/bin/cargo ] && [ -d /usr/lib/rustlib/aarch64-unknown-linux-gnu ] || {
@@ -23,7 +34,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/fetch-model.sh
 export RUSTC=/usr/bin/rustc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max"
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib -cpu max"
 # Its own build folder: another compiler's artifacts, kept apart from the
 # host's (and from CI's disk-hungry debug info: none here).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/aarch64-qemu"
@@ -31,4 +42,5 @@ export CARGO_PROFILE_DEV_DEBUG=0 CARGO_INCREMENTAL=0
 # Without `show` (plots and t-SNE: no kernels, and a third of the build).
 /usr/bin/cargo test --locked --target aarch64-unknown-linux-gnu -p bertha \
   --no-default-features --no-fail-fast \
-  --lib --test tiny_parity --test minilm_parity --test heads_parity --test ops_grad "$@"
+  --lib --test tiny_parity --test minilm_parity --test heads_parity --test ops_grad "$@" \
+  -- --skip int8_embeddings_stay_within --skip bf16_embeddings_stay_within

@@ -26,6 +26,10 @@ pub(crate) struct Features {
     /// granted by the OS: bf16 products by `tdpbf16ps`, 16 × 16 × 32 per
     /// instruction. Off with `BERTHA_AMX=0`.
     pub amx: bool,
+    /// aarch64 Advanced SIMD (every aarch64 CPU): the NEON fp32 tiles.
+    pub neon: bool,
+    /// aarch64 dot products (with NEON): int8 products by `sdot`.
+    pub dotprod: bool,
 }
 
 /// The CPU's features, detected on the first call and lowered to the
@@ -99,7 +103,12 @@ pub fn isa() -> Isa {
 pub fn describe() -> String {
     let f = features();
     let mut s = f.isa().name().to_string();
-    for (on, name) in [(f.vnni, "vnni"), (f.bf16, "bf16"), (f.amx, "amx")] {
+    for (on, name) in [
+        (f.vnni, "vnni"),
+        (f.bf16, "bf16"),
+        (f.amx, "amx"),
+        (f.dotprod, "dotprod"),
+    ] {
         if on {
             s.push('+');
             s.push_str(name);
@@ -132,6 +141,8 @@ impl Features {
         vnni: false,
         bf16: false,
         amx: false,
+        neon: false,
+        dotprod: false,
     };
 
     /// The widest level these features make up.
@@ -140,6 +151,8 @@ impl Features {
             Isa::Avx512
         } else if self.avx2_fma {
             Isa::Avx2
+        } else if self.neon {
+            Isa::Neon
         } else {
             Isa::Scalar
         }
@@ -181,9 +194,20 @@ fn detect() -> Features {
             vnni: avx512_bw && has!("avx512vnni"),
             bf16: avx512_bw && has!("avx512bf16"),
             amx: avx512_bw && has!("avx512bf16") && amx_granted(),
+            ..Features::NONE
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        use std::arch::is_aarch64_feature_detected as has;
+        let neon = has!("neon");
+        Features {
+            neon,
+            dotprod: neon && has!("dotprod"),
+            ..Features::NONE
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     Features::NONE
 }
 
@@ -318,48 +342,69 @@ pub fn flush_denormals() {
 /// multiply-add for `precision` on every thread of rayon's pool at once:
 /// fp32 `vfmadd` (16 per instruction, 8 on AVX2), bf16 `vdpbf16ps` (32) or, on AMX,
 /// `tdpbf16ps` (8,192, four independent tiles), or int8
-/// `vpdpbusd` (64), 12 independent chains per thread so that throughput,
-/// not latency, bounds it (best of 3 runs of ~30 ms). The ceiling each
+/// `vpdpbusd` (64); NEON's fp32 `fmla` (4 per instruction, 16 chains),
+/// 12 independent chains per thread on x86 so that throughput, not
+/// latency, bounds it (best of 3 runs of ~30 ms). The ceiling each
 /// precision's benchmark figures can be read against; `None` where the
-/// CPU lacks the instruction (or is not x86-64).
+/// CPU lacks the instruction.
 pub fn instruction_peak_gops(precision: super::Precision) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::Precision;
-        let f = features();
-        // Rounds per run: ~30 ms of each instruction (a round of AMX's
-        // four tile products takes ~16 rounds of the others' 12).
-        const ITERS: usize = 10_000_000;
-        let (kernel, ops_per_iter, iters): (unsafe fn(usize) -> u32, f64, usize) = match precision {
-            Precision::F32 if f.avx512_bw => (peak::fma_chains, 12.0 * 16.0 * 2.0, ITERS),
-            Precision::F32 if f.avx2_fma => {
-                (super::matmul::avx2_fma_chains, 12.0 * 8.0 * 2.0, ITERS)
-            }
-            Precision::Bf16 if f.amx => (
-                super::matmul::amx_peak_chains,
-                4.0 * 8192.0 * 2.0,
-                ITERS / 16,
-            ),
-            Precision::Bf16 if f.bf16 => (peak::bf16_chains, 12.0 * 32.0 * 2.0, ITERS),
-            Precision::Int8 if f.vnni => (peak::int8_chains, 12.0 * 64.0 * 2.0, ITERS),
-            _ => return None,
-        };
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let start = std::time::Instant::now();
-            // SAFETY: the CPU has the kernel's instructions (checked above).
-            let sums = rayon::broadcast(|_| unsafe { kernel(iters) });
-            std::hint::black_box(sums);
-            best = best.min(start.elapsed().as_secs_f64());
+    let (kernel, ops_per_iter, iters) = peak_kernel(precision)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        // SAFETY: the CPU has the kernel's instructions (checked by
+        // `peak_kernel`).
+        let sums = rayon::broadcast(|_| unsafe { kernel(iters) });
+        std::hint::black_box(sums);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    let threads = rayon::current_num_threads() as f64;
+    Some(threads * iters as f64 * ops_per_iter / best / 1e9)
+}
+
+/// Rounds per run of [`instruction_peak_gops`]: ~30 ms of each instruction.
+const PEAK_ITERS: usize = 10_000_000;
+
+/// A peak kernel the CPU has for `precision`: the chains, the operations
+/// one round of them does, and the rounds to run.
+type PeakKernel = (unsafe fn(usize) -> u32, f64, usize);
+
+#[cfg(target_arch = "x86_64")]
+fn peak_kernel(precision: super::Precision) -> Option<PeakKernel> {
+    use super::Precision;
+    let f = features();
+    Some(match precision {
+        Precision::F32 if f.avx512_bw => (peak::fma_chains, 12.0 * 16.0 * 2.0, PEAK_ITERS),
+        Precision::F32 if f.avx2_fma => {
+            (super::matmul::avx2_fma_chains, 12.0 * 8.0 * 2.0, PEAK_ITERS)
         }
-        let threads = rayon::current_num_threads() as f64;
-        Some(threads * iters as f64 * ops_per_iter / best / 1e9)
+        // A round of AMX's four tile products takes ~16 rounds of the
+        // others' 12.
+        Precision::Bf16 if f.amx => (
+            super::matmul::amx_peak_chains,
+            4.0 * 8192.0 * 2.0,
+            PEAK_ITERS / 16,
+        ),
+        Precision::Bf16 if f.bf16 => (peak::bf16_chains, 12.0 * 32.0 * 2.0, PEAK_ITERS),
+        Precision::Int8 if f.vnni => (peak::int8_chains, 12.0 * 64.0 * 2.0, PEAK_ITERS),
+        _ => return None,
+    })
+}
+
+#[cfg(target_arch = "aarch64")]
+fn peak_kernel(precision: super::Precision) -> Option<PeakKernel> {
+    let f = features();
+    match precision {
+        super::Precision::F32 if f.neon => {
+            Some((super::matmul::neon_fma_chains, 16.0 * 4.0 * 2.0, PEAK_ITERS))
+        }
+        _ => None,
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = precision;
-        None
-    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn peak_kernel(_: super::Precision) -> Option<PeakKernel> {
+    None
 }
 
 /// The chains [`instruction_peak_gops`] times: `iters` rounds of one
@@ -435,6 +480,8 @@ mod tests {
         vnni: true,
         bf16: true,
         amx: true,
+        neon: false,
+        dotprod: false,
     };
 
     #[test]
@@ -469,5 +516,19 @@ mod tests {
         assert_eq!(zen3.lowered_to(Isa::Avx512), zen3);
         assert_eq!(zen3.lowered_to(Isa::Neon), zen3);
         assert_eq!(zen3.lowered_to(Isa::Avx2), zen3);
+    }
+
+    /// An aarch64 CPU's features are the NEON level; scalar takes them
+    /// all away, and NEON (its own level) leaves them.
+    #[test]
+    fn neon_features_make_the_neon_level() {
+        let graviton = Features {
+            neon: true,
+            dotprod: true,
+            ..Features::NONE
+        };
+        assert_eq!(graviton.isa(), Isa::Neon);
+        assert_eq!(graviton.lowered_to(Isa::Scalar), Features::NONE);
+        assert_eq!(graviton.lowered_to(Isa::Neon), graviton);
     }
 }
