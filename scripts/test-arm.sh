@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The library's kernel tests and a parity subset, cross-built for aarch64
 # and run under user-mode qemu (`-cpu max`: NEON, dotprod, i8mm, bf16), so
-# the code every ARM user runs (our NEON fp32 tiles and `sdot` int8 tiles,
-# the scalar row loops, the gemm crate's NEON kernels on the candle path)
+# the code every ARM user runs (our NEON fp32 tiles, `sdot` int8 and `bfdot`
+# bf16 tiles, the scalar row loops, the gemm crate's NEON kernels on the
+# candle path)
 # is tested on every CI run.
 # Correctness only: qemu says nothing about speed. Set up once with
 # scripts/setup-arm.sh (Debian's rustc-web, whose aarch64 standard library
@@ -12,9 +13,9 @@
 # Sized to CI's time: ~10 min to build from clean, ~5 min to run. qemu
 # emulates floating point in software, ~60× slower than the machine, so
 # the two whole-model int8 and bf16 checks of minilm_parity (5+ min each
-# there) are skipped: the int8 products' kernel (`sdot`) is checked in
-# the library's tests, through `PackedI8::matmul` against the definition,
-# and bf16 runs fp32 on aarch64 for now.
+# there) are skipped: the int8 and bf16 products (`sdot`, `bfdot`) are
+# checked in the library's tests against their definitions, and bf16
+# training steps against fp32 in fast_training.
 #
 #
 # The runner puts the cross C library (libc6-arm64-cross, which the build
@@ -42,5 +43,6 @@ export CARGO_PROFILE_DEV_DEBUG=0 CARGO_INCREMENTAL=0
 # Without `show` (plots and t-SNE: no kernels, and a third of the build).
 /usr/bin/cargo test --locked --target aarch64-unknown-linux-gnu -p bertha \
   --no-default-features --no-fail-fast \
-  --lib --test tiny_parity --test minilm_parity --test heads_parity --test ops_grad "$@" \
+  --lib --test tiny_parity --test minilm_parity --test heads_parity --test ops_grad \
+  --test fast_training "$@" \
   -- --skip int8_embeddings_stay_within --skip bf16_embeddings_stay_within

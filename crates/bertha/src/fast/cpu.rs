@@ -20,7 +20,8 @@ pub(crate) struct Features {
     pub avx512_bw: bool,
     /// AVX-512 VNNI (with F + BW): int8 products by `vpdpbusd`.
     pub vnni: bool,
-    /// AVX512-BF16 (with F + BW): bf16 pair products by `vdpbf16ps`.
+    /// AVX512-BF16 (with F + BW): bf16 pair products by `vdpbf16ps`; on
+    /// aarch64 the BF16 extension (with NEON): `bfdot`.
     pub bf16: bool,
     /// AMX-BF16 tiles (with AVX512-BF16, which the tiles' epilogues use),
     /// granted by the OS: bf16 products by `tdpbf16ps`, 16 × 16 × 32 per
@@ -204,6 +205,7 @@ fn detect() -> Features {
         Features {
             neon,
             dotprod: neon && has!("dotprod"),
+            bf16: neon && has!("bf16"),
             ..Features::NONE
         }
     }
@@ -286,8 +288,9 @@ pub fn has_amx() -> bool {
     features().amx
 }
 
-/// True when bf16 products run on AVX512-BF16 instructions (else a scalar
-/// loop computes them, far slower: bf16 then falls back to fp32).
+/// True when bf16 products run on AVX512-BF16 instructions, or NEON's
+/// `bfdot` (else a scalar loop computes them, far slower: bf16 then falls
+/// back to fp32).
 pub fn has_bf16() -> bool {
     features().bf16
 }

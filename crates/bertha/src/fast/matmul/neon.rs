@@ -18,6 +18,11 @@
 //! the VNNI kernel's integers' and the scalar loop's. (`usdot`, which takes
 //! unsigned × signed bytes directly, needs i8mm, which Graviton 2 lacks.)
 //!
+//! bf16: `bfdot` (the BF16 extension: Graviton 3, Apple M2 and later)
+//! sums two bf16 products into each fp32 lane, on the same pair panels
+//! as AVX512-BF16's `vdpbf16ps`; the tile's epilogue (bias, activation,
+//! rounding to pairs, slopes) is the scalar one every bf16 tile shares.
+//!
 //! Speed is not measured here: the tests run under qemu, which says only
 //! whether the kernels are right.
 
@@ -239,6 +244,126 @@ pub(super) unsafe fn tile_i8<const R: usize>(
         }
         let hc = HALF.min(cols - h0);
         store_half(&acc, c.add(h0), ldc, &t.bias[h0..h0 + hc], t.act);
+    }
+}
+
+/// `acc += w · a[L]` on bf16 pairs: in each fp32 lane, one column's two
+/// bf16 weights times the two bf16 inputs of 32-bit lane `L` of `a`
+/// (`bfdot`, the BF16 extension; the layout of AVX512-BF16's `vdpbf16ps`).
+/// By `asm!`: the intrinsic is not stable Rust yet.
+#[inline(always)]
+unsafe fn bfdot_lane<const L: i32>(acc: float32x4_t, w: uint32x4_t, a: uint32x4_t) -> float32x4_t {
+    let mut acc = acc;
+    asm!(
+        "bfdot {acc:v}.4s, {w:v}.8h, {a:v}.2h[{lane}]",
+        acc = inout(vreg) acc,
+        w = in(vreg) w,
+        a = in(vreg) a,
+        lane = const L,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    acc
+}
+
+/// One pair row of a bf16 half tile: the 16 columns' weight pairs at
+/// `row` times lane `L` of each row's 4 input pairs `av`.
+#[inline(always)]
+unsafe fn bfdot_row<const L: i32, const R: usize>(
+    acc: &mut [[float32x4_t; 4]; R],
+    row: *const u16,
+    av: &[uint32x4_t; R],
+) {
+    let w = [0, 8, 16, 24].map(|j| vld1q_u32(row.add(j) as *const u32));
+    for (acc, a) in acc.iter_mut().zip(av) {
+        for (s, w) in acc.iter_mut().zip(w) {
+            *s = bfdot_lane::<L>(*s, w, *a);
+        }
+    }
+}
+
+/// The left operand of a bf16 tile: pair `i` of row `r` is at
+/// `ptr[r · row + i · pair]` (the fields of `bf16::PairsIn`).
+#[derive(Clone, Copy)]
+pub(super) struct Pairs {
+    pub ptr: *const u32,
+    pub row: usize,
+    pub pair: usize,
+}
+
+impl Pairs {
+    /// Pairs `i..i + 4` of row `r` as one vector.
+    #[inline(always)]
+    unsafe fn four(self, r: usize, i: usize) -> uint32x4_t {
+        let at = self.ptr.add(r * self.row + i * self.pair);
+        if self.pair == 1 {
+            vld1q_u32(at)
+        } else {
+            let p = self.pair;
+            vld1q_u32([*at, *at.add(p), *at.add(2 * p), *at.add(3 * p)].as_ptr())
+        }
+    }
+}
+
+/// The fp32 sums of `R` (≤ [`MR`]) rows × 32 columns of a bf16 pair
+/// product: `sums[r][j] = Σ_i a[r, i] · panel[i, j]`, each term two bf16
+/// products (the epilogue, which every bf16 tile shares, is the caller's).
+///
+/// # Safety
+/// The CPU has NEON and BF16; `a` addresses `R` rows of `k2` pairs,
+/// `panel` `k2` pair rows of [`NR`] columns.
+#[target_feature(enable = "neon,bf16")]
+unsafe fn sums_bf16<const R: usize>(a: Pairs, k2: usize, panel: &[u16], sums: &mut [[f32; NR]]) {
+    debug_assert!(R <= MR && panel.len() >= k2 * NR * 2 && sums.len() >= R);
+    let k4 = k2 - k2 % 4;
+    for h0 in (0..NR).step_by(HALF) {
+        let bp = panel.as_ptr().add(2 * h0);
+        let mut acc = [[vdupq_n_f32(0.0); 4]; R];
+        for i in (0..k4).step_by(4) {
+            let av: [uint32x4_t; R] = std::array::from_fn(|r| a.four(r, i));
+            bfdot_row::<0, R>(&mut acc, bp.add(i * NR * 2), &av);
+            bfdot_row::<1, R>(&mut acc, bp.add((i + 1) * NR * 2), &av);
+            bfdot_row::<2, R>(&mut acc, bp.add((i + 2) * NR * 2), &av);
+            bfdot_row::<3, R>(&mut acc, bp.add((i + 3) * NR * 2), &av);
+        }
+        for i in k4..k2 {
+            // One pair: in lane 0.
+            let av: [uint32x4_t; R] =
+                std::array::from_fn(|r| vdupq_n_u32(*a.ptr.add(r * a.row + i * a.pair)));
+            bfdot_row::<0, R>(&mut acc, bp.add(i * NR * 2), &av);
+        }
+        for (row, acc) in sums.iter_mut().zip(&acc) {
+            for (j, s) in acc.iter().enumerate() {
+                vst1q_f32(row.as_mut_ptr().add(h0 + 4 * j), *s);
+            }
+        }
+    }
+}
+
+/// [`sums_bf16`] for `mr` rows, [`MR`] at a time: `sums[r]` for `r < mr`.
+///
+/// # Safety
+/// The CPU has NEON and BF16; `a` addresses `mr` rows of `k2` pairs,
+/// `panel` `k2` pair rows of [`NR`] columns; `sums` holds `mr` rows.
+pub(super) unsafe fn tile_sums_bf16(
+    a: Pairs,
+    k2: usize,
+    mr: usize,
+    panel: &[u16],
+    sums: &mut [[f32; NR]],
+) {
+    for r0 in (0..mr).step_by(MR) {
+        let rows = MR.min(mr - r0);
+        let a = Pairs {
+            ptr: a.ptr.wrapping_add(r0 * a.row),
+            ..a
+        };
+        let sums = &mut sums[r0..];
+        match rows {
+            1 => sums_bf16::<1>(a, k2, panel, sums),
+            2 => sums_bf16::<2>(a, k2, panel, sums),
+            3 => sums_bf16::<3>(a, k2, panel, sums),
+            _ => sums_bf16::<4>(a, k2, panel, sums),
+        }
     }
 }
 

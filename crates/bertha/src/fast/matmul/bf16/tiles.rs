@@ -124,7 +124,8 @@ impl Blocks {
 ///
 /// # Safety
 /// `out` must address that tile, which no one else reads or writes
-/// meanwhile; `simd` only when the CPU has AVX512-BF16.
+/// meanwhile; `simd` only when the CPU has AVX512-BF16 (or, on aarch64,
+/// BF16).
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     simd: bool,
@@ -153,6 +154,22 @@ unsafe fn tile(
         dispatch!(1 2 3 4 5 6 7 8 9 10 11 12);
         return;
     }
+    // NEON with BF16: the rows' sums by `bfdot`, the epilogue below.
+    #[cfg(target_arch = "aarch64")]
+    let neon_sums = simd.then(|| {
+        let mut all = [[0f32; NR]; MR_BF16];
+        let pairs = super::super::neon::Pairs {
+            ptr: a.ptr,
+            row: a.row,
+            pair: a.pair,
+        };
+        // SAFETY: the CPU has BF16 (the caller checked); a gives mr
+        // (≤ MR_BF16) rows of k2 pairs, the panel k2 pair rows.
+        unsafe { super::super::neon::tile_sums_bf16(pairs, k2, mr, panel, &mut all) };
+        all
+    });
+    #[cfg(not(target_arch = "aarch64"))]
+    let neon_sums: Option<[[f32; NR]; MR_BF16]> = None;
     let _ = simd;
     let mut sums = [0f32; NR];
     // ActGrad's column sums over the tile's rows, added to the task's
@@ -160,16 +177,20 @@ unsafe fn tile(
     let mut tile_sums = [0f32; NR];
     for r in 0..mr {
         let sums = &mut sums[..bias.len()];
-        for (j, s) in sums.iter_mut().enumerate() {
-            let mut acc = 0f32;
-            for i in 0..k2 {
-                // SAFETY: row r < mr, pair i < k2 of the caller's operand.
-                let pair = unsafe { a.at(r, i) };
-                let w = &panel[(i * NR + j) * 2..][..2];
-                acc += from_bf16(pair as u16) * from_bf16(w[0])
-                    + from_bf16((pair >> 16) as u16) * from_bf16(w[1]);
+        if let Some(all) = &neon_sums {
+            sums.copy_from_slice(&all[r][..sums.len()]);
+        } else {
+            for (j, s) in sums.iter_mut().enumerate() {
+                let mut acc = 0f32;
+                for i in 0..k2 {
+                    // SAFETY: row r < mr, pair i < k2 of the caller's operand.
+                    let pair = unsafe { a.at(r, i) };
+                    let w = &panel[(i * NR + j) * 2..][..2];
+                    acc += from_bf16(pair as u16) * from_bf16(w[0])
+                        + from_bf16((pair >> 16) as u16) * from_bf16(w[1]);
+                }
+                *s = acc;
             }
-            *s = acc;
         }
         match out {
             TileOut::F32 { c, ldc, accumulate } => {

@@ -148,7 +148,8 @@ pub(super) fn transpose_rows(src: Source, k: usize, m: usize, out: &mut [u32], p
     let k2 = k.div_ceil(2);
     let stride = transposed_stride(k2);
     debug_assert_eq!(out.len(), m * stride);
-    let simd = features().bf16;
+    // The register transpose is AVX-512's (NEON's bf16 runs the loops).
+    let simd = cfg!(target_arch = "x86_64") && features().bf16;
     let task = |(t, rows): (usize, &mut [u32])| {
         let r0 = t * TRANSPOSE_ROWS;
         let full = match simd && rows.len() == TRANSPOSE_ROWS * stride {
