@@ -176,7 +176,8 @@ unsafe fn sdot_quad<const L: i32, const R: usize>(
 
 /// `R` (≤ [`MR`]) rows × `cols` columns of an int8 product by `sdot`:
 /// `qa` holds the rows' activation bytes (`k4` a row), `col_sums` the
-/// panel's integer weight sums per channel group and column. Per group
+/// panel's integer weight sums per channel group and column (made at load
+/// by `int8::column_sums`). Per group
 /// the exact sums `Σ (qa − 128) · w + 128 · Σ w` are scaled into floats
 /// as the other kernels do: `Σ_g (step · w_scale · Σ_i qa · w + min ·
 /// group_sum) + bias`.
@@ -367,27 +368,6 @@ pub(super) unsafe fn tile_sums_bf16(
     }
 }
 
-/// Per panel, per channel group, [`NR`] integer sums of each column's
-/// quantized weights: what [`tile_i8`] adds back for the flip. Made once,
-/// at load.
-pub(super) fn column_sums(panels: &[i8], k: usize, k4: usize, group: usize) -> Vec<i32> {
-    let n_groups = super::int8::groups(k, group);
-    let mut sums = vec![0i32; panels.len() / (k4 * NR) * n_groups * NR];
-    for (p, panel) in panels.chunks_exact(k4 * NR).enumerate() {
-        for (q, quad) in panel.chunks_exact(4 * NR).enumerate() {
-            for (lane, w) in quad.chunks_exact(4).enumerate() {
-                for (i, &w) in w.iter().enumerate() {
-                    let r = 4 * q + i;
-                    if r < k {
-                        sums[(p * n_groups + r / group) * NR + lane] += i32::from(w);
-                    }
-                }
-            }
-        }
-    }
-    sums
-}
-
 /// The rate of [`crate::fast::instruction_peak_gops`]'s fp32 chains on
 /// NEON: 16 independent `fmla` chains of 4 lanes.
 #[target_feature(enable = "neon")]
@@ -406,61 +386,31 @@ pub(crate) unsafe fn fma_chains(iters: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::super::int8::{groups, QGROUP};
-    use super::super::tests::{data, reference};
+    use super::super::tests::{assert_f32_tiles_equal_the_definition, data};
     use super::super::*;
 
     fn has_dotprod() -> bool {
         std::arch::is_aarch64_feature_detected!("dotprod")
     }
 
-    /// The NEON tiles against the f64 definition: every tile height,
-    /// partial halves and panels, k from 1 to past a group (and not a
-    /// multiple of 4), with the activation applied.
+    /// The NEON tiles against the f64 definition.
     #[test]
     fn neon_f32_tiles_equal_the_definition() {
-        for (k, cols) in [(1, 32), (7, 5), (33, 16), (64, 17), (130, 31)] {
-            let (w, b) = (data(k * NR, k as u32), data(NR, 3));
-            let packed = PackedF32::with_panels(&w, k, NR, true);
-            let F32Layout::Panels(panel) = &packed.layout else {
-                unreachable!("asked for panels")
-            };
-            for rows in 1..=super::MR {
-                let x = data(rows * k, 40 + rows as u32);
-                let want = reference(&x, &w, &b, rows, k, NR);
-                for act in [None, Some(Act::GeluErf)] {
-                    // A stride past the tile: columns from `cols` on and
-                    // the gap stay NaN (nothing is written there).
-                    let ldc = NR + 3;
-                    let mut c = vec![f32::NAN; rows * ldc];
-                    let bias = &b[..cols];
-                    let cp = c.as_mut_ptr();
-                    // SAFETY: every aarch64 CPU has NEON; c holds the
-                    // rows × cols tile at stride ldc.
-                    unsafe {
-                        match rows {
-                            1 => super::tile_f32::<1>(&x, k, panel, cp, ldc, cols, bias, act),
-                            2 => super::tile_f32::<2>(&x, k, panel, cp, ldc, cols, bias, act),
-                            3 => super::tile_f32::<3>(&x, k, panel, cp, ldc, cols, bias, act),
-                            _ => super::tile_f32::<4>(&x, k, panel, cp, ldc, cols, bias, act),
-                        }
-                    }
-                    for r in 0..rows {
-                        let mut row = want[r * NR..r * NR + cols].to_vec();
-                        if let Some(act) = act {
-                            activate_body(&mut row, act);
-                        }
-                        let got = &c[r * ldc..(r + 1) * ldc];
-                        for (j, (g, w)) in got.iter().zip(&row).enumerate() {
-                            assert!(
-                                (g - w).abs() < 1e-4,
-                                "k {k} rows {rows} [{r},{j}]: {g} vs {w}"
-                            );
-                        }
-                        assert!(got[cols..].iter().all(|v| v.is_nan()), "wrote past {cols}");
+        assert_f32_tiles_equal_the_definition(
+            super::MR,
+            &|rows, x, k, panel, c, ldc, cols, bias, act| {
+                // SAFETY: every aarch64 CPU has NEON; c holds the rows × cols
+                // tile at stride ldc.
+                unsafe {
+                    match rows {
+                        1 => super::tile_f32::<1>(x, k, panel, c, ldc, cols, bias, act),
+                        2 => super::tile_f32::<2>(x, k, panel, c, ldc, cols, bias, act),
+                        3 => super::tile_f32::<3>(x, k, panel, c, ldc, cols, bias, act),
+                        _ => super::tile_f32::<4>(x, k, panel, c, ldc, cols, bias, act),
                     }
                 }
-            }
-        }
+            },
+        );
     }
 
     /// The `sdot` kernel's integer sums are exact, so its floats equal the
@@ -480,7 +430,7 @@ mod tests {
             x.iter_mut().step_by(3).for_each(|v| *v = v.signum() * 8.0);
             let scheme = I8Scheme { group, alpha: 0.5 };
             let packed = PackedI8::new(&w, k, n, None, scheme);
-            let sums = super::column_sums(&packed.panels, k, packed.k4, group);
+            let sums = super::super::int8::column_sums(&packed.panels, k, packed.k4, group);
             let mut scratch = QuantScratch::default();
             scratch.quantize(&x, m, k, packed.k4, group, &packed.x_scales);
             assert!(scratch.bytes.contains(&0) && scratch.bytes.contains(&255));

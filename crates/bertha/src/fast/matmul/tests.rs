@@ -52,23 +52,23 @@ fn fp32_matches_the_definition_on_ragged_shapes() {
     }
 }
 
-/// The AVX2 tiles (where the CPU has AVX2, whatever BERTHA_ISA picks)
-/// against the f64 definition: every tile height, partial halves and
-/// panels, k from 1 to past a group, with the activation applied.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn avx2_f32_tiles_equal_the_definition() {
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-        eprintln!("no AVX2 on this CPU: nothing to compare");
-        return;
-    }
+/// One call of a register tile kernel: `(rows, a, k, panel, c, ldc, cols,
+/// bias, act)`, as every instruction set's `tile_f32::<rows>` takes them.
+pub(super) type F32Tile<'a> =
+    &'a dyn Fn(usize, &[f32], usize, &[f32], *mut f32, usize, usize, &[f32], Option<Act>);
+
+/// A register tile kernel against the f64 definition: every tile height
+/// to `max_rows`, partial halves and panels, k from 1 to past a group (and
+/// not a multiple of 4), with the activation applied, and nothing written
+/// past the tile.
+pub(super) fn assert_f32_tiles_equal_the_definition(max_rows: usize, tile: F32Tile) {
     for (k, cols) in [(1, 32), (7, 5), (33, 16), (64, 17), (130, 31)] {
         let (w, b) = (data(k * NR, k as u32), data(NR, 3));
         let packed = PackedF32::with_panels(&w, k, NR, true);
         let F32Layout::Panels(panel) = &packed.layout else {
             unreachable!("asked for panels")
         };
-        for rows in 1..=avx2::MR {
+        for rows in 1..=max_rows {
             let x = data(rows * k, 40 + rows as u32);
             let want = reference(&x, &w, &b, rows, k, NR);
             for act in [None, Some(Act::GeluErf)] {
@@ -76,20 +76,17 @@ fn avx2_f32_tiles_equal_the_definition() {
                 // the gap stay NaN (nothing is written there).
                 let ldc = NR + 3;
                 let mut c = vec![f32::NAN; rows * ldc];
-                let bias = &b[..cols];
-                macro_rules! run {
-                    ($($n:literal)*) => {
-                        match rows {
-                            // SAFETY: AVX2 + FMA checked; c holds the
-                            // rows × cols tile at stride ldc.
-                            $($n => unsafe {
-                                avx2::tile_f32::<$n>(&x, k, panel, c.as_mut_ptr(), ldc, cols, bias, act)
-                            },)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                run!(1 2 3 4 5 6);
+                tile(
+                    rows,
+                    &x,
+                    k,
+                    panel,
+                    c.as_mut_ptr(),
+                    ldc,
+                    cols,
+                    &b[..cols],
+                    act,
+                );
                 for r in 0..rows {
                     let mut row = want[r * NR..r * NR + cols].to_vec();
                     if let Some(act) = act {
@@ -107,6 +104,33 @@ fn avx2_f32_tiles_equal_the_definition() {
             }
         }
     }
+}
+
+/// The AVX2 tiles (where the CPU has AVX2, whatever BERTHA_ISA picks)
+/// against the f64 definition.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_f32_tiles_equal_the_definition() {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        eprintln!("no AVX2 on this CPU: nothing to compare");
+        return;
+    }
+    assert_f32_tiles_equal_the_definition(
+        avx2::MR,
+        &|rows, x, k, panel, c, ldc, cols, bias, act| {
+            macro_rules! run {
+            ($($n:literal)*) => {
+                match rows {
+                    // SAFETY: AVX2 + FMA checked; c holds the rows × cols
+                    // tile at stride ldc.
+                    $($n => unsafe { avx2::tile_f32::<$n>(x, k, panel, c, ldc, cols, bias, act) },)*
+                    _ => unreachable!(),
+                }
+            };
+        }
+            run!(1 2 3 4 5 6);
+        },
+    );
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub struct PackedI8 {
     pub(super) wide: Vec<i16>,
     /// On aarch64 with dotprod: per panel and channel group, the columns'
     /// integer weight sums the `sdot` kernel adds back
-    /// ([`neon::column_sums`]), made once at load; else empty.
+    /// ([`column_sums`]), made once at load; else empty.
     #[cfg(target_arch = "aarch64")]
     pub(super) col_sums: Vec<i32>,
 }
@@ -183,22 +183,13 @@ impl PackedI8 {
         fits("packed", panels.len(), n_panels * k4 * NR)?;
         fits("w_scales", w_scales.len(), n_panels * n_groups * NR)?;
         fits("x_scales", x_scales.len(), k)?;
-        let mut group_sums = vec![0f32; n_panels * n_groups * NR];
-        for (p, panel) in panels.chunks_exact(k4 * NR).enumerate() {
-            for (q, quad) in panel.chunks_exact(4 * NR).enumerate() {
-                for (lane, w) in quad.chunks_exact(4).enumerate() {
-                    for (i, &w) in w.iter().enumerate() {
-                        let r = 4 * q + i;
-                        if r < k {
-                            group_sums[(p * n_groups + r / group) * NR + lane] += f32::from(w);
-                        }
-                    }
-                }
-            }
-        }
-        for (s, w) in group_sums.iter_mut().zip(&w_scales) {
-            *s *= w;
-        }
+        // Exact integer sums (|Σ| < 2^24, so their floats are exact too).
+        let col_sums = column_sums(&panels, k, k4, group);
+        let group_sums = col_sums
+            .iter()
+            .zip(&w_scales)
+            .map(|(&s, w)| s as f32 * w)
+            .collect();
         let f = features();
         let wide = if f.avx2_fma && !f.vnni {
             wide_panels(&panels, k4)
@@ -206,11 +197,7 @@ impl PackedI8 {
             Vec::new()
         };
         #[cfg(target_arch = "aarch64")]
-        let col_sums = if f.dotprod {
-            neon::column_sums(&panels, k, k4, group)
-        } else {
-            Vec::new()
-        };
+        let col_sums = if f.dotprod { col_sums } else { Vec::new() };
         Ok(Self {
             wide,
             #[cfg(target_arch = "aarch64")]
@@ -419,6 +406,28 @@ impl I8Tile<'_> {
             }
         }
     }
+}
+
+/// Per panel, per channel group, [`NR`] integer sums of each column's
+/// quantized weights: `minimum · sum` adds back what counting a group's
+/// activation bytes up from its minimum leaves out, and NEON's `sdot`
+/// kernel adds back `128 · sum` for its flip. Made once, at load.
+pub(super) fn column_sums(panels: &[i8], k: usize, k4: usize, group: usize) -> Vec<i32> {
+    let n_groups = groups(k, group);
+    let mut sums = vec![0i32; panels.len() / (k4 * NR) * n_groups * NR];
+    for (p, panel) in panels.chunks_exact(k4 * NR).enumerate() {
+        for (q, quad) in panel.chunks_exact(4 * NR).enumerate() {
+            for (lane, w) in quad.chunks_exact(4).enumerate() {
+                for (i, &w) in w.iter().enumerate() {
+                    let r = 4 * q + i;
+                    if r < k {
+                        sums[(p * n_groups + r / group) * NR + lane] += i32::from(w);
+                    }
+                }
+            }
+        }
+    }
+    sums
 }
 
 /// The weights of int8 `panels` (each `k4` inputs × [`NR`] columns in
