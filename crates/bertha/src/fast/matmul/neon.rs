@@ -1,6 +1,7 @@
 //! The NEON micro-kernels of [`super`], for aarch64 CPUs (AWS Graviton,
-//! Ampere, Apple silicon): fp32 tiles, and exact int8 products by `sdot`
-//! (the dotprod extension), on the same weight panels as the x86 kernels.
+//! Ampere, Apple silicon): fp32 tiles, int8 products by `sdot` (the
+//! dotprod extension) with exact integer sums, and bf16 sums by `bfdot`,
+//! on the same weight panels as the x86 kernels.
 //!
 //! NEON has 32 registers of 4 floats. An fp32 tile is 4 rows × 16 columns
 //! (half a 32-column panel): 16 accumulators, 4 weight vectors, and 4
@@ -14,8 +15,8 @@
 //! summed into each i32 lane), and the activations are unsigned bytes.
 //! Each one is flipped to `a − 128` (an exclusive or with 0x80) and the
 //! kernel adds `128 · Σ w` back per column and channel group, from integer
-//! column sums made once at load: the sums are exact, so the floats equal
-//! the VNNI kernel's integers' and the scalar loop's. (`usdot`, which takes
+//! column sums made once at load: the integer sums are exact, the same
+//! integers the VNNI and scalar kernels compute. (`usdot`, which takes
 //! unsigned × signed bytes directly, needs i8mm, which Graviton 2 lacks.)
 //!
 //! bf16: `bfdot` (the BF16 extension: Graviton 3, Apple M2 and later)
@@ -177,10 +178,9 @@ unsafe fn sdot_quad<const L: i32, const R: usize>(
 /// `R` (≤ [`MR`]) rows × `cols` columns of an int8 product by `sdot`:
 /// `qa` holds the rows' activation bytes (`k4` a row), `col_sums` the
 /// panel's integer weight sums per channel group and column (made at load
-/// by `int8::column_sums`). Per group
-/// the exact sums `Σ (qa − 128) · w + 128 · Σ w` are scaled into floats
-/// as the other kernels do: `Σ_g (step · w_scale · Σ_i qa · w + min ·
-/// group_sum) + bias`.
+/// by `int8::column_sums`). Per group the exact sums `Σ (qa − 128) · w +
+/// 128 · Σ w` are scaled into floats as the other kernels do:
+/// `Σ_g (step · w_scale · Σ_i qa · w + min · group_sum) + bias`.
 ///
 /// # Safety
 /// The CPU has NEON and dotprod; the slices hold what is said; `c`
