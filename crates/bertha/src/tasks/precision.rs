@@ -28,10 +28,10 @@ pub struct PipelineOptions {
 }
 
 /// The precision that runs when `precision` is asked: bf16 without
-/// AVX512-BF16 is fp32, with a notice.
+/// bf16 products (AVX512-BF16, or BF16 on aarch64) is fp32, with a notice.
 pub(crate) fn runnable(precision: Precision) -> Precision {
     if precision == Precision::Bf16 && !cpu::has_bf16() {
-        tracing::warn!("this CPU has no AVX512-BF16 instructions: --precision bf16 runs in fp32");
+        tracing::warn!("this CPU has no bf16 products (AVX512-BF16, or BF16 on aarch64): --precision bf16 runs in fp32");
         return Precision::F32;
     }
     precision
