@@ -13,9 +13,9 @@ use bertha::BertConfig;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::fast_steps::{
-    assert_fixture_gradients, assert_same_directions, assert_same_gradients, candle_head_step,
-    expected_loss, fixture_model, fixture_rows, head_labels, random_rows, rel_diff, sequences,
-    vars, Rows,
+    assert_fixture_gradients, assert_other_masks_differ, assert_same_directions,
+    assert_same_gradients, candle_head_step, expected_loss, fixture_model, fixture_rows,
+    head_labels, random_rows, rel_diff, sequences, vars, Rows,
 };
 use common::{fixtures, load_safetensors, read_json};
 
@@ -304,9 +304,12 @@ fn classifier_dropout_steps_equal_the_candle_path() {
             "{what}: loss {} vs candle {want_loss}",
             out.loss
         );
-        assert!(
-            (step(4).loss - want_loss).abs() > 1e-4,
-            "{what}: masks make no difference"
+        let other = step(4);
+        assert_other_masks_differ(
+            &what,
+            &varmap,
+            (other.loss, &other.gradients),
+            (want_loss, &want),
         );
         let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
         let all = vars(&varmap).len();

@@ -8,6 +8,7 @@
 //! [`matmul_gflops`]. The training ops (`model::ops`) share the row loops
 //! of `kernels`.
 
+mod aligned;
 mod band;
 pub(crate) mod buffers;
 pub mod cpu;

@@ -277,6 +277,34 @@ pub fn assert_same_gradients(
     checked
 }
 
+/// A step with other dropout masks (`other_loss`, `other`) fails the
+/// checks the step with the candle path's masks passed: its loss is off by
+/// more than 1e-5 relative, or a gradient by more than 1e-4 relative.
+/// Asserting this on the gradients too keeps the check from failing by
+/// chance: two mask sets can give losses within 1e-4 of each other on a
+/// random model (small logits), but not the same gradients.
+pub fn assert_other_masks_differ(
+    what: &str,
+    varmap: &VarMap,
+    (other_loss, other): (f64, &GradStore),
+    (want_loss, want): (f64, &GradStore),
+) {
+    if (other_loss - want_loss).abs() > 1e-5 * want_loss.abs() {
+        return;
+    }
+    let worst = vars(varmap)
+        .iter()
+        .filter_map(|(_, var)| {
+            let (g, w) = (other.get(var.as_tensor())?, want.get(var.as_tensor())?);
+            Some(rel_diff(g, w).0)
+        })
+        .fold(0f32, f32::max);
+    assert!(
+        worst > 1e-4,
+        "{what}: other masks make no difference (loss {other_loss} vs {want_loss}, gradients within {worst:e})"
+    );
+}
+
 /// Every gradient of `want` (fp32) that is not ~0 points the way `got`'s
 /// (bf16 products) does: cosine ≥ 0.999. Returns how many were compared.
 pub fn assert_same_directions(varmap: &VarMap, got: &GradStore, want: &GradStore) -> usize {

@@ -47,6 +47,7 @@ use int8::{group_quads, I8Tile};
 
 use rayon::prelude::*;
 
+use super::aligned::Aligned;
 use super::cpu::features;
 use super::kernels::{activate_body, Act};
 
@@ -85,7 +86,7 @@ pub struct PackedF32 {
 enum F32Layout {
     /// Panel `p` holds columns `p·NR..`, `k` rows of `NR` floats (zero
     /// padded past `n`).
-    Panels(Vec<f32>),
+    Panels(Aligned<f32>),
     /// Row-major `[k, n]`, multiplied by the gemm crate.
     RowMajor(Vec<f32>),
 }
@@ -106,7 +107,7 @@ impl PackedF32 {
             };
         }
         let n_panels = n.div_ceil(NR);
-        let mut panels = vec![0f32; n_panels * k * NR];
+        let mut panels = Aligned::zeroed(n_panels * k * NR);
         for (p, panel) in panels.chunks_exact_mut(k * NR).enumerate() {
             let cols = NR.min(n - p * NR);
             for (row, dst) in panel.chunks_exact_mut(NR).enumerate() {

@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::{check_shapes, for_each_task, SharedOut, NR};
+use crate::fast::aligned::Aligned;
 use crate::fast::cpu::features;
 use crate::fast::kernels::{activate_body, Act};
 use crate::io::quantized::PackedData;
@@ -55,7 +56,7 @@ impl Default for I8Scheme {
 pub struct PackedI8 {
     /// Panel `p`, quad `g` (inputs 4g..4g+4): `NR` columns × 4 bytes, each
     /// column's four weights adjacent (the `vpdpbusd` operand layout).
-    pub(super) panels: Vec<i8>,
+    pub(super) panels: Aligned<i8>,
     /// Per panel and channel group, the `NR` columns' dequantisation
     /// scales (`max |w| / 127` over the group's rows).
     pub(super) w_scales: Vec<f32>,
@@ -74,7 +75,7 @@ pub struct PackedI8 {
     pub(super) group: usize,
     /// On AVX2 without VNNI: the panels' weights as i16 pairs for
     /// `vpmaddwd` ([`wide_panels`]), made once at load; else empty.
-    pub(super) wide: Vec<i16>,
+    pub(super) wide: Aligned<i16>,
     /// On aarch64 with dotprod: per panel and channel group, the columns'
     /// integer weight sums the `sdot` kernel adds back
     /// ([`column_sums`]), made once at load; else empty.
@@ -152,7 +153,7 @@ impl PackedI8 {
     /// and group (what [`PackedI8::from_parts`] takes back).
     pub fn to_parts(&self) -> PackedData {
         PackedData::I8 {
-            panels: self.panels.clone(),
+            panels: self.panels.to_vec(),
             w_scales: self.w_scales.clone(),
             x_scales: self.x_scales.clone(),
             group: self.group,
@@ -194,7 +195,7 @@ impl PackedI8 {
         let wide = if f.avx2_fma && !f.vnni {
             wide_panels(&panels, k4)
         } else {
-            Vec::new()
+            Aligned::zeroed(0)
         };
         #[cfg(target_arch = "aarch64")]
         let col_sums = if f.dotprod { col_sums } else { Vec::new() };
@@ -202,7 +203,7 @@ impl PackedI8 {
             wide,
             #[cfg(target_arch = "aarch64")]
             col_sums,
-            panels,
+            panels: Aligned::from_slice(&panels),
             w_scales,
             group_sums,
             x_scales,
@@ -434,8 +435,8 @@ pub(super) fn column_sums(panels: &[i8], k: usize, k4: usize, group: usize) -> V
 /// quads: a column's four inputs adjacent) as i16 pairs: per panel, per
 /// pair of inputs, `NR` columns of two words, the operand layout of
 /// `vpmaddwd` (each i32 lane sums a column's two products).
-pub(super) fn wide_panels(panels: &[i8], k4: usize) -> Vec<i16> {
-    let mut wide = vec![0i16; panels.len()];
+pub(super) fn wide_panels(panels: &[i8], k4: usize) -> Aligned<i16> {
+    let mut wide = Aligned::zeroed(panels.len());
     for (src, dst) in panels
         .chunks_exact(k4 * NR)
         .zip(wide.chunks_exact_mut(k4 * NR))
