@@ -293,8 +293,8 @@ pub fn assert_other_masks_differ(
         return;
     }
     let worst = vars(varmap)
-        .iter()
-        .filter_map(|(_, var)| {
+        .values()
+        .filter_map(|var| {
             let (g, w) = (other.get(var.as_tensor())?, want.get(var.as_tensor())?);
             Some(rel_diff(g, w).0)
         })
