@@ -375,21 +375,26 @@ fn ner_and_qa_finetuning_on_2_and_3_processes_equal_one() {
 }
 
 /// Sentence-embedding training of the tiny sentence-transformers fixture,
-/// dropout on, scored on an STS dev file every 5 steps: `extra` picks the
-/// loss and data. On candle: data-parallel embedding training runs there
-/// (the fast engine packs one process's micro-batch), so the one-process
-/// run it must equal does too. The fast engine equals candle step by step
+/// dropout on, scored on an STS dev file every 5 steps, on `engine`:
+/// `extra` picks the loss and data. Runs are compared on one engine: the
+/// fast engine equals candle step by step
 /// (`crates/bertha/tests/fast_embedding_training.rs`), but not to the
 /// dev Spearman of 20 steps later: a rank statistic, it jumps where two
 /// dev cosines nearly tie and rounding orders them.
-fn embedding_args(model: &Path, train: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+fn embedding_args(
+    engine: &str,
+    model: &Path,
+    train: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> Vec<String> {
     let dev = repo().join("tests/fixtures/pairs/sts-test-slice.tsv");
     let mut a = strings(&[
         "finetune",
         "--task",
         "embedding",
         "--engine",
-        "candle",
+        engine,
         "--model",
         s(model),
         "--train",
@@ -412,7 +417,8 @@ fn embedding_args(model: &Path, train: &Path, out: &Path, extra: &[&str]) -> Vec
 /// MNRL (in-batch negatives gathered across processes), CoSENT (scores
 /// gathered too) and GradCache MNRL with hard negatives (a last batch of 2
 /// rows: one of 3 processes has none) on 2 and 3 processes equal one (as
-/// [`assert_same_run_up_to_rounding`] says), dropout on.
+/// [`assert_same_run_up_to_rounding`] says), dropout on, on candle and on
+/// the fast engine (each process packs its slice).
 #[test]
 fn embedding_training_on_2_and_3_processes_equals_one() {
     let tmp = tempfile::tempdir().unwrap();
@@ -453,19 +459,34 @@ fn embedding_training_on_2_and_3_processes_equals_one() {
             ],
         ),
     ];
-    for (name, data, extra) in runs {
-        let args_for = |model: &Path, out: &Path| embedding_args(model, data, out, extra);
-        let one = tmp.path().join(format!("{name}-np1"));
-        ok(&train(1, &args_for(&model, &one)));
-        let m = metrics(&one);
-        let steps = m.iter().filter(|l| l.get("loss").is_some()).count();
-        assert!((20..=22).contains(&steps), "{name}: {steps} steps");
-        assert!(
-            m.iter().filter(|l| l.get("eval_loss").is_some()).count() >= 4,
-            "{name}: evaluations"
-        );
-        same_on_2_and_3_up_to_rounding(tmp.path(), &model, &one, name, args_for);
+    for engine in ["candle", "fast"] {
+        for (loss, data, extra) in runs {
+            let name = &format!("{loss}-{engine}");
+            let args_for =
+                |model: &Path, out: &Path| embedding_args(engine, model, data, out, extra);
+            embedding_runs_equal(tmp.path(), &model, name, args_for);
+        }
     }
+}
+
+/// The one-process run of `args_for` is the one [`rounding_diffs`] nudges,
+/// and the 2- and 3-process runs equal it.
+fn embedding_runs_equal(
+    tmp: &Path,
+    model: &Path,
+    name: &str,
+    args_for: impl Fn(&Path, &Path) -> Vec<String>,
+) {
+    let one = tmp.join(format!("{name}-np1"));
+    ok(&train(1, &args_for(model, &one)));
+    let m = metrics(&one);
+    let steps = m.iter().filter(|l| l.get("loss").is_some()).count();
+    assert!((20..=22).contains(&steps), "{name}: {steps} steps");
+    assert!(
+        m.iter().filter(|l| l.get("eval_loss").is_some()).count() >= 4,
+        "{name}: evaluations"
+    );
+    same_on_2_and_3_up_to_rounding(tmp, model, &one, name, args_for);
 }
 
 /// Multiplies every weight of a safetensors file by 1 + `scale` × a

@@ -2,19 +2,22 @@
 //! path, on the tiny encoder of `tests/fixtures/st-embedding` with dropout
 //! on: one step's loss and gradients for every loss the fast engine
 //! covers (mean, CLS and max pooling; GradCache's mini-batches), a few
-//! steps' losses, and the runs it does not cover (falling back under
-//! `auto`, refused under `fast`).
+//! steps' losses, data-parallel slices (processes as threads), and the
+//! runs it does not cover (falling back under `auto`, refused under
+//! `fast`).
 
 mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier, Mutex};
 
 use bertha::data::{EmbeddingData, PairLayout};
 use bertha::fast::train::Compute;
+use bertha::training::distributed::shard;
 use bertha::training::trainer::Engine;
 use bertha::training::{
-    EmbeddingLoss, EmbeddingOptions, EmbeddingTrainer, FinetuneOptions, LossKind,
+    EmbeddingLoss, EmbeddingOptions, EmbeddingTrainer, FinetuneOptions, LossKind, ProcessGroup,
 };
 use bertha::Pooling;
 use candle_core::Tensor;
@@ -342,6 +345,162 @@ fn cached_mnrl_equals_the_candle_path_and_the_uncached_loss() {
             candle.0,
             (fast.0 - candle.0).abs()
         );
+    }
+}
+
+/// Processes of a data-parallel run as threads of this test: each holds
+/// its rank and the slots every process writes its part of a gather to.
+/// Only the gather is offered: it is the one collective an embedding
+/// step makes (the trainer sums the gradients afterwards, as this test
+/// does).
+struct ThreadGroup {
+    rank: usize,
+    size: usize,
+    slots: Arc<(Mutex<Vec<Vec<f32>>>, Barrier)>,
+}
+
+impl ThreadGroup {
+    fn all(size: usize) -> Vec<Self> {
+        let slots = Arc::new((Mutex::new(vec![Vec::new(); size]), Barrier::new(size)));
+        (0..size)
+            .map(|rank| Self {
+                rank,
+                size,
+                slots: slots.clone(),
+            })
+            .collect()
+    }
+}
+
+fn gather_only() -> bertha::Error {
+    bertha::Error::Distributed("the test's thread group offers gather_f32 only".into())
+}
+
+impl ProcessGroup for ThreadGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn sum_f64(&self, _: &mut [f64]) -> bertha::Result<()> {
+        Err(gather_only())
+    }
+    fn sum_f32(&self, _: &[f32], _: &mut [f32]) -> bertha::Result<()> {
+        Err(gather_only())
+    }
+    fn broadcast_f32(&self, _: &mut [f32]) -> bertha::Result<()> {
+        Err(gather_only())
+    }
+    fn gather_u64(&self, _: &[u64]) -> bertha::Result<Vec<u64>> {
+        Err(gather_only())
+    }
+    fn gather_f32(&self, values: &[f32]) -> bertha::Result<Vec<Vec<f32>>> {
+        let (slots, barrier) = &*self.slots;
+        slots.lock().unwrap()[self.rank] = values.to_vec();
+        barrier.wait();
+        let all = slots.lock().unwrap().clone();
+        // No process writes the next gather before every one has read.
+        barrier.wait();
+        Ok(all)
+    }
+    fn exchange_u16(&self, _: &[u16], _: usize, _: &mut [u16], _: usize) -> bertha::Result<()> {
+        Err(gather_only())
+    }
+    fn describe(&self) -> String {
+        format!("{} threads", self.size)
+    }
+}
+
+/// One micro-batch of the fixture's 4 rows split over `size` processes
+/// (threads), each on its own trainer: every process's loss (the whole
+/// micro-batch's) and the sum of their gradients.
+fn data_parallel_step(
+    size: usize,
+    make: &(dyn Fn() -> EmbeddingTrainer + Sync),
+) -> (f64, HashMap<String, Tensor>) {
+    let rows = [0, 1, 2, 3];
+    let results: Vec<(f64, HashMap<String, Tensor>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ThreadGroup::all(size)
+            .into_iter()
+            .map(|group| {
+                scope.spawn(move || {
+                    let t = make();
+                    let part = shard(rows.len(), group.rank, size);
+                    t.slice_loss_and_gradients(&rows, part, &group).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let loss = results[0].0;
+    for (rank, (l, _)) in results.iter().enumerate() {
+        assert_eq!(*l, loss, "process {rank}'s loss of the whole micro-batch");
+    }
+    let mut sum: HashMap<String, Tensor> = HashMap::new();
+    for (_, grads) in results {
+        for (name, g) in grads {
+            let total = match sum.remove(&name) {
+                Some(s) => (s + g).unwrap(),
+                None => g,
+            };
+            sum.insert(name, total);
+        }
+    }
+    (loss, sum)
+}
+
+/// Data-parallel embedding training on the fast engine: the micro-batch
+/// split over 2, 3 and 5 processes (5: one has no rows, and takes part on
+/// candle), embeddings gathered before the loss, gives one process's loss
+/// and, summed, its gradients (1e-5 / 1e-4, dropout on: each row draws its
+/// micro-batch row's masks whichever process packs it). For in-batch
+/// negatives with a hard negative, a scored loss (scores gathered too) and
+/// GradCache.
+#[test]
+fn data_parallel_slices_sum_to_one_process_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = dropout_model(tmp.path());
+    let out = tmp.path().join("out");
+    let runs: [(&str, LossKind, &[&str], bool); 3] = [
+        (
+            "mnrl",
+            LossKind::Mnrl,
+            &["anchor", "positive", "negative"],
+            false,
+        ),
+        ("cosent", LossKind::Cosent, &["anchor", "positive"], true),
+        (
+            "cached-mnrl",
+            LossKind::CachedMnrl,
+            &["anchor", "positive"],
+            false,
+        ),
+    ];
+    for (name, kind, cols, scored) in runs {
+        let make = || {
+            let mut opts = options(
+                &EmbeddingLoss::new(kind),
+                Engine::Fast,
+                Pooling::Mean,
+                &out,
+                4,
+            );
+            opts.mini_batch_size = 1;
+            let t = EmbeddingTrainer::new(&model, data(cols, scored), None, opts).unwrap();
+            assert!(t.on_fast_path(), "{name}");
+            t
+        };
+        let one = make().loss_and_gradients(&[0, 1, 2, 3]).unwrap();
+        for size in [2, 3, 5] {
+            let many = data_parallel_step(size, &make);
+            let what = format!("{name} on {size} processes");
+            let worst = assert_same_step(&what, &many, &one);
+            eprintln!(
+                "{what}: loss {} vs {}, gradients within {worst:e} of their max",
+                many.0, one.0
+            );
+        }
     }
 }
 

@@ -32,4 +32,4 @@ pub use heads::{
     SequenceClassificationModule, TaskOutput, TokenClassificationModule, IGNORE_INDEX,
 };
 pub(crate) use nn::DropoutMask;
-pub use nn::{seed_dropout, Dense, Dropout, LayerNorm};
+pub use nn::{seed_dropout, seed_dropout_rows, BatchRows, Dense, Dropout, LayerNorm};

@@ -212,22 +212,26 @@ impl Dropout {
             return None;
         }
         let keep = 1.0 - self.p;
-        let (key, first_row) = DROPOUT_STREAM.with(|cell| {
+        let (key, rows) = DROPOUT_STREAM.with(|cell| {
             let mut slot = cell.borrow_mut();
             let stream = slot.get_or_insert_with(|| DropoutStream {
                 seed: rand::rng().random(),
-                first_row: 0,
+                rows: BatchRows::from_row(0),
                 calls: 0,
             });
             stream.calls += 1;
             (
                 mix(stream.seed ^ mix(stream.calls)),
-                if batched { stream.first_row } else { 0 },
+                if batched {
+                    stream.rows
+                } else {
+                    BatchRows::from_row(0)
+                },
             )
         });
         Some(DropoutMask {
             key,
-            first_row,
+            rows,
             threshold: keep_threshold(keep),
             scale: if keep > 0.0 { (1.0 / keep) as f32 } else { 0.0 },
         })
@@ -242,8 +246,8 @@ impl Dropout {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DropoutMask {
     key: u64,
-    /// Added to the first (batch) coordinate.
-    first_row: u64,
+    /// Where the first (batch) coordinate's rows sit in the micro-batch.
+    rows: BatchRows,
     /// An element keeps when its hash's top 53 bits are below this
     /// ([`keep_threshold`]).
     threshold: u64,
@@ -265,7 +269,7 @@ impl DropoutMask {
         let mut row_key = self.key;
         for (d, &c) in outer.iter().enumerate() {
             let c = c as u64;
-            let c = if d == 0 { c + self.first_row } else { c };
+            let c = if d == 0 { self.rows.row(c) } else { c };
             row_key = mix(row_key ^ c);
         }
         row_key
@@ -417,7 +421,7 @@ fn mix(mut x: u64) -> u64 {
 }
 
 /// The keep / drop mask of a tensor of shape `dims`: element
-/// `(c0, .., ck)` keeps when `hash(key, c0 + first_row, .., ck)`, as a
+/// `(c0, .., ck)` keeps when `hash(key, row(c0), .., ck)` ([`BatchRows`]), as a
 /// uniform number in [0, 1), is below `keep`.
 fn dropout_mask(dims: &[usize], mask: &DropoutMask) -> Vec<f32> {
     use rayon::prelude::*;
@@ -444,12 +448,52 @@ fn dropout_mask(dims: &[usize], mask: &DropoutMask) -> Vec<f32> {
     out
 }
 
-/// A forward pass's dropout stream: its seed, the micro-batch row its
-/// batch starts at, and the dropout calls made so far.
+/// A forward pass's dropout stream: its seed, where its batch rows sit in
+/// the micro-batch, and the dropout calls made so far.
 struct DropoutStream {
     seed: u64,
-    first_row: u64,
+    rows: BatchRows,
     calls: u64,
+}
+
+/// Where a forward pass's batch rows sit in the micro-batch, so each row
+/// draws its micro-batch row's masks whichever pass or process runs it:
+/// pass row `c` is micro-batch row `first + (c / block) · stride + c %
+/// block`. One block (`block` unbounded) is a slice starting at `first`;
+/// several are, e.g., the columns of a data-parallel process's slice
+/// packed end to end (`block` rows each, `stride` = the micro-batch's
+/// rows apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchRows {
+    first: u64,
+    block: u64,
+    stride: u64,
+}
+
+impl BatchRows {
+    /// Rows `first`, `first + 1`, …
+    pub fn from_row(first: u64) -> Self {
+        Self {
+            first,
+            block: u64::MAX,
+            stride: 0,
+        }
+    }
+
+    /// Blocks of `block` rows from `first`, block `b` at `first + b ·
+    /// stride`.
+    pub fn blocks(first: u64, block: u64, stride: u64) -> Self {
+        Self {
+            first,
+            block: block.max(1),
+            stride,
+        }
+    }
+
+    /// The micro-batch row of pass row `c`.
+    fn row(&self, c: u64) -> u64 {
+        self.first + (c / self.block) * self.stride + c % self.block
+    }
 }
 
 thread_local! {
@@ -463,10 +507,16 @@ thread_local! {
 /// batches start at row `first_row` of the micro-batch (a data-parallel
 /// process's slice; 0 for a whole batch).
 pub fn seed_dropout(seed: u64, first_row: u64) {
+    seed_dropout_rows(seed, BatchRows::from_row(first_row));
+}
+
+/// [`seed_dropout`] for a pass whose rows sit at `rows` in the
+/// micro-batch.
+pub fn seed_dropout_rows(seed: u64, rows: BatchRows) {
     DROPOUT_STREAM.with(|cell| {
         *cell.borrow_mut() = Some(DropoutStream {
             seed,
-            first_row,
+            rows,
             calls: 0,
         })
     });

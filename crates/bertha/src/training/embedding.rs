@@ -40,7 +40,9 @@ use crate::io::st_folder::SentenceTransformerSpec;
 use crate::io::tokenizer::Tokenizer;
 use crate::io::weights::Weights;
 use crate::io::ModelDir;
-use crate::model::{seed_dropout, BertInput, BertModel, ForwardOptions};
+use crate::model::{
+    seed_dropout, seed_dropout_rows, BatchRows, BertInput, BertModel, ForwardOptions,
+};
 use crate::pooling::{self, Pooling};
 use crate::rng::seed_for;
 use crate::tasks::embed::Embedder;
@@ -196,7 +198,8 @@ pub struct EmbeddingTraining {
     params: Vec<Tensor>,
     device: Device,
     /// Whether steps run on the fast engine (`fast.rs`; a data-parallel
-    /// slice still runs on candle under `--engine auto`).
+    /// process with no rows of a micro-batch takes part in its gathers on
+    /// candle).
     fast: bool,
     compute: Compute,
 }
@@ -403,6 +406,22 @@ impl EmbeddingTraining {
         seed_dropout(
             seed_for(self.opts.train.seed, COLUMN_STREAM, micro),
             (j * batch + first_row) as u64,
+        );
+    }
+
+    /// Seeds the dropout of one pass over every column's rows of `slice`
+    /// (`len` of them from row `slice.first`), packed column after column:
+    /// pass row `j · len + i` draws the masks of micro-batch row `j · B +
+    /// first + i`, where [`Self::seed_column`] puts column `j`'s row
+    /// `first + i`.
+    fn seed_packed_columns(&self, slice: &Slice, len: usize) {
+        seed_dropout_rows(
+            seed_for(self.opts.train.seed, COLUMN_STREAM, slice.micro),
+            BatchRows::blocks(
+                slice.first as u64,
+                len as u64,
+                slice.micro_batch.len() as u64,
+            ),
         );
     }
 
@@ -632,8 +651,8 @@ impl Objective for EmbeddingTraining {
         // Every process computes the whole micro-batch's loss (gathered),
         // weighted by its rows in the step's figures: their sum over the
         // processes is the loss × B.
-        let (loss, grads) = if self.fast_slice(batch, slice)? {
-            self.fast_loss(batch, slice.micro)?
+        let (loss, grads) = if self.fast_slice(batch) {
+            self.fast_loss(batch, slice)?
         } else if self.opts.loss.kind == LossKind::CachedMnrl {
             self.cached_loss(batch, slice)?
         } else {

@@ -646,13 +646,26 @@ impl<O: Objective> Trainer<O> {
         &self,
         rows: &[usize],
     ) -> Result<(f64, std::collections::HashMap<String, Tensor>)> {
+        self.slice_loss_and_gradients(rows, 0..rows.len(), &SingleProcess)
+    }
+
+    /// [`Self::loss_and_gradients`] of the slice `part` of micro-batch
+    /// `rows` on this process of `group` (every process of which calls it
+    /// with its own part): the loss as the objective reports it for the
+    /// slice, and the gradients it adds, which the processes' sum.
+    pub fn slice_loss_and_gradients(
+        &self,
+        rows: &[usize],
+        part: std::ops::Range<usize>,
+        group: &dyn ProcessGroup,
+    ) -> Result<(f64, std::collections::HashMap<String, Tensor>)> {
         let slice = Slice {
             micro: 0,
-            first: 0,
+            first: part.start,
             micro_batch: rows,
-            group: &SingleProcess,
+            group,
         };
-        let out = self.objective.train_batch(rows, &slice)?;
+        let out = self.objective.train_batch(&rows[part], &slice)?;
         let grads = match out.gradients {
             Gradients::Computed(g) => g,
             Gradients::Loss(parts) => match self.weighted_loss(parts)?.0 {

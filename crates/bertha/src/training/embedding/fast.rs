@@ -6,18 +6,23 @@
 //! masks them out), pooled by the same `pooling::pool` and compared by
 //! the same [`super::EmbeddingLoss`] on candle tensors (small: `[n, D]`
 //! per column); the gradient with respect to the token rows goes back
-//! into the engine. Dropout: sequence `j·B + i` (column `j`, row `i`) of
-//! the packed set draws the masks the candle path draws for that row
-//! (see [`EmbeddingTraining::seed_column`]).
+//! into the engine. Data-parallel, each process packs its slice of every
+//! column, and the pooled embeddings are gathered across the processes
+//! before the loss, as on candle: the loss is the whole micro-batch's,
+//! its gradient flows back through this process's rows. Dropout: column
+//! `j`'s row `i` of the micro-batch draws the masks the candle path draws
+//! for that row, whichever process packs it (see
+//! [`EmbeddingTraining::seed_packed_columns`]).
 
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 
 use super::{EmbeddingTraining, LossKind};
 use crate::error::{Error, Result};
-use crate::fast::train::{Compute, EncoderStates, HiddenLoss};
+use crate::fast::train::{EncoderStates, HiddenLoss};
 use crate::model::BertModel;
 use crate::pooling;
+use crate::training::distributed::ProcessGroup;
 use crate::training::trainer::{Engine, Slice};
 
 /// What the fast engine does not cover for this run, if anything (the
@@ -35,45 +40,29 @@ pub(super) fn not_covered(model: &BertModel) -> Result<Option<String>> {
 
 impl EmbeddingTraining {
     /// Whether this slice trains on the fast engine: it covers the run
-    /// and the micro-batch is on one process (data-parallel runs gather
-    /// embeddings across processes, which the packed pass does not do yet:
-    /// `auto` runs them on candle, `fast` refuses).
-    pub(super) fn fast_slice(&self, rows: &[usize], slice: &Slice) -> Result<bool> {
-        if !self.fast {
-            return Ok(false);
-        }
-        if slice.group.size() == 1 && slice.first == 0 && rows.len() == slice.micro_batch.len() {
-            return Ok(true);
-        }
-        let what = "embedding training across processes (MPI: embeddings gathered across ranks)";
-        self.opts.train.engine.fallback(what)?;
-        if self.opts.train.precision != Compute::F32 {
-            return Err(Error::option(
-                "precision",
-                format!(
-                    "{:?} trains on the fast engine only, which does not cover {what}",
-                    self.opts.train.precision
-                ),
-            ));
-        }
-        Ok(false)
+    /// and this process has rows of the micro-batch. A process without
+    /// any (a last micro-batch smaller than the process count) runs the
+    /// candle path, which only takes part in the gathers then.
+    pub(super) fn fast_slice(&self, rows: &[usize]) -> bool {
+        self.fast && !rows.is_empty()
     }
 
-    /// The micro-batch `rows`' loss and its gradients on the fast engine
-    /// (one process holds the whole micro-batch).
-    pub(super) fn fast_loss(&self, rows: &[usize], micro: u64) -> Result<(f64, GradStore)> {
+    /// This process's slice `rows` of the micro-batch: the whole
+    /// micro-batch's loss (embeddings gathered across the processes) and
+    /// its gradients through these rows, on the fast engine.
+    pub(super) fn fast_loss(&self, rows: &[usize], slice: &Slice) -> Result<(f64, GradStore)> {
         if self.opts.loss.kind == LossKind::CachedMnrl {
-            return self.fast_cached_loss(rows, micro);
+            return self.fast_cached_loss(rows, slice);
         }
         let types = self.zero_types(rows);
         let sequences: Vec<(&[u32], &[u32])> = (0..self.train.columns())
             .flat_map(|j| self.sequences(j, rows, &types))
             .collect();
-        let loss = |hidden: &[f32], offsets: &[usize]| self.pooled_loss(rows, hidden, offsets);
+        let loss = |hidden: &[f32], offsets: &[usize]| {
+            self.pooled_loss(rows, hidden, offsets, slice.group)
+        };
         let hidden_loss: &HiddenLoss = &loss;
-        // Column j's row i is sequence j·n + i; the candle path keys it as
-        // row i of column j's pass seeded at j·n (see `seed_column`).
-        self.seed_column(micro, 0, 0, rows.len());
+        self.seed_packed_columns(slice, rows.len());
         let out = self.states()?.step(&sequences, hidden_loss, 1.0, true)?;
         Ok((out.loss, out.gradients))
     }
@@ -87,8 +76,9 @@ impl EmbeddingTraining {
     /// gradient pushed back through pooling and the encoder. Memory is one
     /// mini-batch's activations; loss and gradients equal the uncached
     /// loss's.
-    fn fast_cached_loss(&self, rows: &[usize], micro: u64) -> Result<(f64, GradStore)> {
-        let (n, mini) = (rows.len(), self.opts.mini_batch_size);
+    fn fast_cached_loss(&self, rows: &[usize], slice: &Slice) -> Result<(f64, GradStore)> {
+        let (micro, first, group) = (slice.micro, slice.first, slice.group);
+        let (n, mini) = (slice.micro_batch.len(), self.opts.mini_batch_size);
         let types = self.zero_types(rows);
         // 1. Embeddings, without activations kept (no backward pass).
         let mut reps = Vec::with_capacity(self.train.columns());
@@ -96,7 +86,7 @@ impl EmbeddingTraining {
             let mut parts = Vec::new();
             for (k, chunk) in rows.chunks(mini).enumerate() {
                 let sequences: Vec<_> = self.sequences(j, chunk, &types).collect();
-                self.seed_column(micro, j, k * mini, n);
+                self.seed_column(micro, j, first + k * mini, n);
                 let rep = self
                     .states()?
                     .forward(&sequences, true, |hidden, offsets| {
@@ -104,11 +94,12 @@ impl EmbeddingTraining {
                     })?;
                 parts.push(rep);
             }
-            reps.push(Var::from_tensor(&Tensor::cat(&parts, 0)?)?);
+            let local = Tensor::cat(&parts, 0)?;
+            reps.push(Var::from_tensor(&self.gather_rows(Some(local), group)?)?);
         }
-        // 2. The loss and d loss / d embedding.
+        // 2. The loss (the whole micro-batch's) and d loss / d embedding.
         let tensors: Vec<Tensor> = reps.iter().map(|v| v.as_tensor().clone()).collect();
-        let scores = self.train.scores(rows, &self.device)?;
+        let scores = self.train.gathered_scores(rows, group, &self.device)?;
         let loss = self.opts.loss.compute(&tensors, scores.as_ref())?;
         let value = f64::from(loss.to_scalar::<f32>()?);
         let rep_grads = loss.backward()?;
@@ -120,7 +111,7 @@ impl EmbeddingTraining {
             };
             for (k, chunk) in rows.chunks(mini).enumerate() {
                 let sequences: Vec<_> = self.sequences(j, chunk, &types).collect();
-                let g = grad.narrow(0, k * mini, chunk.len())?;
+                let g = grad.narrow(0, first + k * mini, chunk.len())?;
                 let push = |hidden: &[f32], offsets: &[usize]| {
                     let (states, len, rep) = self.pooled_column(hidden, offsets)?;
                     let grads = (rep * &g)?.sum_all()?.backward()?;
@@ -130,7 +121,7 @@ impl EmbeddingTraining {
                     }
                     Ok((0.0, chunk.len(), dhidden))
                 };
-                self.seed_column(micro, j, k * mini, n);
+                self.seed_column(micro, j, first + k * mini, n);
                 let out = self.states()?.step(&sequences, &push, 1.0, true)?;
                 total.extend(out.gradients)?;
             }
@@ -172,14 +163,16 @@ impl EmbeddingTraining {
         })
     }
 
-    /// The loss on the last hidden states `hidden` (`[T, D]`, sequences
-    /// at `offsets`: column by column, `rows.len()` each), and its
-    /// gradient with respect to them.
+    /// The whole micro-batch's loss from this process's last hidden
+    /// states `hidden` (`[T, D]`, sequences at `offsets`: column by column,
+    /// `rows.len()` each) and the other processes' embeddings (gathered in
+    /// `group`), and its gradient with respect to `hidden`.
     fn pooled_loss(
         &self,
         rows: &[usize],
         hidden: &[f32],
         offsets: &[usize],
+        group: &dyn ProcessGroup,
     ) -> Result<(f64, usize, Vec<f32>)> {
         let n = rows.len();
         let columns = self.train.columns();
@@ -187,10 +180,10 @@ impl EmbeddingTraining {
         let mut reps = Vec::with_capacity(columns);
         for j in 0..columns {
             let (states, len, rep) = self.pooled_column(hidden, &offsets[j * n..=(j + 1) * n])?;
-            reps.push(rep);
+            reps.push(self.gather_rows(Some(rep), group)?);
             padded.push((states, len));
         }
-        let scores = self.train.scores(rows, &self.device)?;
+        let scores = self.train.gathered_scores(rows, group, &self.device)?;
         let loss = self.opts.loss.compute(&reps, scores.as_ref())?;
         let value = f64::from(loss.to_scalar::<f32>()?);
         let grads = loss.backward()?;
