@@ -181,8 +181,9 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
     pub(crate) engine: bertha::training::Engine,
 
-    /// The number format of the matrix products: f32, or bf16 (AVX512-BF16
-    /// products with fp32 sums in the encoder's linear layers; weights,
+    /// The number format of the matrix products: f32, or bf16 (bf16
+    /// products with fp32 sums on AVX512-BF16 or aarch64's BF16, fp32 with
+    /// a notice elsewhere in the encoder's linear layers; weights,
     /// AdamW, LayerNorm, softmax, the head and the loss stay fp32; needs the
     /// fast engine).
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]

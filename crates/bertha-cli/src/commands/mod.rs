@@ -106,11 +106,12 @@ pub struct EmbedArgs {
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct PrecisionArgs {
     /// Number format of the matrix multiplies: `f32` (exact); `bf16`
-    /// (bf16 weights and multiply inputs, fp32 sums, on AVX512-BF16; fp32
-    /// with a notice elsewhere); `int8` (all four encoder linears: int8
-    /// weights per output column and channel group, activations per token
-    /// and channel group, calibrated SmoothQuant factors; AVX-512 VNNI
-    /// where present). Task heads stay fp32; bf16 and int8 need a BERT or a
+    /// (bf16 weights and multiply inputs, fp32 sums, on AVX512-BF16 or
+    /// aarch64's BF16; fp32 with a notice elsewhere); `int8` (all four
+    /// encoder linears: int8 weights per output column and channel group,
+    /// activations per token and channel group, calibrated SmoothQuant
+    /// factors; exact integer sums on AVX-512 VNNI, AVX2 or NEON dotprod,
+    /// scalar loops elsewhere). Task heads stay fp32; bf16 and int8 need a BERT or a
     /// ModernBERT on the CPU. A `bertha quantize` folder runs its stored
     /// weights when this names its precision. `--quantize` is the older
     /// name.

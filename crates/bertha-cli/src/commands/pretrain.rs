@@ -162,8 +162,9 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
     engine: bertha::training::Engine,
 
-    /// The number format of the matrix products: f32, or bf16 (AVX512-BF16
-    /// products with fp32 sums; weights, AdamW, LayerNorm, softmax and the
+    /// The number format of the matrix products: f32, or bf16 (bf16
+    /// products with fp32 sums on AVX512-BF16 or aarch64's BF16, fp32 with
+    /// a notice elsewhere; weights, AdamW, LayerNorm, softmax and the
     /// loss stay fp32; needs the fast engine).
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]
     precision: bertha::fast::train::Compute,
