@@ -4,7 +4,7 @@
 //! change can be judged without a whole model run.
 //!
 //! ```sh
-//! cargo run --release -p bertha --example kernel_rates -- [rows] [reps]
+//! cargo run --release -p bertha --example kernel_rates -- [rows] [reps] [precisions]
 //! ```
 
 use bertha::fast::{instruction_peak_gops, linear_gops, Precision};
@@ -13,13 +13,22 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let m: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(960);
     let reps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20);
+    // A comma-separated subset, e.g. `f32,int8` (bf16 without AVX512-BF16
+    // is emulated, and slow to time).
+    let precisions: Vec<Precision> = match args.next() {
+        Some(list) => list
+            .split(',')
+            .map(|p| p.parse().unwrap_or_else(|e| panic!("precision {p:?}: {e}")))
+            .collect(),
+        None => vec![Precision::F32, Precision::Bf16, Precision::Int8],
+    };
     let shapes = [
         ("qkv", 384, 1152),
         ("out", 384, 384),
         ("ffn-in", 384, 1536),
         ("ffn-out", 1536, 384),
     ];
-    for precision in [Precision::F32, Precision::Bf16, Precision::Int8] {
+    for precision in precisions {
         let peak = instruction_peak_gops(precision);
         let rates: Vec<String> = shapes
             .iter()

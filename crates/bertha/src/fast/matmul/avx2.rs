@@ -135,7 +135,7 @@ pub(super) unsafe fn tile_i16<const R: usize>(
 ) {
     let (k4, n_groups, cols) = (t.k4, quants.len() / R, t.cols());
     debug_assert!(R <= MR && words.len() >= R * k4 && wide.len() >= k4 / 2 * 2 * NR);
-    let ap = words.as_ptr();
+    let rows: [*const u16; R] = std::array::from_fn(|r| words.as_ptr().add(r * k4));
     for h0 in (0..cols).step_by(HALF) {
         let bp = wide.as_ptr().add(2 * h0);
         // Float sums stay in memory: with twelve i32 accumulators, two
@@ -144,18 +144,30 @@ pub(super) unsafe fn tile_i16<const R: usize>(
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for g in 0..n_groups {
             let mut iacc = [[_mm256_setzero_si256(); 2]; R];
-            // Quads of the group, as pairs.
+            // The group's input pairs, two per step (a group is whole
+            // quads, so an even count of pairs).
             let quads = group_quads(g, t.group, k4);
-            for p in 2 * quads.start..2 * quads.end {
-                let row = bp.add(p * 2 * NR);
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(PREFETCH_ROWS * 2 * NR) as *const i8);
-                let w0 = _mm256_loadu_si256(row as *const __m256i);
-                let w1 = _mm256_loadu_si256(row.add(16) as *const __m256i);
+            for q in quads {
+                let row = bp.add(q * 4 * NR);
+                let (w0, w1) = (
+                    _mm256_load_si256(row as *const __m256i),
+                    _mm256_load_si256(row.add(16) as *const __m256i),
+                );
+                let (w2, w3) = (
+                    _mm256_load_si256(row.add(2 * NR) as *const __m256i),
+                    _mm256_load_si256(row.add(2 * NR + 16) as *const __m256i),
+                );
                 for (r, iacc) in iacc.iter_mut().enumerate() {
-                    let pair = (ap.add(r * k4 + 2 * p) as *const i32).read_unaligned();
-                    let av = _mm256_set1_epi32(pair);
+                    let a = rows[r].add(4 * q) as *const i32;
+                    let av = _mm256_set1_epi32(a.read_unaligned());
                     iacc[0] = _mm256_add_epi32(iacc[0], _mm256_madd_epi16(av, w0));
                     iacc[1] = _mm256_add_epi32(iacc[1], _mm256_madd_epi16(av, w1));
+                }
+                for (r, iacc) in iacc.iter_mut().enumerate() {
+                    let a = rows[r].add(4 * q + 2) as *const i32;
+                    let av = _mm256_set1_epi32(a.read_unaligned());
+                    iacc[0] = _mm256_add_epi32(iacc[0], _mm256_madd_epi16(av, w2));
+                    iacc[1] = _mm256_add_epi32(iacc[1], _mm256_madd_epi16(av, w3));
                 }
             }
             let gs = t.group_sums.as_ptr().add(g * NR + h0);
