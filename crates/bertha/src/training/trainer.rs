@@ -652,13 +652,22 @@ impl<O: Objective> Trainer<O> {
     /// [`Self::loss_and_gradients`] of the slice `part` of micro-batch
     /// `rows` on this process of `group` (every process of which calls it
     /// with its own part): the loss as the objective reports it for the
-    /// slice, and the gradients it adds, which the processes' sum.
+    /// slice, and the gradients it adds, which the processes' sum (loss
+    /// terms are weighted by their targets over `group`, as a step does).
     pub fn slice_loss_and_gradients(
         &self,
         rows: &[usize],
         part: std::ops::Range<usize>,
         group: &dyn ProcessGroup,
     ) -> Result<(f64, std::collections::HashMap<String, Tensor>)> {
+        if part.start > part.end || part.end > rows.len() {
+            return Err(Error::Input(format!(
+                "slice {}..{} of a micro-batch of {} rows",
+                part.start,
+                part.end,
+                rows.len()
+            )));
+        }
         let slice = Slice {
             micro: 0,
             first: part.start,
@@ -668,7 +677,7 @@ impl<O: Objective> Trainer<O> {
         let out = self.objective.train_batch(&rows[part], &slice)?;
         let grads = match out.gradients {
             Gradients::Computed(g) => g,
-            Gradients::Loss(parts) => match self.weighted_loss(parts)?.0 {
+            Gradients::Loss(parts) => match self.weighted_loss(parts, group)?.0 {
                 Some(loss) => loss.backward()?,
                 None => GradStore::default(),
             },
@@ -902,7 +911,7 @@ impl<O: Objective> Trainer<O> {
             tallies.push(out.tally);
             match gradients {
                 Gradients::Loss(parts) => {
-                    let (loss, targets) = self.weighted_loss(parts)?;
+                    let (loss, targets) = self.weighted_loss(parts, self.group.as_ref())?;
                     if let Some(loss) = loss {
                         acc.add(&self.params, &loss.backward()?)?;
                     }
@@ -914,7 +923,7 @@ impl<O: Objective> Trainer<O> {
                 }
                 // A process without targets still takes part in the sums.
                 Gradients::None if size > 1 => {
-                    learned += usize::from(self.weighted_loss(Vec::new())?.1);
+                    learned += usize::from(self.weighted_loss(Vec::new(), self.group.as_ref())?.1);
                 }
                 Gradients::None => {}
             }
@@ -971,7 +980,11 @@ impl<O: Objective> Trainer<O> {
     /// of the whole micro-batch's targets (summed over the processes; 1 in
     /// a one-process run): `None` when this process has no targets; with
     /// whether any process has. Stops on a non-finite loss.
-    fn weighted_loss(&self, parts: Vec<LossPart>) -> Result<(Option<Tensor>, bool)> {
+    fn weighted_loss(
+        &self,
+        parts: Vec<LossPart>,
+        group: &dyn ProcessGroup,
+    ) -> Result<(Option<Tensor>, bool)> {
         if parts.len() > MAX_LOSS_PARTS {
             return Err(Error::Input(format!(
                 "internal: {} loss terms, at most {MAX_LOSS_PARTS}",
@@ -987,7 +1000,7 @@ impl<O: Objective> Trainer<O> {
                 shared[MAX_LOSS_PARTS + i] = mean * p.count as f64;
             }
         }
-        self.group.sum_f64(&mut shared)?;
+        group.sum_f64(&mut shared)?;
         let (counts, sums) = shared.split_at(MAX_LOSS_PARTS);
         let loss: f64 = counts
             .iter()
