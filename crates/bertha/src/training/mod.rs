@@ -16,8 +16,10 @@ pub mod embedding;
 pub mod embedding_loss;
 pub mod finetune;
 pub mod log;
+pub mod loop_options;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod objective;
 pub mod optim;
 pub mod params;
 pub mod plan;
