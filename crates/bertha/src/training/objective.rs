@@ -247,7 +247,7 @@ pub trait Objective {
     fn evaluate(&self, group: &dyn ProcessGroup) -> Result<Option<Scores>>;
 
     /// The objective's options, recorded in `trainer_state.json`; a
-    /// resumed run must have the same (see [`LoopOptions::allow_changes`]).
+    /// resumed run must have the same (see [`super::LoopOptions::allow_changes`]).
     fn options_json(&self) -> serde_json::Value;
 
     /// A fingerprint of the training inputs (a resumed run must read the
@@ -274,7 +274,7 @@ pub trait Objective {
 
 /// The one place between backward and the optimiser step where gradients
 /// may be transformed; it sees them after the data-parallel sum (which the
-/// loop does at this same point: [`Trainer::set_process_group`]).
+/// loop does at this same point: [`super::Trainer::set_process_group`]).
 pub trait GradientHook {
     fn on_gradients(&mut self, step: u64, grads: &mut GradAccumulator) -> Result<()>;
 }
