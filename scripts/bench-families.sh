@@ -65,7 +65,7 @@ row() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" | tee -a "$OUT/results.tsv"; }
 for family in $FAMILIES; do
 for preset in $PRESETS; do
     model=$OUT/$family-$preset
-    [ -s "$model/config.json" ] || "$PY" "$ANCHOR" make "$family" "$preset" "$VOCAB" "$model" 2>/dev/null
+    [ -s "$model/config.json" ] || "$PY" "$ANCHOR" make "$family" "$preset" "$VOCAB" "$model"
     for task in $TASKS; do
         for run in $RUNS; do
             engine=${run%-*} precision=${run#*-}
@@ -90,11 +90,13 @@ for preset in $PRESETS; do
             [ "$mode" = bf16 ] && bf16=1
             if [ "$task" = mlm ]; then
                 line=$(BF16=$bf16 /usr/bin/time -f "%M" -o "$OUT/rss" "$PY" "$ANCHOR" mlm "$model" \
-                    "$OUT/corpus.txt" "$STEPS" 2>/dev/null | tail -1)
+                    "$OUT/corpus.txt" "$STEPS" 2>"$OUT/anchor.err" | tail -1) ||
+                    { echo "anchor mlm $family-$preset failed: $OUT/anchor.err" >&2; exit 1; }
                 rate=$(echo "$line" | grep -o '[0-9]* tokens/s' | cut -d' ' -f1)
             else
                 line=$(BF16=$bf16 /usr/bin/time -f "%M" -o "$OUT/rss" "$PY" "$ANCHOR" classify "$model" \
-                    "$DATA/sst2" "$MAX_TRAIN" 2>/dev/null | tail -1)
+                    "$DATA/sst2" "$MAX_TRAIN" 2>"$OUT/anchor.err" | tail -1) ||
+                    { echo "anchor classify $family-$preset failed: $OUT/anchor.err" >&2; exit 1; }
                 rate=$(echo "$line" | grep -o 'train_tokens/s [0-9]*' | cut -d' ' -f2)
             fi
             row "$family-$preset" "$task" "pytorch $mode" "$rate" "$(cat "$OUT/rss")"
