@@ -1,4 +1,4 @@
-//! Times the bf16 matrix products of a `small` pre-training step (32 × 128
+//! Times the bf16 (or fp32) matrix products of a `small` pre-training step (32 × 128
 //! tokens, 614 masked rows through the decoder; and three of `mini`'s) one
 //! shape at a time, with their operand rounding and packing, beside the
 //! bf16 instruction peak:
@@ -9,7 +9,8 @@
 //! SHAPE=decoder cargo run --release -p bertha --example train_products -- 50
 //! ```
 //! (best of `reps`, default 5; `SHAPE` picks one of qkv, out, ffn-in,
-//! ffn-out, decoder, or `mini`'s decoder-mini, ffn-in-mini, qkv-mini).
+//! ffn-out, decoder, or `mini`'s decoder-mini, ffn-in-mini, qkv-mini;
+//! `COMPUTE=f32` times the fp32 products instead, beside the fp32 peak).
 use bertha::fast::instruction_peak_gops;
 use bertha::fast::train::Compute;
 use bertha::fast::Precision;
@@ -26,8 +27,15 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(5);
-    let peak = instruction_peak_gops(Precision::Bf16).unwrap_or(f64::NAN);
-    let c = Compute::Bf16;
+    let c: Compute = std::env::var("COMPUTE")
+        .unwrap_or_else(|_| "bf16".into())
+        .parse()
+        .expect("COMPUTE is f32 or bf16");
+    let precision = match c {
+        Compute::F32 => Precision::F32,
+        Compute::Bf16 => Precision::Bf16,
+    };
+    let peak = instruction_peak_gops(precision).unwrap_or(f64::NAN);
     let t = 4096;
     let shapes: [(&str, usize, usize, usize); 8] = [
         ("qkv", t, 512, 1536),

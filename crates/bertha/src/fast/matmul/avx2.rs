@@ -112,6 +112,133 @@ pub(super) unsafe fn tile_f32<const R: usize>(
     }
 }
 
+/// One register tile of [`super::general`]'s products: `rows` (≤ 6) ×
+/// `cols` (≤ 16) of `c (+)= scale · Σ_i a[:, i] ⊗ b[i, :]` over `kc`
+/// inputs. Row `r`'s input `i` of `a` is at `a + r · a_rs + i · a_ks`: a
+/// packed strip (`a_rs` 1, `a_ks` 6) or six rows of a row-major matrix
+/// (`a_ks` 1). `b` is a packed strip, `kc` rows of 16, `ldb` apart; `c`
+/// has rows `ldc` apart. With `add` off, `c` is only written.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `a` addresses 6 rows of `kc` inputs as said,
+/// `b` `kc` rows of 16 values; `c` addresses a `rows` × `cols` tile that
+/// no one else reads or writes meanwhile.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile_packed(
+    kc: usize,
+    (a, a_rs, a_ks): (*const f32, usize, usize),
+    (b, ldb): (*const f32, usize),
+    (c, ldc): (*mut f32, usize),
+    (rows, cols): (usize, usize),
+    (add, scale): (bool, f32),
+) {
+    const R: usize = 6;
+    debug_assert!(rows <= R && cols <= HALF);
+    // The tile's rows of c are read (or written) only after the sums,
+    // ~1,500 cycles from here: time enough to bring them from memory.
+    for r in 0..rows {
+        let row = c.wrapping_add(r * ldc);
+        _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(HALF - 1) as *const i8);
+    }
+    let (a0, a3) = (a, a.add(3 * a_rs));
+    let mut bp = b;
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for i in 0..kc {
+        let b0 = _mm256_loadu_ps(bp);
+        let b1 = _mm256_loadu_ps(bp.add(8));
+        let at = i * a_ks;
+        let inputs = [
+            a0.add(at),
+            a0.add(at + a_rs),
+            a0.add(at + 2 * a_rs),
+            a3.add(at),
+            a3.add(at + a_rs),
+            a3.add(at + 2 * a_rs),
+        ];
+        for (acc, x) in acc.iter_mut().zip(inputs) {
+            let av = _mm256_broadcast_ss(&*x);
+            acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+        }
+        bp = bp.add(ldb);
+    }
+    let s = _mm256_set1_ps(scale);
+    if rows == R && cols == HALF {
+        for (r, acc) in acc.iter().enumerate() {
+            let dst = c.add(r * ldc);
+            let (v0, v1) = if add {
+                (
+                    _mm256_fmadd_ps(acc[0], s, _mm256_loadu_ps(dst)),
+                    _mm256_fmadd_ps(acc[1], s, _mm256_loadu_ps(dst.add(8))),
+                )
+            } else {
+                (_mm256_mul_ps(acc[0], s), _mm256_mul_ps(acc[1], s))
+            };
+            _mm256_storeu_ps(dst, v0);
+            _mm256_storeu_ps(dst.add(8), v1);
+        }
+        return;
+    }
+    // An edge tile: through a row on the stack, writing only its part.
+    let mut row = [0f32; HALF];
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        _mm256_storeu_ps(row.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(row.as_mut_ptr().add(8), acc[1]);
+        let dst = std::slice::from_raw_parts_mut(c.add(r * ldc), cols);
+        // The interior's arithmetic, one lane at a time (fused when adding).
+        for (y, v) in dst.iter_mut().zip(row) {
+            *y = if add { v.mul_add(scale, *y) } else { v * scale };
+        }
+    }
+}
+
+/// `dst[c · dst_stride + r] = src[r · src_stride + c]` for `r, c < 8`: an
+/// 8 × 8 block transposed, for [`super::general`]'s packing of a
+/// transposed operand.
+///
+/// # Safety
+/// The CPU has AVX2; both blocks lie inside their buffers.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn transpose8(
+    src: *const f32,
+    src_stride: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * src_stride)));
+    // Pairs of rows interleaved, then pairs of pairs, then the halves.
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    let out = [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ];
+    for (i, v) in out.into_iter().enumerate() {
+        _mm256_storeu_ps(dst.add(i * dst_stride), v);
+    }
+}
+
 /// `R` (≤ [`MR`]) rows × `cols` columns of an int8 product on 16-bit
 /// words: `wide` holds the panel's weights as pairs of i16 (inputs 2p,
 /// 2p + 1 of each column adjacent, [`NR`] columns a pair row), `words` the

@@ -37,6 +37,9 @@ pub(crate) use bf16::{
 };
 pub use bf16::{product_bf16, product_bf16_transposed_pairs, PackedBf16, Strided, Sums};
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use general::{product as product_general, takes as takes_product, View};
+
 mod int8;
 pub use int8::{GroupQuant, I8Scheme, PackedI8, QuantScratch};
 // For the kernels below (each instruction set's file).
@@ -383,6 +386,8 @@ pub(crate) unsafe fn tile_f32(
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod general;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use amx::peak_chains as amx_peak_chains;
 #[cfg(target_arch = "x86_64")]
