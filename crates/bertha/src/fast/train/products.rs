@@ -1,8 +1,10 @@
 //! The three matrix products of a linear layer's training step, on
 //! row-major slices: the forward `x · Wᵀ`, the input gradient `dy · W`
-//! and the weight gradient `dyᵀ · x`. The gemm crate reads transposed
-//! operands through strides, so none of them copies a transpose; the
-//! weight stays in `nn.Linear`'s `[out, in]` layout throughout.
+//! and the weight gradient `dyᵀ · x`. In fp32 they run on our AVX2 tiles
+//! where those exist and win (`fast::matmul`'s `general`), else on the
+//! gemm crate; both read transposed operands through strides, so no caller
+//! copies a transpose, and the weight stays in `nn.Linear`'s `[out, in]`
+//! layout throughout.
 
 use crate::fast::buffers::{scratch, Unwritten};
 use crate::fast::kernels::parallelism;
