@@ -1,5 +1,5 @@
 //! The forward pass: each task's scores, softmax, dropout and context,
-//! on fp32 operands (fp32 products, see `products`, or bf16 ones) or on bf16 pairs.
+//! on fp32 operands (fp32 or bf16 products) or on bf16 pairs.
 
 use rayon::prelude::*;
 
@@ -13,9 +13,9 @@ use crate::model::ops::softmax_rows;
 use crate::model::DropoutMask;
 
 /// `dst[m, n] (+)= scale · a[m, k] · b[k, n]` (rows `dst_rs` apart) on
-/// the calling thread, in `compute`: fp32 (our AVX2 tiles or the gemm crate), or bf16
-/// operands with fp32 sums on the register tiles (`scale` applied to the
-/// sums).
+/// the calling thread, in `compute`: fp32 (our AVX2 tiles or the gemm
+/// crate), or bf16 operands with fp32 sums on the register tiles (`scale`
+/// applied to the sums).
 ///
 /// # Safety
 /// `dst` must address `m` rows of `n` values, `dst_rs` apart, that no one
