@@ -30,7 +30,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::features;
+use super::{features, Operand};
 use crate::fast::aligned::Aligned;
 
 /// Rows of a register tile.
@@ -59,20 +59,7 @@ pub(crate) fn has_general_tiles() -> bool {
     f.avx2_fma && !f.avx512_bw
 }
 
-/// A strided matrix: element `(r, c)` at `ptr + r · rs + c · cs`.
-#[derive(Clone, Copy)]
-pub(crate) struct View {
-    pub ptr: *const f32,
-    pub rs: isize,
-    pub cs: isize,
-}
-
-// SAFETY: a View only reads, and the product's caller guarantees that
-// nothing writes its operands meanwhile.
-unsafe impl Send for View {}
-unsafe impl Sync for View {}
-
-impl View {
+impl Operand {
     /// Element `(r, c)`.
     ///
     /// # Safety
@@ -174,7 +161,7 @@ fn threads(parallel: bool) -> usize {
 /// gemm crate: packed once, whole, it cost more than the tiles saved
 /// (a 512 × 512 weight gradient over 4,096 rows, 16 % of its time in
 /// packing).
-pub(crate) fn takes((m, n, k): (usize, usize, usize), a: View, parallel: bool) -> bool {
+pub(crate) fn takes((m, n, k): (usize, usize, usize), a: Operand, parallel: bool) -> bool {
     if !has_general_tiles() {
         return false;
     }
@@ -196,8 +183,8 @@ pub(crate) unsafe fn product(
     dst: *mut f32,
     dst_rs: usize,
     accumulate: bool,
-    a: View,
-    b: View,
+    a: Operand,
+    b: Operand,
     scale: f32,
     parallel: bool,
 ) {
@@ -255,8 +242,8 @@ impl SharedBuf {
 /// As [`product`]'s.
 #[allow(clippy::too_many_arguments)]
 unsafe fn column_block(
-    a: View,
-    b: View,
+    a: Operand,
+    b: Operand,
     source: ASource,
     (m, k): (usize, usize),
     (jc, nc): (usize, usize),
@@ -308,7 +295,7 @@ impl Strips<'_> {
 /// Everything the register tiles of one block of columns need.
 #[derive(Clone, Copy)]
 struct Tiles<'a> {
-    a: View,
+    a: Operand,
     source: ASource,
     b: Strips<'a>,
     out: Out,
@@ -412,7 +399,7 @@ impl Tiles<'_> {
 ///
 /// # Safety
 /// Those rows and columns lie inside `b`; the CPU has AVX2.
-unsafe fn pack_b(b: View, (pc, kc): (usize, usize), j: usize, cols: usize, strip: &mut [f32]) {
+unsafe fn pack_b(b: Operand, (pc, kc): (usize, usize), j: usize, cols: usize, strip: &mut [f32]) {
     debug_assert_eq!(strip.len(), kc * NR);
     if cols < NR {
         strip.fill(0.0);
@@ -467,7 +454,7 @@ unsafe fn pack_b(b: View, (pc, kc): (usize, usize), j: usize, cols: usize, strip
 ///
 /// # Safety
 /// Those rows and columns lie inside `a`.
-unsafe fn pack_a(a: View, (ic, mc): (usize, usize), (pc, kc): (usize, usize), out: &mut [f32]) {
+unsafe fn pack_a(a: Operand, (ic, mc): (usize, usize), (pc, kc): (usize, usize), out: &mut [f32]) {
     let strips = mc.div_ceil(MR);
     debug_assert_eq!(out.len(), strips * MR * kc);
     if mc == 0 {
@@ -579,24 +566,24 @@ mod tests {
             let want = reference(&a, &b, (m, n, k), 0.5);
             let start = data(m * n, 3);
             let a_views = [
-                View {
+                Operand {
                     ptr: a.as_ptr(),
                     rs: k as isize,
                     cs: 1,
                 },
-                View {
+                Operand {
                     ptr: a_t.as_ptr(),
                     rs: 1,
                     cs: m as isize,
                 },
             ];
             let b_views = [
-                View {
+                Operand {
                     ptr: b.as_ptr(),
                     rs: n as isize,
                     cs: 1,
                 },
-                View {
+                Operand {
                     ptr: b_t.as_ptr(),
                     rs: 1,
                     cs: k as isize,
@@ -660,12 +647,12 @@ mod tests {
         let (a, b) = (data(m * k, 4), data(k * n, 5));
         let run = |parallel| {
             let mut dst = vec![0f32; m * n];
-            let av = View {
+            let av = Operand {
                 ptr: a.as_ptr(),
                 rs: k as isize,
                 cs: 1,
             };
-            let bv = View {
+            let bv = Operand {
                 ptr: b.as_ptr(),
                 rs: n as isize,
                 cs: 1,

@@ -38,7 +38,7 @@ pub(crate) use bf16::{
 pub use bf16::{product_bf16, product_bf16_transposed_pairs, PackedBf16, Strided, Sums};
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use general::{product as product_general, takes as takes_product, View};
+pub(crate) use general::{product as product_general, takes as takes_product};
 
 mod int8;
 pub use int8::{GroupQuant, I8Scheme, PackedI8, QuantScratch};
@@ -53,6 +53,51 @@ use rayon::prelude::*;
 use super::aligned::Aligned;
 use super::cpu::features;
 use super::kernels::{activate_body, Act};
+
+/// A matrix operand: its first element, row stride and column stride.
+/// Only read: the products that take one promise that nothing writes it
+/// meanwhile.
+#[derive(Clone, Copy)]
+pub(crate) struct Operand {
+    pub ptr: *const f32,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl From<Strided<'_>> for Operand {
+    fn from(s: Strided<'_>) -> Self {
+        Self {
+            ptr: s.data.as_ptr(),
+            rs: s.rs as isize,
+            cs: s.cs as isize,
+        }
+    }
+}
+
+impl Operand {
+    /// Row-major `data` with rows `stride` apart.
+    pub fn rows(data: &[f32], stride: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            rs: stride as isize,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of row-major `data` with rows `stride` apart.
+    pub fn transposed(data: &[f32], stride: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            rs: 1,
+            cs: stride as isize,
+        }
+    }
+}
+
+// SAFETY: an Operand only reads, and the products taking one guarantee
+// that nothing writes it meanwhile.
+unsafe impl Send for Operand {}
+unsafe impl Sync for Operand {}
 
 /// Output columns per panel: two 16-float AVX-512 registers.
 pub const NR: usize = 32;

@@ -9,6 +9,7 @@
 use crate::fast::buffers::{scratch, Unwritten};
 use crate::fast::kernels::parallelism;
 use crate::fast::kernels::Act;
+pub(crate) use crate::fast::matmul::Operand;
 use crate::fast::matmul::{
     as_halves, as_words, product_bf16, product_bf16_act, product_bf16_act_grad,
     product_bf16_both_pairs, product_bf16_interleaved, product_bf16_new, product_bf16_pairs_new,
@@ -388,53 +389,6 @@ pub(crate) fn weight_grad_both_pairs_bf16(
     product_bf16_both_pairs((n, k, m), dy, x, dw, sums);
 }
 
-/// A matrix operand: its first element, row stride and column stride.
-#[derive(Clone, Copy)]
-pub(crate) struct Operand {
-    pub ptr: *const f32,
-    pub rs: isize,
-    pub cs: isize,
-}
-
-impl From<Strided<'_>> for Operand {
-    fn from(s: Strided<'_>) -> Self {
-        Self {
-            ptr: s.data.as_ptr(),
-            rs: s.rs as isize,
-            cs: s.cs as isize,
-        }
-    }
-}
-
-impl Operand {
-    #[cfg(target_arch = "x86_64")]
-    fn view(self) -> crate::fast::matmul::View {
-        crate::fast::matmul::View {
-            ptr: self.ptr,
-            rs: self.rs,
-            cs: self.cs,
-        }
-    }
-
-    /// Row-major `data` with rows `stride` apart.
-    pub fn rows(data: &[f32], stride: usize) -> Self {
-        Self {
-            ptr: data.as_ptr(),
-            rs: stride as isize,
-            cs: 1,
-        }
-    }
-
-    /// The transpose of row-major `data` with rows `stride` apart.
-    pub fn transposed(data: &[f32], stride: usize) -> Self {
-        Self {
-            ptr: data.as_ptr(),
-            rs: 1,
-            cs: stride as isize,
-        }
-    }
-}
-
 /// `dst[m, n] = (accumulate ? dst : 0) + scale · a[m, k] · b[k, n]`,
 /// `dst` with rows `dst_rs` apart.
 ///
@@ -468,8 +422,7 @@ pub(crate) unsafe fn product(
     // On AVX2 (without AVX-512) our register tiles take the products they
     // run faster than the gemm crate (`matmul::general`).
     #[cfg(target_arch = "x86_64")]
-    if crate::fast::matmul::takes_product((m, n, k), a.view(), parallel) {
-        let (a, b) = (a.view(), b.view());
+    if crate::fast::matmul::takes_product((m, n, k), a, parallel) {
         // SAFETY: the caller's contract, and the CPU has the tiles.
         return unsafe {
             crate::fast::matmul::product_general(
