@@ -30,7 +30,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::{features, Operand};
+use super::{features, Operand, SharedOut};
 use crate::fast::aligned::Aligned;
 
 /// Rows of a register tile.
@@ -222,19 +222,6 @@ pub(crate) unsafe fn product(
     }
 }
 
-/// The packed buffer's start, shared by tasks that write disjoint parts.
-#[derive(Clone, Copy)]
-struct SharedBuf(*mut f32);
-// SAFETY: each task writes its own part.
-unsafe impl Send for SharedBuf {}
-unsafe impl Sync for SharedBuf {}
-
-impl SharedBuf {
-    fn at(self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
-    }
-}
-
 /// Columns `jc..jc + nc` of the product: `b`'s block packed, then the
 /// tasks over it.
 ///
@@ -255,7 +242,7 @@ unsafe fn column_block(
     // every task walks the k blocks itself: two parallel regions per block
     // of columns, however long k is.
     with_buffer(&B_BLOCK, strips * k * NR, |packed_b| {
-        let at = SharedBuf(packed_b.as_mut_ptr());
+        let at = SharedOut(packed_b.as_mut_ptr());
         run(threads, strips, |s| {
             // SAFETY: strip s is its own part of the buffer; all rows and
             // its columns of b lie inside b.
