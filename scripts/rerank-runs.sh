@@ -22,6 +22,9 @@
 #                --range-max 100 --max-score 0.8)
 #   MINED        a name for those flags in the mined file's name (default: anchor)
 #   TAG          the trained model's folder name (default: ce-$LOSS)
+#   SYMMETRIC    1: train on both directions of each training pair (the
+#                pair sets hold duplicates and paraphrases, which read
+#                both ways); the held-out queries stay as they are
 #
 # The split is the anchor's: the first 80 % of rows train, the last 20 %
 # are the queries; the corpus is every positive of the file (training
@@ -51,21 +54,22 @@ fi
 mkdir -p "$out"
 
 # The anchor's split, and the corpus (every positive, one per line).
-python3 - "$pairs" "$out" <<'EOF'
+python3 - "$pairs" "$out" "${SYMMETRIC:-0}" <<'EOF'
 import csv, sys
-path, out = sys.argv[1], sys.argv[2]
+path, out, symmetric = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 with open(path, encoding="utf-8") as f:
     rd = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     header = next(rd)
     rows = [r[:2] for r in rd if len(r) >= 2]
 n = int(len(rows) * 0.8)
-for name, part in (("train.tsv", rows[:n]), ("test.tsv", rows[n:])):
+train = rows[:n] + ([[p, a] for a, p in rows[:n]] if symmetric else [])
+for name, part in (("train.tsv", train), ("test.tsv", rows[n:])):
     with open(f"{out}/{name}", "w", encoding="utf-8") as f:
         f.write("anchor\tpositive\n")
         f.writelines(f"{a}\t{p}\n" for a, p in part)
 with open(f"{out}/corpus.txt", "w", encoding="utf-8") as f:
     f.writelines(f"{p}\n" for _, p in rows)
-print(f"{len(rows)} pairs: {n} train, {len(rows) - n} test", file=sys.stderr)
+print(f"{len(rows)} pairs: {n} train ({len(train)} rows), {len(rows) - n} test", file=sys.stderr)
 EOF
 
 if [ ! -s "$mined" ]; then

@@ -304,4 +304,35 @@ fn mine_negatives_follows_the_rules_in_each_format() {
         "--include-positives",
     ]));
     assert!(err.contains("labeled-list"), "{err}");
+
+    // Pairs read both ways: every query is some row's positive, and so in
+    // the corpus; no query is mined as its own negative.
+    let mut both = std::fs::read_to_string(&train).unwrap();
+    for i in 0..a.len() {
+        both += &format!("{}\t{}\n", p[i], a[i]);
+    }
+    let (train2, out2) = (tmp.path().join("both.tsv"), tmp.path().join("both.jsonl"));
+    std::fs::write(&train2, both).unwrap();
+    ok(&run(&[
+        "mine-negatives",
+        "--model",
+        s(&bi),
+        "--train",
+        s(&train2),
+        "-o",
+        s(&out2),
+        "--output-format",
+        "n-tuple",
+        "--num-negatives",
+        "2",
+    ]));
+    let tuples = read_jsonl(&out2);
+    assert_eq!(tuples.len(), 2 * a.len());
+    for row in &tuples {
+        let q = row["query"].as_str().unwrap();
+        assert!(
+            ["negative_1", "negative_2"].iter().all(|k| row[*k] != q),
+            "{row}"
+        );
+    }
 }

@@ -180,7 +180,20 @@ pub fn mine_hard_negatives(
         progress("queries", n, nq)
     })?;
     let corpus_t = unit_rows(&doc_vecs)?.t()?.contiguous()?;
-    let k = (range_max + max_positives).min(nd);
+    // A query whose own text is in the corpus (a pair set read both ways:
+    // every question is some row's positive) would retrieve itself first;
+    // it is no negative of itself. Candidate lists (`include_positives`)
+    // stay as retrieved.
+    let own: Vec<Option<usize>> = queries
+        .iter()
+        .map(|q| {
+            corpus_at
+                .get(q)
+                .copied()
+                .filter(|_| !opts.include_positives)
+        })
+        .collect();
+    let k = (range_max + max_positives + 1).min(nd);
     // A few queries at a time: at most ~64 MiB of scores.
     let chunk = (16 << 20) / nd.max(1);
     let mut out = Vec::with_capacity(nq);
@@ -188,7 +201,15 @@ pub fn mine_hard_negatives(
         let scores = unit_rows(qs)?.matmul(&corpus_t)?.to_vec2::<f32>()?;
         for (r, row) in scores.iter().enumerate() {
             let q = c * chunk.max(1) + r;
-            out.push(pick(row, k, range_max, &positives[q], opts, q as u64));
+            out.push(pick(
+                row,
+                k,
+                range_max,
+                &positives[q],
+                own[q],
+                opts,
+                q as u64,
+            ));
         }
         progress("ranking", (out.len()).min(nq), nq);
     }
@@ -218,12 +239,14 @@ fn unit_rows(rows: &[Vec<f32>]) -> Result<Tensor> {
 }
 
 /// One query's negatives from its scores against the corpus: the `k` best
-/// candidates, positives and out-of-range scores dropped, then the rule.
+/// candidates, positives, the query's `own` text and out-of-range scores
+/// dropped, then the rule.
 fn pick(
     row: &[f32],
     k: usize,
     range_max: usize,
     positives: &[usize],
+    own: Option<usize>,
     opts: &MiningOptions,
     query: u64,
 ) -> Vec<(usize, f32)> {
@@ -236,6 +259,7 @@ fn pick(
     best.sort_by(by_score);
     let kept = |&(d, s): &(usize, f32)| {
         (opts.include_positives || !positives.contains(&d))
+            && own != Some(d)
             && opts.max_score.is_none_or(|m| s <= m)
             && opts.min_score.is_none_or(|m| s >= m)
     };
@@ -280,29 +304,38 @@ mod tests {
     fn picks_follow_the_rules() {
         let row = [0.9, 0.8, 0.7, 0.6, 0.5, 0.95];
         // Document 5 is the positive: never a negative.
-        let got = pick(&row, 6, 10, &[5], &opts(2), 0);
+        let got = pick(&row, 6, 10, &[5], None, &opts(2), 0);
         assert_eq!(got, vec![(0, 0.9), (1, 0.8)]);
+        // Document 0 is the query's own text: no negative of itself.
+        let got = pick(&row, 6, 10, &[5], Some(0), &opts(2), 0);
+        assert_eq!(got, vec![(1, 0.8), (2, 0.7)]);
         // range_min skips the best; max_score drops scores above it.
         let o = MiningOptions {
             range_min: 1,
             max_score: Some(0.85),
             ..opts(2)
         };
-        assert_eq!(pick(&row, 6, 10, &[5], &o, 0), vec![(2, 0.7), (3, 0.6)]);
+        assert_eq!(
+            pick(&row, 6, 10, &[5], None, &o, 0),
+            vec![(2, 0.7), (3, 0.6)]
+        );
         // Kept positives stay in their place.
         let o = MiningOptions {
             include_positives: true,
             ..opts(3)
         };
-        let ids: Vec<usize> = pick(&row, 6, 10, &[5], &o, 0).iter().map(|p| p.0).collect();
+        let ids: Vec<usize> = pick(&row, 6, 10, &[5], None, &o, 0)
+            .iter()
+            .map(|p| p.0)
+            .collect();
         assert_eq!(ids, [5, 0, 1]);
         // Random: seeded, best first, from the allowed candidates.
         let o = MiningOptions {
             sampling: Sampling::Random,
             ..opts(2)
         };
-        let a = pick(&row, 6, 10, &[5], &o, 3);
-        assert_eq!(a, pick(&row, 6, 10, &[5], &o, 3));
+        let a = pick(&row, 6, 10, &[5], None, &o, 3);
+        assert_eq!(a, pick(&row, 6, 10, &[5], None, &o, 3));
         assert!(a.len() == 2 && a[0].1 >= a[1].1 && a.iter().all(|p| p.0 != 5));
     }
 }
