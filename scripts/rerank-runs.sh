@@ -44,7 +44,8 @@ negatives="${NEGATIVES:-5}"
 format="${FORMAT:-labeled-pair}"
 tag="${TAG:-ce-$loss}"
 read -r -a mine_args <<< "${MINE_ARGS:---range-min 10 --range-max 100 --max-score 0.8}"
-mined="$out/mined-${MINED:-anchor}-$format-$negatives.jsonl"
+sym=""; [ "${SYMMETRIC:-0}" = 1 ] && sym="-both-ways"
+mined="$out/mined-${MINED:-anchor}$sym-$format-$negatives.jsonl"
 read -r -a train_args <<< "${TRAIN_ARGS:---pos-weight 5 --batch-size 64 --lr 2e-5 --epochs 1}"
 
 if [ ! -x "$bertha" ]; then

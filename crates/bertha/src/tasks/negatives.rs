@@ -6,8 +6,9 @@
 //! The rules are sentence-transformers': queries and corpus texts are
 //! deduplicated (the corpus is the given one plus every positive, or the
 //! positives alone); a query's positives are never its negatives (unless
-//! kept with `include_positives`); candidates above `max_score` (or below
-//! `min_score`) are dropped; of the `range_max` best that remain, the first
+//! kept with `include_positives`), nor (bertha's addition, for pair sets
+//! read both ways) is a query's own text where it is in the corpus;
+//! candidates above `max_score` (or below `min_score`) are dropped; of the `range_max` best that remain, the first
 //! `range_min` are skipped and `num_negatives` are taken, the best ones
 //! (`top`) or drawn at random (`random`, seeded). The similarity is the
 //! cosine of normalised vectors.
