@@ -226,14 +226,14 @@ fn mine_negatives_follows_the_rules_in_each_format() {
     }
     let train = tmp.path().join("pairs.tsv");
     std::fs::write(&train, pairs).unwrap();
-    let mine = |format: &str, extra: &[&str]| {
+    let mine_from = |train: &Path, format: &str, extra: &[&str]| {
         let out = tmp.path().join(format!("{format}.jsonl"));
         let mut args = vec![
             "mine-negatives",
             "--model",
             s(&bi),
             "--train",
-            s(&train),
+            s(train),
             "-o",
             s(&out),
             "--output-format",
@@ -243,6 +243,7 @@ fn mine_negatives_follows_the_rules_in_each_format() {
         ok(&run(&args));
         read_jsonl(&out)
     };
+    let mine = |format: &str, extra: &[&str]| mine_from(&train, format, extra);
     let pos_of: std::collections::HashMap<&str, &str> = a
         .iter()
         .map(String::as_str)
@@ -311,22 +312,9 @@ fn mine_negatives_follows_the_rules_in_each_format() {
     for i in 0..a.len() {
         both += &format!("{}\t{}\n", p[i], a[i]);
     }
-    let (train2, out2) = (tmp.path().join("both.tsv"), tmp.path().join("both.jsonl"));
-    std::fs::write(&train2, both).unwrap();
-    ok(&run(&[
-        "mine-negatives",
-        "--model",
-        s(&bi),
-        "--train",
-        s(&train2),
-        "-o",
-        s(&out2),
-        "--output-format",
-        "n-tuple",
-        "--num-negatives",
-        "2",
-    ]));
-    let tuples = read_jsonl(&out2);
+    let both_ways = tmp.path().join("both.tsv");
+    std::fs::write(&both_ways, both).unwrap();
+    let tuples = mine_from(&both_ways, "n-tuple", &two);
     assert_eq!(tuples.len(), 2 * a.len());
     for row in &tuples {
         let q = row["query"].as_str().unwrap();

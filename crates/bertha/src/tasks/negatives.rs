@@ -185,15 +185,7 @@ pub fn mine_hard_negatives(
     // every question is some row's positive) would retrieve itself first;
     // it is no negative of itself. Candidate lists (`include_positives`)
     // stay as retrieved.
-    let own: Vec<Option<usize>> = queries
-        .iter()
-        .map(|q| {
-            corpus_at
-                .get(q)
-                .copied()
-                .filter(|_| !opts.include_positives)
-        })
-        .collect();
+    let own: Vec<Option<usize>> = queries.iter().map(|q| corpus_at.get(q).copied()).collect();
     let k = (range_max + max_positives + 1).min(nd);
     // A few queries at a time: at most ~64 MiB of scores.
     let chunk = (16 << 20) / nd.max(1);
@@ -259,8 +251,7 @@ fn pick(
     }
     best.sort_by(by_score);
     let kept = |&(d, s): &(usize, f32)| {
-        (opts.include_positives || !positives.contains(&d))
-            && own != Some(d)
+        (opts.include_positives || !(positives.contains(&d) || own == Some(d)))
             && opts.max_score.is_none_or(|m| s <= m)
             && opts.min_score.is_none_or(|m| s >= m)
     };
