@@ -61,6 +61,30 @@ fn rerank_gives_sentence_transformers_scores_best_first() {
     assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
     let err = failure(&run(&["rerank", "--model", s(&ce), "--query", "q"]));
     assert!(err.contains("no documents"), "{err}");
+
+    // Fused with the documents' order: 1 / (61 + list rank) + 1 / (61 +
+    // rank by the cross-encoder's score), ranks from 0 here.
+    let mut args = vec!["rerank", "--model", s(&ce), "--query", &a[0]];
+    args.extend(b.iter().map(String::as_str));
+    let plain = ok_lines(&run(&args));
+    args.push("--fuse-with-order");
+    let fused = ok_lines(&run(&args));
+    assert_eq!(fused.len(), b.len());
+    let id = |l: &serde_json::Value| l["corpus_id"].as_u64().unwrap() as usize;
+    let by_score: Vec<usize> = plain.iter().map(id).collect();
+    for l in &fused {
+        let doc = id(l);
+        let rank = by_score.iter().position(|&d| d == doc).unwrap();
+        let want = 1.0 / (61.0 + doc as f64) + 1.0 / (61.0 + rank as f64);
+        let got = l["score"].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-6, "document {doc}: {got} vs {want}");
+        assert_eq!(l["reranker_score"], plain[rank]["score"]);
+    }
+    let fused_scores: Vec<f64> = fused.iter().map(|l| l["score"].as_f64().unwrap()).collect();
+    assert!(
+        fused_scores.windows(2).all(|w| w[0] >= w[1]),
+        "{fused_scores:?}"
+    );
 }
 
 /// The fixture's tuples (query, positive, negative) and lists as files.
@@ -170,6 +194,10 @@ fn finetune_rerank_writes_a_cross_encoder_folder() {
         assert_eq!(ev[0]["metric"], "mrr@10");
         assert_eq!(ev[0]["examples"], 4);
         assert_eq!(ev[0]["pairs"], 12);
+        for order in ["list_order", "fused_rrf"] {
+            let mrr = ev[0][order]["mrr@10"].as_f64().unwrap();
+            assert!((0.0..=100.0).contains(&mrr), "{order}: {mrr}");
+        }
         let last = evals.last().unwrap()["mrr@10"].as_f64().unwrap();
         let now = ev[0]["mrr@10"].as_f64().unwrap();
         assert!(

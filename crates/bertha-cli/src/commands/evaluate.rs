@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use anyhow::Result;
 use bertha::data::{EmbeddingData, EmbeddingEval, RerankData, Task};
-use bertha::metrics::{ranking_scores, RANKING_MAIN_METRIC};
+use bertha::metrics::{fuse_with_list_order, ranking_scores, RANKING_MAIN_METRIC, RRF_K};
 use bertha::tasks::{CrossEncoder, CrossEncoderOptions, FinetunedModel, InferenceOptions};
 use bertha::training::rerank::score_lists;
 use bertha::training::RerankLoss;
@@ -116,7 +116,8 @@ pub struct Args {
     /// as the folder says, compared by cosine; or rerank: a cross-encoder
     /// reranking candidate lists (labelled pairs grouped by query, tuples,
     /// or JSONL lists): MRR@10, NDCG@10 and MAP, beside the lists' own
-    /// order's (`list_order`: the retriever's, for mined lists).
+    /// order's (`list_order`: the retriever's, for mined lists) and those of
+    /// both orders fused by reciprocal rank (`fused_rrf`, k = 60).
     #[arg(long)]
     task: EvalTask,
 
@@ -188,6 +189,13 @@ pub fn run(a: Args) -> Result<()> {
             line.insert(
                 "list_order".into(),
                 serde_json::to_value(ranking_scores(labels, &order)?)?,
+            );
+            line.insert(
+                "fused_rrf".into(),
+                serde_json::to_value(ranking_scores(
+                    labels,
+                    &fuse_with_list_order(scores, RRF_K),
+                )?)?,
             );
             (RANKING_MAIN_METRIC, ranking_scores(labels, scores)?)
         }

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use bertha::metrics::{fuse_with_list_order, RRF_K};
+use bertha::tasks::rerank::rank_scores;
 use bertha::tasks::{CrossEncoder, CrossEncoderOptions};
 
 use super::{device, PrecisionArgs};
@@ -43,6 +45,12 @@ pub struct Args {
     #[arg(long)]
     raw_scores: bool,
 
+    /// The documents come in a retriever's order, best first: rank them by
+    /// reciprocal-rank fusion (k = 60) of that order and the cross-encoder's
+    /// (`score` is the fused one, `reranker_score` the cross-encoder's).
+    #[arg(long)]
+    fuse_with_order: bool,
+
     #[command(flatten)]
     precision: PrecisionArgs,
 
@@ -51,7 +59,8 @@ pub struct Args {
     output: Option<PathBuf>,
 }
 
-/// One line per document, best first: `{"corpus_id", "score", "text"}`.
+/// One line per document, best first: `{"corpus_id", "score", "text"}`
+/// (and `reranker_score` when fused).
 pub fn run(a: Args) -> Result<()> {
     let documents = match &a.documents_file {
         Some(p) => bertha::io::texts::read_lines_from_file(p)?,
@@ -70,27 +79,33 @@ pub fn run(a: Args) -> Result<()> {
         ..CrossEncoderOptions::default()
     };
     let ce = CrossEncoder::from_dir(&a.model.resolve()?, &device()?, &opts)?;
-    let ranked = if a.raw_scores {
-        let pairs: Vec<(&str, &str)> = documents
-            .iter()
-            .map(|d| (a.query.as_str(), d.as_str()))
-            .collect();
-        let scores: Vec<f32> = ce
-            .logits(&pairs)?
+    let pairs: Vec<(&str, &str)> = documents
+        .iter()
+        .map(|d| (a.query.as_str(), d.as_str()))
+        .collect();
+    let scores: Vec<f32> = if a.raw_scores {
+        ce.logits(&pairs)?
             .into_iter()
             .map(|l| l.last().copied().unwrap_or(f32::NAN))
-            .collect();
-        bertha::tasks::rerank::rank_scores(&scores, a.top_k)
+            .collect()
     } else {
-        ce.rank(&a.query, &documents, a.top_k)?
+        ce.scores(&pairs)?
     };
+    let fused = a
+        .fuse_with_order
+        .then(|| fuse_with_list_order(std::slice::from_ref(&scores), RRF_K).remove(0));
+    let ranked = rank_scores(fused.as_ref().unwrap_or(&scores), a.top_k);
     let mut out = JsonLines::open(a.output.as_deref())?;
     for r in ranked {
-        out.write(&serde_json::json!({
+        let mut line = serde_json::json!({
             "corpus_id": r.corpus_id,
             "score": r.score,
             "text": documents[r.corpus_id],
-        }))?;
+        });
+        if fused.is_some() {
+            line["reranker_score"] = scores[r.corpus_id].into();
+        }
+        out.write(&line)?;
     }
     out.finish()
 }

@@ -18,6 +18,32 @@ pub const RANKING_AT: usize = 10;
 /// The metric that picks the best reranker.
 pub const RANKING_MAIN_METRIC: &str = "mrr@10";
 
+/// The constant of reciprocal-rank fusion, Cormack, Clarke and Büttcher's
+/// (SIGIR 2009) 60: it damps the top ranks' weight so that one ranker's
+/// first place does not outvote the other's agreement.
+pub const RRF_K: f64 = 60.0;
+
+/// Reciprocal-rank fusion of a candidate list's own order (the retriever's,
+/// for mined lists) with a reranker's `scores`: each candidate scores
+/// 1 / (k + its list rank) + 1 / (k + its rank by score), ranks from 1,
+/// score ties ranked in list order. It needs no score scale, so a
+/// retriever's cosines and a cross-encoder's logits fuse without tuning a
+/// weight on the evaluated queries.
+pub fn fuse_with_list_order(scores: &[Vec<f32>], k: f64) -> Vec<Vec<f32>> {
+    scores
+        .iter()
+        .map(|s| {
+            let mut by_score: Vec<usize> = (0..s.len()).collect();
+            by_score.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
+            let mut fused: Vec<f64> = (0..s.len()).map(|i| 1.0 / (k + 1.0 + i as f64)).collect();
+            for (rank, &i) in by_score.iter().enumerate() {
+                fused[i] += 1.0 / (k + 1.0 + rank as f64);
+            }
+            fused.into_iter().map(|f| f as f32).collect()
+        })
+        .collect()
+}
+
 /// `labels[q]` are query q's candidates' relevance labels and `scores[q]`
 /// the scores that rank them (higher first; ties keep the list's order).
 pub fn ranking_scores(labels: &[Vec<f32>], scores: &[Vec<f32>]) -> Result<BTreeMap<String, f64>> {
@@ -104,5 +130,30 @@ mod tests {
         let s = ranking_scores(&[vec![1.0, 2.0, 0.0]], &[vec![0.5, 0.9, 0.1]]).unwrap();
         assert!((s["ndcg@10"] - 100.0).abs() < 1e-9);
         assert!(ranking_scores(&[vec![1.0]], &[vec![]]).is_err());
+    }
+
+    #[test]
+    fn fusion_of_list_order_and_scores() {
+        // List order a, b, c; scores rank c, a, b. Fused (k = 60):
+        // a 1/61 + 1/62, b 1/62 + 1/63, c 1/63 + 1/61: a > c > b.
+        let f = fuse_with_list_order(&[vec![0.5, 0.1, 0.9]], RRF_K);
+        let want = [
+            1.0 / 61.0 + 1.0 / 62.0,
+            1.0 / 62.0 + 1.0 / 63.0,
+            1.0 / 63.0 + 1.0 / 61.0,
+        ];
+        for (got, want) in f[0].iter().zip(want) {
+            assert!((f64::from(*got) - want).abs() < 1e-7, "{got} vs {want}");
+        }
+        // Agreeing rankings keep their order; ties in score rank in list order.
+        let f = fuse_with_list_order(&[vec![3.0, 2.0, 1.0], vec![1.0, 1.0]], RRF_K);
+        assert!(f[0][0] > f[0][1] && f[0][1] > f[0][2]);
+        assert!(f[1][0] > f[1][1]);
+        let s = ranking_scores(
+            &[vec![0.0, 0.0, 1.0]],
+            &fuse_with_list_order(&[vec![0.5, 0.1, 0.9]], RRF_K),
+        )
+        .unwrap();
+        assert!((s["mrr@10"] - 50.0).abs() < 1e-9);
     }
 }
