@@ -15,7 +15,9 @@ use crate::error::{Error, Result};
 pub mod embedding;
 pub mod ranking;
 pub use embedding::{retrieval_scores, sts_scores, RETRIEVAL_MAIN_METRIC, STS_MAIN_METRIC};
-pub use ranking::{fuse_with_list_order, ranking_scores, RANKING_MAIN_METRIC, RRF_K};
+pub use ranking::{
+    fuse_list_with_order, fuse_with_list_order, ranking_scores, RANKING_MAIN_METRIC, RRF_K,
+};
 
 fn check_lengths(what: &str, a: usize, b: usize) -> Result<()> {
     if a != b {

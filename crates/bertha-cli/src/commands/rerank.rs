@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use bertha::metrics::{fuse_with_list_order, RRF_K};
+use bertha::metrics::{fuse_list_with_order, RRF_K};
 use bertha::tasks::rerank::rank_scores;
 use bertha::tasks::{CrossEncoder, CrossEncoderOptions};
 
@@ -93,7 +93,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let fused = a
         .fuse_with_order
-        .then(|| fuse_with_list_order(std::slice::from_ref(&scores), RRF_K).remove(0));
+        .then(|| fuse_list_with_order(&scores, RRF_K));
     let ranked = rank_scores(fused.as_ref().unwrap_or(&scores), a.top_k);
     let mut out = JsonLines::open(a.output.as_deref())?;
     for r in ranked {

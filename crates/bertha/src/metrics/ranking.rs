@@ -29,19 +29,21 @@ pub const RRF_K: f64 = 60.0;
 /// score ties ranked in list order. It needs no score scale, so a
 /// retriever's cosines and a cross-encoder's logits fuse without tuning a
 /// weight on the evaluated queries.
+pub fn fuse_list_with_order(scores: &[f32], k: f64) -> Vec<f32> {
+    let mut by_score: Vec<usize> = (0..scores.len()).collect();
+    by_score.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let mut fused: Vec<f64> = (0..scores.len())
+        .map(|i| 1.0 / (k + 1.0 + i as f64))
+        .collect();
+    for (rank, &i) in by_score.iter().enumerate() {
+        fused[i] += 1.0 / (k + 1.0 + rank as f64);
+    }
+    fused.into_iter().map(|f| f as f32).collect()
+}
+
+/// [`fuse_list_with_order`] for each query's list.
 pub fn fuse_with_list_order(scores: &[Vec<f32>], k: f64) -> Vec<Vec<f32>> {
-    scores
-        .iter()
-        .map(|s| {
-            let mut by_score: Vec<usize> = (0..s.len()).collect();
-            by_score.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
-            let mut fused: Vec<f64> = (0..s.len()).map(|i| 1.0 / (k + 1.0 + i as f64)).collect();
-            for (rank, &i) in by_score.iter().enumerate() {
-                fused[i] += 1.0 / (k + 1.0 + rank as f64);
-            }
-            fused.into_iter().map(|f| f as f32).collect()
-        })
-        .collect()
+    scores.iter().map(|s| fuse_list_with_order(s, k)).collect()
 }
 
 /// `labels[q]` are query q's candidates' relevance labels and `scores[q]`
