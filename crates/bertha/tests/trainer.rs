@@ -1,5 +1,5 @@
 //! The one training loop, for every objective (MLM, MLM + NSP,
-//! classification, NER, QA): gradient accumulation, checkpoint pruning,
+//! classification, NER, QA, multiple choice): gradient accumulation, checkpoint pruning,
 //! `best/` with early stopping and the non-finite-loss stop.
 
 mod common;
@@ -11,7 +11,7 @@ use bertha::training::{Event, Objective, StepMetrics, Trainer, EVAL_RESULTS_FILE
 use bertha::Error;
 use common::runs::{finetuner, pretrainer, Tweak};
 
-/// The five objectives, each built into `out` with `tweak`, run to the
+/// The six objectives, each built into `out` with `tweak`, run to the
 /// end; returns the steps and the other events, or the run's error.
 fn each_objective(test: impl Fn(&str, &dyn Fn(&Path, &Tweak) -> Outcome)) {
     test("mlm", &|out, t| outcome(pretrainer(out, false, t)));
@@ -21,6 +21,9 @@ fn each_objective(test: impl Fn(&str, &dyn Fn(&Path, &Tweak) -> Outcome)) {
     });
     test("ner", &|out, t| outcome(finetuner(out, Task::Ner, t)));
     test("qa", &|out, t| outcome(finetuner(out, Task::Qa, t)));
+    test("multiple-choice", &|out, t| {
+        outcome(finetuner(out, Task::MultipleChoice, t))
+    });
 }
 
 /// Runs every objective into a fresh folder with `tweak`, then checks

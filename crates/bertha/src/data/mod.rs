@@ -5,8 +5,10 @@
 //! example scripts, and the task inputs built from them; and
 //! sentence-embedding pairs (texts with hard negatives, scored pairs, STS
 //! Benchmark originals) with their STS / retrieval evaluation; and
-//! reranking data (labelled pairs, tuples, lists).
+//! reranking data (labelled pairs, tuples, lists); and multiple-choice
+//! data (SWAG's columns).
 
+pub mod choices;
 pub mod classification;
 pub mod conll;
 pub mod corpus;
@@ -22,6 +24,7 @@ pub mod squad;
 pub mod task_data;
 pub mod vocab;
 
+pub use choices::{ChoiceData, ChoiceExample};
 pub use classification::{
     BadRow, ClassificationData, ClassificationExample, Columns, FileFormat, LabelKind, LabelValue,
     ReadOptions,

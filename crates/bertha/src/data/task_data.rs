@@ -1,7 +1,7 @@
 //! A fine-tuning task's data: which task, its file read into examples
 //! ([`TaskData`]), and the model inputs made from them ([`TaskInputs`]):
-//! token ids with a class, a tag per first word piece, or a SQuAD answer
-//! span per context window.
+//! token ids with a class, a tag per first word piece, a SQuAD answer span
+//! per context window, or a multiple-choice example's choices end to end.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -10,8 +10,8 @@ use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
 use super::{
-    AlignedSentence, ClassificationData, ConllOptions, FeatureOptions, LabelSet, NerAligner,
-    NerData, ReadOptions, SquadData, SquadFeature, SquadFeaturizer,
+    AlignedSentence, ChoiceData, ClassificationData, ConllOptions, FeatureOptions, LabelSet,
+    NerAligner, NerData, ReadOptions, SquadData, SquadFeature, SquadFeaturizer,
 };
 use crate::error::{Error, Result};
 use crate::io::tokenizer::Tokenizer;
@@ -31,6 +31,10 @@ pub enum Task {
     Ner,
     /// Question + context → answer span (SQuAD JSON).
     Qa,
+    /// A context and its candidate endings → the right one (SWAG-style
+    /// TSV / CSV / JSONL).
+    #[serde(rename = "multiple-choice")]
+    MultipleChoice,
 }
 
 impl FromStr for Task {
@@ -41,8 +45,9 @@ impl FromStr for Task {
             "classification" => Ok(Self::Classification),
             "ner" => Ok(Self::Ner),
             "qa" => Ok(Self::Qa),
+            "multiple-choice" | "multiple_choice" => Ok(Self::MultipleChoice),
             other => Err(Error::Input(format!(
-                "unknown task `{other}` (expected classification, ner or qa)"
+                "unknown task `{other}` (expected classification, ner, qa or multiple-choice)"
             ))),
         }
     }
@@ -54,6 +59,7 @@ impl std::fmt::Display for Task {
             Self::Classification => "classification",
             Self::Ner => "ner",
             Self::Qa => "qa",
+            Self::MultipleChoice => "multiple-choice",
         })
     }
 }
@@ -65,6 +71,7 @@ impl Task {
             Self::Classification => HeadKind::SequenceClassification,
             Self::Ner => HeadKind::TokenClassification,
             Self::Qa => HeadKind::QuestionAnswering,
+            Self::MultipleChoice => HeadKind::MultipleChoice,
         }
     }
 
@@ -72,16 +79,17 @@ impl Task {
     /// SQuAD F1 (a key of [`Evaluation::scores`](crate::tasks::Evaluation::scores)).
     pub fn main_metric(self) -> &'static str {
         match self {
-            Self::Classification => "accuracy",
+            Self::Classification | Self::MultipleChoice => "accuracy",
             Self::Ner | Self::Qa => "f1",
         }
     }
 
     /// transformers' example scripts' defaults: 128 tokens for
-    /// `run_glue.py` / `run_ner.py`, 384 for `run_qa.py`.
+    /// `run_glue.py` / `run_ner.py` / `run_swag_no_trainer.py`, 384 for
+    /// `run_qa.py`.
     pub fn default_max_length(self) -> usize {
         match self {
-            Self::Classification | Self::Ner => 128,
+            Self::Classification | Self::Ner | Self::MultipleChoice => 128,
             Self::Qa => 384,
         }
     }
@@ -89,9 +97,16 @@ impl Task {
     /// Tensor name prefixes of the task's head.
     pub fn head_prefix(self) -> &'static str {
         match self {
-            Self::Classification | Self::Ner => "classifier.",
+            Self::Classification | Self::Ner | Self::MultipleChoice => "classifier.",
             Self::Qa => "qa_outputs.",
         }
+    }
+
+    /// Whether the task's outputs are named classes or tags (a label set:
+    /// classification, NER), rather than positions (QA's spans, multiple
+    /// choice's choice index).
+    pub fn has_label_names(self) -> bool {
+        matches!(self, Self::Classification | Self::Ner)
     }
 }
 
@@ -111,6 +126,7 @@ pub enum TaskData {
     Classification(ClassificationData),
     Ner(NerData),
     Qa(SquadData),
+    MultipleChoice(ChoiceData),
 }
 
 impl TaskData {
@@ -162,6 +178,7 @@ impl TaskData {
                 Self::Ner(d)
             }
             Task::Qa => Self::Qa(SquadData::read(path)?),
+            Task::MultipleChoice => Self::MultipleChoice(ChoiceData::read(path, unlabelled)?),
         })
     }
 
@@ -170,6 +187,7 @@ impl TaskData {
             Self::Classification(_) => Task::Classification,
             Self::Ner(_) => Task::Ner,
             Self::Qa(_) => Task::Qa,
+            Self::MultipleChoice(_) => Task::MultipleChoice,
         }
     }
 
@@ -179,6 +197,7 @@ impl TaskData {
             Self::Classification(d) => d.len(),
             Self::Ner(d) => d.len(),
             Self::Qa(d) => d.len(),
+            Self::MultipleChoice(d) => d.len(),
         }
     }
 
@@ -186,12 +205,12 @@ impl TaskData {
         self.len() == 0
     }
 
-    /// The class or tag ids (`None` for QA).
+    /// The class or tag ids (`None` for QA and multiple choice).
     pub fn labels(&self) -> Option<&LabelSet> {
         match self {
             Self::Classification(d) => Some(&d.labels),
             Self::Ner(d) => Some(&d.labels),
-            Self::Qa(_) => None,
+            Self::Qa(_) | Self::MultipleChoice(_) => None,
         }
     }
 
@@ -200,6 +219,7 @@ impl TaskData {
             Self::Classification(d) => &d.path,
             Self::Ner(d) => &d.path,
             Self::Qa(d) => &d.path,
+            Self::MultipleChoice(d) => &d.path,
         }
     }
 
@@ -226,6 +246,7 @@ impl TaskData {
             Self::Classification(d) => retain(&mut d.examples, &keep),
             Self::Ner(d) => retain(&mut d.sentences, &keep),
             Self::Qa(d) => retain(&mut d.examples, &keep),
+            Self::MultipleChoice(d) => retain(&mut d.examples, &keep),
         }
     }
 }
@@ -239,6 +260,10 @@ pub enum Target {
     Tokens(Vec<i64>),
     /// Start and end token of the answer.
     Span(i64, i64),
+    /// Multiple choice: the right choice's index (`IGNORE_INDEX` when
+    /// unlabelled); the input holds every choice's sequence, end to end,
+    /// each `lengths[i]` tokens long.
+    Choice { label: i64, lengths: Vec<usize> },
 }
 
 /// One model input: token ids, token types and what it is trained towards.
@@ -249,7 +274,38 @@ pub struct TaskInput {
     pub target: Target,
 }
 
+impl Target {
+    /// The class a classification or multiple-choice input is trained
+    /// towards (`IGNORE_INDEX` for none, and for other targets).
+    pub fn class_id(&self) -> i64 {
+        match *self {
+            Self::Class(y) | Self::Choice { label: y, .. } => y,
+            _ => IGNORE_INDEX,
+        }
+    }
+}
+
 impl TaskInput {
+    /// The input's sequences `(ids, token types)`: a multiple-choice
+    /// input's choices, any other input's one.
+    pub fn sequences(&self) -> Vec<(&[u32], &[u32])> {
+        let Target::Choice { lengths, .. } = &self.target else {
+            return vec![(&self.input_ids, &self.token_type_ids)];
+        };
+        let mut at = 0;
+        lengths
+            .iter()
+            .map(|&n| {
+                let s = (
+                    &self.input_ids[at..at + n],
+                    &self.token_type_ids[at..at + n],
+                );
+                at += n;
+                s
+            })
+            .collect()
+    }
+
     fn of(input_ids: &[u32], token_type_ids: &[u32], target: Target) -> Self {
         Self {
             input_ids: input_ids.to_vec(),
@@ -379,7 +435,53 @@ impl TaskInputBuilder {
                     })
                     .collect();
             }
+            TaskData::MultipleChoice(d) => p.items = self.choice_inputs(d, targets)?,
         }
         Ok(p)
+    }
+
+    /// Each example's choices, encoded as the pairs (context, choice) and
+    /// laid end to end in one input.
+    fn choice_inputs(&self, d: &ChoiceData, targets: bool) -> Result<Vec<TaskInput>> {
+        let encoded: Vec<(TaskInput, bool)> = d
+            .examples
+            .par_iter()
+            .map(|e| {
+                let mut input = TaskInput {
+                    input_ids: Vec::new(),
+                    token_type_ids: Vec::new(),
+                    target: Target::Class(IGNORE_INDEX),
+                };
+                let (mut lengths, mut truncated) = (Vec::with_capacity(e.choices.len()), false);
+                for choice in &e.choices {
+                    let enc = self
+                        .tokenizer
+                        .encode_pair(&e.context, choice)
+                        .map_err(|err| {
+                            Error::Input(format!("{}: line {}: {err}", d.path.display(), e.line))
+                        })?;
+                    lengths.push(enc.input_ids.len());
+                    truncated |= enc.truncated;
+                    input.input_ids.extend(enc.input_ids);
+                    input.token_type_ids.extend(enc.token_type_ids);
+                }
+                let label = match e.label {
+                    Some(y) if targets => y as i64,
+                    _ => IGNORE_INDEX,
+                };
+                input.target = Target::Choice { label, lengths };
+                Ok((input, truncated))
+            })
+            .collect::<Result<_>>()?;
+        let truncated = encoded.iter().filter(|(_, t)| *t).count();
+        if truncated > 0 {
+            tracing::warn!(
+                "{}: {truncated} of {} examples have a choice truncated to {} tokens",
+                d.path.display(),
+                d.len(),
+                self.max_length
+            );
+        }
+        Ok(encoded.into_iter().map(|(i, _)| i).collect())
     }
 }

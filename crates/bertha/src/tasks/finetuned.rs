@@ -1,6 +1,7 @@
-//! Fine-tuned checkpoints in use: a task head (classification, NER, QA)
-//! run over a data set in length-sorted batches, its outputs turned into
-//! per-example predictions (labels, word tags, answer texts) and, where the
+//! Fine-tuned checkpoints in use: a task head (classification, NER, QA,
+//! multiple choice) run over a data set in length-sorted batches, its
+//! outputs turned into per-example predictions (labels, word tags, answer
+//! texts, the chosen ending) and, where the
 //! data has labels, the task's scores. `bertha evaluate` / `predict` and
 //! the fine-tuning loop's evaluation share this code.
 
@@ -20,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
 use crate::metrics::{accuracy, entity_scores, macro_f1};
-use crate::model::{BertForTask, ForwardOptions, HeadInit, HeadLabels, TaskOutput, IGNORE_INDEX};
+use crate::model::{
+    BertForTask, BertInput, ForwardOptions, HeadInit, HeadLabels, TaskOutput, IGNORE_INDEX,
+};
 
 /// The run's options, saved next to every model it writes so that
 /// `evaluate` and `predict` tokenize as training did.
@@ -35,6 +38,14 @@ pub struct ClassPrediction {
     pub score: f32,
 }
 
+/// A multiple-choice prediction: the best choice's index and its softmax
+/// score over the example's choices.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ChoicePrediction {
+    pub choice: usize,
+    pub score: f32,
+}
+
 /// Per-example predictions, in file order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Predictions {
@@ -43,6 +54,7 @@ pub enum Predictions {
     Ner(Vec<Vec<String>>),
     /// One answer per question.
     Qa(Vec<SquadPrediction>),
+    MultipleChoice(Vec<ChoicePrediction>),
 }
 
 /// Scores and predictions of a model on a data set.
@@ -74,7 +86,7 @@ pub(crate) struct TaskHead {
 
 /// What one forward pass gives, per input.
 pub(crate) enum Outputs {
-    /// Logits [C] per input.
+    /// Logits [C] per input (multiple choice: a score per choice).
     Class(Vec<Vec<f32>>),
     /// The arg-max tag per token.
     Tokens(Vec<Vec<usize>>),
@@ -146,8 +158,10 @@ impl TaskHead {
         outputs: bool,
     ) -> Result<BatchOut> {
         let b = batch.len();
-        let ids: Vec<Vec<u32>> = batch.iter().map(|i| i.input_ids.clone()).collect();
-        let types: Vec<Vec<u32>> = batch.iter().map(|i| i.token_type_ids.clone()).collect();
+        // A multiple-choice input's choices run as sequences of their own.
+        let sequences: Vec<(&[u32], &[u32])> = batch.iter().flat_map(|i| i.sequences()).collect();
+        let ids: Vec<Vec<u32>> = sequences.iter().map(|s| s.0.to_vec()).collect();
+        let types: Vec<Vec<u32>> = sequences.iter().map(|s| s.1.to_vec()).collect();
         let tokens = ids.iter().map(Vec::len).sum();
         let opts = ForwardOptions {
             train,
@@ -159,19 +173,19 @@ impl TaskHead {
             (&ids, &types),
             (pad_id, pad_to),
             opts,
-            self.task == Task::Classification,
+            matches!(self.task, Task::Classification | Task::MultipleChoice),
         )?;
         let t = input.input_ids.dim(1)?;
+        // The multiple-choice head reads [B, C, T] (its encoder's outputs,
+        // already computed, stay [B · C, T, H]).
+        let input = match self.task {
+            Task::MultipleChoice => choices_input(input, b)?,
+            _ => input,
+        };
         // The targets, as the head's labels, and how many the loss averages.
         let (first, second, targets) = match self.task {
-            Task::Classification => {
-                let labels: Vec<i64> = batch
-                    .iter()
-                    .map(|i| match i.target {
-                        Target::Class(y) => y,
-                        _ => IGNORE_INDEX,
-                    })
-                    .collect();
+            Task::Classification | Task::MultipleChoice => {
+                let labels: Vec<i64> = batch.iter().map(|i| i.target.class_id()).collect();
                 let n = labels.iter().filter(|&&y| y != IGNORE_INDEX).count();
                 (Tensor::from_vec(labels, b, device)?, None, n)
             }
@@ -229,7 +243,7 @@ impl TaskHead {
     /// The per-input predictions of one forward pass.
     fn outputs(&self, out: TaskOutput, batch: &[&TaskInput]) -> Result<Outputs> {
         Ok(match (self.task, out) {
-            (Task::Classification, TaskOutput::Logits(o)) => {
+            (Task::Classification | Task::MultipleChoice, TaskOutput::Logits(o)) => {
                 Outputs::Class(o.logits.to_vec2::<f32>()?)
             }
             (Task::Ner, TaskOutput::Logits(o)) => {
@@ -264,6 +278,23 @@ impl TaskHead {
             }
         })
     }
+}
+
+/// A batch's `[B · C, T]` inputs as the multiple-choice head's `[B, C, T]`.
+fn choices_input(input: BertInput, b: usize) -> Result<BertInput> {
+    let (rows, t) = input.input_ids.dims2()?;
+    let c = rows / b.max(1);
+    if c * b != rows {
+        return Err(Error::Input(format!(
+            "multiple choice: {rows} sequences do not split into {b} examples of equal choices"
+        )));
+    }
+    let shape = |x: &Tensor| x.reshape((b, c, t));
+    Ok(BertInput {
+        input_ids: shape(&input.input_ids)?,
+        token_type_ids: input.token_type_ids.as_ref().map(shape).transpose()?,
+        attention_mask: input.attention_mask.as_ref().map(shape).transpose()?,
+    })
 }
 
 /// Per-input predictions of a whole data set, in input order (batched by
@@ -358,7 +389,7 @@ impl Outputs {
     /// Empty predictions of `n` inputs of `task`.
     fn empty(task: Task, n: usize) -> Self {
         match task {
-            Task::Classification => Self::Class(vec![Vec::new(); n]),
+            Task::Classification | Task::MultipleChoice => Self::Class(vec![Vec::new(); n]),
             Task::Ner => Self::Tokens(vec![Vec::new(); n]),
             Task::Qa => Self::Spans(vec![(Vec::new(), Vec::new()); n]),
         }
@@ -474,6 +505,17 @@ impl Scorer<'_> {
                     .map(|(a, r)| a.word_tags(r, self.labels))
                     .collect::<Result<_>>()?,
             ),
+            (TaskData::MultipleChoice(_), Outputs::Class(rows)) => Predictions::MultipleChoice(
+                rows.iter()
+                    .map(|r| {
+                        let choice = argmax(r);
+                        ChoicePrediction {
+                            choice,
+                            score: softmax(r).get(choice).copied().unwrap_or(0.0) as f32,
+                        }
+                    })
+                    .collect(),
+            ),
             (TaskData::Qa(d), Outputs::Spans(rows)) => {
                 let (starts, ends): (Vec<Vec<f32>>, Vec<Vec<f32>>) = rows.into_iter().unzip();
                 Predictions::Qa(postprocess(
@@ -518,6 +560,13 @@ impl Scorer<'_> {
                 scores.insert("f1".into(), s.overall.f1);
                 scores.insert("token_accuracy".into(), s.token_accuracy);
             }
+            (TaskData::MultipleChoice(d), Predictions::MultipleChoice(preds))
+                if d.is_labelled() =>
+            {
+                let gold: Vec<usize> = d.examples.iter().filter_map(|e| e.label).collect();
+                let ids: Vec<usize> = preds.iter().map(|p| p.choice).collect();
+                scores.insert("accuracy".into(), accuracy(&ids, &gold)?);
+            }
             (TaskData::Qa(d), Predictions::Qa(preds)) => {
                 let s = d.evaluate(preds);
                 scores.insert("exact_match".into(), s.exact_match);
@@ -541,8 +590,19 @@ impl Scorer<'_> {
 /// except that ModernBERT's question-answering head
 /// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
 /// so a ModernBERT QA run would save a checkpoint transformers cannot
-/// read; it is refused.
+/// read; it is refused. Multiple choice needs the family's
+/// `…ForMultipleChoice` on the pooler (BERT, RoBERTa, ALBERT).
 pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
+    if !task.head().supported_by(&config.family) {
+        return Err(Error::config(
+            origin,
+            "model_type",
+            format!(
+                "{task} is not supported for `{}` (bertha has the multiple-choice heads of BERT, RoBERTa and ALBERT)",
+                config.model_type
+            ),
+        ));
+    }
     if task == Task::Qa && matches!(config.family, Family::ModernBert(_)) {
         return Err(Error::config(
             origin,
@@ -630,12 +690,12 @@ impl FinetunedModel {
             .unwrap_or(30);
         let tokenizer = Tokenizer::from_dir(dir, max_length)?;
         head.set_precision(&tokenizer, opts.precision)?;
-        let labels = match task {
-            Task::Qa => None,
-            _ => LabelSet::from_config(&config)
+        let labels = match task.has_label_names() {
+            false => None,
+            true => LabelSet::from_config(&config)
                 .map_err(|e| Error::config(&origin, "id2label", e.to_string()))?,
         };
-        if task != Task::Qa && config.num_labels() < 2 {
+        if task.has_label_names() && config.num_labels() < 2 {
             return Err(Error::config(
                 &origin,
                 "id2label",
@@ -683,10 +743,7 @@ impl FinetunedModel {
     /// (`LABEL_0`, ...) takes the file's sorted labels as ids, as
     /// `run_glue.py` does.
     pub fn read_labelled(&self, path: &Path, data: &DataOptions) -> Result<TaskData> {
-        let labels = match self.task {
-            Task::Qa => None,
-            _ => self.labels.as_ref(),
-        };
+        let labels = self.labels.as_ref().filter(|_| self.task.has_label_names());
         let d = TaskData::read(self.task, path, labels, false, data)?;
         if let (Some(l), None) = (d.labels(), &self.labels) {
             let n = self.config().num_labels();

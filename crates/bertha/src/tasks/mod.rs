@@ -20,7 +20,8 @@ pub use embed::{
 };
 pub use fill_mask::{FillMask, MaskPrediction};
 pub use finetuned::{
-    ClassPrediction, Evaluation, FinetunedModel, InferenceOptions, Predictions, TRAINING_ARGS_FILE,
+    ChoicePrediction, ClassPrediction, Evaluation, FinetunedModel, InferenceOptions, Predictions,
+    TRAINING_ARGS_FILE,
 };
 pub use negatives::{mine_hard_negatives, Mined, MiningOptions, Sampling};
 pub use ner::{Aggregation, Entity, TokenClassifier};

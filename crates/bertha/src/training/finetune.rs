@@ -1,9 +1,11 @@
 //! The fine-tuning objective: sequence classification (single texts or
-//! pairs), NER and extractive QA on top of a pre-trained encoder. What
-//! differs by task is how examples become model inputs (a class id, a tag
-//! per first word piece, an answer span per SQuAD window) and how the dev
-//! set is scored (accuracy and macro-F1, seqeval's entity P/R/F1, SQuAD
-//! EM/F1); the loop, checkpoints and resume are the [`Trainer`]'s.
+//! pairs), NER, extractive QA and multiple choice on top of a pre-trained
+//! encoder. What differs by task is how examples become model inputs (a
+//! class id, a tag per first word piece, an answer span per SQuAD window,
+//! an example's choices end to end with the right one's index) and how the
+//! dev set is scored (accuracy and macro-F1, seqeval's entity P/R/F1,
+//! SQuAD EM/F1, accuracy); the loop, checkpoints and resume are the
+//! [`Trainer`]'s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -228,9 +230,9 @@ impl Finetuner {
         let weights = dir.weights()?;
 
         let mut train_data = TaskData::read(task, train, None, false, data)?;
-        let ck_labels = match task {
-            Task::Qa => None,
-            _ => LabelSet::from_config(&config)
+        let ck_labels = match task.has_label_names() {
+            false => None,
+            true => LabelSet::from_config(&config)
                 .map_err(|e| Error::config(&config_path, "id2label", e.to_string()))?,
         };
         let (labels, from_checkpoint) = match train_data.labels() {
@@ -245,7 +247,15 @@ impl Finetuner {
             train_data.subsample(n, opts.seed);
         }
         let dev_data = dev
-            .map(|p| TaskData::read(task, p, (task != Task::Qa).then_some(&labels), false, data))
+            .map(|p| {
+                TaskData::read(
+                    task,
+                    p,
+                    task.has_label_names().then_some(&labels),
+                    false,
+                    data,
+                )
+            })
             .transpose()?;
 
         // Keep the checkpoint's head only when it was trained for this
@@ -254,6 +264,7 @@ impl Finetuner {
         let head_weight = format!("{prefix}weight");
         let out_dim = match task {
             Task::Qa => 2,
+            Task::MultipleChoice => 1,
             _ => labels.len(),
         };
         let same_kind = config
@@ -265,7 +276,7 @@ impl Finetuner {
             && weights
                 .get_unchecked(&head_weight, DType::F32, &Device::Cpu)
                 .is_ok_and(|t| t.dims() == [out_dim, config.hidden_size]);
-        let labels_fit = task == Task::Qa || from_checkpoint || ck_labels.is_none();
+        let labels_fit = !task.has_label_names() || from_checkpoint || ck_labels.is_none();
         let keep_head = has_head && same_kind && shape_fits && labels_fit;
         let weights = if has_head && !keep_head {
             tracing::warn!(
@@ -289,7 +300,7 @@ impl Finetuner {
                 config.problem_type = None;
                 labels.apply_to(&mut config);
             }
-            Task::Qa => {
+            Task::Qa | Task::MultipleChoice => {
                 config.problem_type = None;
                 config.id2label.clear();
             }
@@ -336,7 +347,7 @@ impl Finetuner {
             return Err(Error::option("early_stop", "needs a dev set to watch"));
         }
         let labels = train.labels().cloned().unwrap_or_default();
-        if task != Task::Qa {
+        if task.has_label_names() {
             if labels.len() < 2 {
                 return Err(Error::Input(format!(
                     "{}: {} label(s) ({}): {task} needs at least two",
@@ -427,7 +438,7 @@ impl Finetuner {
         self.objective().task
     }
 
-    /// Class / tag ids (empty for QA).
+    /// Class / tag ids (empty for QA and multiple choice).
     pub fn labels(&self) -> &LabelSet {
         &self.objective().labels
     }
@@ -463,7 +474,7 @@ impl Finetuner {
     /// Reads a file with this run's label ids (e.g. to score the training set).
     pub fn read_data(&self, path: &Path, data: &DataOptions) -> Result<TaskData> {
         let o = self.objective();
-        let labels = (o.task != Task::Qa).then_some(&o.labels);
+        let labels = o.task.has_label_names().then_some(&o.labels);
         TaskData::read(o.task, path, labels, false, data)
     }
 
@@ -561,8 +572,9 @@ impl Finetuning {
         let (mut classes, mut tags, mut spans) = (Vec::new(), Vec::new(), Vec::new());
         for item in &items {
             match (self.task, &item.target) {
-                (Task::Classification, &Target::Class(y)) => classes.push(y),
-                (Task::Classification, _) => classes.push(IGNORE_INDEX),
+                (Task::Classification | Task::MultipleChoice, target) => {
+                    classes.push(target.class_id())
+                }
                 (Task::Ner, target) => {
                     // A tag per token, cut to the input as the candle path cuts.
                     let mut row = vec![IGNORE_INDEX; item.input_ids.len()];
@@ -593,12 +605,11 @@ impl Finetuning {
         })?;
         let head = head.with_compute(self.compute);
         let batch = HeadBatch {
-            sequences: items
-                .iter()
-                .map(|i| (&i.input_ids[..], &i.token_type_ids[..]))
-                .collect(),
+            // A multiple-choice input's choices are sequences of their own.
+            sequences: items.iter().flat_map(|i| i.sequences()).collect(),
             targets: match self.task {
                 Task::Classification => HeadTargets::Classes(&classes),
+                Task::MultipleChoice => HeadTargets::Choices(&classes),
                 Task::Ner => HeadTargets::Tokens(tags.iter().map(|t| &t[..]).collect()),
                 Task::Qa => HeadTargets::Spans(&spans),
             },
@@ -699,6 +710,9 @@ impl Objective for Finetuning {
                 Target::Class(y) => f.add([*y]),
                 Target::Tokens(tags) => f.add(tags.iter().copied()),
                 Target::Span(s, e) => f.add([*s, *e]),
+                Target::Choice { label, lengths } => {
+                    f.add(std::iter::once(*label).chain(lengths.iter().map(|&n| n as i64)))
+                }
             }
         }
         f

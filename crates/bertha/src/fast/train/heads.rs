@@ -1,5 +1,7 @@
 //! Fine-tuning heads on the fast path: sequence classification (pooler →
-//! dropout → classifier, with the loss its `problem_type` says), token
+//! dropout → classifier, with the loss its `problem_type` says; multiple
+//! choice is the same layers with one output, its softmax over each
+//! example's choices), token
 //! classification (dropout → classifier on every token, -100 ignored) and
 //! extractive QA (`qa_outputs` → start / end cross-entropy over every row,
 //! padding rows included as transformers' loss has them), each with the
@@ -30,6 +32,10 @@ pub enum HeadTargets<'a> {
     /// Token classification: a class id per token of each sequence
     /// (-100: none).
     Tokens(Vec<&'a [i64]>),
+    /// Multiple choice: the right choice per example (-100: none); the
+    /// sequences are the examples' choices, example after example, as
+    /// many for each.
+    Choices(&'a [i64]),
     /// Question answering: each sequence's answer `(start, end)` rows;
     /// rows outside the (padded) sequence are clamped to its row count and
     /// then ignored, as transformers does.
@@ -170,6 +176,21 @@ impl<'a> FinetuneHead<'a> {
                     classifier: linear(dense, "the classifier")?,
                     dropout,
                     problem: model.config().problem_type,
+                }
+            }
+            BertForTask::MultipleChoice(m) => {
+                let (dense, dropout) = m.classifier();
+                let Some(pooler) = &model.bert().pooler else {
+                    return Ok(None);
+                };
+                if dropout.rate() >= 1.0 || dense.bias().is_none() {
+                    return Ok(None);
+                }
+                Top::Sequence {
+                    sentence: Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
+                    classifier: linear(dense, "the classifier")?,
+                    dropout,
+                    problem: None,
                 }
             }
             BertForTask::TokenClassification(m) => {
@@ -490,6 +511,23 @@ fn sequence_loss(
     weight: f64,
 ) -> Result<(f64, usize)> {
     let n = logits.len() / c.max(1);
+    if let HeadTargets::Choices(y) = targets {
+        // One score per sequence; each example's scores are one row.
+        let choices = if y.is_empty() { 0 } else { n / y.len() };
+        if c != 1 || choices * y.len() != n || (n > 0 && choices == 0) {
+            return Err(Error::Input(format!(
+                "labels: {n} sequences of {c} score(s) do not split into the choices of {} examples",
+                y.len()
+            )));
+        }
+        let rows: Vec<(usize, i64)> = y
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(_, y)| y != IGNORE_INDEX)
+            .collect();
+        return class_loss(logits, choices, &rows, weight, "labels");
+    }
     if let HeadTargets::Custom(loss) = targets {
         let (mean, count, grad) = loss(logits)?;
         if grad.len() != logits.len() {
@@ -532,7 +570,13 @@ fn sequence_loss(
         }
         (_, HeadTargets::Classes(y)) => y.iter().map(|&v| v as f32).collect(),
         (_, HeadTargets::Values(v)) => v.to_vec(),
-        (_, HeadTargets::Tokens(_) | HeadTargets::Spans(_) | HeadTargets::Custom(_)) => {
+        (
+            _,
+            HeadTargets::Tokens(_)
+            | HeadTargets::Spans(_)
+            | HeadTargets::Choices(_)
+            | HeadTargets::Custom(_),
+        ) => {
             return Err(Error::Input(
                 "labels: sequence classification needs labels per sequence".into(),
             ))

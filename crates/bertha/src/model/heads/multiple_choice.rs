@@ -7,12 +7,21 @@ use super::loss::class_cross_entropy;
 use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::error::{Error, Result};
 use crate::model::bert::BertInput;
+use crate::model::nn::{Dense, Dropout};
 
 super::declare_head! {
     /// `BertForMultipleChoice`'s module: a one-output classifier on the
     /// pooled output of each choice.
     BertForMultipleChoice: MultipleChoice -> HeadOutput,
     MultipleChoiceModule { classifier: Classifier }
+}
+
+impl BertForMultipleChoice {
+    /// The one-output classifier on the pooled output and the dropout
+    /// before it.
+    pub fn classifier(&self) -> (&Dense, Dropout) {
+        self.module.classifier.parts()
+    }
 }
 
 impl MultipleChoiceModule {
