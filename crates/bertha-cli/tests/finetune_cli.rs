@@ -287,7 +287,7 @@ fn bad_input_is_a_one_line_error() {
     assert!(err.contains("--early-stop needs a dev set"), "{err}");
     let err = failure(&on_checkpoint("evaluate", "sentiment", &tiny, &data, &[]));
     assert!(
-        err.contains("expected classification, ner, qa, sts, retrieval or rerank"),
+        err.contains("expected classification, ner, qa, multiple-choice, sts, retrieval or rerank"),
         "{err}"
     );
     let err = failure(&on_checkpoint("predict", "sts", &tiny, &data, &[]));

@@ -1,9 +1,9 @@
 //! `bertha evaluate`: the task's metrics, as one JSON line, of a
-//! fine-tuned checkpoint on a labelled file (classification, ner, qa), or
-//! of a model's sentence embeddings on pairs (sts: Spearman and Pearson
-//! ×100 of cosine similarity against gold scores; retrieval: each anchor's
-//! positive ranked among all positives), or of a cross-encoder reranking
-//! candidate lists (MRR@10, NDCG@10, MAP).
+//! fine-tuned checkpoint on a labelled file (classification, ner, qa,
+//! multiple-choice), or of a model's sentence embeddings on pairs (sts:
+//! Spearman and Pearson ×100 of cosine similarity against gold scores;
+//! retrieval: each anchor's positive ranked among all positives), or of a
+//! cross-encoder reranking candidate lists (MRR@10, NDCG@10, MAP).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -102,7 +102,7 @@ impl FromStr for EvalTask {
         }
         s.parse().map(Self::Checkpoint).map_err(|_| {
             format!(
-                "unknown task `{s}` (expected classification, ner, qa, sts, retrieval or rerank)"
+                "unknown task `{s}` (expected classification, ner, qa, multiple-choice, sts, retrieval or rerank)"
             )
         })
     }
@@ -110,8 +110,8 @@ impl FromStr for EvalTask {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// classification, ner or qa (a fine-tuned checkpoint and its labelled
-    /// file), or sts (scored pairs) or retrieval ((anchor, positive) pairs):
+    /// classification, ner, qa or multiple-choice (a fine-tuned checkpoint
+    /// and its labelled file), or sts (scored pairs) or retrieval ((anchor, positive) pairs):
     /// the sentence embeddings of any model folder, pooled and normalised
     /// as the folder says, compared by cosine; or rerank: a cross-encoder
     /// reranking candidate lists (labelled pairs grouped by query, tuples,

@@ -67,7 +67,7 @@ impl FromStr for FinetuneTask {
             "rerank" => Ok(Self::Rerank),
             other => Task::from_str(other).map(Self::Head).map_err(|_| {
                 format!(
-                    "unknown task `{other}` (expected classification, ner, qa, embedding or rerank)"
+                    "unknown task `{other}` (expected classification, ner, qa, multiple-choice, embedding or rerank)"
                 )
             }),
         }
@@ -77,7 +77,9 @@ impl FromStr for FinetuneTask {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// classification (TSV/CSV/JSONL, texts or pairs), ner (CoNLL), qa (SQuAD
-    /// JSON), embedding (pairs, triplets or scored pairs: TSV/CSV/JSONL) or
+    /// JSON), multiple-choice (SWAG's columns sent1, sent2, ending0…, label:
+    /// TSV/CSV/JSONL), embedding (pairs, triplets or scored pairs:
+    /// TSV/CSV/JSONL) or
     /// rerank (a cross-encoder: labelled pairs, (query, positive,
     /// negative…) tuples or JSONL lists).
     #[arg(long)]

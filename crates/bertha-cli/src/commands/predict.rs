@@ -1,7 +1,9 @@
 //! `bertha predict`: a fine-tuned checkpoint's predictions for a data file:
 //! JSON Lines for classification (`{"label", "score"}` per example) and NER
-//! (`{"words", "tags"}` per sentence), and SQuAD's official predictions file
-//! (`{"question id": "answer", ...}`) for QA.
+//! (`{"words", "tags"}` per sentence), SQuAD's official predictions file
+//! (`{"question id": "answer", ...}`) for QA, and `{"choice", "score"}` per
+//! example for multiple choice (the chosen ending's index from 0, and its
+//! softmax over the example's endings).
 
 use std::path::PathBuf;
 
@@ -14,7 +16,7 @@ use crate::output::JsonLines;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// classification, ner or qa.
+    /// classification, ner, qa or multiple-choice.
     #[arg(long)]
     task: Task,
 
@@ -51,6 +53,11 @@ pub fn run(a: Args) -> Result<()> {
                     words: &s.words,
                     tags,
                 })?;
+            }
+        }
+        (Predictions::MultipleChoice(p), _) => {
+            for row in p {
+                out.write(row)?;
             }
         }
         (Predictions::Qa(p), _) => {
