@@ -84,7 +84,7 @@ enum Command {
     Pretrain(commands::pretrain::Args),
     /// Tokenize a pre-training corpus once into memory-mapped shards for `pretrain --corpus DIR`.
     PrepareCorpus(commands::prepare_corpus::Args),
-    /// Fine-tune a classification, NER or QA head, an embedding model or a reranker on a training file.
+    /// Fine-tune a classification, NER, QA or multiple-choice head, an embedding model or a reranker on a training file.
     Finetune(Box<commands::finetune::Args>),
     /// The task's metrics of a fine-tuned checkpoint on a labelled file, of sentence embeddings
     /// on pairs (sts, retrieval) or of a reranker on candidate lists, as one JSON line.

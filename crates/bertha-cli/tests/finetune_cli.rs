@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{failure, ok, read_json, read_jsonl, repo, run, s, with_key};
+use common::{failure, ok, ok_lines, read_json, read_jsonl, repo, run, s, tiny, with_key};
 
 use serde_json::Value;
 
@@ -221,6 +221,42 @@ fn qa_predictions_are_squads_predictions_file() {
         (0.0..=100.0).contains(&em) && em <= f1 && f1 <= 100.0,
         "{ev}"
     );
+}
+
+/// `bertha finetune --task multiple-choice` on SWAG's columns, then
+/// `predict` (a `{"choice", "score"}` line per example) and `evaluate`,
+/// whose accuracy is the one counted from the predictions.
+#[test]
+fn multiple_choice_finetunes_predicts_and_evaluates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = repo().join("tests/fixtures/finetune/swag-style.csv");
+    let out = tmp.path().join("mc");
+    let mut args = vec!["finetune", "--task", "multiple-choice", "--model"];
+    let model = tiny("bert-mlm");
+    args.extend_from_slice(&[&model, "--train", s(&data), "--out", s(&out)]);
+    args.extend_from_slice(&["--epochs", "2", "--batch-size", "4", "--max-length", "32"]);
+    let o = run(&args);
+    ok(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("on the fast path"), "{stderr}");
+    let config = read_json(&out.join("config.json"));
+    assert_eq!(config["architectures"][0], "BertForMultipleChoice");
+
+    let preds = ok_lines(&on_checkpoint("predict", "multiple-choice", &out, &data, &[]));
+    assert_eq!(preds.len(), 7);
+    let labels = [0, 1, 2, 1, 0, 2, 2];
+    let mut right = 0;
+    for (p, y) in preds.iter().zip(labels) {
+        let choice = p["choice"].as_u64().unwrap();
+        let score = p["score"].as_f64().unwrap();
+        assert!(choice < 3 && (1.0 / 3.0 - 1e-6..=1.0).contains(&score), "{p}");
+        right += usize::from(choice == y);
+    }
+    let ev = on_checkpoint("evaluate", "multiple-choice", &out, &data, &[]);
+    let ev: Value = serde_json::from_str(ok(&ev).trim()).unwrap();
+    assert_eq!(ev["examples"], 7);
+    assert_eq!(ev["metric"], "accuracy");
+    assert_eq!(ev["accuracy"].as_f64().unwrap(), right as f64 / 7.0, "{ev}");
 }
 
 /// `--engine fast` and `--engine candle` train the same steps (a tiny BERT

@@ -23,7 +23,7 @@ use common::fast_steps::{
     assert_fixture_gradients, assert_other_masks_differ, assert_same_gradients, expected_loss,
     fixture_model,
 };
-use common::runs::{tiny, tiny_copy, SWAG};
+use common::runs::{swag, tiny, tiny_copy};
 use common::{fixtures, load_safetensors, read_json};
 
 const FAMILIES: [&str; 3] = [
@@ -223,7 +223,7 @@ fn dropout_steps_equal_the_candle_path() {
 
 fn write_data(dir: &Path) -> PathBuf {
     let p = dir.join("swag.csv");
-    std::fs::write(&p, SWAG).unwrap();
+    std::fs::write(&p, swag()).unwrap();
     p
 }
 

@@ -160,16 +160,12 @@ pub const CONLL: &str = "-DOCSTART- O\n\n\
     peter B-PER\nsmith I-PER\nplayed O\nin O\nthe O\npark O\n\n\
     david B-PER\nwas O\nborn O\nin O\nnew B-LOC\nyork I-LOC\n";
 
-/// SWAG's columns, as `run_swag.py` reads them: the right ending names
-/// what the context's first word does.
-pub const SWAG: &str = "video-id,sent1,sent2,ending0,ending1,ending2,label\n\
-    a,john played the music.,he,played the song.,lost the game.,went to paris.,0\n\
-    b,paul lost the game.,he,played the song.,lost the game.,went to paris.,1\n\
-    c,mary went to paris.,she,played the song.,lost the game.,went to paris.,2\n\
-    d,james played the album.,he,went to london.,played the music.,lost the war.,1\n\
-    e,david lost the war.,he,lost the war.,went to london.,played the music.,0\n\
-    f,peter went to london.,he,played the music.,lost the war.,went to london.,2\n\
-    g,the band played the song.,they,lost the game.,went to paris.,played the song.,2\n";
+/// SWAG's columns, as `run_swag.py` reads them
+/// (`tests/fixtures/finetune/swag-style.csv`): the right ending names what
+/// the context's first word does.
+pub fn swag() -> String {
+    std::fs::read_to_string(fixtures().join("finetune/swag-style.csv")).unwrap()
+}
 
 pub fn squad_json() -> String {
     let qa = |id: &str, q: &str, context: &str, answer: &str| {
@@ -199,7 +195,7 @@ pub fn finetuner(out: &Path, task: Task, t: &Tweak) -> Finetuner {
         Task::Classification => ("bert-seqcls", "train.tsv", SENTIMENT.to_string()),
         Task::Ner => ("bert-tokcls", "train.conll", CONLL.to_string()),
         Task::Qa => ("bert-qa", "squad.json", squad_json()),
-        Task::MultipleChoice => ("bert-multiple-choice", "swag.csv", SWAG.to_string()),
+        Task::MultipleChoice => ("bert-multiple-choice", "swag.csv", swag()),
     };
     let model = tiny_copy(
         &tiny(fixture),
