@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fast_steps;
+pub mod finetune;
 pub mod runs;
 
 use std::collections::HashMap;
