@@ -242,14 +242,23 @@ fn multiple_choice_finetunes_predicts_and_evaluates() {
     let config = read_json(&out.join("config.json"));
     assert_eq!(config["architectures"][0], "BertForMultipleChoice");
 
-    let preds = ok_lines(&on_checkpoint("predict", "multiple-choice", &out, &data, &[]));
+    let preds = ok_lines(&on_checkpoint(
+        "predict",
+        "multiple-choice",
+        &out,
+        &data,
+        &[],
+    ));
     assert_eq!(preds.len(), 7);
     let labels = [0, 1, 2, 1, 0, 2, 2];
     let mut right = 0;
     for (p, y) in preds.iter().zip(labels) {
         let choice = p["choice"].as_u64().unwrap();
         let score = p["score"].as_f64().unwrap();
-        assert!(choice < 3 && (1.0 / 3.0 - 1e-6..=1.0).contains(&score), "{p}");
+        assert!(
+            choice < 3 && (1.0 / 3.0 - 1e-6..=1.0).contains(&score),
+            "{p}"
+        );
         right += usize::from(choice == y);
     }
     let ev = on_checkpoint("evaluate", "multiple-choice", &out, &data, &[]);

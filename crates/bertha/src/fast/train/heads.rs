@@ -179,15 +179,26 @@ impl<'a> FinetuneHead<'a> {
                 }
             }
             BertForTask::MultipleChoice(m) => {
-                let (dense, dropout) = m.classifier();
-                let Some(pooler) = &model.bert().pooler else {
-                    return Ok(None);
+                let sentence = match (m.first_token(), &model.bert().pooler) {
+                    (Some((dropout, dense, act)), _) if dense.bias().is_some() => {
+                        if dropout.rate() >= 1.0 {
+                            return Ok(None);
+                        }
+                        Sentence::FirstToken {
+                            dropout,
+                            dense: linear(dense, "the classifier's dense layer")?,
+                            act: act.into(),
+                        }
+                    }
+                    (None, Some(pooler)) => Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
+                    _ => return Ok(None),
                 };
+                let (dense, dropout) = m.classifier();
                 if dropout.rate() >= 1.0 || dense.bias().is_none() {
                     return Ok(None);
                 }
                 Top::Sequence {
-                    sentence: Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
+                    sentence,
                     classifier: linear(dense, "the classifier")?,
                     dropout,
                     problem: None,

@@ -98,8 +98,15 @@ impl Layout for DebertaV2<'_> {
         })
     }
 
-    fn has_multiple_choice(&self) -> bool {
+    fn multiple_choice_reads_pooler(&self) -> bool {
         false
+    }
+
+    /// DebertaV2ForMultipleChoice: the ContextPooler, dropout and
+    /// `classifier`, as its sequence classifier, with one output per
+    /// choice.
+    fn multiple_choice_head(&self, cfg: &BertConfig) -> Option<FirstTokenHead> {
+        self.first_token_head(cfg)
     }
 
     /// DeBERTa's classifier has its own `pooler`.

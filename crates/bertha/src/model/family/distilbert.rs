@@ -62,8 +62,14 @@ impl Layout for DistilBert<'_> {
         })
     }
 
-    fn has_multiple_choice(&self) -> bool {
+    fn multiple_choice_reads_pooler(&self) -> bool {
         false
+    }
+
+    /// DistilBertForMultipleChoice: its sequence classifier's layers,
+    /// with one output per choice.
+    fn multiple_choice_head(&self, cfg: &BertConfig) -> Option<FirstTokenHead> {
+        self.first_token_head(cfg)
     }
 
     /// DistilBertForQuestionAnswering drops the hidden states before

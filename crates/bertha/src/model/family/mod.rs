@@ -66,10 +66,22 @@ pub(crate) trait Layout {
         None
     }
 
-    /// Whether transformers has the family's multiple-choice head (on the
-    /// pooler output).
+    /// Whether transformers has the family's multiple-choice head.
     fn has_multiple_choice(&self) -> bool {
         true
+    }
+
+    /// Whether the multiple-choice classifier reads the pooler output
+    /// (else [`Layout::multiple_choice_head`]).
+    fn multiple_choice_reads_pooler(&self) -> bool {
+        true
+    }
+
+    /// The family's sentence head under its multiple-choice classifier,
+    /// when it is not BERT's pooler (DistilBERT's and DeBERTa's are their
+    /// sequence classifier's first-token heads).
+    fn multiple_choice_head(&self, _cfg: &BertConfig) -> Option<FirstTokenHead> {
+        None
     }
 
     /// The rate of the dropout before `qa_outputs` (none in BERT's QA

@@ -61,7 +61,10 @@ impl HeadKind {
         match self {
             Self::PreTraining | Self::NextSentencePrediction => true,
             Self::SequenceClassification => layout(family).classifier_reads_pooler(),
-            Self::MultipleChoice => layout(family).has_multiple_choice(),
+            Self::MultipleChoice => {
+                let l = layout(family);
+                l.has_multiple_choice() && l.multiple_choice_reads_pooler()
+            }
             _ => false,
         }
     }

@@ -1,19 +1,24 @@
 //! `BertForMultipleChoice`: each (context, choice) pair through the
 //! encoder, pooler → dropout → a one-output classifier, scores [B, C].
+//! DistilBERT and DeBERTa-v2 run their sequence classifier's first-token
+//! head in place of the pooler.
 
 use candle_core::{Result as CResult, Tensor};
 
 use super::loss::class_cross_entropy;
+use super::sequence_classification::FirstTokenDense;
 use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
+use crate::config::Activation;
 use crate::error::{Error, Result};
 use crate::model::bert::BertInput;
+use crate::model::family::layout;
 use crate::model::nn::{Dense, Dropout};
 
 super::declare_head! {
     /// `BertForMultipleChoice`'s module: a one-output classifier on the
     /// pooled output of each choice.
     BertForMultipleChoice: MultipleChoice -> HeadOutput,
-    MultipleChoiceModule { classifier: Classifier }
+    MultipleChoiceModule { first_token: Option<FirstTokenDense>, classifier: Classifier }
 }
 
 impl BertForMultipleChoice {
@@ -22,12 +27,24 @@ impl BertForMultipleChoice {
     pub fn classifier(&self) -> (&Dense, Dropout) {
         self.module.classifier.parts()
     }
+
+    /// The family's first-token head in place of the pooler (DistilBERT,
+    /// DeBERTa-v2): its dropout, dense layer and activation.
+    pub fn first_token(&self) -> Option<(Dropout, &Dense, Activation)> {
+        self.module.first_token.as_ref().map(FirstTokenDense::parts)
+    }
 }
 
 impl MultipleChoiceModule {
     fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
-        let classifier = Classifier::load(from, 1)?;
-        Ok(Head::new(from.encoder()?, Self { classifier }))
+        let config = from.config();
+        let spec = layout(&config.family).multiple_choice_head(config);
+        let (first_token, classifier) = FirstTokenDense::load_with_classifier(from, spec, 1)?;
+        let module = Self {
+            first_token,
+            classifier,
+        };
+        Ok(Head::new(from.encoder()?, module))
     }
 
     /// `input` tensors are [B, C, T] (C choices per example); `labels` [B]
@@ -47,9 +64,13 @@ impl MultipleChoiceModule {
             attention_mask: input.attention_mask.as_ref().map(flat).transpose()?,
         };
         let out = pass.encode_input(&flat_input)?;
+        let sentence = match &self.first_token {
+            Some(head) => head.forward(&out.last_hidden_state, pass.train())?,
+            None => pooled(&out)?.clone(),
+        };
         let logits = self
             .classifier
-            .forward(pooled(&out)?, pass.train())?
+            .forward(&sentence, pass.train())?
             .reshape((b, c))?;
         HeadOutput::with_loss(out, logits, pass.labels.labels, class_cross_entropy)
     }

@@ -9,7 +9,7 @@ use super::loss::{bce_with_logits, class_cross_entropy, float_labels};
 use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::config::{Activation, BertConfig, ProblemType};
 use crate::error::Result;
-use crate::model::family::layout;
+use crate::model::family::{layout, FirstTokenHead};
 use crate::model::nn::{activate, Dense, Dropout};
 
 super::declare_head! {
@@ -30,34 +30,51 @@ pub struct FirstTokenDense {
 
 impl FirstTokenDense {
     /// `hidden` [B, T, D] → [B, D].
-    fn forward(&self, hidden: &Tensor, train: bool) -> Result<Tensor> {
+    pub(super) fn forward(&self, hidden: &Tensor, train: bool) -> Result<Tensor> {
         let first = hidden.narrow(1, 0, 1)?.squeeze(1)?;
         let x = self.dropout.forward(&first, train)?;
         Ok(activate(&self.dense.forward(&x)?, self.act)?)
     }
 }
 
+impl FirstTokenDense {
+    /// The family's first-token head `spec` (`None`: BERT's pooler) and
+    /// the classifier of `outputs` over it.
+    pub(super) fn load_with_classifier(
+        from: &HeadSource,
+        spec: Option<FirstTokenHead>,
+        outputs: usize,
+    ) -> CResult<(Option<Self>, Classifier)> {
+        let Some(spec) = spec else {
+            return Ok((None, Classifier::load(from, outputs)?));
+        };
+        let config = from.config();
+        let classifier = Classifier::load_at(from, spec.out, outputs)?;
+        let d = config.hidden_size;
+        let dropout = match spec.dropout {
+            Some(rate) => Dropout::new(rate),
+            None => classifier.parts().1,
+        };
+        let first = Self {
+            dropout,
+            dense: Dense::load(from.root().pp(spec.dense), d, d, config.initializer_range)?,
+            act: spec.act,
+        };
+        Ok((Some(first), classifier))
+    }
+
+    /// Its dropout, dense layer and activation.
+    pub(super) fn parts(&self) -> (Dropout, &Dense, Activation) {
+        (self.dropout, &self.dense, self.act)
+    }
+}
+
 impl SequenceClassificationModule {
     fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
         let config = from.config();
-        let labels = config.num_labels();
-        let (first_token, classifier) = match layout(&config.family).first_token_head(config) {
-            Some(spec) => {
-                let classifier = Classifier::load_at(from, spec.out, labels)?;
-                let d = config.hidden_size;
-                let dropout = match spec.dropout {
-                    Some(rate) => Dropout::new(rate),
-                    None => classifier.parts().1,
-                };
-                let first = FirstTokenDense {
-                    dropout,
-                    dense: Dense::load(from.root().pp(spec.dense), d, d, config.initializer_range)?,
-                    act: spec.act,
-                };
-                (Some(first), classifier)
-            }
-            None => (None, Classifier::load(from, labels)?),
-        };
+        let spec = layout(&config.family).first_token_head(config);
+        let (first_token, classifier) =
+            FirstTokenDense::load_with_classifier(from, spec, config.num_labels())?;
         let module = Self {
             first_token,
             classifier,
@@ -88,8 +105,7 @@ impl BertForSequenceClassification {
     /// The family's first-token head (the dropout before it, its dense
     /// layer and activation), when it has one in place of the pooler.
     pub fn first_token(&self) -> Option<(Dropout, &Dense, Activation)> {
-        let f = self.module.first_token.as_ref()?;
-        Some((f.dropout, &f.dense, f.act))
+        self.module.first_token.as_ref().map(FirstTokenDense::parts)
     }
 
     /// The classifier on the pooled output and the dropout before it.

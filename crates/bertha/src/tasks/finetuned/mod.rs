@@ -594,14 +594,15 @@ impl Scorer<'_> {
 /// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
 /// so a ModernBERT QA run would save a checkpoint transformers cannot
 /// read; it is refused. Multiple choice needs the family's
-/// `…ForMultipleChoice` on the pooler (BERT, RoBERTa, ALBERT).
+/// `…ForMultipleChoice`: BERT, RoBERTa, ALBERT, DistilBERT, DeBERTa-v2
+/// (not ELECTRA's `sequence_summary`, and ModernBERT has none here).
 pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
     if !task.head().supported_by(&config.family) {
         return Err(Error::config(
             origin,
             "model_type",
             format!(
-                "{task} is not supported for `{}` (bertha has the multiple-choice heads of BERT, RoBERTa and ALBERT)",
+                "{task} is not supported for `{}` (transformers has no such head for it, or bertha not yet: ELECTRA's)",
                 config.model_type
             ),
         ));
