@@ -28,12 +28,14 @@ use common::{fixtures, load_safetensors, read_json};
 
 /// The fixtures of the families with a multiple-choice head, and whether
 /// the fast path runs their encoder (DeBERTa-v2 trains on candle).
-const FAMILIES: [(&str, bool); 5] = [
+const FAMILIES: [(&str, bool); 7] = [
     ("bert-multiple-choice", true),
     ("roberta-multiple-choice", true),
     ("albert-multiple-choice", true),
     ("distilbert-multiple-choice", true),
     ("deberta-v2-multiple-choice", false),
+    ("modernbert-multiple-choice", true),
+    ("modernbert-mean-multiple-choice", true),
 ];
 
 /// A fixture's batch: `[B][C][T]` ids, token types (zeros where the
@@ -148,7 +150,8 @@ fn fast_step(
 }
 
 /// The multiple-choice heads of BERT, RoBERTa and ALBERT (the pooler),
-/// DistilBERT and DeBERTa-v2 (their first-token heads), on the candle
+/// DistilBERT and DeBERTa-v2 (their first-token heads) and ModernBERT (its
+/// cls or mean pooling and `head`), on the candle
 /// modules and, where it runs the encoder, on the fast path, give
 /// transformers' logits, loss and gradients (each choice its own sequence
 /// through the encoder, a one-output classifier, the softmax over each

@@ -180,6 +180,15 @@ impl<'a> FinetuneHead<'a> {
             }
             BertForTask::MultipleChoice(m) => {
                 let sentence = match (m.first_token(), &model.bert().pooler) {
+                    _ if m.classifier_head().is_some() => {
+                        let (Some(head), Some(pooling)) = (m.classifier_head(), modernbert) else {
+                            return Ok(None);
+                        };
+                        Sentence::ModernBert {
+                            head: PredictionHead::of(head)?,
+                            mean: pooling == ClassifierPooling::Mean,
+                        }
+                    }
                     (Some((dropout, dense, act)), _) if dense.bias().is_some() => {
                         if dropout.rate() >= 1.0 {
                             return Ok(None);

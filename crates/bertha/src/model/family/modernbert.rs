@@ -92,7 +92,8 @@ impl Layout for ModernBert<'_> {
         false
     }
 
-    fn has_multiple_choice(&self) -> bool {
+    /// ModernBertForMultipleChoice pools as its sequence classifier does.
+    fn multiple_choice_reads_pooler(&self) -> bool {
         false
     }
 

@@ -1,7 +1,8 @@
 //! `BertForMultipleChoice`: each (context, choice) pair through the
 //! encoder, pooler → dropout → a one-output classifier, scores [B, C].
 //! DistilBERT and DeBERTa-v2 run their sequence classifier's first-token
-//! head in place of the pooler.
+//! head in place of the pooler, ModernBERT its encoder's pooling (cls or
+//! mean) and `head`.
 
 use candle_core::{Result as CResult, Tensor};
 
@@ -26,6 +27,12 @@ impl BertForMultipleChoice {
     /// before it.
     pub fn classifier(&self) -> (&Dense, Dropout) {
         self.module.classifier.parts()
+    }
+
+    /// The family's module on the pooled vector before the dropout
+    /// (ModernBERT's `head`).
+    pub(crate) fn classifier_head(&self) -> Option<&crate::model::family::PredictionHead> {
+        self.module.classifier.head()
     }
 
     /// The family's first-token head in place of the pooler (DistilBERT,

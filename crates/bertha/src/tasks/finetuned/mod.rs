@@ -594,15 +594,15 @@ impl Scorer<'_> {
 /// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
 /// so a ModernBERT QA run would save a checkpoint transformers cannot
 /// read; it is refused. Multiple choice needs the family's
-/// `…ForMultipleChoice`: BERT, RoBERTa, ALBERT, DistilBERT, DeBERTa-v2
-/// (not ELECTRA's `sequence_summary`, and ModernBERT has none here).
+/// `…ForMultipleChoice`: every family's but ELECTRA's (its
+/// `sequence_summary` module is not bertha's).
 pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
     if !task.head().supported_by(&config.family) {
         return Err(Error::config(
             origin,
             "model_type",
             format!(
-                "{task} is not supported for `{}` (transformers has no such head for it, or bertha not yet: ELECTRA's)",
+                "{task} is not supported for `{}` (bertha does not have ELECTRA's `sequence_summary` head yet)",
                 config.model_type
             ),
         ));
