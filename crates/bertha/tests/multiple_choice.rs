@@ -255,6 +255,23 @@ fn options(out: &Path, engine: Engine) -> FinetuneOptions {
     }
 }
 
+/// A multiple-choice run of `model` on `data` (scored on `dev`).
+fn finetuner(
+    model: &Path,
+    data: &Path,
+    dev: Option<&Path>,
+    opts: FinetuneOptions,
+) -> bertha::Result<Finetuner> {
+    Finetuner::new(
+        Task::MultipleChoice,
+        model,
+        data,
+        dev,
+        &DataOptions::default(),
+        opts,
+    )
+}
+
 fn run(t: &mut Finetuner) -> Vec<StepMetrics> {
     let mut steps = Vec::new();
     t.run(|e| {
@@ -278,15 +295,7 @@ fn both_engines_finetune_the_same_run_and_it_round_trips() {
     let model = tiny_copy(&tiny("bert-mlm"), &tmp.path().join("model"), 0.1, None);
     let run_with = |engine: Engine| {
         let out = tmp.path().join(format!("{engine:?}"));
-        let mut t = Finetuner::new(
-            Task::MultipleChoice,
-            &model,
-            &data,
-            Some(&data),
-            &DataOptions::default(),
-            options(&out, engine),
-        )
-        .unwrap();
+        let mut t = finetuner(&model, &data, Some(&data), options(&out, engine)).unwrap();
         assert_eq!(t.on_fast_path(), engine == Engine::Fast);
         assert_eq!(t.train_size(), (7, 7));
         let steps = run(&mut t);
@@ -374,17 +383,7 @@ fn a_resumed_run_repeats_the_uninterrupted_one() {
     let tmp = tempfile::tempdir().unwrap();
     let data = write_data(tmp.path());
     let model = tiny_copy(&tiny("bert-mlm"), &tmp.path().join("model"), 0.1, None);
-    let trainer = |out: &Path| {
-        Finetuner::new(
-            Task::MultipleChoice,
-            &model,
-            &data,
-            None,
-            &DataOptions::default(),
-            options(out, Engine::Fast),
-        )
-        .unwrap()
-    };
+    let trainer = |out: &Path| finetuner(&model, &data, None, options(out, Engine::Fast)).unwrap();
     let a = tmp.path().join("a");
     let mut straight = trainer(&a);
     assert!(straight.on_fast_path());
@@ -418,15 +417,7 @@ fn a_small_set_is_learnt() {
     let model = tiny_copy(&tiny("bert-mlm"), &tmp.path().join("model"), 0.0, None);
     let mut o = options(&tmp.path().join("out"), Engine::Auto);
     (o.epochs, o.lr, o.batch_size) = (15.0, 2e-3, 7);
-    let mut t = Finetuner::new(
-        Task::MultipleChoice,
-        &model,
-        &data,
-        Some(&data),
-        &DataOptions::default(),
-        o,
-    )
-    .unwrap();
+    let mut t = finetuner(&model, &data, Some(&data), o).unwrap();
     let steps = run(&mut t);
     let (first, last) = (steps[0].loss, steps.last().unwrap().loss);
     println!("loss {first:.4} -> {last:.4}");
@@ -443,12 +434,10 @@ fn what_does_not_fit_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let data = write_data(tmp.path());
     let new = |model: &Path, data: &Path| {
-        Finetuner::new(
-            Task::MultipleChoice,
+        finetuner(
             model,
             data,
             None,
-            &DataOptions::default(),
             options(&tmp.path().join("out"), Engine::Auto),
         )
         .map(|_| ())

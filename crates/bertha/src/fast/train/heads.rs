@@ -540,13 +540,7 @@ fn sequence_loss(
                 y.len()
             )));
         }
-        let rows: Vec<(usize, i64)> = y
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|&(_, y)| y != IGNORE_INDEX)
-            .collect();
-        return class_loss(logits, choices, &rows, weight, "labels");
+        return class_loss(logits, choices, &labelled(y), weight, "labels");
     }
     if let HeadTargets::Custom(loss) = targets {
         let (mean, count, grad) = loss(logits)?;
@@ -575,13 +569,7 @@ fn sequence_loss(
                     y.len()
                 )));
             }
-            let rows: Vec<(usize, i64)> = y
-                .iter()
-                .copied()
-                .enumerate()
-                .filter(|&(_, y)| y != IGNORE_INDEX)
-                .collect();
-            return class_loss(logits, c, &rows, weight, "labels");
+            return class_loss(logits, c, &labelled(y), weight, "labels");
         }
         (ProblemType::SingleLabelClassification, _) => {
             return Err(Error::Input(
@@ -624,6 +612,15 @@ fn sequence_loss(
         }
     }
     Ok((sum / m, n))
+}
+
+/// The `(row, class id)` of every labelled row.
+fn labelled(y: &[i64]) -> Vec<(usize, i64)> {
+    y.iter()
+        .copied()
+        .enumerate()
+        .filter(|&(_, y)| y != IGNORE_INDEX)
+        .collect()
 }
 
 /// Mean cross-entropy of the `rows` `(row, class id)` of `logits` `[N,
