@@ -1,7 +1,7 @@
 //! `bertha._bertha.train`: the library's training loop (the one `bertha
 //! finetune` runs) from Python, for every task `bertha finetune` trains:
-//! classification, ner, qa, embedding (a bi-encoder) and rerank (a
-//! cross-encoder). Options are `bertha finetune`'s, by their field names,
+//! classification, ner, qa, multiple-choice, embedding (a bi-encoder)
+//! and rerank (a cross-encoder). Options are `bertha finetune`'s, by their field names,
 //! over the same defaults ([`FinetuneOptions::default`]).
 
 use std::path::{Path, PathBuf};
