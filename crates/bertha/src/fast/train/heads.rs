@@ -15,12 +15,13 @@ use super::losses::{bce_with_logit, cross_entropy};
 use super::mlm::linear;
 use super::prediction_head::{mean_rows, spread_means, PredictionHead};
 use super::products::Compute;
-use crate::config::{ClassifierPooling, Family, ProblemType};
+use crate::config::{Activation, ClassifierPooling, Family, ProblemType};
 use crate::error::{Error, Result};
 use crate::fast::buffers::{recycle, zeros, StepBuffers};
 use crate::fast::kernels::Act;
+use crate::model::family::PredictionHead as FamilyHead;
 use crate::model::ops::{bias_act_backward, bias_act_forward};
-use crate::model::{BertForTask, Dropout, DropoutMask, IGNORE_INDEX};
+use crate::model::{BertForTask, Dense, Dropout, DropoutMask, IGNORE_INDEX};
 
 /// What a head's loss is computed against.
 pub enum HeadTargets<'a> {
@@ -94,6 +95,38 @@ enum Sentence<'a> {
     },
 }
 
+impl<'a> Sentence<'a> {
+    /// A sequence head's sentence module: ModernBERT's pooling and `head`,
+    /// a family's `first_token` head, or BERT's pooler; `None` where the
+    /// fast path does not run it (a layer without its bias, a dropout of
+    /// 1).
+    fn of(
+        first_token: Option<(Dropout, &'a Dense, Activation)>,
+        model: &'a BertForTask,
+        heads: (Option<&'a FamilyHead>, Option<ClassifierPooling>),
+    ) -> Result<Option<Self>> {
+        Ok(Some(match (first_token, &model.bert().pooler, heads) {
+            (_, _, (Some(head), Some(pooling))) => Sentence::ModernBert {
+                head: PredictionHead::of(head)?,
+                mean: pooling == ClassifierPooling::Mean,
+            },
+            (_, _, (Some(_), None)) => return Ok(None),
+            (Some((dropout, dense, act)), _, _) if dense.bias().is_some() => {
+                if dropout.rate() >= 1.0 {
+                    return Ok(None);
+                }
+                Sentence::FirstToken {
+                    dropout,
+                    dense: linear(dense, "the classifier's dense layer")?,
+                    act: act.into(),
+                }
+            }
+            (None, Some(pooler), _) => Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
+            _ => return Ok(None),
+        }))
+    }
+}
+
 /// The layers above the encoder.
 enum Top<'a> {
     Sequence {
@@ -146,26 +179,8 @@ impl<'a> FinetuneHead<'a> {
         let top = match model {
             BertForTask::SequenceClassification(m) => {
                 let heads = (m.classifier_head(), modernbert);
-                let sentence = match (m.first_token(), &model.bert().pooler, heads) {
-                    (_, _, (Some(head), Some(pooling))) => Sentence::ModernBert {
-                        head: PredictionHead::of(head)?,
-                        mean: pooling == ClassifierPooling::Mean,
-                    },
-                    (_, _, (Some(_), None)) => return Ok(None),
-                    (Some((dropout, dense, act)), _, _) if dense.bias().is_some() => {
-                        if dropout.rate() >= 1.0 {
-                            return Ok(None);
-                        }
-                        Sentence::FirstToken {
-                            dropout,
-                            dense: linear(dense, "the classifier's dense layer")?,
-                            act: act.into(),
-                        }
-                    }
-                    (None, Some(pooler), _) => {
-                        Sentence::Pooler(linear(&pooler.dense, "the pooler")?)
-                    }
-                    _ => return Ok(None),
+                let Some(sentence) = Sentence::of(m.first_token(), model, heads)? else {
+                    return Ok(None);
                 };
                 let (dense, dropout) = m.classifier();
                 if dropout.rate() >= 1.0 || dense.bias().is_none() {
@@ -179,28 +194,9 @@ impl<'a> FinetuneHead<'a> {
                 }
             }
             BertForTask::MultipleChoice(m) => {
-                let sentence = match (m.first_token(), &model.bert().pooler) {
-                    _ if m.classifier_head().is_some() => {
-                        let (Some(head), Some(pooling)) = (m.classifier_head(), modernbert) else {
-                            return Ok(None);
-                        };
-                        Sentence::ModernBert {
-                            head: PredictionHead::of(head)?,
-                            mean: pooling == ClassifierPooling::Mean,
-                        }
-                    }
-                    (Some((dropout, dense, act)), _) if dense.bias().is_some() => {
-                        if dropout.rate() >= 1.0 {
-                            return Ok(None);
-                        }
-                        Sentence::FirstToken {
-                            dropout,
-                            dense: linear(dense, "the classifier's dense layer")?,
-                            act: act.into(),
-                        }
-                    }
-                    (None, Some(pooler)) => Sentence::Pooler(linear(&pooler.dense, "the pooler")?),
-                    _ => return Ok(None),
+                let heads = (m.classifier_head(), modernbert);
+                let Some(sentence) = Sentence::of(m.first_token(), model, heads)? else {
+                    return Ok(None);
                 };
                 let (dense, dropout) = m.classifier();
                 if dropout.rate() >= 1.0 || dense.bias().is_none() {
