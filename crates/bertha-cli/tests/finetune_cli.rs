@@ -336,7 +336,10 @@ fn bad_input_is_a_one_line_error() {
         "{err}"
     );
     let err = failure(&on_checkpoint("predict", "sts", &tiny, &data, &[]));
-    assert!(err.contains("expected classification, ner, qa or multiple-choice"), "{err}");
+    assert!(
+        err.contains("expected classification, ner, qa or multiple-choice"),
+        "{err}"
+    );
 }
 
 /// Every family fine-tunes from the CLI (RoBERTa, DistilBERT and
