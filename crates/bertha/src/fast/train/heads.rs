@@ -149,6 +149,31 @@ enum Top<'a> {
     },
 }
 
+impl<'a> Top<'a> {
+    /// A sequence head (classification, multiple choice): `sentence`
+    /// then the dropout and classifier; `None` where the fast path does
+    /// not run it (no sentence module, a dropout of 1, a classifier
+    /// without its bias).
+    fn sequence(
+        sentence: Option<Sentence<'a>>,
+        (dense, dropout): (&'a Dense, Dropout),
+        problem: Option<ProblemType>,
+    ) -> Result<Option<Self>> {
+        let Some(sentence) = sentence else {
+            return Ok(None);
+        };
+        if dropout.rate() >= 1.0 || dense.bias().is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Top::Sequence {
+            sentence,
+            classifier: linear(dense, "the classifier")?,
+            dropout,
+            problem,
+        }))
+    }
+}
+
 /// `BertForSequenceClassification`, `BertForTokenClassification` and
 /// `BertForQuestionAnswering` on the fast path.
 pub struct FinetuneHead<'a> {
@@ -179,34 +204,18 @@ impl<'a> FinetuneHead<'a> {
         let top = match model {
             BertForTask::SequenceClassification(m) => {
                 let heads = (m.classifier_head(), modernbert);
-                let Some(sentence) = Sentence::of(m.first_token(), model, heads)? else {
-                    return Ok(None);
-                };
-                let (dense, dropout) = m.classifier();
-                if dropout.rate() >= 1.0 || dense.bias().is_none() {
-                    return Ok(None);
-                }
-                Top::Sequence {
-                    sentence,
-                    classifier: linear(dense, "the classifier")?,
-                    dropout,
-                    problem: model.config().problem_type,
+                let sentence = Sentence::of(m.first_token(), model, heads)?;
+                match Top::sequence(sentence, m.classifier(), model.config().problem_type)? {
+                    Some(top) => top,
+                    None => return Ok(None),
                 }
             }
             BertForTask::MultipleChoice(m) => {
                 let heads = (m.classifier_head(), modernbert);
-                let Some(sentence) = Sentence::of(m.first_token(), model, heads)? else {
-                    return Ok(None);
-                };
-                let (dense, dropout) = m.classifier();
-                if dropout.rate() >= 1.0 || dense.bias().is_none() {
-                    return Ok(None);
-                }
-                Top::Sequence {
-                    sentence,
-                    classifier: linear(dense, "the classifier")?,
-                    dropout,
-                    problem: None,
+                let sentence = Sentence::of(m.first_token(), model, heads)?;
+                match Top::sequence(sentence, m.classifier(), None)? {
+                    Some(top) => top,
+                    None => return Ok(None),
                 }
             }
             BertForTask::TokenClassification(m) => {
