@@ -13,7 +13,10 @@
 //! through its own rows, so the processes' gradients sum to one process's
 //! on the whole batch.
 
+mod encoded;
 mod fast;
+
+use encoded::EncodedRows;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -106,77 +109,6 @@ impl EmbeddingOptions {
             .get(name)
             .or_else(|| self.prompts.get(role))
             .map_or("", String::as_str)
-    }
-}
-
-/// Pairs or scored pairs, tokenized once, prompts included.
-struct EncodedRows {
-    data: EmbeddingData,
-    /// The same rows with each column's prompt prepended (what is encoded).
-    prompted: EmbeddingData,
-    /// [column][row] token ids.
-    ids: Vec<Vec<Vec<u32>>>,
-}
-
-impl EncodedRows {
-    fn new(data: EmbeddingData, tokenizer: &Tokenizer, opts: &EmbeddingOptions) -> Result<Self> {
-        let mut prompted = data.clone();
-        for (j, name) in data.columns.iter().enumerate() {
-            let prompt = opts.prompt(j, name);
-            if !prompt.is_empty() {
-                for row in &mut prompted.rows {
-                    row[j] = format!("{prompt}{}", row[j]);
-                }
-            }
-        }
-        let ids = (0..data.columns.len())
-            .map(|j| {
-                let column: Vec<&str> = prompted.column(j).collect();
-                let enc = tokenizer.encode_batch(&column)?;
-                Ok(enc.into_iter().map(|e| e.input_ids).collect())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            data,
-            prompted,
-            ids,
-        })
-    }
-
-    fn len(&self) -> usize {
-        self.data.rows.len()
-    }
-
-    fn columns(&self) -> usize {
-        self.ids.len()
-    }
-
-    /// Gold scores of `rows`, [n].
-    fn scores(&self, rows: &[usize], device: &Device) -> Result<Option<Tensor>> {
-        self.picked_scores(rows)
-            .map(|s| Ok(Tensor::from_vec(s, rows.len(), device)?))
-            .transpose()
-    }
-
-    fn picked_scores(&self, rows: &[usize]) -> Option<Vec<f32>> {
-        let s = self.data.scores.as_ref()?;
-        Some(rows.iter().map(|&i| s[i]).collect())
-    }
-
-    /// Gold scores of the whole micro-batch whose rows `rows` are this
-    /// process's (every process's, gathered), [B].
-    fn gathered_scores(
-        &self,
-        rows: &[usize],
-        group: &dyn ProcessGroup,
-        device: &Device,
-    ) -> Result<Option<Tensor>> {
-        let Some(picked) = self.picked_scores(rows) else {
-            return Ok(None);
-        };
-        let all: Vec<f32> = group.gather_f32(&picked)?.concat();
-        let n = all.len();
-        Ok(Some(Tensor::from_vec(all, n, device)?))
     }
 }
 
