@@ -415,7 +415,10 @@ fn a_generator_of_another_embedding_width_is_refused() {
     let d = dir("electra-rtd");
     let disc = BertConfig::from_file(&d.join("discriminator/config.json")).unwrap();
     let mut gen = BertConfig::from_file(&d.join("generator/config.json")).unwrap();
-    gen.family = bertha::Family::Electra(bertha::config::ElectraOptions { embedding_size: 8 });
+    gen.family = bertha::Family::Electra(bertha::config::ElectraOptions {
+        embedding_size: 8,
+        summary: Default::default(),
+    });
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let err = common::err_text(ElectraPretraining::load(vb, disc, gen));

@@ -37,7 +37,10 @@ fn discriminator(vocab: usize) -> BertConfig {
         max_position_embeddings: 64,
         ..BertConfig::default()
     });
-    c.family = bertha::Family::Electra(bertha::config::ElectraOptions { embedding_size: 16 });
+    c.family = bertha::Family::Electra(bertha::config::ElectraOptions {
+        embedding_size: 16,
+        summary: Default::default(),
+    });
     c
 }
 

@@ -15,7 +15,7 @@ use bertha::model::{
 };
 use bertha::tasks::{FinetunedModel, InferenceOptions, Predictions};
 use bertha::training::{Engine, Event, FinetuneOptions, Finetuner, StepMetrics};
-use bertha::{BertConfig, BertInput};
+use bertha::{BertConfig, BertInput, Family};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -25,10 +25,12 @@ use common::fast_steps::{
 };
 use common::runs::{swag, tiny, tiny_copy};
 use common::{fixtures, load_safetensors, read_json};
+use serde_json::json;
 
 /// The fixtures of the families with a multiple-choice head, and whether
-/// the fast path runs their encoder (DeBERTa-v2 trains on candle).
-const FAMILIES: [(&str, bool); 7] = [
+/// the fast path runs them (DeBERTa-v2 trains on candle, and so does
+/// ELECTRA when its `sequence_summary` is not a first-token head).
+const FAMILIES: [(&str, bool); 10] = [
     ("bert-multiple-choice", true),
     ("roberta-multiple-choice", true),
     ("albert-multiple-choice", true),
@@ -36,6 +38,9 @@ const FAMILIES: [(&str, bool); 7] = [
     ("deberta-v2-multiple-choice", false),
     ("modernbert-multiple-choice", true),
     ("modernbert-mean-multiple-choice", true),
+    ("electra-multiple-choice", true),
+    ("electra-mean-multiple-choice", false),
+    ("electra-last-multiple-choice", false),
 ];
 
 /// A fixture's batch: `[B][C][T]` ids, token types (zeros where the
@@ -150,9 +155,11 @@ fn fast_step(
 }
 
 /// The multiple-choice heads of BERT, RoBERTa and ALBERT (the pooler),
-/// DistilBERT and DeBERTa-v2 (their first-token heads) and ModernBERT (its
-/// cls or mean pooling and `head`), on the candle
-/// modules and, where it runs the encoder, on the fast path, give
+/// DistilBERT and DeBERTa-v2 (their first-token heads), ModernBERT (its
+/// cls or mean pooling and `head`) and ELECTRA (its `sequence_summary`:
+/// the first token → layer → gelu by default; the mean of every row, with
+/// no layer, → tanh; the last row → layer → relu), on the candle
+/// modules and, where it runs them, on the fast path, give
 /// transformers' logits, loss and gradients (each choice its own sequence
 /// through the encoder, a one-output classifier, the softmax over each
 /// example's choices).
@@ -180,6 +187,13 @@ fn heads_match_transformers_on_both_engines() {
                 "candle" => candle_step(&model, &choices, 0),
                 _ => fast_step(&model, &choices, 0, false),
             };
+            let worst = logits
+                .iter()
+                .zip(&want_logits)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0f32, f32::max);
+            let rel = (loss - want_loss).abs() / want_loss.abs();
+            println!("{what}: logits within {worst:.2e}, loss {rel:.2e} relative");
             assert!(
                 (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
                 "{what}: loss {loss} vs transformers {want_loss}"
@@ -202,6 +216,10 @@ fn dropout_steps_equal_the_candle_path() {
         let mut cfg = BertConfig::from_file(&dir.join("config.json")).unwrap();
         cfg.hidden_dropout_prob = 0.1;
         cfg.attention_probs_dropout_prob = 0.15;
+        // ELECTRA's summary drops its input and its output.
+        if let Family::Electra(o) = &mut cfg.family {
+            (o.summary.first_dropout, o.summary.last_dropout) = (0.05, 0.2);
+        }
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         let model = BertForTask::load(vb, cfg, HeadKind::MultipleChoice).unwrap();
@@ -376,6 +394,126 @@ fn both_engines_finetune_the_same_run_and_it_round_trips() {
     assert_eq!(saved.predict(&unlabelled).unwrap(), before.predictions);
 }
 
+/// `bertha finetune --task multiple-choice` from ELECTRA's discriminator
+/// (a fresh `sequence_summary` and classifier, every dropout on, the
+/// summary's last one included): both engines train the same run, and
+/// the saved folder is transformers' `ElectraForMultipleChoice` (its
+/// tensor names and `summary_*` keys) and scores as the run did. A
+/// summary that is not a first-token head (`mean`) trains on candle.
+#[test]
+fn electra_finetunes_on_both_engines_and_round_trips() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = write_data(tmp.path());
+    let discriminator = fixtures().join("families").join("electra-discriminator");
+    let model = tiny_copy(&discriminator, &tmp.path().join("model"), 0.1, None);
+    let run_with = |engine: Engine| {
+        let out = tmp.path().join(format!("{engine:?}"));
+        let mut t = finetuner(&model, &data, Some(&data), options(&out, engine)).unwrap();
+        assert_eq!(t.on_fast_path(), engine == Engine::Fast);
+        let steps = run(&mut t);
+        (t, steps)
+    };
+    let (fast, fast_steps) = run_with(Engine::Fast);
+    let (_, candle_steps) = run_with(Engine::Candle);
+    assert_eq!(fast_steps.len(), 6);
+    for (f, c) in fast_steps.iter().zip(&candle_steps) {
+        for (a, b, what) in [(f.loss, c.loss, "loss"), (f.grad_norm, c.grad_norm, "norm")] {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "step {}: {what} {a} (fast) vs {b} (candle)",
+                f.step
+            );
+        }
+    }
+    let out = tmp.path().join("Fast");
+    let a = load_safetensors(&out.join("model.safetensors"));
+    let b = load_safetensors(&tmp.path().join("Candle/model.safetensors"));
+    assert_eq!(a.len(), b.len());
+    for (name, t) in &a {
+        let d = common::max_abs_diff(t, &b[name]);
+        let zero_gradient = name.ends_with("key.bias") || name == "classifier.bias";
+        let tol = if zero_gradient { 1e-2 } else { 1e-4 };
+        assert!(d <= tol, "{name}: weights differ by {d:e}");
+    }
+    assert_eq!(a["sequence_summary.summary.weight"].dims(), [32, 32]);
+    assert_eq!(a["sequence_summary.summary.bias"].dims(), [32]);
+    assert_eq!(a["classifier.weight"].dims(), [1, 32]);
+    assert!(!a
+        .keys()
+        .any(|n| n.starts_with("discriminator_predictions.")));
+    let config = read_json(&out.join("config.json"));
+    assert_eq!(config["architectures"][0], "ElectraForMultipleChoice");
+    for (key, value) in [
+        ("summary_type", json!("first")),
+        ("summary_use_proj", json!(true)),
+        ("summary_activation", json!("gelu")),
+        ("summary_last_dropout", json!(0.1)),
+    ] {
+        assert_eq!(config[key], value, "{key}");
+    }
+    let dev = TaskData::read(
+        Task::MultipleChoice,
+        &data,
+        None,
+        false,
+        &DataOptions::default(),
+    )
+    .unwrap();
+    let before = fast.evaluate_on(&dev).unwrap();
+    let inference = InferenceOptions {
+        batch_size: Some(2),
+        ..InferenceOptions::default()
+    };
+    let saved =
+        FinetunedModel::from_dir(Task::MultipleChoice, &out, &inference, &Device::Cpu).unwrap();
+    let again = saved.evaluate(&dev).unwrap();
+    assert_eq!(again.predictions, before.predictions);
+    assert_eq!(again.scores, before.scores);
+
+    // The mean of the rows is no first-token head: candle only.
+    let mean = electra_copy(&tmp.path().join("mean"), json!({"summary_type": "mean"}));
+    let mut t = finetuner(
+        &mean,
+        &data,
+        None,
+        options(&tmp.path().join("m"), Engine::Auto),
+    )
+    .unwrap();
+    assert!(!t.on_fast_path());
+    assert!(run(&mut t).iter().all(|m| m.loss.is_finite()));
+    let e = common::err_text(finetuner(
+        &mean,
+        &data,
+        None,
+        options(&tmp.path().join("f"), Engine::Fast),
+    ));
+    assert!(e.contains("does not cover"), "{e}");
+    // Nor does the packed encoder (no padding rows) serve it.
+    let bf16 = InferenceOptions {
+        precision: bertha::Precision::Bf16,
+        ..InferenceOptions::default()
+    };
+    let e = common::err_text(FinetunedModel::from_dir(
+        Task::MultipleChoice,
+        &mean,
+        &bf16,
+        &Device::Cpu,
+    ));
+    assert!(e.contains("padding rows"), "{e}");
+}
+
+/// A copy of the `electra-multiple-choice` fixture in `dst` with the
+/// config keys of `keys` set.
+fn electra_copy(dst: &Path, keys: serde_json::Value) -> PathBuf {
+    let dir = tiny_copy(&tiny("electra-multiple-choice"), dst, 0.0, None);
+    let mut config = read_json(&dir.join("config.json"));
+    for (k, v) in keys.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
 /// A run stopped and resumed from its checkpoint on the fast path repeats
 /// the uninterrupted one exactly.
 #[test]
@@ -427,8 +565,9 @@ fn a_small_set_is_learnt() {
     assert_eq!(ev.scores["accuracy"], 1.0, "{ev:?}");
 }
 
-/// Families without bertha's multiple-choice head are refused by name,
-/// and files that do not fit are errors naming them.
+/// ELECTRA's `summary_*` keys that `ElectraForMultipleChoice` cannot run
+/// are refused by name, and files that do not fit are errors naming
+/// them.
 #[test]
 fn what_does_not_fit_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
@@ -442,12 +581,30 @@ fn what_does_not_fit_is_refused_by_name() {
         )
         .map(|_| ())
     };
-    let electra = fixtures().join("families").join("electra-discriminator");
+    let electra = electra_copy(&tmp.path().join("attn"), json!({"summary_type": "attn"}));
     let e = common::err_text(new(&electra, &data));
-    assert!(
-        e.contains("multiple-choice is not supported for `electra`"),
-        "{e}"
-    );
+    assert!(e.contains("field `summary_type`"), "{e}");
+    assert!(e.contains("`attn` is not supported"), "{e}");
+    for (key, value, what) in [
+        (
+            "summary_activation",
+            json!("silu"),
+            "`silu` is not supported",
+        ),
+        ("summary_proj_to_labels", json!(true), "num_labels (2)"),
+        ("summary_last_dropout", json!(1.0), "1 is not below 1"),
+    ] {
+        let dir = electra_copy(&tmp.path().join(key), json!({ key: value }));
+        let e = common::err_text(FinetunedModel::from_dir(
+            Task::MultipleChoice,
+            &dir,
+            &InferenceOptions::default(),
+            &Device::Cpu,
+        ));
+        assert!(e.contains(&format!("field `{key}`")), "{e}");
+        assert!(e.contains(what), "{e}");
+        assert!(e.contains("config.json"), "{e}");
+    }
     let bad = tmp.path().join("bad.csv");
     std::fs::write(&bad, "sent1,ending0,ending1,label\nx,a,b,7\n").unwrap();
     let e = common::err_text(new(&tiny("bert-mlm"), &bad));

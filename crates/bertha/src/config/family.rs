@@ -1,7 +1,7 @@
 //! Which member of the BERT family a config describes, with the options
 //! only that member has.
 
-use super::{Activation, ModernBertOptions};
+use super::{Activation, ModernBertOptions, SummaryOptions};
 
 /// Which member of the BERT family a config describes (`model_type`),
 /// with the options only that member has.
@@ -34,10 +34,12 @@ pub struct DistilBertOptions {
 }
 
 /// ELECTRA's own `config.json` keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ElectraOptions {
     /// Width of the word, position and type embeddings.
     pub embedding_size: usize,
+    /// The `summary_*` keys of its multiple-choice head.
+    pub summary: SummaryOptions,
 }
 
 /// ALBERT's own `config.json` keys.

@@ -13,16 +13,21 @@ mod family;
 mod keys;
 mod modernbert;
 mod read;
+mod summary;
 #[cfg(test)]
 mod tests;
 mod validate;
 mod write;
 
 use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::Result;
 
 pub use family::{AlbertOptions, DebertaOptions, DistilBertOptions, ElectraOptions, Family};
 pub use keys::{Activation, NormPosition, ProblemType};
 pub use modernbert::{AttentionKind, ClassifierPooling, ModernBertOptions};
+pub use summary::{SummaryOptions, SummarySpec, SummaryToken};
 
 /// A BERT configuration. Field names and defaults follow transformers'
 /// `BertConfig`; `norm_position`, `embedding_layer_norm`,
@@ -126,6 +131,20 @@ impl BertConfig {
             _ => self.hidden_size,
         }
     }
+
+    /// ELECTRA's `sequence_summary` (its multiple-choice head's sentence
+    /// module) as the `summary_*` keys build it, `origin` naming the
+    /// config in errors; `None` for the other families.
+    pub fn sequence_summary(&self, origin: &Path) -> Result<Option<SummarySpec>> {
+        match &self.family {
+            Family::Electra(o) => o
+                .summary
+                .resolve(self.hidden_size, self.num_labels(), origin)
+                .map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// The number of classes of a classification head: `id2label`'s size,
     /// else transformers' default of 2.
     pub fn num_labels(&self) -> usize {

@@ -9,7 +9,8 @@ use serde_json::{Map, Value};
 
 use super::{
     modernbert, Activation, AlbertOptions, BertConfig, DebertaOptions, DistilBertOptions,
-    ElectraOptions, Family, ModernBertOptions, NormPosition, ProblemType, SUPPORTED_MODEL_TYPES,
+    ElectraOptions, Family, ModernBertOptions, NormPosition, ProblemType, SummaryOptions,
+    SUPPORTED_MODEL_TYPES,
 };
 use crate::error::{Error, Result};
 
@@ -174,6 +175,7 @@ impl BertConfig {
             )?),
             "electra" => Family::Electra(ElectraOptions {
                 embedding_size: r.get("embedding_size", 128)?,
+                summary: SummaryOptions::read(&r)?,
             }),
             _ => Family::Bert,
         };

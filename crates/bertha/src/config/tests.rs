@@ -147,3 +147,84 @@ fn id2label_keys_become_integers() {
     let cfg = parse(r#"{"id2label": {"0": "NEG", "1": "POS"}}"#).unwrap();
     assert_eq!(cfg.id2label.get(&1).map(String::as_str), Some("POS"));
 }
+
+#[test]
+fn electra_summary_keys_are_read_round_trip_and_resolve_as_transformers() {
+    let electra = |keys: &str| {
+        parse(&format!(
+            r#"{{"model_type": "electra", "architectures": ["ElectraForMultipleChoice"]{keys}}}"#
+        ))
+    };
+    let resolve = |cfg: &BertConfig| cfg.sequence_summary(Path::new("config.json"));
+    // ElectraConfig's defaults: the first token → layer → gelu, 0.1 after.
+    let cfg = electra("").unwrap();
+    let spec = resolve(&cfg).unwrap().unwrap();
+    assert_eq!(
+        spec,
+        SummarySpec {
+            token: SummaryToken::First,
+            projection: true,
+            activation: Some(Activation::Gelu),
+            first_dropout: 0.0,
+            last_dropout: 0.1,
+        }
+    );
+    assert_eq!(parse(&cfg.to_json().to_string()).unwrap(), cfg);
+    let cfg = electra(
+        r#", "summary_type": "mean", "summary_use_proj": false, "summary_activation": null,
+        "summary_first_dropout": 0.2, "summary_last_dropout": -1"#,
+    )
+    .unwrap();
+    let spec = resolve(&cfg).unwrap().unwrap();
+    assert_eq!(
+        (spec.token, spec.projection, spec.activation),
+        (SummaryToken::Mean, false, None)
+    );
+    // transformers applies no dropout at a rate ≤ 0.
+    assert_eq!((spec.first_dropout, spec.last_dropout), (0.2, 0.0));
+    let back = parse(&cfg.to_json().to_string()).unwrap();
+    assert_eq!(back, cfg);
+    assert_eq!(back.to_json()["summary_activation"], "");
+    // `cls_index` without an index is the last row.
+    let cfg = electra(r#", "summary_type": "cls_index", "summary_activation": "tanh""#).unwrap();
+    let spec = resolve(&cfg).unwrap().unwrap();
+    assert_eq!(
+        (spec.token, spec.activation),
+        (SummaryToken::Last, Some(Activation::Tanh))
+    );
+    // Labels as many as the hidden size keep the classifier's width.
+    let labels: Vec<String> = (0..256).map(|i| format!(r#""{i}": "L{i}""#)).collect();
+    let wide = format!(
+        r#", "summary_proj_to_labels": true, "id2label": {{{}}}"#,
+        labels.join(", ")
+    );
+    assert!(
+        resolve(&electra(&wide).unwrap())
+            .unwrap()
+            .unwrap()
+            .projection
+    );
+    // What the module cannot run loads (a sequence classifier does not
+    // read it) and is refused by name when the summary is built.
+    for (keys, field) in [
+        (r#", "summary_type": "attn""#, "summary_type"),
+        (r#", "summary_type": "max""#, "summary_type"),
+        (r#", "summary_activation": "silu""#, "summary_activation"),
+        (
+            r#", "summary_proj_to_labels": true"#,
+            "summary_proj_to_labels",
+        ),
+        (r#", "summary_first_dropout": 1.0"#, "summary_first_dropout"),
+    ] {
+        let err = resolve(&electra(keys).unwrap()).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("config.json: field `{field}`")),
+            "{keys}: {err}"
+        );
+    }
+    let err = electra(r#", "summary_use_proj": "yes""#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("summary_use_proj"), "{err}");
+    assert!(resolve(&parse("{}").unwrap()).unwrap().is_none());
+}

@@ -103,6 +103,7 @@ impl BertConfig {
             }
             Family::Electra(o) => {
                 m.insert("embedding_size".into(), o.embedding_size.into());
+                o.summary.write(&mut m);
             }
             Family::ModernBert(o) => o.write(&mut m),
             Family::DebertaV2(o) => {

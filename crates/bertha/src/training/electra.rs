@@ -96,6 +96,7 @@ pub fn as_electra(config: &BertConfig) -> BertConfig {
         model_type: "electra".into(),
         family: Family::Electra(ElectraOptions {
             embedding_size: config.embedding_size(),
+            summary: Default::default(),
         }),
         add_pooling_layer: false,
         ..config.clone()

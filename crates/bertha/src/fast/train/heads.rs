@@ -81,7 +81,8 @@ enum Sentence<'a> {
     Pooler(Linear<'a>),
     /// A family's head on the first token (RoBERTa's and ELECTRA's
     /// `classifier.dense`, DistilBERT's `pre_classifier`, DeBERTa's
-    /// `pooler.dense`): dropout → dense → activation.
+    /// `pooler.dense`, ELECTRA's `sequence_summary.summary`): dropout →
+    /// dense → activation.
     FirstToken {
         dropout: Dropout,
         dense: Linear<'a>,
@@ -211,6 +212,11 @@ impl<'a> FinetuneHead<'a> {
                 }
             }
             BertForTask::MultipleChoice(m) => {
+                // ELECTRA's `sequence_summary` runs here as the first-token
+                // head it is by default, and only as that.
+                if m.has_summary() && m.first_token().is_none() {
+                    return Ok(None);
+                }
                 let heads = (m.classifier_head(), modernbert);
                 let sentence = Sentence::of(m.first_token(), model, heads)?;
                 match Top::sequence(sentence, m.classifier(), None)? {

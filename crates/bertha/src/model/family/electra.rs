@@ -8,8 +8,10 @@
 //! `hidden_act` → `dense_prediction`, one logit per token: "replaced?"),
 //! the generator's MLM head (`generator_predictions.dense` → exact GELU →
 //! `generator_predictions.LayerNorm` → `generator_lm_head`, tied to the
-//! word embeddings), and the classifier (`classifier.dense` → exact GELU →
-//! `classifier.out_proj` on the first token), as transformers builds them.
+//! word embeddings), the classifier (`classifier.dense` → exact GELU →
+//! `classifier.out_proj` on the first token), and the multiple-choice
+//! head (`sequence_summary` → `classifier`, as the `summary_*` keys say:
+//! `model::heads::sequence_summary`), as transformers builds them.
 
 use candle_core::Result;
 use candle_nn::VarBuilder;
@@ -75,9 +77,9 @@ impl Layout for Electra<'_> {
         })
     }
 
-    /// ElectraForMultipleChoice sums up the sequence with its own
-    /// `sequence_summary` module, which bertha does not have.
-    fn has_multiple_choice(&self) -> bool {
+    /// ElectraForMultipleChoice sums up each choice with its own
+    /// `sequence_summary` module (see `BertConfig::sequence_summary`).
+    fn multiple_choice_reads_pooler(&self) -> bool {
         false
     }
 
@@ -86,6 +88,7 @@ impl Layout for Electra<'_> {
             "discriminator_predictions.",
             "generator_predictions.",
             "generator_lm_head.",
+            "sequence_summary.",
         ]
     }
 }

@@ -128,6 +128,14 @@ fn head_var_builders(
             ),
         ));
     }
+    if kind == HeadKind::MultipleChoice {
+        // ELECTRA's `summary_*` keys, named in the folder's config.json.
+        let config_json = match origin.extension() {
+            Some(_) => origin.with_file_name("config.json"),
+            None => origin.join("config.json"),
+        };
+        config.sequence_summary(&config_json)?;
+    }
     if kind.uses_pooler_in(&config.family) && !config.add_pooling_layer {
         return Err(Error::config(
             &origin,

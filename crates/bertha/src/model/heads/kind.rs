@@ -163,8 +163,22 @@ impl HeadKind {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
-            Self::TokenClassification | Self::MultipleChoice => {
-                classifier.iter().map(|s| s.to_string()).collect()
+            Self::TokenClassification => classifier.iter().map(|s| s.to_string()).collect(),
+            Self::MultipleChoice => {
+                // ELECTRA's `sequence_summary` layer, when it has one.
+                let summary = config
+                    .sequence_summary(std::path::Path::new("config.json"))
+                    .is_ok_and(|s| s.is_some_and(|s| s.projection));
+                let summary = summary.then_some([
+                    "sequence_summary.summary.weight",
+                    "sequence_summary.summary.bias",
+                ]);
+                summary
+                    .into_iter()
+                    .flatten()
+                    .chain(classifier)
+                    .map(|s| s.to_string())
+                    .collect()
             }
             Self::QuestionAnswering => vec!["qa_outputs.weight".into(), "qa_outputs.bias".into()],
             Self::ReplacedTokenDetection => ["dense", "dense_prediction"]

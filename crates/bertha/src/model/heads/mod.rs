@@ -27,6 +27,7 @@ mod pretraining;
 mod question_answering;
 mod replaced_token;
 mod sequence_classification;
+mod sequence_summary;
 mod token_classification;
 
 use std::path::Path;

@@ -2,12 +2,15 @@
 //! encoder, pooler → dropout → a one-output classifier, scores [B, C].
 //! DistilBERT and DeBERTa-v2 run their sequence classifier's first-token
 //! head in place of the pooler, ModernBERT its encoder's pooling (cls or
-//! mean) and `head`.
+//! mean) and `head`, ELECTRA its `sequence_summary`.
+
+use std::path::Path;
 
 use candle_core::{Result as CResult, Tensor};
 
 use super::loss::class_cross_entropy;
 use super::sequence_classification::FirstTokenDense;
+use super::sequence_summary::SequenceSummary;
 use super::{pooled, Classifier, Head, HeadOutput, HeadPass, HeadSource};
 use crate::config::Activation;
 use crate::error::{Error, Result};
@@ -19,7 +22,19 @@ super::declare_head! {
     /// `BertForMultipleChoice`'s module: a one-output classifier on the
     /// pooled output of each choice.
     BertForMultipleChoice: MultipleChoice -> HeadOutput,
-    MultipleChoiceModule { first_token: Option<FirstTokenDense>, classifier: Classifier }
+    MultipleChoiceModule { sentence: Sentence, classifier: Classifier }
+}
+
+/// What makes each choice's vector under the classifier.
+#[derive(Debug, Clone)]
+enum Sentence {
+    /// The encoder's pooler (BERT, RoBERTa, ALBERT) or pooling
+    /// (ModernBERT).
+    Pooled,
+    /// The family's first-token head (DistilBERT, DeBERTa-v2).
+    FirstToken(FirstTokenDense),
+    /// ELECTRA's `sequence_summary`.
+    Summary(SequenceSummary),
 }
 
 impl BertForMultipleChoice {
@@ -36,19 +51,54 @@ impl BertForMultipleChoice {
     }
 
     /// The family's first-token head in place of the pooler (DistilBERT,
-    /// DeBERTa-v2): its dropout, dense layer and activation.
+    /// DeBERTa-v2; ELECTRA's `sequence_summary` when it is one): its
+    /// dropout, dense layer and activation.
     pub fn first_token(&self) -> Option<(Dropout, &Dense, Activation)> {
-        self.module.first_token.as_ref().map(FirstTokenDense::parts)
+        match &self.module.sentence {
+            Sentence::FirstToken(head) => Some(head.parts()),
+            Sentence::Summary(summary) => summary.as_first_token(),
+            Sentence::Pooled => None,
+        }
+    }
+
+    /// Whether the sentence module is ELECTRA's `sequence_summary`.
+    pub fn has_summary(&self) -> bool {
+        matches!(self.module.sentence, Sentence::Summary(_))
+    }
+
+    /// Whether the head reads rows past each choice's first, padding
+    /// rows included (ELECTRA's `summary_type` `last` or `mean`): its
+    /// scores then depend on how the batch is padded, as transformers'
+    /// do, and on the states at padding rows.
+    pub fn reads_padding_rows(&self) -> bool {
+        match &self.module.sentence {
+            Sentence::Summary(summary) => summary.reads_every_row(),
+            Sentence::Pooled | Sentence::FirstToken(_) => false,
+        }
     }
 }
 
 impl MultipleChoiceModule {
     fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
         let config = from.config();
-        let spec = layout(&config.family).multiple_choice_head(config);
-        let (first_token, classifier) = FirstTokenDense::load_with_classifier(from, spec, 1)?;
+        let summary = config
+            .sequence_summary(Path::new("config.json"))
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let (sentence, classifier) = match summary {
+            Some(spec) => {
+                let (summary, classifier) = SequenceSummary::load_with_classifier(from, &spec, 1)?;
+                (Sentence::Summary(summary), classifier)
+            }
+            None => {
+                let spec = layout(&config.family).multiple_choice_head(config);
+                match FirstTokenDense::load_with_classifier(from, spec, 1)? {
+                    (Some(head), classifier) => (Sentence::FirstToken(head), classifier),
+                    (None, classifier) => (Sentence::Pooled, classifier),
+                }
+            }
+        };
         let module = Self {
-            first_token,
+            sentence,
             classifier,
         };
         Ok(Head::new(from.encoder()?, module))
@@ -71,9 +121,11 @@ impl MultipleChoiceModule {
             attention_mask: input.attention_mask.as_ref().map(flat).transpose()?,
         };
         let out = pass.encode_input(&flat_input)?;
-        let sentence = match &self.first_token {
-            Some(head) => head.forward(&out.last_hidden_state, pass.train())?,
-            None => pooled(&out)?.clone(),
+        let hidden = &out.last_hidden_state;
+        let sentence = match &self.sentence {
+            Sentence::FirstToken(head) => head.forward(hidden, pass.train())?,
+            Sentence::Summary(summary) => summary.forward(hidden, pass.train())?,
+            Sentence::Pooled => pooled(&out)?.clone(),
         };
         let logits = self
             .classifier

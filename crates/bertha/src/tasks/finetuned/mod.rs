@@ -136,6 +136,19 @@ impl TaskHead {
         tokenizer: &Tokenizer,
         precision: Precision,
     ) -> Result<()> {
+        // The packed encoder leaves padding rows at zero.
+        if let BertForTask::MultipleChoice(m) = &self.model {
+            if precision != Precision::F32 && m.reads_padding_rows() {
+                return Err(Error::option(
+                    "precision",
+                    format!(
+                        "{} runs the encoder without padding rows, which ELECTRA's \
+                         `summary_type` `last` / `mean` reads: use f32",
+                        precision.name()
+                    ),
+                ));
+            }
+        }
         self.encoder = HeadEncoder::new(self.model.bert(), tokenizer, precision)?;
         Ok(())
     }
@@ -593,19 +606,19 @@ impl Scorer<'_> {
 /// except that ModernBERT's question-answering head
 /// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
 /// so a ModernBERT QA run would save a checkpoint transformers cannot
-/// read; it is refused. Multiple choice needs the family's
-/// `…ForMultipleChoice`: every family's but ELECTRA's (its
-/// `sequence_summary` module is not bertha's).
+/// read; it is refused. Multiple choice runs every family's
+/// `…ForMultipleChoice`; ELECTRA's `summary_*` keys must describe a
+/// `sequence_summary` that transformers runs (not `summary_type` `attn`).
 pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
     if !task.head().supported_by(&config.family) {
         return Err(Error::config(
             origin,
             "model_type",
-            format!(
-                "{task} is not supported for `{}` (bertha does not have ELECTRA's `sequence_summary` head yet)",
-                config.model_type
-            ),
+            format!("{task} is not supported for `{}`", config.model_type),
         ));
+    }
+    if task == Task::MultipleChoice {
+        config.sequence_summary(origin)?;
     }
     if task == Task::Qa && matches!(config.family, Family::ModernBert(_)) {
         return Err(Error::config(
