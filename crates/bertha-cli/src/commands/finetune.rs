@@ -176,8 +176,8 @@ pub struct Args {
     pub(crate) group_by_length: bool,
 
     /// What runs the training steps: `fast` (packed tokens, fused kernels:
-    /// the classification, NER and QA heads of BERT, RoBERTa, DistilBERT,
-    /// ALBERT and ELECTRA, on the CPU),
+    /// the classification, NER, QA and multiple-choice heads of BERT,
+    /// RoBERTa, DistilBERT, ALBERT, ELECTRA and ModernBERT, on the CPU),
     /// `candle` (any family, head or device) or `auto` (fast where it
     /// covers the model and head).
     #[arg(long, default_value = "auto", value_name = "auto|fast|candle")]
