@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use bertha::data::{DataOptions, Task, TaskData};
@@ -290,6 +291,40 @@ fn finetuner(
     )
 }
 
+/// The fast and the candle run (saved in `dir`'s `Fast` and `Candle`)
+/// took the same steps (loss and gradient norm to 1e-5) to the same
+/// weights; the fast run's weights.
+fn assert_same_run(
+    fast_steps: &[StepMetrics],
+    candle_steps: &[StepMetrics],
+    dir: &Path,
+) -> HashMap<String, Tensor> {
+    assert_eq!(fast_steps.len(), candle_steps.len());
+    for (f, c) in fast_steps.iter().zip(candle_steps) {
+        for (a, b, what) in [(f.loss, c.loss, "loss"), (f.grad_norm, c.grad_norm, "norm")] {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "step {}: {what} {a} (fast) vs {b} (candle)",
+                f.step
+            );
+        }
+    }
+    let a = load_safetensors(&dir.join("Fast/model.safetensors"));
+    let b = load_safetensors(&dir.join("Candle/model.safetensors"));
+    assert_eq!(a.len(), b.len());
+    for (name, t) in &a {
+        let d = common::max_abs_diff(t, &b[name]);
+        // The true gradient of the key biases and of the classifier's
+        // bias is 0 (each shifts scores that a softmax compares): both
+        // engines' rounding noise, normalised by AdamW, moves them by up
+        // to the rate.
+        let zero_gradient = name.ends_with("key.bias") || name == "classifier.bias";
+        let tol = if zero_gradient { 1e-2 } else { 1e-4 };
+        assert!(d <= tol, "{name}: weights differ by {d:e}");
+    }
+    a
+}
+
 fn run(t: &mut Finetuner) -> Vec<StepMetrics> {
     let mut steps = Vec::new();
     t.run(|e| {
@@ -322,29 +357,7 @@ fn both_engines_finetune_the_same_run_and_it_round_trips() {
     let (fast, fast_steps) = run_with(Engine::Fast);
     let (_, candle_steps) = run_with(Engine::Candle);
     assert_eq!(fast_steps.len(), 6, "3 + 3 + 1 examples a pass, 2 passes");
-    assert_eq!(fast_steps.len(), candle_steps.len());
-    for (f, c) in fast_steps.iter().zip(&candle_steps) {
-        for (a, b, what) in [(f.loss, c.loss, "loss"), (f.grad_norm, c.grad_norm, "norm")] {
-            assert!(
-                (a - b).abs() <= 1e-5 * b.abs(),
-                "step {}: {what} {a} (fast) vs {b} (candle)",
-                f.step
-            );
-        }
-    }
-    let a = load_safetensors(&tmp.path().join("Fast/model.safetensors"));
-    let b = load_safetensors(&tmp.path().join("Candle/model.safetensors"));
-    assert_eq!(a.len(), b.len());
-    for (name, t) in &a {
-        let d = common::max_abs_diff(t, &b[name]);
-        // The true gradient of the key biases and of the classifier's
-        // bias is 0 (each shifts scores that a softmax compares): both
-        // engines' rounding noise, normalised by AdamW, moves them by up
-        // to the rate.
-        let zero_gradient = name.ends_with("key.bias") || name == "classifier.bias";
-        let tol = if zero_gradient { 1e-2 } else { 1e-4 };
-        assert!(d <= tol, "{name}: weights differ by {d:e}");
-    }
+    let a = assert_same_run(&fast_steps, &candle_steps, tmp.path());
     assert_eq!(a["classifier.weight"].dims(), [1, 32]);
     assert!(a.contains_key("bert.pooler.dense.weight"));
 
@@ -416,25 +429,8 @@ fn electra_finetunes_on_both_engines_and_round_trips() {
     let (fast, fast_steps) = run_with(Engine::Fast);
     let (_, candle_steps) = run_with(Engine::Candle);
     assert_eq!(fast_steps.len(), 6);
-    for (f, c) in fast_steps.iter().zip(&candle_steps) {
-        for (a, b, what) in [(f.loss, c.loss, "loss"), (f.grad_norm, c.grad_norm, "norm")] {
-            assert!(
-                (a - b).abs() <= 1e-5 * b.abs(),
-                "step {}: {what} {a} (fast) vs {b} (candle)",
-                f.step
-            );
-        }
-    }
+    let a = assert_same_run(&fast_steps, &candle_steps, tmp.path());
     let out = tmp.path().join("Fast");
-    let a = load_safetensors(&out.join("model.safetensors"));
-    let b = load_safetensors(&tmp.path().join("Candle/model.safetensors"));
-    assert_eq!(a.len(), b.len());
-    for (name, t) in &a {
-        let d = common::max_abs_diff(t, &b[name]);
-        let zero_gradient = name.ends_with("key.bias") || name == "classifier.bias";
-        let tol = if zero_gradient { 1e-2 } else { 1e-4 };
-        assert!(d <= tol, "{name}: weights differ by {d:e}");
-    }
     assert_eq!(a["sequence_summary.summary.weight"].dims(), [32, 32]);
     assert_eq!(a["sequence_summary.summary.bias"].dims(), [32]);
     assert_eq!(a["classifier.weight"].dims(), [1, 32]);
