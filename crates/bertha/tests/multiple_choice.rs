@@ -325,6 +325,18 @@ fn assert_same_run(
     a
 }
 
+/// The multiple-choice examples in `data`.
+fn read_choices(data: &Path) -> TaskData {
+    TaskData::read(
+        Task::MultipleChoice,
+        data,
+        None,
+        false,
+        &DataOptions::default(),
+    )
+    .unwrap()
+}
+
 fn run(t: &mut Finetuner) -> Vec<StepMetrics> {
     let mut steps = Vec::new();
     t.run(|e| {
@@ -368,14 +380,7 @@ fn both_engines_finetune_the_same_run_and_it_round_trips() {
     assert!(config
         .get("id2label")
         .is_none_or(|m| m.as_object().unwrap().len() <= 2));
-    let dev = TaskData::read(
-        Task::MultipleChoice,
-        &data,
-        None,
-        false,
-        &DataOptions::default(),
-    )
-    .unwrap();
+    let dev = read_choices(&data);
     let before = fast.evaluate_on(&dev).unwrap();
     let Predictions::MultipleChoice(preds) = &before.predictions else {
         panic!("{:?}", before.predictions)
@@ -447,14 +452,7 @@ fn electra_finetunes_on_both_engines_and_round_trips() {
     ] {
         assert_eq!(config[key], value, "{key}");
     }
-    let dev = TaskData::read(
-        Task::MultipleChoice,
-        &data,
-        None,
-        false,
-        &DataOptions::default(),
-    )
-    .unwrap();
+    let dev = read_choices(&data);
     let before = fast.evaluate_on(&dev).unwrap();
     let inference = InferenceOptions {
         batch_size: Some(2),

@@ -148,21 +148,21 @@ impl SummaryOptions {
                 ),
             ));
         }
+        // `hidden_act`'s names, and the others transformers' activation
+        // table gives a summary.
         let activation = match self.activation.as_str() {
             "" | "linear" => None,
-            "gelu" | "gelu_python" => Some(Activation::Gelu),
-            "gelu_new" | "gelu_pytorch_tanh" => Some(Activation::GeluTanh),
-            "relu" => Some(Activation::Relu),
+            "gelu_python" => Some(Activation::Gelu),
             "tanh" => Some(Activation::Tanh),
-            other => {
-                return Err(bad(
+            other => Some(Activation::parse(other).ok_or_else(|| {
+                bad(
                     "summary_activation",
                     format!(
                         "`{other}` is not supported (supported: gelu, gelu_new, \
                          gelu_pytorch_tanh, relu, tanh, linear, or none)"
                     ),
-                ))
-            }
+                )
+            })?),
         };
         let rate = |field: &str, p: f64| -> Result<f64> {
             if p.is_nan() || p >= 1.0 {
