@@ -83,6 +83,12 @@ const POOL_MIN: usize = if cfg!(debug_assertions) { 16 } else { CHUNK };
 /// `small` step keeps about 40 at its end).
 const POOL_MAX: usize = 192;
 
+/// Large buffers (at least [`FRESH_PAGES`] values, fresh pages from `mmap`
+/// each time) serve a request up to this fraction shorter (1/4): the
+/// rows of a step change with its batch (QA's longest window, MLM's
+/// masked rows), so exact lengths would rarely meet again.
+const LARGE_SLACK: usize = 4;
+
 impl Pool {
     fn give(&mut self, v: Vec<f32>) {
         if v.len() < POOL_MIN {
@@ -95,10 +101,49 @@ impl Pool {
     }
 
     /// A kept buffer of exactly `len` values, the most recently given
-    /// back first (the warmest in cache).
+    /// back first (the warmest in cache); for a large `len`, else the
+    /// shortest large one whose allocation holds `len` values with at
+    /// most a [`LARGE_SLACK`]th to spare, cut or grown to `len` (growing
+    /// writes zeros, within the allocation). A large request none fits
+    /// frees kept large buffers too short for it, oldest first, as many
+    /// values as it asks for: the new allocation takes their place, and
+    /// buffers shorter than this step's rows seldom fit again.
     fn take(&mut self, len: usize) -> Option<Vec<f32>> {
-        let i = self.kept.iter().rposition(|v| v.len() == len)?;
-        Some(self.kept.remove(i))
+        if let Some(i) = self.kept.iter().rposition(|v| v.len() == len) {
+            return Some(self.kept.remove(i));
+        }
+        if len < FRESH_PAGES {
+            return None;
+        }
+        let fits = |v: &Vec<f32>| (len..=len + len / LARGE_SLACK).contains(&v.capacity());
+        let best = self.kept.iter().enumerate().filter(|(_, v)| fits(v));
+        if let Some((i, _)) = best.min_by_key(|(_, v)| v.capacity()) {
+            let mut v = self.kept.remove(i);
+            v.resize(len, 0.0);
+            return Some(v);
+        }
+        let mut freed = 0;
+        self.kept.retain(|v| {
+            let evict = freed < len && v.capacity() >= FRESH_PAGES && v.capacity() < len;
+            if evict {
+                freed += v.capacity();
+            }
+            !evict
+        });
+        None
+    }
+
+    /// The last step under way ended: with `keep_large`, the large
+    /// buffers stay for the next step (their pages are mapped already),
+    /// the others are freed (malloc's heap serves them without faults).
+    fn steps_ended(&mut self, keep_large: bool) -> Vec<Vec<f32>> {
+        let kept = std::mem::take(&mut self.kept);
+        if !keep_large {
+            return kept;
+        }
+        let (large, freed) = kept.into_iter().partition(|v| v.capacity() >= FRESH_PAGES);
+        self.kept = large;
+        freed
     }
 }
 
@@ -108,12 +153,21 @@ static POOL: Mutex<Pool> = Mutex::new(Pool { kept: Vec::new() });
 /// Training steps under way (in this process: tests run several at once).
 static STEPS: AtomicUsize = AtomicUsize::new(0);
 
+/// Training runs under way that keep a step's large buffers for the next
+/// ([`KeptBetweenSteps`]).
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+fn pool() -> std::sync::MutexGuard<'static, Pool> {
+    POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// While one lives, [`recycle`] keeps buffers for [`scratch`]; when the
-/// last one ends, the kept buffers are freed. A step's own buffers come
+/// last one ends, the kept buffers are freed, or, within a
+/// [`KeptBetweenSteps`], all but the large ones. A step's own buffers come
 /// back within the step (a layer's tape for the backward of the layers
-/// below it); kept across steps they would sit beside the next step's
-/// allocations of other sizes (the masked rows change every batch) and
-/// raise the peak memory (by 40 % on `small`, measured).
+/// below it); kept across steps, buffers of every size sat beside the
+/// next step's allocations of other sizes (the masked rows change every
+/// batch) and raised the peak memory (by 40 % on `small`, measured).
 pub(crate) struct StepBuffers(());
 
 impl StepBuffers {
@@ -126,9 +180,43 @@ impl StepBuffers {
 impl Drop for StepBuffers {
     fn drop(&mut self) {
         if STEPS.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let freed = std::mem::take(&mut POOL.lock().unwrap_or_else(|e| e.into_inner()).kept);
+            let keep_large = RUNS.load(Ordering::Acquire) > 0;
+            let freed = pool().steps_ended(keep_large);
             drop(freed);
         }
+    }
+}
+
+/// A training run: while one lives, the large buffers of a step (at least
+/// 32 MiB each: QA's attention probabilities and FFN activations, MLM's
+/// logits) are kept for the next step instead of going back to the
+/// kernel, which would hand the next step fresh pages to fault in and
+/// zero again (6 % of a QA step at 32 × 256 on all-MiniLM-L6-v2). The
+/// process holds about one step's worth of them between steps;
+/// [`release_kept`] frees them (before an evaluation), and so does the
+/// end of the last run.
+pub(crate) struct KeptBetweenSteps(());
+
+impl KeptBetweenSteps {
+    pub fn begin() -> Self {
+        RUNS.fetch_add(1, Ordering::AcqRel);
+        Self(())
+    }
+}
+
+impl Drop for KeptBetweenSteps {
+    fn drop(&mut self) {
+        if RUNS.fetch_sub(1, Ordering::AcqRel) == 1 {
+            release_kept();
+        }
+    }
+}
+
+/// Frees the buffers kept between steps (none while a step is under way).
+pub(crate) fn release_kept() {
+    if STEPS.load(Ordering::Acquire) == 0 {
+        let freed = pool().steps_ended(false);
+        drop(freed);
     }
 }
 
@@ -215,7 +303,7 @@ pub(crate) fn recycle(v: Vec<f32>) {
     if STEPS.load(Ordering::Acquire) == 0 {
         return;
     }
-    POOL.lock().unwrap_or_else(|e| e.into_inner()).give(v);
+    pool().give(v);
 }
 
 /// A kept buffer of `len` values, if a step is under way (the pool is
@@ -224,7 +312,7 @@ fn pooled(len: usize) -> Option<Vec<f32>> {
     if len < POOL_MIN || STEPS.load(Ordering::Acquire) == 0 {
         return None;
     }
-    POOL.lock().unwrap_or_else(|e| e.into_inner()).take(len)
+    pool().take(len)
 }
 
 /// A copy of `x`.
@@ -518,5 +606,46 @@ mod tests {
         assert!(again.iter().all(|&x| x == 0.0));
         drop(step);
         assert_eq!(copied(&[2f32; 5]), vec![2f32; 5]);
+    }
+
+    /// A large buffer serves a request up to a quarter shorter, cut or
+    /// grown within its allocation (grown with zeros); a large request
+    /// nothing fits frees the large buffers too short for it; between
+    /// steps only the large ones stay.
+    #[test]
+    fn large_buffers_serve_nearby_lengths_and_stay_between_steps() {
+        let big = FRESH_PAGES;
+        let mut pool = Pool::default();
+        pool.give(vec![1f32; big + 100]);
+        let cut = pool.take(big + 50).expect("a quarter's slack");
+        assert_eq!((cut.len(), cut.capacity()), (big + 50, big + 100));
+        assert!(cut.iter().all(|&v| v == 1.0));
+        let at = cut.as_ptr();
+        pool.give(cut);
+        let grown = pool.take(big + 80).expect("its allocation holds it");
+        assert_eq!((grown.as_ptr(), grown.len()), (at, big + 80));
+        assert!(grown[..big + 50].iter().all(|&v| v == 1.0));
+        assert!(grown[big + 50..].iter().all(|&v| v == 0.0));
+        pool.give(grown);
+        // Too long for the slack: not handed out, and not freed (longer
+        // than the request).
+        assert!(pool.take(big / 2 + big / 8).is_none(), "not large");
+        assert!(pool.take((big + 100) * 4 / 5 - 1).is_none());
+        assert_eq!(pool.kept.len(), 1);
+        // The shortest that fits goes first.
+        pool.give(vec![2f32; big + 20]);
+        assert_eq!(pool.take(big + 10).map(|v| v[0]), Some(2.0));
+        // A request longer than every large buffer frees them.
+        pool.give(vec![3f32; POOL_MIN]);
+        assert!(pool.take(2 * big).is_none());
+        assert_eq!(pool.kept.len(), 1, "the large one went, the short stays");
+        assert_eq!(pool.kept[0].len(), POOL_MIN);
+        // Between steps, only the large ones stay (when kept at all).
+        pool.give(vec![4f32; big]);
+        let freed = pool.steps_ended(true);
+        assert_eq!((freed.len(), pool.kept.len()), (1, 1));
+        assert_eq!(pool.kept[0].len(), big);
+        assert_eq!(pool.steps_ended(false).len(), 1);
+        assert!(pool.kept.is_empty());
     }
 }

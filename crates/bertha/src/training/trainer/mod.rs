@@ -378,6 +378,9 @@ impl<O: Objective> Trainer<O> {
         self.sync_processes()?;
         let started = Instant::now();
         let mut stopped_early = self.patience_out();
+        // The fast engine's large step buffers stay mapped from one step to
+        // the next (freed before evaluations and when the loop ends).
+        let _kept = crate::fast::buffers::KeptBetweenSteps::begin();
         while self.step < stop && !stopped_early {
             let m = self.train_step(&started)?;
             if let Some(f) = metrics.as_mut() {
@@ -389,6 +392,7 @@ impl<O: Objective> Trainer<O> {
             let last = self.step == self.plan.total_steps;
             let epoch_end = self.opts.at_epoch_end && self.plan.ends_epoch(self.step);
             if last || epoch_end || every(self.opts.eval_every, self.step) {
+                crate::fast::buffers::release_kept();
                 if let Some(e) = self.evaluate_metrics()? {
                     if let Some(f) = metrics.as_mut() {
                         f.append(&e)?;
