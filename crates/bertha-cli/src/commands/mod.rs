@@ -110,8 +110,8 @@ pub struct PrecisionArgs {
     /// aarch64's BF16; fp32 with a notice elsewhere); `int8` (all four
     /// encoder linears: int8 weights per output column and channel group,
     /// activations per token and channel group, calibrated SmoothQuant
-    /// factors; exact integer sums on AVX-512 VNNI, AVX2 or NEON dotprod,
-    /// scalar loops elsewhere). Task heads stay fp32; bf16 and int8 need a BERT or a
+    /// factors; exact integer sums on AVX-512 VNNI, AVX-VNNI, AVX2 or NEON
+    /// dotprod, scalar loops elsewhere). Task heads stay fp32; bf16 and int8 need a BERT or a
     /// ModernBERT on the CPU. A `bertha quantize` folder runs its stored
     /// weights when this names its precision. `--quantize` is the older
     /// name.

@@ -20,6 +20,11 @@ pub(crate) struct Features {
     pub avx512_bw: bool,
     /// AVX-512 VNNI (with F + BW): int8 products by `vpdpbusd`.
     pub vnni: bool,
+    /// AVX-VNNI (with AVX2 + FMA): `vpdpbusd` on 256-bit registers, VEX
+    /// encoded, on CPUs without AVX-512 (Intel clients since Alder Lake)
+    /// and on AMD Zen 5. int8 products use it where AVX-512 VNNI is
+    /// absent or masked by `BERTHA_ISA=avx2`.
+    pub avx_vnni: bool,
     /// AVX512-BF16 (with F + BW): bf16 pair products by `vdpbf16ps`; on
     /// aarch64 the BF16 extension (with NEON): `bfdot`.
     pub bf16: bool,
@@ -102,20 +107,7 @@ pub fn isa() -> Isa {
 /// the instruction set and the extensions the products use, e.g.
 /// `avx512+vnni+bf16+amx`.
 pub fn describe() -> String {
-    let f = features();
-    let mut s = f.isa().name().to_string();
-    for (on, name) in [
-        (f.vnni, "vnni"),
-        (f.bf16, "bf16"),
-        (f.amx, "amx"),
-        (f.dotprod, "dotprod"),
-    ] {
-        if on {
-            s.push('+');
-            s.push_str(name);
-        }
-    }
-    s
+    features().describe()
 }
 
 /// `BERTHA_ISA`, when set. An unknown name, or a level above what the CPU
@@ -140,6 +132,7 @@ impl Features {
         avx512_rows: false,
         avx512_bw: false,
         vnni: false,
+        avx_vnni: false,
         bf16: false,
         amx: false,
         neon: false,
@@ -159,6 +152,26 @@ impl Features {
         }
     }
 
+    /// [`describe`] of these features.
+    fn describe(self) -> String {
+        let f = self;
+        let mut s = f.isa().name().to_string();
+        for (on, name) in [
+            (f.vnni, "vnni"),
+            // Only where the int8 products use it: AVX-512 VNNI comes first.
+            (f.avx_vnni && !f.vnni, "avxvnni"),
+            (f.bf16, "bf16"),
+            (f.amx, "amx"),
+            (f.dotprod, "dotprod"),
+        ] {
+            if on {
+                s.push('+');
+                s.push_str(name);
+            }
+        }
+        s
+    }
+
     /// These features with everything above `isa` taken away. A level the
     /// CPU does not have (or another architecture's) leaves them as they
     /// are, with a warning.
@@ -173,8 +186,10 @@ impl Features {
                 );
                 self
             }
+            // AVX-VNNI is VEX encoded, part of what an AVX2 CPU may have.
             Isa::Avx2 => Self {
                 avx2_fma: self.avx2_fma,
+                avx_vnni: self.avx_vnni,
                 ..none
             },
             Isa::Avx512 | Isa::Neon => self,
@@ -188,8 +203,10 @@ fn detect() -> Features {
     {
         use std::is_x86_feature_detected as has;
         let avx512_bw = has!("avx512f") && has!("avx512bw");
+        let avx2_fma = has!("avx2") && has!("fma");
         Features {
-            avx2_fma: has!("avx2") && has!("fma"),
+            avx2_fma,
+            avx_vnni: avx2_fma && has!("avxvnni"),
             avx512_rows: avx512_bw && has!("avx512vl") && has!("avx512dq"),
             avx512_bw,
             vnni: avx512_bw && has!("avx512vnni"),
@@ -277,10 +294,12 @@ pub(crate) fn simd() -> Simd {
     Simd::Baseline
 }
 
-/// True when int8 products run on VNNI instructions (else a scalar loop
-/// computes the same integers, slowly).
+/// True when int8 products run on VNNI instructions, AVX-512 VNNI or
+/// AVX-VNNI (else AVX2's 16-bit products, NEON's `sdot` or a scalar loop
+/// compute the same integers).
 pub fn has_vnni() -> bool {
-    features().vnni
+    let f = features();
+    f.vnni || f.avx_vnni
 }
 
 /// True when bf16 products run on AMX tiles (Intel's `tdpbf16ps`).
@@ -345,7 +364,7 @@ pub fn flush_denormals() {
 /// multiply-add for `precision` on every thread of rayon's pool at once:
 /// fp32 `vfmadd` (16 per instruction, 8 on AVX2), bf16 `vdpbf16ps` (32) or, on AMX,
 /// `tdpbf16ps` (8,192, four independent tiles), or int8
-/// `vpdpbusd` (64); NEON's fp32 `fmla` (4 per instruction, 16 chains),
+/// `vpdpbusd` (64, or 32 with AVX-VNNI); NEON's fp32 `fmla` (4 per instruction, 16 chains),
 /// 12 independent chains per thread on x86 so that throughput, not
 /// latency, bounds it (best of 3 runs of ~30 ms). The ceiling each
 /// precision's benchmark figures can be read against; `None` where the
@@ -390,6 +409,11 @@ fn peak_kernel(precision: super::Precision) -> Option<PeakKernel> {
         ),
         Precision::Bf16 if f.bf16 => (peak::bf16_chains, 12.0 * 32.0 * 2.0, PEAK_ITERS),
         Precision::Int8 if f.vnni => (peak::int8_chains, 12.0 * 64.0 * 2.0, PEAK_ITERS),
+        Precision::Int8 if f.avx_vnni => (
+            super::matmul::avx_vnni_chains,
+            12.0 * 32.0 * 2.0,
+            PEAK_ITERS,
+        ),
         _ => return None,
     })
 }
@@ -481,6 +505,7 @@ mod tests {
         avx512_rows: true,
         avx512_bw: true,
         vnni: true,
+        avx_vnni: true,
         bf16: true,
         amx: true,
         neon: false,
@@ -498,17 +523,24 @@ mod tests {
     }
 
     /// The mask only takes features away: scalar leaves none, avx2 only
-    /// AVX2 + FMA (no AVX-512 extension survives it), avx512 all, and a
-    /// level above what the CPU has changes nothing.
+    /// AVX2 + FMA and AVX-VNNI (no AVX-512 extension survives it), avx512
+    /// all, and a level above what the CPU has changes nothing.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_mask_lowers_and_never_raises() {
         let scalar = ALL.lowered_to(Isa::Scalar);
         assert_eq!(scalar.isa(), Isa::Scalar);
-        assert!(!(scalar.avx2_fma || scalar.avx512_bw || scalar.vnni || scalar.bf16 || scalar.amx));
+        assert!(
+            !(scalar.avx2_fma
+                || scalar.avx_vnni
+                || scalar.avx512_bw
+                || scalar.vnni
+                || scalar.bf16
+                || scalar.amx)
+        );
         let avx2 = ALL.lowered_to(Isa::Avx2);
         assert_eq!(avx2.isa(), Isa::Avx2);
-        assert!(avx2.avx2_fma);
+        assert!(avx2.avx2_fma && avx2.avx_vnni);
         assert!(!(avx2.avx512_rows || avx2.avx512_bw || avx2.vnni || avx2.bf16 || avx2.amx));
         assert_eq!(ALL.lowered_to(Isa::Avx512), ALL);
         // An AVX2-only CPU asked for AVX-512 (or NEON) stays AVX2.
@@ -519,6 +551,21 @@ mod tests {
         assert_eq!(zen3.lowered_to(Isa::Avx512), zen3);
         assert_eq!(zen3.lowered_to(Isa::Neon), zen3);
         assert_eq!(zen3.lowered_to(Isa::Avx2), zen3);
+    }
+
+    /// Reports name the extensions the products use: AVX-VNNI only where
+    /// AVX-512 VNNI does not take the int8 products.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn descriptions_name_what_the_products_use() {
+        assert_eq!(ALL.describe(), "avx512+vnni+bf16+amx");
+        assert_eq!(ALL.lowered_to(Isa::Avx2).describe(), "avx2+avxvnni");
+        let zen3 = Features {
+            avx2_fma: true,
+            ..Features::NONE
+        };
+        assert_eq!(zen3.describe(), "avx2");
+        assert_eq!(ALL.lowered_to(Isa::Scalar).describe(), "scalar");
     }
 
     /// An aarch64 CPU's features are the NEON level; scalar takes them

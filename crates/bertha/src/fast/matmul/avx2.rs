@@ -9,7 +9,9 @@
 //! loads a cycle these cores sustain beside two FMAs. The two halves of a
 //! panel run one after the other over the same rows of `a` (from L1).
 //!
-//! int8 runs on 16-bit products (`vpmaddwd`: two u16 × i16 products
+//! int8 runs on AVX-VNNI's `vpdpbusd` where the CPU has it (four u8 × i8
+//! products per i32 lane, on the panels as packed). Elsewhere it runs on
+//! 16-bit products (`vpmaddwd`: two u16 × i16 products
 //! summed into each i32 lane), on weights widened once at load
 //! ([`super::PackedI8`]'s `wide` panels) and activations widened per
 //! call. `vpmaddubsw` would take bytes directly, but its i16 sums of two
@@ -244,6 +246,34 @@ pub(super) unsafe fn transpose8(
     }
 }
 
+/// Adds channel group `g`'s exact sums `iacc` (columns `h0..h0 + 16`)
+/// to the float sums `acc`, scaled as the VNNI kernel does:
+/// `step · w_scale · Σ_i q_a · q_w + min · group_sum`, row by row.
+#[inline(always)]
+unsafe fn add_group<const R: usize>(
+    acc: &mut [[__m256; 2]; R],
+    iacc: &[[__m256i; 2]; R],
+    t: &super::I8Tile,
+    quants: &[GroupQuant],
+    g: usize,
+    h0: usize,
+) {
+    let n_groups = quants.len() / R;
+    let gs = t.group_sums.as_ptr().add(g * NR + h0);
+    let ws = t.w_scales.as_ptr().add(g * NR + h0);
+    let (s0, s1) = (_mm256_loadu_ps(gs), _mm256_loadu_ps(gs.add(8)));
+    let (w0, w1) = (_mm256_loadu_ps(ws), _mm256_loadu_ps(ws.add(8)));
+    for (r, (acc, iacc)) in acc.iter_mut().zip(iacc).enumerate() {
+        let GroupQuant { step, min } = quants[r * n_groups + g];
+        let (step, min) = (_mm256_set1_ps(step), _mm256_set1_ps(min));
+        let (step0, step1) = (_mm256_mul_ps(step, w0), _mm256_mul_ps(step, w1));
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[0]), step0, acc[0]);
+        acc[0] = _mm256_fmadd_ps(min, s0, acc[0]);
+        acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[1]), step1, acc[1]);
+        acc[1] = _mm256_fmadd_ps(min, s1, acc[1]);
+    }
+}
+
 /// `R` (≤ [`MR`]) rows × `cols` columns of an int8 product on 16-bit
 /// words: `wide` holds the panel's weights as pairs of i16 (inputs 2p,
 /// 2p + 1 of each column adjacent, [`NR`] columns a pair row), `words` the
@@ -302,19 +332,107 @@ pub(super) unsafe fn tile_i16<const R: usize>(
                     iacc[1] = _mm256_add_epi32(iacc[1], _mm256_madd_epi16(av, w3));
                 }
             }
-            let gs = t.group_sums.as_ptr().add(g * NR + h0);
-            let ws = t.w_scales.as_ptr().add(g * NR + h0);
-            let (s0, s1) = (_mm256_loadu_ps(gs), _mm256_loadu_ps(gs.add(8)));
-            let (w0, w1) = (_mm256_loadu_ps(ws), _mm256_loadu_ps(ws.add(8)));
-            for (r, (acc, iacc)) in acc.iter_mut().zip(&iacc).enumerate() {
-                let GroupQuant { step, min } = quants[r * n_groups + g];
-                let (step, min) = (_mm256_set1_ps(step), _mm256_set1_ps(min));
-                let (step0, step1) = (_mm256_mul_ps(step, w0), _mm256_mul_ps(step, w1));
-                acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[0]), step0, acc[0]);
-                acc[0] = _mm256_fmadd_ps(min, s0, acc[0]);
-                acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[1]), step1, acc[1]);
-                acc[1] = _mm256_fmadd_ps(min, s1, acc[1]);
+            add_group(&mut acc, &iacc, t, quants, g, h0);
+        }
+        let hc = HALF.min(cols - h0);
+        store_half(&acc, c.add(h0), ldc, &t.bias[h0..h0 + hc], t.act);
+    }
+}
+
+/// An int8 tile by AVX-VNNI's `vpdpbusd` on ymm ([`quad_bytes`]): the
+/// rows' activation bytes (`qa`, `k4` a row) against the panel's int8
+/// quads as packed, four u8 × i8 products summed into each i32 lane,
+/// exactly (no saturation: `vpdpbusd`, not `vpdpbusds`). The shape of the
+/// AVX-512 VNNI kernel on half-width registers.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and AVX-VNNI; `qa` holds `R` rows of `k4` bytes;
+/// `c` addresses an `R` × `bias.len()` tile (row stride `ldc`) no one else
+/// reads or writes meanwhile.
+#[target_feature(enable = "avx2,fma,avxvnni")]
+pub(super) unsafe fn tile_i8_vnni<const R: usize>(
+    t: &super::I8Tile,
+    qa: &[u8],
+    quants: &[GroupQuant],
+    c: *mut f32,
+    ldc: usize,
+) {
+    quad_bytes::<R>(t, qa, quants, c, ldc, |acc, a, w| {
+        _mm256_dpbusd_avx_epi32(acc, a, w)
+    })
+}
+
+/// [`tile_i8_vnni`] with `vpdpbusd` built from AVX2 instructions (bytes
+/// split into 16-bit words, two `vpmaddwd`): the same integers on any
+/// AVX2 CPU, so tests check the VNNI tile's addressing and epilogue where
+/// the CPU lacks the instruction (qemu does not emulate it either).
+///
+/// # Safety
+/// As [`tile_i8_vnni`], without AVX-VNNI.
+#[cfg(test)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile_i8_vnni_emulated<const R: usize>(
+    t: &super::I8Tile,
+    qa: &[u8],
+    quants: &[GroupQuant],
+    c: *mut f32,
+    ldc: usize,
+) {
+    let low_bytes = _mm256_set1_epi16(0xff);
+    quad_bytes::<R>(t, qa, quants, c, ldc, |acc, a, w| {
+        // Even bytes (the low byte of each word) and odd ones, widened:
+        // activations unsigned, weights sign-extended.
+        let (a_even, a_odd) = (_mm256_and_si256(a, low_bytes), _mm256_srli_epi16::<8>(a));
+        let w_even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(w));
+        let w_odd = _mm256_srai_epi16::<8>(w);
+        let sums = _mm256_add_epi32(
+            _mm256_madd_epi16(a_even, w_even),
+            _mm256_madd_epi16(a_odd, w_odd),
+        );
+        _mm256_add_epi32(acc, sums)
+    })
+}
+
+/// `R` (≤ [`MR`]) rows × `bias.len()` columns of an int8 product on
+/// activation bytes (`qa`, `k4` a row) and the panel's quads as packed,
+/// with `dot` adding four u8 × i8 products per i32 lane (`vpdpbusd`'s
+/// definition); per channel group the exact sums are scaled into floats
+/// as in [`tile_i16`].
+///
+/// # Safety
+/// As [`tile_i8_vnni`], with the CPU able to run `dot`.
+#[inline(always)]
+unsafe fn quad_bytes<const R: usize>(
+    t: &super::I8Tile,
+    qa: &[u8],
+    quants: &[GroupQuant],
+    c: *mut f32,
+    ldc: usize,
+    dot: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
+) {
+    let (k4, n_groups, cols) = (t.k4, quants.len() / R, t.cols());
+    debug_assert!(R <= MR && qa.len() >= R * k4 && t.panel.len() >= k4 * NR);
+    let rows: [*const u8; R] = std::array::from_fn(|r| qa.as_ptr().add(r * k4));
+    for h0 in (0..cols).step_by(HALF) {
+        // A quad row is NR columns × 4 bytes: the half's 16 columns are
+        // two vectors of eight columns' quads.
+        let bp = t.panel.as_ptr().add(4 * h0);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for g in 0..n_groups {
+            let mut iacc = [[_mm256_setzero_si256(); 2]; R];
+            for q in group_quads(g, t.group, k4) {
+                let row = bp.add(q * 4 * NR);
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(PREFETCH_ROWS * 4 * NR));
+                let w0 = _mm256_loadu_si256(row as *const __m256i);
+                let w1 = _mm256_loadu_si256(row.add(32) as *const __m256i);
+                for (r, iacc) in iacc.iter_mut().enumerate() {
+                    let a = rows[r].add(4 * q) as *const i32;
+                    let av = _mm256_set1_epi32(a.read_unaligned());
+                    iacc[0] = dot(iacc[0], av, w0);
+                    iacc[1] = dot(iacc[1], av, w1);
+                }
             }
+            add_group(&mut acc, &iacc, t, quants, g, h0);
         }
         let hc = HALF.min(cols - h0);
         store_half(&acc, c.add(h0), ldc, &t.bias[h0..h0 + hc], t.act);
@@ -374,6 +492,28 @@ pub(super) unsafe fn quantize_group(x: &[f32], x_scales: &[f32], out: &mut [u8])
         out[j] = ((v - quant.min) * inv).round_ties_even().clamp(0.0, 255.0) as u8;
     }
     quant
+}
+
+/// The rate of [`crate::fast::instruction_peak_gops`]'s int8 chains on
+/// AVX-VNNI: 12 independent `vpdpbusd` chains of 32 byte products.
+#[target_feature(enable = "avx2,avxvnni")]
+pub(crate) unsafe fn vnni_chains(iters: usize) -> u32 {
+    let (a8, b8) = (
+        _mm256_set1_epi32(0x0101_0101),
+        _mm256_set1_epi32(0x0102_0304),
+    );
+    let mut acc = [_mm256_setzero_si256(); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_dpbusd_avx_epi32(*a, a8, b8);
+        }
+    }
+    let sum = acc
+        .iter()
+        .fold(_mm256_setzero_si256(), |s, a| _mm256_add_epi32(s, *a));
+    let mut lanes = [0u32; 8];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+    lanes.iter().fold(0u32, |s, v| s.wrapping_add(*v))
 }
 
 /// The rate of [`crate::fast::instruction_peak_gops`]'s fp32 chains on

@@ -438,6 +438,8 @@ pub(crate) use amx::peak_chains as amx_peak_chains;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::fma_chains as avx2_fma_chains;
 #[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::vnni_chains as avx_vnni_chains;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -73,7 +73,7 @@ pub struct PackedI8 {
     pub(super) n: usize,
     /// Input channels per activation scale (a multiple of 4).
     pub(super) group: usize,
-    /// On AVX2 without VNNI: the panels' weights as i16 pairs for
+    /// On AVX2 without either VNNI: the panels' weights as i16 pairs for
     /// `vpmaddwd` ([`wide_panels`]), made once at load; else empty.
     pub(super) wide: Aligned<i16>,
     /// On aarch64 with dotprod: per panel and channel group, the columns'
@@ -192,7 +192,7 @@ impl PackedI8 {
             .map(|(&s, w)| s as f32 * w)
             .collect();
         let f = features();
-        let wide = if f.avx2_fma && !f.vnni {
+        let wide = if f.avx2_fma && !f.vnni && !f.avx_vnni {
             wide_panels(&panels, k4)
         } else {
             Aligned::zeroed(0)
@@ -240,6 +240,13 @@ impl PackedI8 {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = words;
         let n_groups = groups(k, self.group);
+        // AVX-VNNI takes the bytes and panels as they are, where AVX-512
+        // VNNI (the tile's own kernel) is absent or masked.
+        #[cfg(target_arch = "x86_64")]
+        let avx_vnni = {
+            let f = features();
+            f.avx_vnni && !f.vnni
+        };
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, m * k4, |p, block| {
             let cs = p * NR..(p * NR + NR).min(n);
@@ -253,24 +260,26 @@ impl PackedI8 {
                 act,
             };
             #[cfg(target_arch = "x86_64")]
-            if !self.wide.is_empty() {
-                let wide = &self.wide[p * k4 * NR..(p + 1) * k4 * NR];
+            if avx_vnni || !self.wide.is_empty() {
+                let wide = &self.wide[(p * k4 * NR).min(self.wide.len())..];
                 for r0 in block.clone().step_by(avx2::MR) {
                     let mr = avx2::MR.min(m - r0);
-                    let (words, quants) = (
-                        &words[r0 * k4..(r0 + mr) * k4],
-                        &quants[r0 * n_groups..(r0 + mr) * n_groups],
-                    );
+                    let rows = r0 * k4..(r0 + mr) * k4;
+                    let quants = &quants[r0 * n_groups..(r0 + mr) * n_groups];
                     let c = out.at(r0 * n + p * NR);
                     macro_rules! dispatch {
                         ($($n:literal)*) => {
-                            match mr {
-                                // SAFETY: the CPU has AVX2 and FMA (the
+                            match (mr, avx_vnni) {
+                                // SAFETY: the CPU has AVX2, FMA and
+                                // AVX-VNNI (checked), or AVX2 and FMA (the
                                 // wide panels exist only then); the slices
                                 // hold mr rows; the tile at rows r0..,
                                 // columns p·NR.. of y is this task's.
-                                $($n => unsafe {
-                                    avx2::tile_i16::<$n>(&tile, wide, words, quants, c, n)
+                                $(($n, true) => unsafe {
+                                    avx2::tile_i8_vnni::<$n>(&tile, &bytes[rows], quants, c, n)
+                                },
+                                ($n, false) => unsafe {
+                                    avx2::tile_i16::<$n>(&tile, wide, &words[rows], quants, c, n)
                                 },)*
                                 _ => unreachable!("tiles have 1..=6 rows"),
                             }

@@ -98,8 +98,9 @@ fn int8_kernel_equals_the_scalar_loops() {
     }
 }
 
-/// The AVX2 int8 kernel on widened words computes the exact integer
-/// sums, so it gives the VNNI kernel's floats bit for bit (same
+/// The AVX2 int8 kernels, on widened words and by AVX-VNNI (or its exact
+/// AVX2 emulation where the CPU lacks it), compute the exact integer
+/// sums, so they give the AVX-512 VNNI kernel's floats bit for bit (same
 /// epilogue, same order) and the scalar loop's within its rounding.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -150,6 +151,38 @@ fn avx2_int8_equals_the_other_int8_kernels() {
                 theirs.as_mut_ptr(),
                 cols,
             );
+        }
+        let mut emulated = vec![0f32; m * cols];
+        // SAFETY: AVX2 + FMA checked; 6 rows of bytes and quants; the
+        // m × cols tile.
+        unsafe {
+            avx2::tile_i8_vnni_emulated::<6>(
+                &tile,
+                &scratch.bytes,
+                &scratch.quants,
+                emulated.as_mut_ptr(),
+                cols,
+            )
+        };
+        assert_eq!(
+            ours, emulated,
+            "panel {p}: 16-bit words vs vpdpbusd's definition"
+        );
+        if is_x86_feature_detected!("avxvnni") {
+            let mut vnni = vec![0f32; m * cols];
+            // SAFETY: as above, and the CPU has AVX-VNNI (checked).
+            unsafe {
+                avx2::tile_i8_vnni::<6>(
+                    &tile,
+                    &scratch.bytes,
+                    &scratch.quants,
+                    vnni.as_mut_ptr(),
+                    cols,
+                )
+            };
+            assert_eq!(ours, vnni, "panel {p}: 16-bit words vs AVX-VNNI");
+        } else {
+            eprintln!("no AVX-VNNI on this CPU: its tile ran as emulated only");
         }
         if features().vnni {
             assert_eq!(ours, theirs, "panel {p}: AVX2 vs VNNI");
