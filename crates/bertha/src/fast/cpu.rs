@@ -23,7 +23,8 @@ pub(crate) struct Features {
     /// AVX-VNNI (with AVX2 + FMA): `vpdpbusd` on 256-bit registers, VEX
     /// encoded, on CPUs without AVX-512 (Intel clients since Alder Lake)
     /// and on AMD Zen 5. int8 products use it where AVX-512 VNNI is
-    /// absent or masked by `BERTHA_ISA=avx2`.
+    /// absent or masked by `BERTHA_ISA=avx2`. Off with `BERTHA_AVX_VNNI=0`,
+    /// so such a CPU can run and time AVX2's 16-bit products too.
     pub avx_vnni: bool,
     /// AVX512-BF16 (with F + BW): bf16 pair products by `vdpbf16ps`; on
     /// aarch64 the BF16 extension (with NEON): `bfdot`.
@@ -206,7 +207,9 @@ fn detect() -> Features {
         let avx2_fma = has!("avx2") && has!("fma");
         Features {
             avx2_fma,
-            avx_vnni: avx2_fma && has!("avxvnni"),
+            avx_vnni: avx2_fma
+                && has!("avxvnni")
+                && std::env::var_os("BERTHA_AVX_VNNI").is_none_or(|v| v != "0"),
             avx512_rows: avx512_bw && has!("avx512vl") && has!("avx512dq"),
             avx512_bw,
             vnni: avx512_bw && has!("avx512vnni"),
