@@ -247,7 +247,7 @@ pub(super) unsafe fn transpose8(
 }
 
 /// Adds channel group `g`'s exact sums `iacc` (columns `h0..h0 + 16`)
-/// to the float sums `acc`, scaled as the VNNI kernel does:
+/// to the float sums `acc`, scaled as the AVX-512 VNNI kernel does:
 /// `step · w_scale · Σ_i q_a · q_w + min · group_sum`, row by row.
 #[inline(always)]
 unsafe fn add_group<const R: usize>(
