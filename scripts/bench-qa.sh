@@ -8,6 +8,12 @@
 #
 #   scripts/bench-qa.sh
 #   RUNS="fast-f32" MODES=fp32 scripts/bench-qa.sh
+#   REPEATS=3 RUNS="fast-f32" MODES=fp32 scripts/bench-qa.sh
+#
+# REPEATS=N runs the whole round (bertha's runs, then the anchors) N times
+# over, alternating; the table gives each run's median tokens/s, its ratio
+# to PyTorch fp32's median and each round's ratio (this machine's speed
+# drifts between minutes, PyTorch's as well as bertha's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +23,7 @@ REFENV=${REFENV:-$HOME/.refenv}
 ARTICLES=${ARTICLES:-1}
 RUNS=${RUNS:-fast-f32 fast-bf16 candle-f32}
 MODES=${MODES:-fp32 bf16}
+REPEATS=${REPEATS:-1}
 OUT=.cache/bench/qa
 mkdir -p "$OUT"
 [ -d "$MODEL" ] || scripts/fetch-model.sh
@@ -29,6 +36,7 @@ json.dump({"version": d["version"], "data": d["data"][:int(sys.argv[3])]}, open(
 EOF
 : > "$OUT/results.tsv"
 
+for round in $(seq "$REPEATS"); do
 for run in $RUNS; do
     engine=${run%-*} precision=${run#*-}
     dir=$OUT/$run
@@ -36,14 +44,14 @@ for run in $RUNS; do
         --train "$OUT/squad.json" --out "$dir" --epochs 1 --lr 1e-4 --batch-size 32 \
         --max-length 256 --doc-stride 128 --seed 0 --engine "$engine" --precision "$precision" \
         --overwrite 2>/dev/null
-    python3 - "$dir/metrics.jsonl" "bertha $run" "$(cat "$OUT/rss")" >> "$OUT/results.tsv" <<'EOF'
+    python3 - "$dir/metrics.jsonl" "bertha $run" "$(cat "$OUT/rss")" "$round" >> "$OUT/results.tsv" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 timed = rows[3:] or rows
 # Tokens over time across the timed steps (each step's tokens/s times its time).
 secs = [r["elapsed_s"] - p["elapsed_s"] for p, r in zip(rows[2:], rows[3:])] or [1.0]
 toks = [r["tokens_per_s"] * s for r, s in zip(timed, secs)]
-print(f"{sys.argv[2]}\t{sum(toks) / sum(secs):.0f}\t{int(sys.argv[3]) / 1e6:.2f}\t{rows[-1]['loss']:.3f}")
+print(f"{sys.argv[2]}\t{sum(toks) / sum(secs):.0f}\t{int(sys.argv[3]) / 1e6:.2f}\t{rows[-1]['loss']:.3f}\t{sys.argv[4]}")
 EOF
     tail -1 "$OUT/results.tsv"
 done
@@ -56,10 +64,10 @@ if [ -x "$REFENV/bin/python" ]; then
             echo "anchor $mode failed" >&2
             continue
         }
-        python3 - "$line" "pytorch $mode" "$(cat "$OUT/rss")" >> "$OUT/results.tsv" <<'EOF'
+        python3 - "$line" "pytorch $mode" "$(cat "$OUT/rss")" "$round" >> "$OUT/results.tsv" <<'EOF'
 import re, sys
 m = re.search(r"([\d.]+) tokens/s, last loss ([\d.]+)", sys.argv[1])
-print(f"{sys.argv[2]}\t{float(m.group(1)):.0f}\t{int(sys.argv[3]) / 1e6:.2f}\t{float(m.group(2)):.3f}")
+print(f"{sys.argv[2]}\t{float(m.group(1)):.0f}\t{int(sys.argv[3]) / 1e6:.2f}\t{float(m.group(2)):.3f}\t{sys.argv[4]}")
 EOF
         tail -1 "$OUT/results.tsv"
     done
@@ -67,15 +75,25 @@ else
     echo "no Python anchor: set up $REFENV as ../shared/bench/README.md says" >&2
 fi
 
+done
+
 python3 - "$OUT/results.tsv" <<'EOF'
-import sys
+import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-by = {r: (float(t), float(rss)) for r, t, rss, _ in rows}
-print("\n| run | tokens/s | peak RSS GB | last loss | tokens/s vs PyTorch fp32 | RSS vs PyTorch fp32 |")
-print("|---|---|---|---|---|---|")
-for r, t, rss, loss in rows:
-    a = by.get("pytorch fp32")
-    tr = f"{float(t) / a[0]:.2f}x" if a else "-"
-    rr = f"{float(rss) / a[1]:.2f}" if a else "-"
-    print(f"| {r} | {float(t):,.0f} | {rss} | {loss} | {tr} | {rr} |")
+runs = list(dict.fromkeys(r[0] for r in rows))
+rounds = sorted({r[4] for r in rows}, key=int)
+anchor = {r[4]: float(r[1]) for r in rows if r[0] == "pytorch fp32"}
+med = statistics.median
+rss = {n: max(float(r[2]) for r in rows if r[0] == n) for n in runs}
+print(f"\n{len(rounds)} round(s): each run's median tokens/s, and its highest peak RSS")
+print("| run | tokens/s | peak RSS GB | last loss | tokens/s vs PyTorch fp32 | each round | RSS vs PyTorch fp32 |")
+print("|---|---|---|---|---|---|---|")
+for n in runs:
+    mine = [r for r in rows if r[0] == n]
+    t = med(float(r[1]) for r in mine)
+    a = med(anchor.values()) if anchor else None
+    tr = f"{t / a:.2f}x" if a else "-"
+    each = ", ".join(f"{float(r[1]) / anchor[r[4]]:.2f}" for r in mine if r[4] in anchor) or "-"
+    rr = f"{rss[n] / rss['pytorch fp32']:.2f}" if "pytorch fp32" in rss else "-"
+    print(f"| {n} | {t:,.0f} | {rss[n]:.2f} | {mine[-1][3]} | {tr} | {each} | {rr} |")
 EOF
