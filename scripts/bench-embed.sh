@@ -38,6 +38,18 @@ REPS=${REPS:-3}
 REPEATS=${REPEATS:-1}
 VARIANTS=${VARIANTS:-}
 ANCHORS=${ANCHORS:-st,ort,ort_int8,bf16}
+# Each variant's settings are VAR=value (else `env` would run a setting as
+# a command, and its error would go where bertha's stderr goes).
+for variant in $VARIANTS; do
+    IFS=, read -ra settings <<< "$variant"
+    for setting in "${settings[@]}"; do
+        [[ "$setting" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || {
+            echo "VARIANTS: \"$setting\" (in \"$variant\") is not VAR=value" >&2
+            exit 2
+        }
+    done
+done
+
 OUT=.cache/bench
 mkdir -p "$OUT"
 

@@ -88,10 +88,10 @@ rss = {n: max(float(r[2]) for r in rows if r[0] == n) for n in runs}
 print(f"\n{len(rounds)} round(s): each run's median tokens/s, and its highest peak RSS")
 print("| run | tokens/s | peak RSS GB | last loss | tokens/s vs PyTorch fp32 | each round | RSS vs PyTorch fp32 |")
 print("|---|---|---|---|---|---|---|")
+a = med(anchor.values()) if anchor else None
 for n in runs:
     mine = [r for r in rows if r[0] == n]
     t = med(float(r[1]) for r in mine)
-    a = med(anchor.values()) if anchor else None
     tr = f"{t / a:.2f}x" if a else "-"
     each = ", ".join(f"{float(r[1]) / anchor[r[4]]:.2f}" for r in mine if r[4] in anchor) or "-"
     rr = f"{rss[n] / rss['pytorch fp32']:.2f}" if "pytorch fp32" in rss else "-"
