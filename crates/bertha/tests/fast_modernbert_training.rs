@@ -168,25 +168,40 @@ fn bf16_steps_track_the_fp32_step() {
     assert!(checked >= 25, "only {checked} gradients compared");
 }
 
-/// The classifiers of the fixtures (sequence classification with mean
-/// pooling, token classification with `head` on every token): the fast
+/// The heads of the fixtures (sequence classification with mean pooling,
+/// token classification and QA with `head` on every token; QA's batch
+/// padded, its padding rows past the sliding window's reach): the fast
 /// step's loss, logits and named gradients equal transformers'.
 #[test]
 fn classifier_steps_match_transformers() {
     for (name, kind) in [
         ("modernbert-seqcls", HeadKind::SequenceClassification),
         ("modernbert-tokcls", HeadKind::TokenClassification),
+        ("modernbert-qa", HeadKind::QuestionAnswering),
     ] {
         let dir = fixtures().join("families").join(name);
         let (varmap, model) = fixture_model(&dir, kind);
         let rows = fixture_rows_unlabelled(&dir);
-        let labels = read_json(&dir.join("inputs.json"))["labels"]["labels"].clone();
+        let inputs = read_json(&dir.join("inputs.json"));
+        let labels = inputs["labels"]["labels"].clone();
         let classes: Vec<i64>;
         let tokens: Vec<Vec<i64>>;
+        let spans: Vec<(i64, i64)>;
+        let mut pad_to = 0;
         let targets = match kind {
             HeadKind::SequenceClassification => {
                 classes = serde_json::from_value(labels).unwrap();
                 HeadTargets::Classes(&classes)
+            }
+            HeadKind::QuestionAnswering => {
+                let positions = |k: &str| -> Vec<i64> {
+                    serde_json::from_value(inputs["labels"][k].clone()).unwrap()
+                };
+                let (starts, ends) = (positions("start_positions"), positions("end_positions"));
+                spans = starts.into_iter().zip(ends).collect();
+                // As transformers ran it: every sequence padded to the batch's rows.
+                pad_to = inputs["inputs"]["input_ids"][0].as_array().unwrap().len();
+                HeadTargets::Spans(&spans)
             }
             _ => {
                 let padded: Vec<Vec<i64>> = serde_json::from_value(labels).unwrap();
@@ -201,7 +216,7 @@ fn classifier_steps_match_transformers() {
         let batch = HeadBatch {
             sequences: sequences(&rows.ids, &rows.types),
             targets,
-            pad_to: 0,
+            pad_to,
         };
         let out = FinetuneHead::of(&model)
             .unwrap()
@@ -238,8 +253,9 @@ fn fixture_rows_unlabelled(dir: &std::path::Path) -> Rows {
 }
 
 /// With dropout everywhere (the classifier's too), a fine-tuning step of
-/// sequence classification (first-token and mean pooling) and token
-/// classification equals the candle path's.
+/// sequence classification (first-token and mean pooling), token
+/// classification and QA (padded to the longest sequence, as the candle
+/// path's batch is) equals the candle path's.
 #[test]
 fn classifier_dropout_steps_equal_the_candle_path() {
     let path = fixtures().join("families/modernbert-seqcls/config.json");
@@ -257,6 +273,7 @@ fn classifier_dropout_steps_equal_the_candle_path() {
         (HeadKind::SequenceClassification, "mean"),
         (HeadKind::SequenceClassification, "cls"),
         (HeadKind::TokenClassification, "cls"),
+        (HeadKind::QuestionAnswering, "cls"),
     ] {
         json["classifier_pooling"] = serde_json::json!(pooling);
         let cfg = BertConfig::from_json_str(&json.to_string(), &path).unwrap();
@@ -273,7 +290,21 @@ fn classifier_dropout_steps_equal_the_candle_path() {
             ..rows.clone()
         }
         .padded();
+        let spans: Vec<(i64, i64)> = (0..n as i64).map(|s| (s, 2 * s + 1)).collect();
+        let (starts, ends): (Vec<i64>, Vec<i64>) = spans.iter().copied().unzip();
+        let (starts, ends) = (
+            Tensor::from_vec(starts, n, &dev).unwrap(),
+            Tensor::from_vec(ends, n, &dev).unwrap(),
+        );
         let (targets, labels) = match kind {
+            HeadKind::QuestionAnswering => (
+                HeadTargets::Spans(&spans),
+                HeadLabels {
+                    start_positions: Some(&starts),
+                    end_positions: Some(&ends),
+                    ..HeadLabels::default()
+                },
+            ),
             HeadKind::TokenClassification => (
                 HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),
                 HeadLabels::labels(Some(&padded)),
@@ -285,10 +316,15 @@ fn classifier_dropout_steps_equal_the_candle_path() {
         };
         let what = format!("{kind:?} ({pooling} pooling)");
         let (want_loss, want) = candle_head_step(&model, &rows, &labels, 3);
+        let longest = rows.ids.iter().map(Vec::len).max().unwrap();
         let batch = HeadBatch {
             sequences: sequences(&rows.ids, &rows.types),
             targets,
-            pad_to: 0,
+            pad_to: if kind == HeadKind::QuestionAnswering {
+                longest
+            } else {
+                0
+            },
         };
         let step = |seed: u64| {
             seed_dropout(seed, 0);
@@ -312,7 +348,10 @@ fn classifier_dropout_steps_equal_the_candle_path() {
             (want_loss, &want),
         );
         let checked = assert_same_gradients(&what, &varmap, &out.gradients, &want);
+        // QA's `classifier.bias` gets none (0 on both paths): each
+        // position's softmax gradient sums to 0.
+        let zero = usize::from(kind == HeadKind::QuestionAnswering);
         let all = vars(&varmap).len();
-        assert_eq!(checked, all, "{what}: gradients compared");
+        assert_eq!(checked + zero, all, "{what}: gradients compared");
     }
 }

@@ -13,8 +13,10 @@ use super::{
     AlignedSentence, ChoiceData, ClassificationData, ConllOptions, FeatureOptions, LabelSet,
     NerAligner, NerData, ReadOptions, SquadData, SquadFeature, SquadFeaturizer,
 };
+use crate::config::Family;
 use crate::error::{Error, Result};
 use crate::io::tokenizer::Tokenizer;
+use crate::model::family::layout;
 use crate::model::{HeadKind, IGNORE_INDEX};
 use crate::rng::rng_for;
 
@@ -94,11 +96,12 @@ impl Task {
         }
     }
 
-    /// Tensor name prefixes of the task's head.
-    pub fn head_prefix(self) -> &'static str {
+    /// The name prefix of the task's output layer in `family`'s
+    /// checkpoints (QA's `qa_outputs.`, ModernBERT's `classifier.`).
+    pub fn head_prefix(self, family: &Family) -> String {
         match self {
-            Self::Classification | Self::Ner | Self::MultipleChoice => "classifier.",
-            Self::Qa => "qa_outputs.",
+            Self::Classification | Self::Ner | Self::MultipleChoice => "classifier.".into(),
+            Self::Qa => format!("{}.", layout(family).qa_outputs()),
         }
     }
 

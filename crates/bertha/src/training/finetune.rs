@@ -260,7 +260,7 @@ impl Finetuner {
 
         // Keep the checkpoint's head only when it was trained for this
         // task with these labels and has the shape we need.
-        let prefix = task.head_prefix();
+        let prefix = &task.head_prefix(&config.family);
         let head_weight = format!("{prefix}weight");
         let out_dim = match task {
             Task::Qa => 2,

@@ -74,7 +74,7 @@ impl Layout for DistilBert<'_> {
 
     /// DistilBertForQuestionAnswering drops the hidden states before
     /// `qa_outputs`.
-    fn qa_dropout(&self) -> f64 {
+    fn qa_dropout(&self, _cfg: &BertConfig) -> f64 {
         self.0.qa_dropout
     }
 }

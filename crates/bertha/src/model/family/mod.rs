@@ -84,10 +84,16 @@ pub(crate) trait Layout {
         None
     }
 
-    /// The rate of the dropout before `qa_outputs` (none in BERT's QA
-    /// head).
-    fn qa_dropout(&self) -> f64 {
+    /// The rate of the dropout before the QA head's output layer (none in
+    /// BERT's QA head).
+    fn qa_dropout(&self, _cfg: &BertConfig) -> f64 {
         0.0
+    }
+
+    /// The QA head's output layer (start and end logits), from the
+    /// checkpoint root.
+    fn qa_outputs(&self) -> &'static str {
+        "qa_outputs"
     }
 
     /// Whether the family has BERT's pre-training and NSP heads.

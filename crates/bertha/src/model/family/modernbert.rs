@@ -101,6 +101,16 @@ impl Layout for ModernBert<'_> {
         &["head.", "decoder."]
     }
 
+    /// ModernBertForQuestionAnswering: `head` on every token → `drop`
+    /// (`classifier_dropout`) → `classifier` with two outputs.
+    fn qa_dropout(&self, cfg: &BertConfig) -> f64 {
+        cfg.classifier_dropout.unwrap_or(cfg.hidden_dropout_prob)
+    }
+
+    fn qa_outputs(&self) -> &'static str {
+        "classifier"
+    }
+
     /// `head` before every classifier (sequence: after pooling; token:
     /// on every token).
     fn classifier_head(

@@ -180,7 +180,10 @@ impl HeadKind {
                     .map(|s| s.to_string())
                     .collect()
             }
-            Self::QuestionAnswering => vec!["qa_outputs.weight".into(), "qa_outputs.bias".into()],
+            Self::QuestionAnswering => {
+                let name = layout(family).qa_outputs();
+                vec![format!("{name}.weight"), format!("{name}.bias")]
+            }
             Self::ReplacedTokenDetection => ["dense", "dense_prediction"]
                 .iter()
                 .flat_map(|n| {

@@ -1,5 +1,6 @@
 //! `BertForQuestionAnswering`: `qa_outputs` → start and end logits (after
-//! the family's dropout: DistilBERT's `qa_dropout`).
+//! the family's dropout: DistilBERT's `qa_dropout`). ModernBERT's runs its
+//! `head` on every token first, then `drop` and `classifier` (two outputs).
 
 use candle_core::{Module, Result as CResult, Tensor, D};
 
@@ -7,7 +8,7 @@ use super::loss::{cross_entropy_with_ignore, label_values};
 use super::{BertHead, Head, HeadLabels, HeadPass, HeadSource};
 use crate::error::Result;
 use crate::model::bert::{BertInput, ForwardOptions};
-use crate::model::family::layout;
+use crate::model::family::{layout, PredictionHead};
 use crate::model::nn::{Dense, Dropout};
 
 /// `BertForQuestionAnswering`'s outputs.
@@ -24,20 +25,23 @@ pub struct QuestionAnsweringOutput {
 
 super::declare_head! {
     /// `BertForQuestionAnswering`'s module: `qa_outputs`, the start and end
-    /// logits of every token.
+    /// logits of every token (ModernBERT: `head`, then `classifier`).
     BertForQuestionAnswering: QuestionAnswering -> QuestionAnsweringOutput,
-    QuestionAnsweringModule { dropout: Dropout, qa_outputs: Dense }
+    QuestionAnsweringModule { head: Option<PredictionHead>, dropout: Dropout, qa_outputs: Dense }
 }
 
 impl QuestionAnsweringModule {
     fn load_head(from: &HeadSource) -> CResult<Head<Self>> {
         let config = from.config();
         let (d, std) = (config.hidden_size, config.initializer_range);
-        let qa_outputs = Dense::load(from.root().pp("qa_outputs"), d, 2, std)?;
-        let dropout = Dropout::new(layout(&config.family).qa_dropout());
+        let family = layout(&config.family);
+        let qa_outputs = Dense::load(from.root().pp(family.qa_outputs()), d, 2, std)?;
+        let head = family.classifier_head(from.root(), config)?;
+        let dropout = Dropout::new(family.qa_dropout(config));
         Ok(Head::new(
             from.encoder()?,
             Self {
+                head,
                 dropout,
                 qa_outputs,
             },
@@ -49,7 +53,11 @@ impl QuestionAnsweringModule {
     /// its length and then ignored; the loss is (start CE + end CE) / 2.
     fn run(&self, pass: HeadPass) -> Result<QuestionAnsweringOutput> {
         let out = pass.encode()?;
-        let hidden = self.dropout.forward(&out.last_hidden_state, pass.train())?;
+        let hidden = match &self.head {
+            Some(head) => head.forward(&out.last_hidden_state)?,
+            None => out.last_hidden_state.clone(),
+        };
+        let hidden = self.dropout.forward(&hidden, pass.train())?;
         let logits = self.qa_outputs.forward(&hidden)?;
         let start_logits = logits.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
         let end_logits = logits.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
@@ -76,14 +84,22 @@ impl QuestionAnsweringModule {
 }
 
 impl BertForQuestionAnswering {
-    /// `qa_outputs`: [D] → (start, end) logits per token.
+    /// `qa_outputs` (ModernBERT's `classifier`): [D] → (start, end) logits
+    /// per token.
     pub fn qa_outputs(&self) -> &Dense {
         &self.module.qa_outputs
     }
 
-    /// The dropout before `qa_outputs` (rate 0 but for DistilBERT).
+    /// The dropout before `qa_outputs` (rate 0 but for DistilBERT and
+    /// ModernBERT).
     pub fn dropout(&self) -> Dropout {
         self.module.dropout
+    }
+
+    /// The family's module on every token before the dropout (ModernBERT's
+    /// `head`).
+    pub(crate) fn classifier_head(&self) -> Option<&PredictionHead> {
+        self.module.head.as_ref()
     }
 
     /// [`BertHead::forward`] with the answer positions.

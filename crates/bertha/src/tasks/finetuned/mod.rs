@@ -15,7 +15,7 @@ mod saved;
 pub use saved::{FinetunedModel, InferenceOptions};
 
 use super::precision::HeadEncoder;
-use crate::config::{BertConfig, Family};
+use crate::config::BertConfig;
 use crate::data::{
     postprocess, LabelSet, PostprocessOptions, SquadPrediction, Target, Task, TaskData, TaskInput,
     TaskInputs,
@@ -602,11 +602,9 @@ impl Scorer<'_> {
 
 /// Checks that `task` fits `config`'s family. Every family has the
 /// fine-tuning heads (BERT's pooler head or the family's own first-token
-/// classifier, and the token and span heads over the last hidden states),
-/// except that ModernBERT's question-answering head
-/// (`head` → `classifier` with two outputs) is not bertha's `qa_outputs`,
-/// so a ModernBERT QA run would save a checkpoint transformers cannot
-/// read; it is refused. Multiple choice runs every family's
+/// classifier, and the token and span heads over the last hidden states;
+/// ModernBERT's span head is its `head` → `classifier` with two outputs).
+/// Multiple choice runs every family's
 /// `…ForMultipleChoice`; ELECTRA's `summary_*` keys must describe a
 /// `sequence_summary` that transformers runs (not `summary_type` `attn`).
 pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) -> Result<()> {
@@ -619,13 +617,6 @@ pub(crate) fn check_task_family(task: Task, config: &BertConfig, origin: &Path) 
     }
     if task == Task::MultipleChoice {
         config.sequence_summary(origin)?;
-    }
-    if task == Task::Qa && matches!(config.family, Family::ModernBert(_)) {
-        return Err(Error::config(
-            origin,
-            "model_type",
-            "question answering is not supported for `modernbert` (classification and NER are)",
-        ));
     }
     Ok(())
 }

@@ -6,15 +6,20 @@ use super::packing::{Packing, Task};
 use crate::model::DropoutMask;
 
 /// Task `t`'s scores `p` (`len` rows of `keys`) outside the packing's
-/// window set to `f32::MIN`, which the softmax turns into 0, as the candle
-/// path's mask chooses `f32::MIN` there. The probabilities outside the
-/// window are then 0, so the backward needs no mask of its own.
+/// window, and at padding keys, set to `f32::MIN`, which the softmax turns
+/// into 0, as the candle path's mask chooses `f32::MIN` there. The
+/// probabilities outside the window are then 0, so the backward needs no
+/// mask of its own. A padding row whose window holds no key is `f32::MIN`
+/// throughout: uniform over every row, padding too, as the candle path's
+/// softmax of `score + f32::MIN` is (and its gradient flows to the scores
+/// as the candle path's does through the sum).
 pub(super) fn mask_window(p: &mut [f32], t: Task, packing: Packing) {
     let Some(w) = packing.window else {
         return;
     };
+    let keys = packing.real_keys(t.s);
     for (i, row) in p.chunks_exact_mut(t.keys.max(1)).take(t.len).enumerate() {
-        let (at, keys) = (packing.position(t.s, i), row.len());
+        let at = packing.position(t.s, i);
         let lo = at.saturating_sub(w).min(keys);
         let hi = at.saturating_add(w + 1).clamp(lo, keys);
         row[..lo].fill(f32::MIN);

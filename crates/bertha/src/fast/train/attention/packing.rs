@@ -74,8 +74,22 @@ impl<'a> Packing<'a> {
         }
     }
 
-    /// Sequence `s`'s keys: its first `keys[s]` rows, or all of them.
+    /// The rows of sequence `s`'s tasks' scores: its keys, or under a
+    /// sliding window every row, padding too. A padding row whose window
+    /// holds no key then sees every row at `f32::MIN`, a uniform softmax
+    /// over the padded sequence, as the candle path's (and transformers'
+    /// eager) mask gives it ([`super::masks::mask_window`]).
     fn key_count(&self, s: usize) -> usize {
+        let len = self.offsets[s + 1] - self.offsets[s];
+        match self.window {
+            Some(_) => len,
+            None => self.real_keys(s),
+        }
+    }
+
+    /// Sequence `s`'s keys: its first `keys[s]` rows (the rest padding), or
+    /// all of them.
+    pub(super) fn real_keys(&self, s: usize) -> usize {
         let len = self.offsets[s + 1] - self.offsets[s];
         self.keys.get(s).map_or(len, |&k| k.min(len))
     }

@@ -212,12 +212,6 @@ impl<'a> Encoder<'a> {
                 self.max_positions
             )));
         }
-        if rows > 0 && self.layers.iter().any(|l| l.window.is_some()) {
-            return Err(Error::Input(
-                "padded sequences under sliding-window attention: the fast path packs them unpadded"
-                    .into(),
-            ));
-        }
         let keys: Vec<usize> = match rows {
             0 => Vec::new(),
             _ => sequences.iter().map(|s| s.0.len()).collect(),
