@@ -4,16 +4,18 @@ usage: python anchor_qa_finetune.py MODEL_DIR SQUAD_JSON [MAX_LENGTH] [BATCH]   
 
 transformers' run_qa recipe: windows of MAX_LENGTH (256) tokens with stride 128 over the context
 (truncation="only_second"), start/end positions from the offsets (CLS for answers outside a window),
-BertForQuestionAnswering, AdamW 1e-4, batch 32, one epoch in file order, dropout on. Prints the tokens/s
+the folder's `…ForQuestionAnswering` (AutoModelForQuestionAnswering: BERT's, ModernBERT's, …; token types only
+where the model takes them), AdamW 1e-4, batch 32, one epoch in file order, dropout on. Prints the tokens/s
 (attention-mask tokens) of the steps after the first three, and the last loss.
 """
+import inspect
 import json
 import os
 import sys
 import time
 
 import torch
-from transformers import AutoTokenizer, BertForQuestionAnswering
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
 model_dir, squad = sys.argv[1], sys.argv[2]
 max_length = int(sys.argv[3]) if len(sys.argv) > 3 else 256
@@ -51,10 +53,13 @@ for i, offsets in enumerate(enc["offset_mapping"]):
         e -= 1
     starts.append(s - 1); ends.append(e + 1)
 
-ids = torch.tensor(enc["input_ids"]); types = torch.tensor(enc["token_type_ids"])
+model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
+ids = torch.tensor(enc["input_ids"])
 mask = torch.tensor(enc["attention_mask"])
 starts, ends = torch.tensor(starts), torch.tensor(ends)
-model = BertForQuestionAnswering.from_pretrained(model_dir)
+# ModernBERT, RoBERTa and DistilBERT take no token types.
+typed = "token_type_ids" in inspect.signature(model.forward).parameters and "token_type_ids" in enc
+types = torch.tensor(enc["token_type_ids"]) if typed else None
 model.train()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 n = len(ids) // bs
@@ -64,8 +69,9 @@ for step in range(n):
         t_start = time.time()
     sl = slice(step * bs, (step + 1) * bs)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16):
-        out = model(input_ids=ids[sl], token_type_ids=types[sl], attention_mask=mask[sl],
-                    start_positions=starts[sl], end_positions=ends[sl])
+        extra = {"token_type_ids": types[sl]} if typed else {}
+        out = model(input_ids=ids[sl], attention_mask=mask[sl], start_positions=starts[sl],
+                    end_positions=ends[sl], **extra)
     out.loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step(); opt.zero_grad()

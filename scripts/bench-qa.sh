@@ -4,11 +4,13 @@
 # transformers (scripts/anchor_qa_finetune.py) in fp32 and under
 # torch.autocast bf16; tokens/s (real tokens, the steps after the first
 # three) and each run's peak RSS, on the first ARTICLES (1) articles of
-# SQuAD v1.1 dev with all-MiniLM-L6-v2.
+# SQuAD v1.1 dev (their first QUESTIONS questions, when set) with
+# all-MiniLM-L6-v2 (MODEL: another folder, e.g. a ModernBERT's).
 #
 #   scripts/bench-qa.sh
 #   RUNS="fast-f32" MODES=fp32 scripts/bench-qa.sh
 #   REPEATS=3 RUNS="fast-f32" MODES=fp32 scripts/bench-qa.sh
+#   MODEL=.cache/models/modernbert-base-3l QUESTIONS=200 scripts/bench-qa.sh
 #
 # REPEATS=N runs the whole round (bertha's runs, then the anchors) N times
 # over, alternating; the table gives each run's median tokens/s, its ratio
@@ -21,6 +23,7 @@ DATA=${DATA:-../shared/data}
 MODEL=${MODEL:-.cache/models/all-MiniLM-L6-v2}
 REFENV=${REFENV:-$HOME/.refenv}
 ARTICLES=${ARTICLES:-1}
+QUESTIONS=${QUESTIONS:-0}
 RUNS=${RUNS:-fast-f32 fast-bf16 candle-f32}
 MODES=${MODES:-fp32 bf16}
 REPEATS=${REPEATS:-1}
@@ -29,10 +32,16 @@ mkdir -p "$OUT"
 [ -d "$MODEL" ] || scripts/fetch-model.sh
 cargo build --release -p bertha-cli --quiet
 BIN=${CARGO_TARGET_DIR:-target}/release/bertha
-python3 - "$DATA/squad/dev-v1.1.json" "$OUT/squad.json" "$ARTICLES" <<'EOF'
+python3 - "$DATA/squad/dev-v1.1.json" "$OUT/squad.json" "$ARTICLES" "$QUESTIONS" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1], encoding="utf-8"))
-json.dump({"version": d["version"], "data": d["data"][:int(sys.argv[3])]}, open(sys.argv[2], "w"))
+data, left = d["data"][:int(sys.argv[3])], int(sys.argv[4]) or float("inf")
+for article in data:
+    for para in article["paragraphs"]:
+        para["qas"] = para["qas"][:max(0, left)]
+        left -= len(para["qas"])
+    article["paragraphs"] = [p for p in article["paragraphs"] if p["qas"]]
+json.dump({"version": d["version"], "data": data}, open(sys.argv[2], "w"))
 EOF
 : > "$OUT/results.tsv"
 
