@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use common::fast_steps::{
     assert_other_masks_differ, assert_same_gradients, candle_head_step, head_labels, random_rows,
-    sequences, vars, Rows,
+    sequences, span_positions, vars, Rows,
 };
 use common::fixtures;
 
@@ -100,11 +100,7 @@ fn family_steps_equal_the_candle_path(mut cfg: BertConfig, named: &str) {
         let n = rows.ids.len();
         let l = head_labels(&rows, 3);
         let spans: Vec<(i64, i64)> = (0..n as i64).map(|s| (s, s + 2)).collect();
-        let (starts, ends): (Vec<i64>, Vec<i64>) = spans.iter().copied().unzip();
-        let (starts, ends) = (
-            Tensor::from_vec(starts, n, &dev).unwrap(),
-            Tensor::from_vec(ends, n, &dev).unwrap(),
-        );
+        let (starts, ends) = span_positions(&spans);
         let (_, padded, _) = Rows {
             labels: l.tokens.clone(),
             ..rows.clone()

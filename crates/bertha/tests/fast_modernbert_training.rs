@@ -15,7 +15,7 @@ use candle_nn::{VarBuilder, VarMap};
 use common::fast_steps::{
     assert_fixture_gradients, assert_other_masks_differ, assert_same_directions,
     assert_same_gradients, candle_head_step, expected_loss, fixture_model, fixture_rows,
-    head_labels, random_rows, rel_diff, sequences, vars, Rows,
+    head_labels, random_rows, rel_diff, sequences, span_positions, vars, Rows,
 };
 use common::{fixtures, load_safetensors, read_json};
 
@@ -291,11 +291,7 @@ fn classifier_dropout_steps_equal_the_candle_path() {
         }
         .padded();
         let spans: Vec<(i64, i64)> = (0..n as i64).map(|s| (s, 2 * s + 1)).collect();
-        let (starts, ends): (Vec<i64>, Vec<i64>) = spans.iter().copied().unzip();
-        let (starts, ends) = (
-            Tensor::from_vec(starts, n, &dev).unwrap(),
-            Tensor::from_vec(ends, n, &dev).unwrap(),
-        );
+        let (starts, ends) = span_positions(&spans);
         let (targets, labels) = match kind {
             HeadKind::QuestionAnswering => (
                 HeadTargets::Spans(&spans),

@@ -198,6 +198,17 @@ pub struct HeadLabelsOf {
     pub tokens: Vec<Vec<i64>>,
 }
 
+/// QA's answers `(start, end)` per sequence as the candle head takes them:
+/// `start_positions` and `end_positions`, [N] each.
+pub fn span_positions(spans: &[(i64, i64)]) -> (Tensor, Tensor) {
+    let (starts, ends): (Vec<i64>, Vec<i64>) = spans.iter().copied().unzip();
+    let n = spans.len();
+    (
+        Tensor::from_vec(starts, n, &Device::Cpu).unwrap(),
+        Tensor::from_vec(ends, n, &Device::Cpu).unwrap(),
+    )
+}
+
 pub fn head_labels(rows: &Rows, c: usize) -> HeadLabelsOf {
     let n = rows.ids.len();
     HeadLabelsOf {
