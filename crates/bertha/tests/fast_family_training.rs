@@ -111,11 +111,7 @@ fn family_steps_equal_the_candle_path(mut cfg: BertConfig, named: &str) {
         let (targets, head_labels) = match kind {
             HeadKind::QuestionAnswering => (
                 HeadTargets::Spans(&spans),
-                HeadLabels {
-                    start_positions: Some(&starts),
-                    end_positions: Some(&ends),
-                    ..HeadLabels::default()
-                },
+                HeadLabels::spans(&starts, &ends),
             ),
             HeadKind::TokenClassification => (
                 HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),

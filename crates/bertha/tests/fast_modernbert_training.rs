@@ -295,11 +295,7 @@ fn classifier_dropout_steps_equal_the_candle_path() {
         let (targets, labels) = match kind {
             HeadKind::QuestionAnswering => (
                 HeadTargets::Spans(&spans),
-                HeadLabels {
-                    start_positions: Some(&starts),
-                    end_positions: Some(&ends),
-                    ..HeadLabels::default()
-                },
+                HeadLabels::spans(&starts, &ends),
             ),
             HeadKind::TokenClassification => (
                 HeadTargets::Tokens(l.tokens.iter().map(|t| &t[..]).collect()),

@@ -440,11 +440,7 @@ fn finetuning_dropout_steps_equal_the_candle_path() {
             };
             let qa = kind == HeadKind::QuestionAnswering;
             let head_labels = if qa {
-                HeadLabels {
-                    start_positions: Some(&starts),
-                    end_positions: Some(&ends),
-                    ..HeadLabels::default()
-                }
+                HeadLabels::spans(&starts, &ends)
             } else {
                 HeadLabels::labels(Some(&labels))
             };

@@ -215,11 +215,7 @@ fn forward_encoded_on_the_encoders_output_is_forward() {
         );
         let nsp = Tensor::new(&[0i64, 1], &Device::Cpu).unwrap();
         let labels = match kind {
-            HeadKind::QuestionAnswering => HeadLabels {
-                start_positions: Some(&s),
-                end_positions: Some(&e),
-                ..HeadLabels::default()
-            },
+            HeadKind::QuestionAnswering => HeadLabels::spans(&s, &e),
             HeadKind::PreTraining => HeadLabels {
                 labels: Some(&l),
                 next_sentence_label: Some(&nsp),

@@ -78,11 +78,7 @@ fn modernbert_qa_matches_transformers() {
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let m = BertForTask::load(vb, config, HeadKind::QuestionAnswering).unwrap();
     varmap.load(dir.join("model.safetensors")).unwrap();
-    let labels = HeadLabels {
-        start_positions: Some(&starts),
-        end_positions: Some(&ends),
-        ..HeadLabels::default()
-    };
+    let labels = HeadLabels::spans(&starts, &ends);
     let out = m.forward(&input, &labels, HeadOptions::default()).unwrap();
     let grads = out.loss().unwrap().backward().unwrap();
     let vars = varmap.data().lock().unwrap();

@@ -146,6 +146,16 @@ impl<'a> HeadLabels<'a> {
             ..Self::default()
         }
     }
+
+    /// Only QA's answer positions, `start_positions` and `end_positions`
+    /// [B] each.
+    pub fn spans(start_positions: &'a Tensor, end_positions: &'a Tensor) -> Self {
+        Self {
+            start_positions: Some(start_positions),
+            end_positions: Some(end_positions),
+            ..Self::default()
+        }
+    }
 }
 
 /// How a head runs.
