@@ -350,10 +350,10 @@ fn pipelines_take_a_precision() {
     }
     let err = failure(&run_model(
         "fill-mask",
-        &tiny_dir("roberta-mlm"),
-        &["--precision", "int8", "the <mask> of the year"],
+        &tiny_dir("deberta-v2-mlm"),
+        &["--precision", "int8", "the [MASK] of the year"],
     ));
-    assert_mentions(&err, &["Int8", "fast path", "Roberta"]);
+    assert_mentions(&err, &["Int8", "fast path", "DebertaV2"]);
     let err = failure(&run_model(
         "classify",
         &tiny_dir("bert-seqcls"),

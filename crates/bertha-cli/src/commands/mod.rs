@@ -111,8 +111,8 @@ pub struct PrecisionArgs {
     /// encoder linears: int8 weights per output column and channel group,
     /// activations per token and channel group, calibrated SmoothQuant
     /// factors; exact integer sums on AVX-512 VNNI, AVX-VNNI, AVX2 or NEON
-    /// dotprod, scalar loops elsewhere). Task heads stay fp32; bf16 and int8 need a BERT or a
-    /// ModernBERT on the CPU. A `bertha quantize` folder runs its stored
+    /// dotprod, scalar loops elsewhere). Task heads stay fp32; bf16 and int8 need the CPU and a
+    /// family but DeBERTa-v2. A `bertha quantize` folder runs its stored
     /// weights when this names its precision. `--quantize` is the older
     /// name.
     #[arg(long, alias = "quantize", default_value = "f32")]

@@ -1,5 +1,6 @@
-//! The CPU inference fast path: BERT and ModernBERT on packed sequences
-//! ([`PackedBert`]) with fused kernels and matrix multiplies against
+//! The CPU fast path: the BERT-layer families (BERT, RoBERTa, DistilBERT,
+//! ELECTRA, ALBERT; [`bert_layout`]) and ModernBERT on packed sequences
+//! ([`PackedBert`] for inference, [`train`] for training) with fused kernels and matrix multiplies against
 //! weights packed once.
 //!
 //! Everything here is crate-private except what a caller chooses or
@@ -10,6 +11,7 @@
 
 mod aligned;
 mod band;
+pub(crate) mod bert_layout;
 pub(crate) mod buffers;
 pub mod cpu;
 pub(crate) mod kernels;

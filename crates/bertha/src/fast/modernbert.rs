@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::kernels::{activate_body, multiversion, Act, ROWS_PER_TASK};
-use super::packed::{flat, linear_of, norm_of, Layer, PackedBert};
+use super::packed::{flat, linear_of, norm_of, Layer, PackedBert, PackedEmbeddings};
 use super::rope::Rotary;
 use crate::config::{AttentionKind, ModernBertOptions, NormPosition};
 use crate::error::Result;
@@ -82,18 +82,26 @@ pub(super) fn pack(model: &BertModel, o: &ModernBertOptions) -> Result<Option<Pa
         })
         .collect::<Result<Vec<_>>>()?;
     let (positions, hd) = (cfg.max_position_embeddings, cfg.head_dim());
+    let embeddings = PackedEmbeddings {
+        word: flat(emb.word_embeddings.embeddings())?,
+        vocab: cfg.vocab_size,
+        width: cfg.hidden_size,
+        position: None,
+        max_positions: positions,
+        positions_from: None,
+        token_type: None,
+        ignore_types: true,
+        norm: emb.layer_norm.as_ref().map(norm_of).transpose()?,
+        projection: None,
+    };
     Ok(Some(PackedBert {
         hidden: cfg.hidden_size,
         num_heads: cfg.num_attention_heads,
         head_dim: hd,
-        max_positions: positions,
         act: cfg.hidden_act.into(),
         norm_position: NormPosition::Pre,
-        word: flat(emb.word_embeddings.embeddings())?,
-        vocab: cfg.vocab_size,
-        position: None,
-        token_type: None,
-        embed_norm: emb.layer_norm.as_ref().map(norm_of).transpose()?,
+        embeddings,
+        order: (0..layers.len()).collect(),
         layers,
         final_norm: Some(norm_of(&stack.final_norm)?),
         pooler: None,

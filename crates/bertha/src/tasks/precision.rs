@@ -20,9 +20,9 @@ const CALIBRATION_EN: &str = include_str!("calibration-en.txt");
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PipelineOptions {
     /// `F32`: today's exact path. `Bf16` / `Int8`: the encoder on the
-    /// packed CPU fast path at that precision, the head in fp32; only for
-    /// a plain BERT or a ModernBERT on the CPU (other models are refused
-    /// with an error).
+    /// packed CPU fast path at that precision, the head in fp32; on the
+    /// CPU, for every family but DeBERTa-v2 (`fast::bert_layout`; other
+    /// models and devices are refused with an error).
     /// bf16 on a CPU without AVX512-BF16 runs in fp32, with a notice.
     pub precision: Precision,
 }
@@ -38,7 +38,7 @@ pub(crate) fn runnable(precision: Precision) -> Precision {
 }
 
 /// The fast path of `model` in `precision` as this CPU runs it (`None`
-/// when the model cannot take it: not a plain BERT, or not on the CPU);
+/// when the model cannot take it: DeBERTa-v2, or not on the CPU);
 /// int8 calibrates on the built-in texts (see [`pack`]).
 pub(crate) fn packed_model(
     model: &BertModel,

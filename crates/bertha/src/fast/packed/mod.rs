@@ -7,11 +7,15 @@
 //! bias + GELU are single parallel passes. Weights are copied out of the
 //! candle model once, transposed for the multiplies. Used for inference
 //! on the CPU; training and optional outputs (hidden states, attentions)
-//! go through the candle modules. ModernBERT runs on the same layers with
-//! what its own adds (`fast::modernbert`: rotary positions, windows, GeGLU).
+//! go through the candle modules. The families with BERT's layers
+//! (`fast::bert_layout`) differ in their [`embeddings`] only, and ALBERT
+//! in running its shared layers again and again (`PackedBert::order`).
+//! ModernBERT runs on the same layers with what its own adds
+//! (`fast::modernbert`: rotary positions, windows, GeGLU).
 //! [`reduced`] switches the linears to bf16 or int8 and to and from their
 //! stored form.
 
+mod embeddings;
 mod reduced;
 
 use candle_core::Tensor;
@@ -19,10 +23,13 @@ use candle_core::Tensor;
 use super::kernels::{self, Act};
 use super::matmul::{PackedBf16, PackedF32, PackedI8, QuantScratch};
 use super::modernbert::{geglu, ModernParts};
+use super::bert_layout::bert_layout;
 use super::site::Site;
 use crate::config::{Family, NormPosition};
 use crate::error::{Error, Result};
 use crate::model::{BertModel, Dense, LayerNorm};
+
+pub(crate) use embeddings::PackedEmbeddings;
 
 pub(super) struct Norm {
     gamma: Vec<f32>,
@@ -62,16 +69,13 @@ pub struct PackedBert {
     pub(super) hidden: usize,
     pub(super) num_heads: usize,
     pub(super) head_dim: usize,
-    pub(super) max_positions: usize,
     pub(super) act: Act,
     pub(super) norm_position: NormPosition,
-    pub(super) word: Vec<f32>,
-    pub(super) vocab: usize,
-    /// Absolute position embeddings (`None`: rotary positions, ModernBERT).
-    pub(super) position: Option<Vec<f32>>,
-    pub(super) token_type: Option<(Vec<f32>, usize)>,
-    pub(super) embed_norm: Option<Norm>,
+    pub(super) embeddings: PackedEmbeddings,
+    /// The stored layers; ALBERT's are shared across steps.
     pub(super) layers: Vec<Layer>,
+    /// The stored layer each step runs, in order (`0..L` but for ALBERT).
+    pub(super) order: Vec<usize>,
     pub(super) final_norm: Option<Norm>,
     pub(super) pooler: Option<Linear>,
     /// ModernBERT's rotary positions, windows and GeGLU.
@@ -147,15 +151,12 @@ impl PackedBert {
         if let Family::ModernBert(o) = &cfg.family {
             return super::modernbert::pack(model, o);
         }
-        // Only BERT itself: the family's positions, shared layers and
-        // relative attention run on the candle modules.
-        if !cfg.family.is_bert() || !model.encoder.is_plain() {
-            return Ok(None);
-        }
-        let emb = &model.embeddings;
-        let Some(position_embeddings) = &emb.position_embeddings else {
+        // BERT's layers (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT); the
+        // relative attention of DeBERTa-v2 runs on the candle modules.
+        let Some(layout) = bert_layout(model) else {
             return Ok(None);
         };
+        let emb = &model.embeddings;
         let layers = model
             .encoder
             .layers
@@ -172,22 +173,30 @@ impl PackedBert {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Some(Self {
-            hidden: cfg.hidden_size,
-            num_heads: cfg.num_attention_heads,
-            head_dim: cfg.head_dim(),
-            max_positions: cfg.max_position_embeddings,
-            act: Act::from(cfg.hidden_act),
-            norm_position: cfg.norm_position,
+        let embeddings = PackedEmbeddings {
             word: flat(emb.word_embeddings.embeddings())?,
             vocab: cfg.vocab_size,
-            position: Some(flat(position_embeddings.embeddings())?),
+            width: cfg.embedding_size(),
+            position: Some(flat(layout.position.embeddings())?),
+            max_positions: cfg.max_position_embeddings,
+            positions_from: layout.positions_from,
             token_type: match &emb.token_type_embeddings {
                 Some(t) => Some((flat(t.embeddings())?, cfg.type_vocab_size)),
                 None => None,
             },
-            embed_norm: emb.layer_norm.as_ref().map(norm_of).transpose()?,
+            ignore_types: emb.ignore_token_types,
+            norm: emb.layer_norm.as_ref().map(norm_of).transpose()?,
+            projection: layout.projection.map(|p| linear_of(&[p])).transpose()?,
+        };
+        Ok(Some(Self {
+            hidden: cfg.hidden_size,
+            num_heads: cfg.num_attention_heads,
+            head_dim: cfg.head_dim(),
+            act: Act::from(cfg.hidden_act),
+            norm_position: cfg.norm_position,
+            embeddings,
             layers,
+            order: layout.order,
             final_norm: model
                 .encoder
                 .final_layer_norm
@@ -240,7 +249,7 @@ impl PackedBert {
                 )));
             }
         }
-        if self.layers.is_empty() || self.modern.is_some() {
+        if self.order.is_empty() || self.modern.is_some() {
             // The embeddings are the output, or (ModernBERT) the last
             // layer's rotary positions and window run on the whole pass:
             // keep the rows asked for.
@@ -278,18 +287,20 @@ impl PackedBert {
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
         offsets.push(0);
         for (s, (ids, _)) in sequences.iter().enumerate() {
-            if ids.len() > self.max_positions {
+            let most = self.embeddings.max_tokens();
+            if ids.len() > most {
                 return Err(Error::Input(format!(
-                    "text {s} has {} tokens, more than max_position_embeddings ({}); truncate it",
+                    "text {s} has {} tokens, more than the model takes ({most}, from \
+                     max_position_embeddings {}); truncate it",
                     ids.len(),
-                    self.max_positions
+                    self.embeddings.max_positions
                 )));
             }
             offsets.push(offsets[s] + ids.len());
         }
         let n = *offsets.last().expect("offsets start with 0");
         let mut x = vec![0f32; n * d];
-        self.embed(sequences, &mut x)?;
+        self.embeddings.embed(sequences, &mut x)?;
         let ffn = self.layers.first().map_or(0, |l| l.ffn_in.out_dim);
         let mut qkv = vec![0f32; n * 3 * d];
         let mut ctx = vec![0f32; n * d];
@@ -306,8 +317,9 @@ impl PackedBert {
         ];
         let mut inter_pairs = Vec::new();
         let mut q = QuantScratch::default();
-        for (l, layer) in self.layers.iter().enumerate() {
-            if let (Some(rows), true) = (at, l + 1 == self.layers.len()) {
+        for (step, &l) in self.order.iter().enumerate() {
+            let layer = &self.layers[l];
+            if let (Some(rows), true) = (at, step + 1 == self.order.len()) {
                 let buffers = (&mut qkv[..], &mut tmp[..]);
                 let mut y = self.last_layer_at(&mut q, layer, &x, (&offsets, rows), buffers);
                 if let Some(f) = &self.final_norm {
@@ -523,45 +535,6 @@ impl PackedBert {
         let bf16 = !matches!(layer.qkv.weights, Weights::F32(_));
         let heads = (self.num_heads, self.head_dim);
         kernels::packed_attention(qkv, ctx, offsets, heads, bf16, window);
-    }
-
-    fn embed(&self, sequences: &[(&[u32], &[u32])], x: &mut [f32]) -> Result<()> {
-        let d = self.hidden;
-        let mut row = 0;
-        for (s, (ids, types)) in sequences.iter().enumerate() {
-            for (pos, &id) in ids.iter().enumerate() {
-                let id = id as usize;
-                if id >= self.vocab {
-                    return Err(Error::Input(format!(
-                        "text {s}: token id {id} is outside the vocabulary ({})",
-                        self.vocab
-                    )));
-                }
-                let out = &mut x[row * d..(row + 1) * d];
-                out.copy_from_slice(&self.word[id * d..(id + 1) * d]);
-                if let Some(position) = &self.position {
-                    for (o, p) in out.iter_mut().zip(&position[pos * d..(pos + 1) * d]) {
-                        *o += p;
-                    }
-                }
-                if let Some((table, n_types)) = &self.token_type {
-                    let t = types.get(pos).copied().unwrap_or(0) as usize;
-                    if t >= *n_types {
-                        return Err(Error::Input(format!(
-                            "text {s}: token type {t} is not below type_vocab_size {n_types}"
-                        )));
-                    }
-                    for (o, v) in out.iter_mut().zip(&table[t * d..(t + 1) * d]) {
-                        *o += v;
-                    }
-                }
-                row += 1;
-            }
-        }
-        if let Some(f) = &self.embed_norm {
-            kernels::add_layer_norm(x, None, &f.gamma, &f.beta, f.eps);
-        }
-        Ok(())
     }
 
     /// The BERT pooler (dense + tanh) on each sequence's first token.

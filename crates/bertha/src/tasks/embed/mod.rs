@@ -263,8 +263,8 @@ impl Embedder {
     }
 
     /// Sets the number format of the fast path. `Int8` needs the fast
-    /// path (a BERT or a ModernBERT on the CPU); other models and devices
-    /// refuse it.
+    /// path (on the CPU, every family but DeBERTa-v2); other models and
+    /// devices refuse it.
     ///
     /// A quantised folder must hold `precision` (else an error naming its
     /// file and field) whatever this CPU then runs: bf16 without

@@ -10,7 +10,8 @@ use super::{Encoder, Linear, Norm};
 use crate::config::{AttentionKind, Family, ModernBertOptions, NormPosition};
 use crate::error::Result;
 use crate::model::family::modernbert::layers::ModernBertEncoder;
-use crate::model::{BertModel, Dropout, PositionIds};
+use crate::fast::bert_layout::bert_layout;
+use crate::model::{BertModel, Dropout};
 
 impl<'a> Encoder<'a> {
     /// The encoder of `model`, when the fast path covers it: BERT itself
@@ -27,41 +28,14 @@ impl<'a> Encoder<'a> {
         if let Family::ModernBert(o) = &cfg.family {
             return Self::of_modernbert(model, o);
         }
-        let projects = matches!(cfg.family, Family::Electra(_) | Family::Albert(_));
-        let family_covered = cfg.family.is_bert()
-            || projects
-            || matches!(cfg.family, Family::Roberta | Family::DistilBert(_));
-        if !model.device().is_cpu() || !family_covered {
-            return Ok(None);
-        }
-        let encoder = &model.encoder;
-        let projection = match &encoder.input_projection {
-            Some(p) if projects => match Linear::of(p)? {
-                Some(p) => Some(p),
-                None => return Ok(None),
-            },
-            _ => None,
-        };
-        let Some(order) = encoder.layer_order() else {
+        let Some(layout) = bert_layout(model).filter(|_| model.device().is_cpu()) else {
             return Ok(None);
         };
-        if encoder.input_projection.is_some() && projection.is_none() {
-            return Ok(None);
-        }
+        let projection = match layout.projection.map(Linear::of).transpose()? {
+            Some(None) => return Ok(None),
+            p => p.flatten(),
+        };
         let emb = &model.embeddings;
-        let Some(position) = &emb.position_embeddings else {
-            return Ok(None);
-        };
-        if emb.projection.is_some() || emb.mask_padding {
-            return Ok(None);
-        }
-        let positions_from = match emb.position_ids {
-            PositionIds::Absolute => None,
-            PositionIds::FromPadding { padding_idx } if padding_idx == emb.padding_idx => {
-                Some(padding_idx)
-            }
-            _ => return Ok(None),
-        };
         if cfg.hidden_dropout_prob >= 1.0 || cfg.attention_probs_dropout_prob >= 1.0 {
             return Ok(None);
         }
@@ -111,10 +85,10 @@ impl<'a> Encoder<'a> {
             norm_position: cfg.norm_position,
             max_positions: cfg.max_position_embeddings,
             pad_id: emb.padding_idx,
-            positions_from,
+            positions_from: layout.positions_from,
             ignore_types: emb.ignore_token_types,
             word: Param::of(emb.word_embeddings.embeddings())?,
-            position: Some(Param::of(position.embeddings())?),
+            position: Some(Param::of(layout.position.embeddings())?),
             token_type: emb
                 .token_type_embeddings
                 .as_ref()
@@ -123,7 +97,7 @@ impl<'a> Encoder<'a> {
             embed_norm: emb.layer_norm.as_ref().map(Norm::of).transpose()?,
             projection,
             layers,
-            order,
+            order: layout.order,
             final_norm: model
                 .encoder
                 .final_layer_norm
