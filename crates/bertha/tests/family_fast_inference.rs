@@ -38,10 +38,19 @@ impl Texts {
                 .map(|v| serde_json::from_value(v.clone()).unwrap())
         };
         let mask = rows("attention_mask").unwrap();
-        let lens: Vec<usize> = mask.iter().map(|m| m.iter().sum::<u32>() as usize).collect();
+        let lens: Vec<usize> = mask
+            .iter()
+            .map(|m| m.iter().sum::<u32>() as usize)
+            .collect();
         let ids = rows("input_ids").unwrap();
-        let types = rows("token_type_ids").unwrap_or_else(|| ids.iter().map(|r| vec![0; r.len()]).collect());
-        let cut = |v: Vec<Vec<u32>>| v.into_iter().zip(&lens).map(|(r, &n)| r[..n].to_vec()).collect();
+        let types = rows("token_type_ids")
+            .unwrap_or_else(|| ids.iter().map(|r| vec![0; r.len()]).collect());
+        let cut = |v: Vec<Vec<u32>>| {
+            v.into_iter()
+                .zip(&lens)
+                .map(|(r, &n)| r[..n].to_vec())
+                .collect()
+        };
         Self {
             ids: cut(ids),
             types: cut(types),
@@ -68,7 +77,10 @@ fn packed(dir: &PathBuf) -> (BertForTask, PackedBert) {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -146,7 +158,11 @@ fn packed_roberta_positions_skip_the_padding_id() {
     };
     let err = err.to_string();
     assert!(
-        err.contains(&format!("{} tokens", max - 1)) && err.contains(&format!("({}, from max_position_embeddings {max})", max - 2)),
+        err.contains(&format!("{} tokens", max - 1))
+            && err.contains(&format!(
+                "({}, from max_position_embeddings {max})",
+                max - 2
+            )),
         "{err}"
     );
 }

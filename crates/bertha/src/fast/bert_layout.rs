@@ -61,3 +61,18 @@ pub(crate) fn bert_layout(model: &BertModel) -> Option<BertLayout<'_>> {
         position,
     })
 }
+
+/// The position of token `id` at index `p` of its text: `p`, or with
+/// RoBERTa's positions (`from`: its padding id) `padding_idx` for the
+/// padding id and `padding_idx` + its rank among the text's other tokens
+/// (`rank`: those seen so far, counted here) for the rest.
+pub(crate) fn position(from: Option<u32>, id: u32, p: usize, rank: &mut usize) -> usize {
+    match from {
+        Some(pad) if id == pad => pad as usize,
+        Some(pad) => {
+            *rank += 1;
+            pad as usize + *rank
+        }
+        None => p,
+    }
+}

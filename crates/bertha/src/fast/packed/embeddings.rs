@@ -6,6 +6,8 @@
 
 use super::{run, Linear, Norm};
 use crate::error::{Error, Result};
+use crate::fast::bert_layout;
+use crate::fast::buffers::add;
 use crate::fast::kernels;
 use crate::fast::matmul::QuantScratch;
 
@@ -71,14 +73,7 @@ impl PackedEmbeddings {
                 let o = &mut out[row * e..(row + 1) * e];
                 o.copy_from_slice(&self.word[token * e..(token + 1) * e]);
                 if let Some(position) = &self.position {
-                    let p = match self.positions_from {
-                        Some(pad) if id == pad => pad as usize,
-                        Some(pad) => {
-                            rank += 1;
-                            pad as usize + rank
-                        }
-                        None => pos,
-                    };
+                    let p = bert_layout::position(self.positions_from, id, pos, &mut rank);
                     add(o, &position[p * e..(p + 1) * e]);
                 }
                 if let Some((table, n_types)) = &self.token_type {
@@ -100,11 +95,5 @@ impl PackedEmbeddings {
             kernels::add_layer_norm(out, None, &f.gamma, &f.beta, f.eps);
         }
         Ok(())
-    }
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }

@@ -20,10 +20,10 @@ mod reduced;
 
 use candle_core::Tensor;
 
+use super::bert_layout::bert_layout;
 use super::kernels::{self, Act};
 use super::matmul::{PackedBf16, PackedF32, PackedI8, QuantScratch};
 use super::modernbert::{geglu, ModernParts};
-use super::bert_layout::bert_layout;
 use super::site::Site;
 use crate::config::{Family, NormPosition};
 use crate::error::{Error, Result};

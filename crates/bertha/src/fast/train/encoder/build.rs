@@ -9,8 +9,8 @@ use super::layer::{Layer, QkvParams};
 use super::{Encoder, Linear, Norm};
 use crate::config::{AttentionKind, Family, ModernBertOptions, NormPosition};
 use crate::error::Result;
-use crate::model::family::modernbert::layers::ModernBertEncoder;
 use crate::fast::bert_layout::bert_layout;
+use crate::model::family::modernbert::layers::ModernBertEncoder;
 use crate::model::{BertModel, Dropout};
 
 impl<'a> Encoder<'a> {

@@ -29,6 +29,7 @@ use super::rows::{Rows, Selection};
 use super::Param;
 use crate::config::NormPosition;
 use crate::error::{Error, Result};
+use crate::fast::bert_layout;
 use crate::fast::buffers::{add, copied, recycle, scratch};
 use crate::fast::kernels::{self, Act};
 use crate::fast::matmul::{as_words, as_words_mut};
@@ -242,14 +243,7 @@ impl<'a> Encoder<'a> {
                         "sequence {s}: token type {t} is not below type_vocab_size {n_types}"
                     )));
                 }
-                let position = match self.positions_from {
-                    Some(pad) if id == pad => pad as usize,
-                    Some(pad) => {
-                        rank += 1;
-                        pad as usize + rank
-                    }
-                    None => p,
-                };
+                let position = bert_layout::position(self.positions_from, id, p, &mut rank);
                 if position >= self.max_positions {
                     return Err(Error::Input(format!(
                         "sequence {s} of {} tokens needs position {position}, beyond max_position_embeddings ({})",
