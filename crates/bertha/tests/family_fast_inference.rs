@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use bertha::fast::PackedBert;
 use bertha::{BertForTask, BertInput, Device, ForwardOptions, HeadInit, Tensor};
@@ -30,7 +30,7 @@ struct Texts {
 
 impl Texts {
     /// The fixture's rows without their padding.
-    fn of(dir: &PathBuf) -> Self {
+    fn of(dir: &Path) -> Self {
         let inputs = read_json(&dir.join("inputs.json"));
         let rows = |k: &str| -> Option<Vec<Vec<u32>>> {
             inputs["inputs"]
@@ -66,7 +66,7 @@ impl Texts {
     }
 }
 
-fn packed(dir: &PathBuf) -> (BertForTask, PackedBert) {
+fn packed(dir: &Path) -> (BertForTask, PackedBert) {
     let m = BertForTask::from_dir(dir, None, HeadInit::FromCheckpoint, &Device::Cpu)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let p = PackedBert::from_model(m.bert())
