@@ -130,19 +130,10 @@ impl BertEncoder {
         self.stack.as_deref()
     }
 
-    /// One layer per step, no projection, no relative positions: what the
-    /// packed fast path can run.
-    pub fn is_plain(&self) -> bool {
-        let order = self.layer_order();
-        self.input_projection.is_none()
-            && self.steps.len() == self.layers.len()
-            && order.is_some_and(|o| o.iter().enumerate().all(|(i, &l)| l == i))
-    }
-
     /// The layer each pass runs, in order (every step's layers, one step
     /// after another), when the layers are BERT's with no relative
-    /// positions (ALBERT's shared layers included): what the training fast
-    /// path runs.
+    /// positions (ALBERT's shared layers included): what the fast paths
+    /// run (`fast::bert_layout`).
     pub(crate) fn layer_order(&self) -> Option<Vec<usize>> {
         (self.pass_context.is_none() && self.stack.is_none()).then(|| self.steps.concat())
     }
