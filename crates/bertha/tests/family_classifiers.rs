@@ -40,11 +40,7 @@ struct Case {
 fn case(name: &str) -> Case {
     let dir = fixtures().join("tiny").join(name);
     let inputs = read_json(&dir.join("inputs.json"));
-    let get = |k: &str| -> Option<Vec<Vec<u32>>> {
-        inputs["inputs"]
-            .get(k)
-            .map(|v| serde_json::from_value(v.clone()).unwrap())
-    };
+    let get = |k: &str| common::input_rows(&inputs, k);
     let (ids, mask) = (get("input_ids").unwrap(), get("attention_mask").unwrap());
     let (b, t) = (ids.len(), ids[0].len());
     let flat = |v: &Vec<Vec<u32>>| Tensor::from_vec(v.concat(), (b, t), &Device::Cpu).unwrap();

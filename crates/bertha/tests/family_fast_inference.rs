@@ -32,11 +32,7 @@ impl Texts {
     /// The fixture's rows without their padding.
     fn of(dir: &Path) -> Self {
         let inputs = read_json(&dir.join("inputs.json"));
-        let rows = |k: &str| -> Option<Vec<Vec<u32>>> {
-            inputs["inputs"]
-                .get(k)
-                .map(|v| serde_json::from_value(v.clone()).unwrap())
-        };
+        let rows = |k: &str| common::input_rows(&inputs, k);
         let mask = rows("attention_mask").unwrap();
         let lens: Vec<usize> = mask
             .iter()

@@ -274,11 +274,7 @@ fn every_family_mlm_head_gives_splade_vectors() {
     ] {
         let dir = fixtures().join("tiny").join(name);
         let inputs = read_json(&dir.join("inputs.json"));
-        let rows = |k: &str| -> Option<Vec<Vec<u32>>> {
-            inputs["inputs"]
-                .get(k)
-                .map(|v| serde_json::from_value(v.clone()).unwrap())
-        };
+        let rows = |k: &str| common::input_rows(&inputs, k);
         let (ids, mask) = (rows("input_ids").unwrap(), rows("attention_mask").unwrap());
         let types = rows("token_type_ids");
         let encodings: Vec<Encoded> = ids

@@ -46,6 +46,15 @@ pub fn read_json(path: &PathBuf) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The rows of `inputs.json`'s `inputs[key]` (`input_ids`,
+/// `attention_mask`, `token_type_ids`: one row per text); `None` where
+/// the fixture has no such key.
+pub fn input_rows(inputs: &serde_json::Value, key: &str) -> Option<Vec<Vec<u32>>> {
+    inputs["inputs"]
+        .get(key)
+        .map(|v| serde_json::from_value(v.clone()).unwrap())
+}
+
 /// Max |a - b| over all elements; shapes must agree.
 /// The first value of a tensor, as f32 (a loss).
 pub fn scalar(t: &Tensor) -> f32 {

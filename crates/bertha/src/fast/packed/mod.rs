@@ -286,8 +286,8 @@ impl PackedBert {
         let d = self.hidden;
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
         offsets.push(0);
+        let most = self.embeddings.max_tokens();
         for (s, (ids, _)) in sequences.iter().enumerate() {
-            let most = self.embeddings.max_tokens();
             if ids.len() > most {
                 return Err(Error::Input(format!(
                     "text {s} has {} tokens, more than the model takes ({most}, from \
