@@ -11,6 +11,11 @@
 #   RUNS="fast-f32" MODES=fp32 scripts/bench-qa.sh
 #   REPEATS=3 RUNS="fast-f32" MODES=fp32 scripts/bench-qa.sh
 #   MODEL=.cache/models/modernbert-base-3l QUESTIONS=200 scripts/bench-qa.sh
+#   RUNS="fast-f32 fast-bf16 fast-f32:avx2" scripts/bench-qa.sh
+#
+# A run is ENGINE-PRECISION, and ENGINE-PRECISION:ISA runs it under
+# BERTHA_ISA=ISA (the AVX2 kernels beside the AVX-512 ones, on a CPU that
+# has both).
 #
 # REPEATS=N runs the whole round (bertha's runs, then the anchors) N times
 # over, alternating; the table gives each run's median tokens/s, its ratio
@@ -35,7 +40,9 @@ BIN=${CARGO_TARGET_DIR:-target}/release/bertha
 python3 - "$DATA/squad/dev-v1.1.json" "$OUT/squad.json" "$ARTICLES" "$QUESTIONS" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1], encoding="utf-8"))
-data, left = d["data"][:int(sys.argv[3])], int(sys.argv[4]) or float("inf")
+# QUESTIONS=0: every question of the articles (a slice needs an int, not inf).
+data, left = d["data"][:int(sys.argv[3])], int(sys.argv[4]) or sum(
+    len(p["qas"]) for a in d["data"] for p in a["paragraphs"])
 for article in data:
     for para in article["paragraphs"]:
         para["qas"] = para["qas"][:max(0, left)]
@@ -47,9 +54,12 @@ EOF
 
 for round in $(seq "$REPEATS"); do
 for run in $RUNS; do
-    engine=${run%-*} precision=${run#*-}
-    dir=$OUT/$run
-    /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" finetune --task qa --model "$MODEL" \
+    isa=
+    [[ "$run" == *:* ]] && isa=${run#*:}
+    engine_precision=${run%%:*}
+    engine=${engine_precision%-*} precision=${engine_precision#*-}
+    dir=$OUT/${run/:/-}
+    env ${isa:+BERTHA_ISA=$isa} /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" finetune --task qa --model "$MODEL" \
         --train "$OUT/squad.json" --out "$dir" --epochs 1 --lr 1e-4 --batch-size 32 \
         --max-length 256 --doc-stride 128 --seed 0 --engine "$engine" --precision "$precision" \
         --overwrite 2>/dev/null

@@ -9,6 +9,11 @@
 #   scripts/bench-train.sh                      # mini and small
 #   PRESETS=mini STEPS=20 RUNS="fast-f32 fast-bf16" BERTHA_ONLY=1 scripts/bench-train.sh
 #   REPEATS=3 RUNS="fast-f32 fast-bf16" scripts/bench-train.sh
+#   RUNS="fast-f32 fast-bf16 fast-f32:avx2" scripts/bench-train.sh
+#
+# A run is ENGINE-PRECISION, and ENGINE-PRECISION:ISA runs it under
+# BERTHA_ISA=ISA (the AVX2 kernels beside the AVX-512 ones, on a CPU that
+# has both).
 #
 # REPEATS=N runs the whole round (each preset: bertha's runs, then the
 # anchors) N times over, alternating, and the table gives each run's median
@@ -43,10 +48,13 @@ head -c 3000000 "$CORPUS" > "$OUT/corpus.txt"
 for round in $(seq "$REPEATS"); do
 for preset in $PRESETS; do
     for run in $RUNS; do
-        engine=${run%-*} precision=${run#*-}
-        dir=$OUT/$preset-$run
+        isa=
+        [[ "$run" == *:* ]] && isa=${run#*:}
+        engine_precision=${run%%:*}
+        engine=${engine_precision%-*} precision=${engine_precision#*-}
+        dir=$OUT/$preset-${run/:/-}
         rm -rf "$dir"
-        /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" pretrain --corpus "$OUT/corpus.txt" \
+        env ${isa:+BERTHA_ISA=$isa} /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" pretrain --corpus "$OUT/corpus.txt" \
             --config "$preset" --tokenizer "$VOCAB" --out "$dir" --steps $((STEPS + 3)) \
             --batch-size 32 --seq-len 128 --lr 5e-4 --eval-size 0 --eval-every 1000000 \
             --engine "$engine" --precision "$precision" 2>/dev/null
