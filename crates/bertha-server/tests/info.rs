@@ -47,7 +47,7 @@ async fn health_info_metrics_openapi_and_the_page() {
 }
 
 /// `precision` bf16: `/info` says what runs (`bfloat16`, or `float32` on a
-/// CPU without AVX512-BF16), and `/embed` stays within cosine 0.9999 of
+/// CPU without fast bf16 products: `cpu::has_bf16`), and `/embed` stays within cosine 0.9999 of
 /// the fp32 library's vectors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bf16_precision_is_reported_and_close_to_fp32() {

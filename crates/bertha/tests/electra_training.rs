@@ -284,7 +284,7 @@ fn fast_engine_steps_equal_the_candle_engine() {
 #[test]
 fn bf16_steps_track_the_fp32_steps() {
     if !bertha::fast::cpu::has_bf16() {
-        println!("no AVX512-BF16: bf16 training runs in fp32 here");
+        println!("no fast bf16 products here (cpu::has_bf16): bf16 training runs in fp32");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

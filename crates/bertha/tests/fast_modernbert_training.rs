@@ -146,7 +146,7 @@ fn long_sequences_equal_the_candle_path() {
 #[test]
 fn bf16_steps_track_the_fp32_step() {
     if !bertha::fast::cpu::has_bf16() {
-        println!("no AVX512-BF16: bf16 training runs in fp32 here");
+        println!("no fast bf16 products here (cpu::has_bf16): bf16 training runs in fp32");
         return;
     }
     let dir = fixtures().join("families").join("modernbert-mlm");

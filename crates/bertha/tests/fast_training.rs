@@ -145,7 +145,7 @@ fn dropout_steps_equal_the_candle_path_in_both_norm_placements() {
 #[test]
 fn bf16_steps_track_the_fp32_step() {
     if !bertha::fast::cpu::has_bf16() {
-        println!("no AVX512-BF16: bf16 training runs in fp32 here");
+        println!("no fast bf16 products here (cpu::has_bf16): bf16 training runs in fp32");
         return;
     }
     for (norm, train) in [

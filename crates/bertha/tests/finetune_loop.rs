@@ -427,7 +427,7 @@ fn group_by_length_batches_similar_lengths() {
 fn bf16_finetuning_tracks_fp32() {
     use bertha::fast::train::Compute;
     if !bertha::fast::cpu::has_bf16() {
-        println!("no AVX512-BF16: bf16 training runs in fp32 here");
+        println!("no fast bf16 products here (cpu::has_bf16): bf16 training runs in fp32");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -509,7 +509,7 @@ fn at(p: Precision) -> PipelineOptions {
     PipelineOptions { precision: p }
 }
 
-/// What runs when `p` is asked: bf16 without AVX512-BF16 is fp32.
+/// What runs when `p` is asked: bf16 without fast bf16 products is fp32.
 fn runs(p: Precision) -> Precision {
     if p == Precision::Bf16 && !bertha::fast::cpu::has_bf16() {
         Precision::F32

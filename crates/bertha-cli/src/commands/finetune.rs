@@ -184,7 +184,7 @@ pub struct Args {
     pub(crate) engine: bertha::training::Engine,
 
     /// The number format of the matrix products: f32, or bf16 (bf16
-    /// products with fp32 sums on AVX512-BF16 or aarch64's BF16, fp32 with
+    /// products with fp32 sums where AVX512-BF16 or aarch64's BF16 beats fp32, fp32 with
     /// a notice elsewhere in the encoder's linear layers; weights,
     /// AdamW, LayerNorm, softmax, the head and the loss stay fp32; needs the
     /// fast engine).

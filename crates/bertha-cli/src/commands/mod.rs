@@ -106,8 +106,8 @@ pub struct EmbedArgs {
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct PrecisionArgs {
     /// Number format of the matrix multiplies: `f32` (exact); `bf16`
-    /// (bf16 weights and multiply inputs, fp32 sums, on AVX512-BF16 or
-    /// aarch64's BF16; fp32 with a notice elsewhere); `int8` (all four
+    /// (bf16 weights and multiply inputs, fp32 sums, where AVX512-BF16 or
+    /// aarch64's BF16 beats fp32; fp32 with a notice elsewhere); `int8` (all four
     /// encoder linears: int8 weights per output column and channel group,
     /// activations per token and channel group, calibrated SmoothQuant
     /// factors; exact integer sums on AVX-512 VNNI, AVX-VNNI, AVX2 or NEON

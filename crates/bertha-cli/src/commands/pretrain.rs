@@ -163,7 +163,7 @@ pub struct Args {
     engine: bertha::training::Engine,
 
     /// The number format of the matrix products: f32, or bf16 (bf16
-    /// products with fp32 sums on AVX512-BF16 or aarch64's BF16, fp32 with
+    /// products with fp32 sums where AVX512-BF16 or aarch64's BF16 beats fp32, fp32 with
     /// a notice elsewhere; weights, AdamW, LayerNorm, softmax and the
     /// loss stay fp32; needs the fast engine).
     #[arg(long, default_value = "f32", value_name = "f32|bf16")]

@@ -310,11 +310,88 @@ pub fn has_amx() -> bool {
     features().amx
 }
 
-/// True when bf16 products run on AVX512-BF16 instructions, or NEON's
-/// `bfdot` (else a scalar loop computes them, far slower: bf16 then falls
-/// back to fp32).
+/// True when `--precision bf16` runs bf16 products: the CPU has them
+/// (AVX512-BF16, AMX, or NEON's `bfdot`) and they are faster than its
+/// fp32 ones ([`bf16_speed`]). Else bf16 runs in fp32, with a notice
+/// ([`no_bf16_reason`]): a scalar loop computes bf16 products far slower,
+/// and `vdpbf16ps` on Intel Xeons whose AMX the hypervisor hides runs at
+/// ~0.4 of the fp32 `vfmadd` rate (~0.7 of fp32's speed in whole models).
+/// The kernels themselves (and their tests) still use the instructions
+/// wherever the CPU has them.
 pub fn has_bf16() -> bool {
-    features().bf16
+    features().bf16 && bf16_speed().is_none_or(Bf16Speed::pays)
+}
+
+/// One core's rates of AVX512-BF16's `vdpbf16ps` and of AVX-512's fp32
+/// `vfmadd`, in G ops/s (a multiply-add counts 2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bf16Speed {
+    pub bf16_gops: f64,
+    pub f32_gops: f64,
+}
+
+impl Bf16Speed {
+    /// bf16 is worth its rounding only where its products are at least
+    /// as fast as fp32's: twice as fast on AMD Zen 4 / 5, 0.4× on an Intel
+    /// Xeon without AMX; none is known near 1, where timing noise could
+    /// flip the choice.
+    pub fn pays(self) -> bool {
+        self.bf16_gops >= self.f32_gops
+    }
+}
+
+/// The rates [`has_bf16`] chooses by, timed once per process (25–65 ms, on
+/// the calling thread): `None` where nothing is timed because the choice
+/// is clear (no AVX512-BF16; AMX, whose tiles ran ~15 times the fp32
+/// rate; aarch64, where `bfdot` does two products per lane for `fmla`'s
+/// one).
+pub fn bf16_speed() -> Option<Bf16Speed> {
+    static SPEED: OnceLock<Option<Bf16Speed>> = OnceLock::new();
+    *SPEED.get_or_init(time_bf16_speed)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn time_bf16_speed() -> Option<Bf16Speed> {
+    let f = features();
+    if !f.bf16 || f.amx {
+        return None;
+    }
+    let iters = PEAK_ITERS / 10;
+    let seconds = |kernel: unsafe fn(usize) -> u32| {
+        let start = std::time::Instant::now();
+        // SAFETY: AVX512-BF16 with F + BW (checked above) has both
+        // kernels' instructions.
+        std::hint::black_box(unsafe { kernel(iters) });
+        start.elapsed().as_secs_f64()
+    };
+    // Alternating, best of 5 each: a moment of load on this core slows
+    // one run, not one side.
+    let (mut fp32, mut bf16) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        fp32 = fp32.min(seconds(peak::fma_chains));
+        bf16 = bf16.min(seconds(peak::bf16_chains));
+    }
+    Some(Bf16Speed {
+        f32_gops: iters as f64 * 12.0 * 16.0 * 2.0 / fp32 / 1e9,
+        bf16_gops: iters as f64 * 12.0 * 32.0 * 2.0 / bf16 / 1e9,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn time_bf16_speed() -> Option<Bf16Speed> {
+    None
+}
+
+/// Why bf16 runs in fp32 on this CPU, for the notice (when [`has_bf16`]
+/// is false).
+pub fn no_bf16_reason() -> String {
+    match bf16_speed() {
+        Some(s) if features().bf16 && !s.pays() => format!(
+            "this CPU's bf16 products (vdpbf16ps, {:.0} G ops/s a core) are slower than its fp32 ones ({:.0} G ops/s)",
+            s.bf16_gops, s.f32_gops
+        ),
+        _ => "this CPU has no bf16 products (AVX512-BF16, or BF16 on aarch64)".to_string(),
+    }
 }
 
 /// Defines `fn $name` that runs `$body` (an `#[inline(always)]` function)
@@ -583,5 +660,36 @@ mod tests {
         assert_eq!(graviton.isa(), Isa::Neon);
         assert_eq!(graviton.lowered_to(Isa::Scalar), Features::NONE);
         assert_eq!(graviton.lowered_to(Isa::Neon), graviton);
+    }
+
+    /// bf16 runs where the CPU has its products and, where they were
+    /// timed, they beat fp32's; the notice names the rates then.
+    #[test]
+    fn bf16_runs_only_where_its_products_pay() {
+        let f = features();
+        eprintln!("bf16 speed: {:?}; bf16 runs: {}", bf16_speed(), has_bf16());
+        match bf16_speed() {
+            Some(s) => {
+                assert!(f.bf16 && !f.amx, "{f:?}");
+                assert!(s.bf16_gops > 0.0 && s.f32_gops.is_finite(), "{s:?}");
+                assert_eq!(has_bf16(), s.pays(), "{s:?}");
+                if !s.pays() {
+                    assert!(no_bf16_reason().contains("slower than its fp32"));
+                }
+            }
+            None => {
+                assert_eq!(has_bf16(), f.bf16, "{f:?}");
+                if !f.bf16 {
+                    assert!(no_bf16_reason().contains("no bf16 products"));
+                }
+            }
+        }
+        let speed = |bf16_gops, f32_gops| Bf16Speed {
+            bf16_gops,
+            f32_gops,
+        };
+        assert!(speed(690.0, 345.0).pays());
+        assert!(speed(345.0, 345.0).pays());
+        assert!(!speed(145.0, 345.0).pays());
     }
 }

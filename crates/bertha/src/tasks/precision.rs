@@ -23,15 +23,16 @@ pub struct PipelineOptions {
     /// packed CPU fast path at that precision, the head in fp32; on the
     /// CPU, for every family but DeBERTa-v2 (`fast::bert_layout`; other
     /// models and devices are refused with an error).
-    /// bf16 on a CPU without AVX512-BF16 runs in fp32, with a notice.
+    /// bf16 on a CPU without fast bf16 products (no AVX512-BF16, or
+    /// slower than fp32's: [`cpu::has_bf16`]) runs in fp32, with a notice.
     pub precision: Precision,
 }
 
-/// The precision that runs when `precision` is asked: bf16 without
-/// bf16 products (AVX512-BF16, or BF16 on aarch64) is fp32, with a notice.
+/// The precision that runs when `precision` is asked: bf16 without fast
+/// bf16 products ([`cpu::has_bf16`]) is fp32, with a notice.
 pub(crate) fn runnable(precision: Precision) -> Precision {
     if precision == Precision::Bf16 && !cpu::has_bf16() {
-        tracing::warn!("this CPU has no bf16 products (AVX512-BF16, or BF16 on aarch64): --precision bf16 runs in fp32");
+        tracing::warn!("{}: --precision bf16 runs in fp32", cpu::no_bf16_reason());
         return Precision::F32;
     }
     precision

@@ -79,11 +79,14 @@ impl<'a> Weight<'a> {
 }
 
 impl Compute {
-    /// What this CPU runs: bf16 needs AVX512-BF16 (or BF16 on aarch64),
-    /// else fp32 with a warning.
+    /// What this CPU runs: bf16 needs fast bf16 products
+    /// ([`crate::fast::cpu::has_bf16`]), else fp32 with a warning.
     pub fn on_this_cpu(self) -> Self {
         if self == Self::Bf16 && !crate::fast::cpu::has_bf16() {
-            tracing::warn!("this CPU has no bf16 products (AVX512-BF16, or BF16 on aarch64): training runs in fp32");
+            tracing::warn!(
+                "{}: training runs in fp32",
+                crate::fast::cpu::no_bf16_reason()
+            );
             return Self::F32;
         }
         self
