@@ -307,3 +307,24 @@ fn a_head_is_not_read_from_another_heads_tensors() {
     FillMask::from_dir(&pretraining, &Device::Cpu).unwrap();
     TokenClassifier::from_dir(&fixtures().join("tiny").join("bert-tokcls"), &Device::Cpu).unwrap();
 }
+
+/// RoBERTa's positions start past its padding index: a tiny RoBERTa with
+/// 66 positions and padding index 1 takes 64 tokens, so an embedder asked
+/// for 65 is refused when it loads, naming both numbers, not when the
+/// first long text reaches the model.
+#[test]
+fn roberta_embedder_longer_than_its_positions_is_refused_at_load() {
+    let dir = fixtures().join("tiny/roberta-mlm");
+    let opts = |n| bertha::EmbedOptions {
+        max_length: Some(n),
+        ..Default::default()
+    };
+    assert!(bertha::Embedder::from_dir(&dir, &Device::Cpu, &opts(64)).is_ok());
+    match bertha::Embedder::from_dir(&dir, &Device::Cpu, &opts(65)) {
+        Err(Error::Input(msg)) => {
+            assert!(msg.contains("65") && msg.contains("limit of 64"), "{msg}")
+        }
+        Err(e) => panic!("expected an input error, got {e}"),
+        Ok(_) => panic!("a 65-token embedder loaded on 64 positions"),
+    }
+}

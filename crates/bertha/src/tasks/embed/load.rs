@@ -256,10 +256,14 @@ pub fn read_calibration(path: &Path) -> Result<Vec<String>> {
     Ok(texts)
 }
 
+/// RoBERTa's positions start past its padding index, so its limit is
+/// `max_position_embeddings - pad_token_id - 1` (514 gives 512): checked
+/// here at load, not when the first long text reaches the model.
 fn check_max_length(max_length: usize, config: &BertConfig) -> Result<()> {
-    if max_length > config.max_position_embeddings {
+    if max_length > config.max_sequence_length() {
         return Err(Error::Input(format!(
-            "max length {max_length} is longer than the model's max_position_embeddings ({})",
+            "max length {max_length} is longer than the model's limit of {} tokens (max_position_embeddings {})",
+            config.max_sequence_length(),
             config.max_position_embeddings
         )));
     }
