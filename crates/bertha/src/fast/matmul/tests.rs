@@ -259,3 +259,34 @@ fn fused_has_negatives_clipped(f: &PackedF32, x: &[f32], b: &[f32], m: usize) ->
     f.matmul(x, b, &mut fused, m, Some(Act::Relu));
     plain.iter().any(|v| *v < 0.0) && fused.iter().all(|v| *v >= 0.0)
 }
+
+#[test]
+fn even_tiles_cover_the_rows_in_the_fewest_even_tiles() {
+    let tiles = |rows: std::ops::Range<usize>, most| even_tiles(rows, most).collect::<Vec<_>>();
+    assert_eq!(tiles(0..25, 12), [(0, 9), (9, 8), (17, 8)]);
+    assert_eq!(tiles(96..120, 12), [(96, 12), (108, 12)]);
+    assert_eq!(tiles(5..6, 6), [(5, 1)]);
+    assert!(tiles(3..3, 6).is_empty());
+    for len in 0..100 {
+        for most in 1..14 {
+            let got = tiles(10..10 + len, most);
+            assert_eq!(
+                got.len(),
+                len.div_ceil(most),
+                "{len} rows in tiles of {most}"
+            );
+            let mut next = 10;
+            for &(start, rows) in &got {
+                assert_eq!(start, next, "tiles of {len} rows by {most} leave a gap");
+                assert!((1..=most).contains(&rows), "{got:?}");
+                next += rows;
+            }
+            assert_eq!(next, 10 + len);
+            let sizes = got.iter().map(|t| t.1);
+            assert!(
+                sizes.clone().max().unwrap_or(0) - sizes.min().unwrap_or(0) <= 1,
+                "{got:?}"
+            );
+        }
+    }
+}

@@ -221,7 +221,7 @@ impl PackedBert {
 
     /// Runs the encoder on `sequences` of (input ids, token type ids).
     pub fn forward(&self, sequences: &[(&[u32], &[u32])]) -> Result<PackedStates> {
-        self.forward_observed(sequences, None, None)
+        crate::fast::on_pool(|| self.forward_observed(sequences, None, None))
     }
 
     /// [`forward`](Self::forward) for a reader of one row per sequence
@@ -265,7 +265,7 @@ impl PackedBert {
                 hidden: d,
             });
         }
-        self.forward_observed(sequences, Some(rows), None)
+        crate::fast::on_pool(|| self.forward_observed(sequences, Some(rows), None))
     }
 
     /// [`PackedBert::forward`] (or [`forward_at`](Self::forward_at)

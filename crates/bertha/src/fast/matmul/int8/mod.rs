@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::{check_shapes, for_each_task, SharedOut, NR};
+use super::{check_shapes, even_tiles, for_each_task, SharedOut, NR};
 use crate::fast::aligned::Aligned;
 use crate::fast::cpu::features;
 use crate::fast::kernels::{activate_body, Act};
@@ -262,8 +262,7 @@ impl PackedI8 {
             #[cfg(target_arch = "x86_64")]
             if avx_vnni || !self.wide.is_empty() {
                 let wide = &self.wide[(p * k4 * NR).min(self.wide.len())..];
-                for r0 in block.clone().step_by(avx2::MR) {
-                    let mr = avx2::MR.min(m - r0);
+                for (r0, mr) in even_tiles(block.clone(), avx2::MR) {
                     let rows = r0 * k4..(r0 + mr) * k4;
                     let quants = &quants[r0 * n_groups..(r0 + mr) * n_groups];
                     let c = out.at(r0 * n + p * NR);
@@ -292,8 +291,7 @@ impl PackedI8 {
             #[cfg(target_arch = "aarch64")]
             if !self.col_sums.is_empty() {
                 let sums = &self.col_sums[p * n_groups * NR..(p + 1) * n_groups * NR];
-                for r0 in block.clone().step_by(neon::MR) {
-                    let mr = neon::MR.min(m - r0);
+                for (r0, mr) in even_tiles(block.clone(), neon::MR) {
                     let (qa, quants) = (
                         &bytes[r0 * k4..(r0 + mr) * k4],
                         &quants[r0 * n_groups..(r0 + mr) * n_groups],
@@ -313,8 +311,7 @@ impl PackedI8 {
                 }
                 return;
             }
-            for r0 in block.step_by(MR) {
-                let mr = MR.min(m - r0);
+            for (r0, mr) in even_tiles(block, MR) {
                 // SAFETY: the tile at rows r0.., columns p·NR.. lies inside
                 // y (shapes checked) and belongs to this task only.
                 unsafe {
