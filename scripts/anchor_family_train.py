@@ -27,11 +27,25 @@ PRESETS = {"tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8)}
 BF16 = os.environ.get("BF16") == "1"
 
 
+def wordpiece(vocab_txt):
+    """The WordPiece tokenizer of VOCAB_TXT's folder, checked against the file: transformers 5 reads no
+    `vocab_file=` argument, and a tokenizer built that way holds its 5 special tokens only, so every word
+    would be [UNK] and the MLM decoder 5 wide."""
+    from transformers import BertTokenizerFast
+
+    tok = BertTokenizerFast.from_pretrained(os.path.dirname(os.path.abspath(vocab_txt)), do_lower_case=True)
+    with open(vocab_txt, encoding="utf-8") as f:
+        words = sum(1 for _ in f)
+    if tok.vocab_size != words:
+        sys.exit(f"{vocab_txt}: the tokenizer holds {tok.vocab_size} tokens, the file {words}")
+    return tok
+
+
 def make(family, preset, vocab, out):
-    from transformers import BertTokenizerFast, DistilBertConfig, DistilBertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+    from transformers import DistilBertConfig, DistilBertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
     layers, hidden, heads = PRESETS[preset]
-    tok = BertTokenizerFast(vocab_file=vocab, do_lower_case=True)
+    tok = wordpiece(vocab)
     torch.manual_seed(0)
     if family == "roberta":
         # The tokenizer's [PAD] is the padding index, so positions start after it as in RoBERTa.
