@@ -23,22 +23,10 @@ import time
 
 import torch
 
+from anchor_vocab import wordpiece
+
 PRESETS = {"tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8)}
 BF16 = os.environ.get("BF16") == "1"
-
-
-def wordpiece(vocab_txt):
-    """The WordPiece tokenizer of VOCAB_TXT's folder, checked against the file: transformers 5 reads no
-    `vocab_file=` argument, and a tokenizer built that way holds its 5 special tokens only, so every word
-    would be [UNK] and the MLM decoder 5 wide."""
-    from transformers import BertTokenizerFast
-
-    tok = BertTokenizerFast.from_pretrained(os.path.dirname(os.path.abspath(vocab_txt)), do_lower_case=True)
-    with open(vocab_txt, encoding="utf-8") as f:
-        words = sum(1 for _ in f)
-    if tok.vocab_size != words:
-        sys.exit(f"{vocab_txt}: the tokenizer holds {tok.vocab_size} tokens, the file {words}")
-    return tok
 
 
 def make(family, preset, vocab, out):
