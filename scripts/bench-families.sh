@@ -60,15 +60,13 @@ else:
     print(f"{tokens / steps[-1]['elapsed_s']:.0f}")
 EOF
 }
-# A folder made before the anchors checked their tokenizer may hold a
-# 5-token vocabulary (transformers 5 ignored the vocabulary file): remade.
-made_with() { python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("vocab_size") != int(sys.argv[2]))' "$1/config.json" "$(wc -l < "$2")" 2>/dev/null; }
 row() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" | tee -a "$OUT/results.tsv"; }
 
 for family in $FAMILIES; do
 for preset in $PRESETS; do
     model=$OUT/$family-$preset
-    made_with "$model" "$VOCAB" || { rm -rf "$model"; "$PY" "$ANCHOR" make "$family" "$preset" "$VOCAB" "$model"; }
+    # A folder made before the anchors checked their tokenizer holds 5 tokens: remade.
+    python3 scripts/anchor_vocab.py matches "$model" "$VOCAB" || { rm -rf "$model"; "$PY" "$ANCHOR" make "$family" "$preset" "$VOCAB" "$model"; }
     for task in $TASKS; do
         for run in $RUNS; do
             engine=${run%-*} precision=${run#*-}

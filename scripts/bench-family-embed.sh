@@ -38,13 +38,11 @@ open(sys.argv[2], "w", encoding="utf-8").write("\n".join(r["sentence"].strip() f
 EOF
 
 rm -f "$OUT"/*.json "$OUT"/*.txt.out
-# A folder made before the anchors checked their tokenizer may hold a
-# 5-token vocabulary (transformers 5 ignored the vocabulary file): remade.
-made_with() { python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("vocab_size") != int(sys.argv[2]))' "$1/config.json" "$(wc -l < "$2")" 2>/dev/null; }
+vocab=$DATA/vocab/bert-base-uncased/vocab.txt
 for shape in $SHAPES; do
     dir=$OUT/$shape
-    vocab=$DATA/vocab/bert-base-uncased/vocab.txt
-    made_with "$dir" "$vocab" || { rm -rf "$dir"; "$PY" "$ANCHOR" make "$shape" "$vocab" "$dir"; }
+    # A folder made before the anchors checked their tokenizer holds 5 tokens: remade.
+    python3 scripts/anchor_vocab.py matches "$dir" "$vocab" || { rm -rf "$dir"; "$PY" "$ANCHOR" make "$shape" "$vocab" "$dir"; }
     for round in $(seq "$REPEATS"); do
         for p in f32 int8; do
             echo "== $shape, round $round: bertha --precision $p"
