@@ -15,7 +15,10 @@
 #
 # A run is ENGINE-PRECISION, and ENGINE-PRECISION:ISA runs it under
 # BERTHA_ISA=ISA (the AVX2 kernels beside the AVX-512 ones, on a CPU that
-# has both).
+# has both). A mode MODE:avx2 holds PyTorch to AVX2 (scripts/isa-env.sh),
+# and a run held to an ISA is compared with PyTorch fp32 held to the same
+# one where the round has it:
+#   RUNS="fast-f32 fast-f32:avx2" MODES="fp32 fp32:avx2" scripts/bench-qa.sh
 #
 # REPEATS=N runs the whole round (bertha's runs, then the anchors) N times
 # over, alternating; the table gives each run's median tokens/s, its ratio
@@ -23,6 +26,7 @@
 # drifts between minutes, PyTorch's as well as bertha's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/isa-env.sh
 
 DATA=${DATA:-../shared/data}
 MODEL=${MODEL:-.cache/models/all-MiniLM-L6-v2}
@@ -54,12 +58,11 @@ EOF
 
 for round in $(seq "$REPEATS"); do
 for run in $RUNS; do
-    isa=
-    [[ "$run" == *:* ]] && isa=${run#*:}
+    isa=$(isa_of "$run")
     engine_precision=${run%%:*}
     engine=${engine_precision%-*} precision=${engine_precision#*-}
     dir=$OUT/${run/:/-}
-    env ${isa:+BERTHA_ISA=$isa} /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" finetune --task qa --model "$MODEL" \
+    env $(bertha_isa_env "$isa") /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" finetune --task qa --model "$MODEL" \
         --train "$OUT/squad.json" --out "$dir" --epochs 1 --lr 1e-4 --batch-size 32 \
         --max-length 256 --doc-stride 128 --seed 0 --engine "$engine" --precision "$precision" \
         --overwrite 2>/dev/null
@@ -77,8 +80,9 @@ done
 if [ -x "$REFENV/bin/python" ]; then
     for mode in $MODES; do
         bf16=0
-        [ "$mode" = bf16 ] && bf16=1
-        line=$(BF16=$bf16 /usr/bin/time -f "%M" -o "$OUT/rss" "$REFENV/bin/python" \
+        [ "${mode%%:*}" = bf16 ] && bf16=1
+        torch_env=$(torch_isa_env "$(isa_of "$mode")")
+        line=$(env BF16=$bf16 $torch_env /usr/bin/time -f "%M" -o "$OUT/rss" "$REFENV/bin/python" \
             scripts/anchor_qa_finetune.py "$MODEL" "$OUT/squad.json" 256 32 2>/dev/null | tail -1) || {
             echo "anchor $mode failed" >&2
             continue
@@ -101,18 +105,22 @@ import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 runs = list(dict.fromkeys(r[0] for r in rows))
 rounds = sorted({r[4] for r in rows}, key=int)
-anchor = {r[4]: float(r[1]) for r in rows if r[0] == "pytorch fp32"}
 med = statistics.median
 rss = {n: max(float(r[2]) for r in rows if r[0] == n) for n in runs}
 print(f"\n{len(rounds)} round(s): each run's median tokens/s, and its highest peak RSS")
 print("| run | tokens/s | peak RSS GB | last loss | tokens/s vs PyTorch fp32 | each round | RSS vs PyTorch fp32 |")
 print("|---|---|---|---|---|---|---|")
-a = med(anchor.values()) if anchor else None
 for n in runs:
+    # A run held to an ISA against PyTorch fp32 held to the same one.
+    name = f"pytorch fp32:{n.split(':')[1]}" if ":" in n else None
+    if name not in runs:
+        name = "pytorch fp32"
+    anchor = {r[4]: float(r[1]) for r in rows if r[0] == name}
+    a = med(anchor.values()) if anchor else None
     mine = [r for r in rows if r[0] == n]
     t = med(float(r[1]) for r in mine)
     tr = f"{t / a:.2f}x" if a else "-"
     each = ", ".join(f"{float(r[1]) / anchor[r[4]]:.2f}" for r in mine if r[4] in anchor) or "-"
-    rr = f"{rss[n] / rss['pytorch fp32']:.2f}" if "pytorch fp32" in rss else "-"
+    rr = f"{rss[n] / rss[name]:.2f}" if name in rss else "-"
     print(f"| {n} | {t:,.0f} | {rss[n]:.2f} | {mine[-1][3]} | {tr} | {each} | {rr} |")
 EOF

@@ -9,8 +9,14 @@
 #
 #   scripts/bench-sst2.sh
 #   RUNS="fast-bf16" MODES=bf16 scripts/bench-sst2.sh
+#   RUNS="fast-f32 fast-f32:avx2" MODES="fp32 fp32:avx2" scripts/bench-sst2.sh
+#
+# A run ENGINE-PRECISION:ISA runs under BERTHA_ISA=ISA, a mode MODE:avx2
+# holds PyTorch to AVX2 (scripts/isa-env.sh), and a run held to an ISA is
+# compared with the anchor held to the same one where there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/isa-env.sh
 
 DATA=${DATA:-../shared/data}
 ANCHOR=${ANCHOR:-../shared/bench/anchor_sst2_finetune.py}
@@ -27,9 +33,10 @@ BIN=${CARGO_TARGET_DIR:-target}/release/bertha
 : > "$OUT/results.tsv"
 
 for run in $RUNS; do
-    engine=${run%-*} precision=${run#*-}
-    dir=$OUT/$run
-    /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" finetune --task classification --model "$MODEL" \
+    engine_precision=${run%%:*}
+    engine=${engine_precision%-*} precision=${engine_precision#*-}
+    dir=$OUT/${run/:/-}
+    env $(bertha_isa_env "$(isa_of "$run")") /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" finetune --task classification --model "$MODEL" \
         --train "$DATA/sst2/train.tsv" --dev "$DATA/sst2/dev.tsv" --out "$dir" \
         --max-train "$MAX_TRAIN" --epochs 1 --lr 1e-4 --warmup-ratio 0.1 --batch-size 32 \
         --max-length 64 --seed 0 --engine "$engine" --precision "$precision" --overwrite 2>/dev/null
@@ -48,8 +55,9 @@ done
 if [ -x "$REFENV/bin/python" ]; then
     for mode in $MODES; do
         bf16=0
-        [ "$mode" = bf16 ] && bf16=1
-        line=$(BF16=$bf16 /usr/bin/time -f "%M" -o "$OUT/rss" "$REFENV/bin/python" \
+        [ "${mode%%:*}" = bf16 ] && bf16=1
+        torch_env=$(torch_isa_env "$(isa_of "$mode")")
+        line=$(env BF16=$bf16 $torch_env /usr/bin/time -f "%M" -o "$OUT/rss" "$REFENV/bin/python" \
             "$ANCHOR" "$MODEL" "$DATA/sst2" 1 "$MAX_TRAIN" 2>/dev/null | tail -1) || {
             echo "anchor $mode failed" >&2
             continue
@@ -72,6 +80,10 @@ by = {r: float(t) for r, t, _, _ in rows}
 print("\n| run | tokens/s | peak RSS GB | dev accuracy | vs PyTorch bf16 | vs PyTorch fp32 |")
 print("|---|---|---|---|---|---|")
 for r, t, rss, acc in rows:
-    ratio = lambda a: f"{float(t) / by[a]:.2f}x" if a in by else "-"
+    def ratio(a):
+        # A run held to an ISA against the anchor held to the same one.
+        held = f"{a}:{r.split(':')[1]}" if ":" in r else None
+        a = held if held in by else a
+        return f"{float(t) / by[a]:.2f}x" if a in by else "-"
     print(f"| {r} | {float(t):,.0f} | {rss} | {acc} | {ratio('pytorch bf16')} | {ratio('pytorch fp32')} |")
 EOF

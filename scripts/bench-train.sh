@@ -13,7 +13,10 @@
 #
 # A run is ENGINE-PRECISION, and ENGINE-PRECISION:ISA runs it under
 # BERTHA_ISA=ISA (the AVX2 kernels beside the AVX-512 ones, on a CPU that
-# has both).
+# has both). A mode MODE:avx2 holds PyTorch to AVX2 (scripts/isa-env.sh),
+# and a run held to an ISA is compared with the anchor held to the same
+# one where the round has it:
+#   RUNS="fast-f32 fast-f32:avx2" MODES="fp32-sparse fp32-sparse:avx2" scripts/bench-train.sh
 #
 # REPEATS=N runs the whole round (each preset: bertha's runs, then the
 # anchors) N times over, alternating, and the table gives each run's median
@@ -26,6 +29,7 @@
 # anchors, the Python environment of ../shared/bench/README.md in ~/.refenv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/isa-env.sh
 
 DATA=${DATA:-../shared/data}
 ANCHOR=${ANCHOR:-../shared/bench/anchor_mlm_strong.py}
@@ -48,13 +52,12 @@ head -c 3000000 "$CORPUS" > "$OUT/corpus.txt"
 for round in $(seq "$REPEATS"); do
 for preset in $PRESETS; do
     for run in $RUNS; do
-        isa=
-        [[ "$run" == *:* ]] && isa=${run#*:}
+        isa=$(isa_of "$run")
         engine_precision=${run%%:*}
         engine=${engine_precision%-*} precision=${engine_precision#*-}
         dir=$OUT/$preset-${run/:/-}
         rm -rf "$dir"
-        env ${isa:+BERTHA_ISA=$isa} /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" pretrain --corpus "$OUT/corpus.txt" \
+        env $(bertha_isa_env "$isa") /usr/bin/time -f "%M" -o "$OUT/rss" "$BIN" pretrain --corpus "$OUT/corpus.txt" \
             --config "$preset" --tokenizer "$VOCAB" --out "$dir" --steps $((STEPS + 3)) \
             --batch-size 32 --seq-len 128 --lr 5e-4 --eval-size 0 --eval-every 1000000 \
             --engine "$engine" --precision "$precision" 2>/dev/null
@@ -68,8 +71,9 @@ EOF
     done
     if [ -z "${BERTHA_ONLY:-}" ] && [ -x "$REFENV/bin/python" ]; then
         for mode in $MODES; do
-            line=$(/usr/bin/time -f "%M" -o "$OUT/rss" "$REFENV/bin/python" "$ANCHOR" "$VOCAB" \
-                "$CORPUS" "$preset" "$STEPS" "$mode" 2>/dev/null | tail -1) || {
+            torch_env=$(torch_isa_env "$(isa_of "$mode")")
+            line=$(env $torch_env /usr/bin/time -f "%M" -o "$OUT/rss" "$REFENV/bin/python" "$ANCHOR" "$VOCAB" \
+                "$CORPUS" "$preset" "$STEPS" "${mode%%:*}" 2>/dev/null | tail -1) || {
                 echo "anchor $mode failed" >&2
                 continue
             }
@@ -102,7 +106,10 @@ print("| preset | run | tokens/s | peak RSS GB | last loss | vs PyTorch bf16-spa
 print("|---|---|---|---|---|---|---|")
 for (p, r), by in runs.items():
     def ratio(mode):
-        a = (p, "pytorch " + mode)
+        # A run held to an ISA against the anchor held to the same one.
+        a = (p, f"pytorch {mode}:{r.split(':')[1]}") if ":" in r else None
+        if a not in runs:
+            a = (p, "pytorch " + mode)
         if a not in runs:
             return "-"
         text = f"{med[(p, r)] / med[a]:.2f}x"

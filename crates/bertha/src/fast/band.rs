@@ -73,25 +73,13 @@ pub(super) fn attend_blocked(
             let (k, v) = (q.add(d).offset(k0 as isize * rs), q.add(2 * d));
             let v = v.offset(k0 as isize * rs);
             let q = q.offset(first as isize * rs);
-            gemm::gemm(
-                rows,
-                keys,
-                head_dim,
-                s.as_mut_ptr(),
-                1,
-                keys as isize,
-                false,
-                q,
-                1,
-                rs,
-                k,
-                rs,
-                1,
+            crate::fast::matmul::gemm_f32(
+                (rows, keys, head_dim),
+                (s.as_mut_ptr(), 1, keys as isize, false),
+                (q, 1, rs),
+                (k, rs, 1),
                 0.0,
                 scale,
-                false,
-                false,
-                false,
                 Parallelism::None,
             );
             // A plain loop: a closure would be compiled without this
@@ -104,25 +92,13 @@ pub(super) fn attend_blocked(
                 softmax_row(&mut row[lo..hi]);
             }
             let out = job.out.0.add((start + first) * d + h * head_dim);
-            gemm::gemm(
-                rows,
-                head_dim,
-                keys,
-                out,
-                1,
-                d as isize,
-                false,
-                s.as_ptr(),
-                1,
-                keys as isize,
-                v,
-                1,
-                rs,
+            crate::fast::matmul::gemm_f32(
+                (rows, head_dim, keys),
+                (out, 1, d as isize, false),
+                (s.as_ptr(), 1, keys as isize),
+                (v, 1, rs),
                 0.0,
                 1.0,
-                false,
-                false,
-                false,
                 Parallelism::None,
             );
         }

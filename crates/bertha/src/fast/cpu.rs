@@ -104,6 +104,16 @@ pub fn isa() -> Isa {
     features().isa()
 }
 
+/// Whether `BERTHA_ISA` hides AVX-512 that the CPU has. The gemm crate
+/// picks its kernels from the CPU itself (its AVX-512 ones there), so the
+/// fast path then calls its AVX2 kernels by name
+/// ([`super::matmul::gemm_f32`]): a run forced to AVX2 times AVX2 code.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_masked() -> bool {
+    static MASKED: OnceLock<bool> = OnceLock::new();
+    *MASKED.get_or_init(|| detect().avx512_bw && !features().avx512_bw)
+}
+
 /// What runs, in words for reports (`bertha bench`, the server's `/info`):
 /// the instruction set and the extensions the products use, e.g.
 /// `avx512+vnni+bf16+amx`.

@@ -30,25 +30,13 @@ pub fn linear(x: &[f32], w_t: &[f32], bias: &[f32], y: &mut [f32], m: usize, k: 
     // SAFETY: the slices have the asserted sizes and the strides below
     // address exactly those row-major layouts.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            true,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w_t.as_ptr(),
-            1,
-            n as isize,
+        crate::fast::matmul::gemm_f32(
+            (m, n, k),
+            (y.as_mut_ptr(), 1, n as isize, true),
+            (x.as_ptr(), 1, k as isize),
+            (w_t.as_ptr(), 1, n as isize),
             1.0,
             1.0,
-            false,
-            false,
-            false,
             parallelism(),
         );
     }

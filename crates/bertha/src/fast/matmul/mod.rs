@@ -40,6 +40,9 @@ pub use bf16::{product_bf16, product_bf16_transposed_pairs, PackedBf16, Strided,
 #[cfg(target_arch = "x86_64")]
 pub(crate) use general::{product as product_general, takes as takes_product};
 
+mod gemm_crate;
+pub(crate) use gemm_crate::gemm_f32;
+
 mod int8;
 pub use int8::{GroupQuant, I8Scheme, PackedI8, QuantScratch};
 // For the kernels below (each instruction set's file).

@@ -447,25 +447,13 @@ pub(crate) unsafe fn product(
     };
     // SAFETY: the caller's contract.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            1,
-            dst_rs as isize,
-            accumulate,
-            a.ptr,
-            a.cs,
-            a.rs,
-            b.ptr,
-            b.cs,
-            b.rs,
+        crate::fast::matmul::gemm_f32(
+            (m, n, k),
+            (dst, 1, dst_rs as isize, accumulate),
+            (a.ptr, a.cs, a.rs),
+            (b.ptr, b.cs, b.rs),
             if accumulate { 1.0 } else { 0.0 },
             scale,
-            false,
-            false,
-            false,
             par,
         );
     }
