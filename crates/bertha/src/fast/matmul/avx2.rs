@@ -28,7 +28,8 @@ pub(super) const MR: usize = 6;
 /// Columns of an AVX2 register tile: half a panel.
 const HALF: usize = NR / 2;
 /// How far ahead (panel rows) the kernels prefetch: 64 rows are ~400
-/// cycles of a 6-row tile, about a memory latency. At batch 1 a panel's
+/// cycles of a 6-row tile, about a memory latency (8 KB ahead in rows of
+/// 32, 4 KB in a panel's halves, where 128 rows measured the same). At batch 1 a panel's
 /// first tile reads it from memory (all-MiniLM-L6-v2's fp32 weights, 42
 /// MB, outgrow a 32 MB L3), and 16 rows ahead covered only an L3 hit:
 /// 64 took batch-1 p50 from 11.0 to 10.0 ms on Zen 3 (three A/B runs),
@@ -79,7 +80,9 @@ unsafe fn store_half<const R: usize>(
 }
 
 /// `R` (≤ [`MR`]) rows × `cols` (≤ 32) columns of fp32 products:
-/// `c[r, j] = act(Σ_i a[r, i] · panel[i, j] + bias[j])`.
+/// `c[r, j] = act(Σ_i a[r, i] · panel[i, j] + bias[j])`, on a panel of
+/// `k` rows of [`NR`] (attention's; the weights' are in halves, for
+/// [`tile_f32_halves`]).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` holds `R` rows of `k`, `panel` `k` rows
@@ -98,24 +101,91 @@ pub(super) unsafe fn tile_f32<const R: usize>(
     act: Option<Act>,
 ) {
     debug_assert!(R <= MR && a.len() >= R * k && panel.len() >= k * NR && cols <= NR);
-    let ap = a.as_ptr();
     for h0 in (0..cols).step_by(HALF) {
-        let bp = panel.as_ptr().add(h0);
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for i in 0..k {
-            // The panel streams in from L3 on its first tile (a prefetch
-            // past the end never faults).
-            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add((i + PREFETCH_ROWS) * NR) as *const i8);
-            let b0 = _mm256_loadu_ps(bp.add(i * NR));
-            let b1 = _mm256_loadu_ps(bp.add(i * NR + 8));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*ap.add(r * k + i));
-                acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
-                acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
-            }
-        }
+        let acc = half_sums::<R>(a.as_ptr(), k, panel.as_ptr().add(h0), NR);
         let hc = HALF.min(cols - h0);
         store_half(&acc, c.add(h0), ldc, &bias[h0..h0 + hc], act);
+    }
+}
+
+/// [`tile_f32`] on a panel in halves, as [`super::PackedF32`] lays out
+/// the weights where this tile runs: the panel's first 16 columns (`k`
+/// rows of 16), then its last 16. A half tile then reads its weights in
+/// sequence, 64 bytes a step, where in rows of 32 it read every other 64
+/// bytes, 128 apart; the batch-32 and batch-1 shapes of all-MiniLM-L6-v2's
+/// linears ran 8 % and 9-12 % faster so (Zen 4, in-process alternation).
+///
+/// # Safety
+/// As [`tile_f32`], with `panel` in halves.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile_f32_halves<const R: usize>(
+    a: &[f32],
+    k: usize,
+    panel: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+    bias: &[f32],
+    act: Option<Act>,
+) {
+    debug_assert!(R <= MR && a.len() >= R * k && panel.len() >= k * NR && cols <= NR);
+    for h0 in (0..cols).step_by(HALF) {
+        let acc = half_sums::<R>(a.as_ptr(), k, panel.as_ptr().add(h0 * k), HALF);
+        let hc = HALF.min(cols - h0);
+        store_half(&acc, c.add(h0), ldc, &bias[h0..h0 + hc], act);
+    }
+}
+
+/// The sums of one half tile: `Σ_i a[r, i] · b[i, ..16]` for `R` rows of
+/// `a` (`k` apart) and `k` rows of 16 weights (`ldb` apart), four inputs
+/// a loop turn: the loop's counter and address µops come once a turn, not
+/// once an input, beside a step's eight loads and twelve FMAs (which fill
+/// most of the six µops a cycle these cores issue).
+#[inline(always)]
+unsafe fn half_sums<const R: usize>(
+    a: *const f32,
+    k: usize,
+    b: *const f32,
+    ldb: usize,
+) -> [[__m256; 2]; R] {
+    const U: usize = 4;
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let (mut ap, mut bp) = (a, b);
+    for _ in 0..k / U {
+        for u in 0..U {
+            half_step(&mut acc, ap.add(u), k, bp.add(u * ldb), ldb);
+        }
+        ap = ap.add(U);
+        bp = bp.add(U * ldb);
+    }
+    for _ in 0..k % U {
+        half_step(&mut acc, ap, k, bp, ldb);
+        ap = ap.add(1);
+        bp = bp.add(ldb);
+    }
+    acc
+}
+
+/// One input of [`half_sums`]: column `ap` of `a`'s rows (`k` apart)
+/// times the 16 weights at `bp`.
+#[inline(always)]
+unsafe fn half_step<const R: usize>(
+    acc: &mut [[__m256; 2]; R],
+    ap: *const f32,
+    k: usize,
+    bp: *const f32,
+    ldb: usize,
+) {
+    // The weights stream in from L3 or memory on a panel's first tile (a
+    // prefetch past the end never faults).
+    _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(PREFETCH_ROWS * ldb) as *const i8);
+    let b0 = _mm256_loadu_ps(bp);
+    let b1 = _mm256_loadu_ps(bp.add(8));
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let av = _mm256_broadcast_ss(&*ap.add(r * k));
+        acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+        acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
     }
 }
 

@@ -7,8 +7,10 @@
 //! once in column panels the micro-kernel streams straight through:
 //!
 //! - [`PackedF32`]: fp32, panels of [`NR`] columns, each `k` rows of `NR`
-//!   floats; the AVX-512 kernel keeps an 8 × 32 tile of the output in
-//!   registers.
+//!   floats; the AVX-512 kernel keeps a 12 × 32 tile of the output in
+//!   registers. Where the AVX2 tile runs (6 × 16), each panel is stored as
+//!   its two halves of 16 columns, so a half tile reads its weights in
+//!   sequence.
 //! - [`PackedI8`]: int8 weights with one scale per output column and
 //!   group of input channels, for `--precision int8`. Activations are
 //!   quantized on the fly, per row and group of input channels
@@ -176,6 +178,10 @@ enum F32Layout {
     /// Panel `p` holds columns `p·NR..`, `k` rows of `NR` floats (zero
     /// padded past `n`).
     Panels(Aligned<f32>),
+    /// As `Panels`, each panel in halves: its first `NR / 2` columns (`k`
+    /// rows of `NR / 2`), then the rest. The AVX2 tile takes a half at a
+    /// time and so reads it in sequence ([`avx2::tile_f32_halves`]).
+    HalfPanels(Aligned<f32>),
     /// Row-major `[k, n]`, multiplied by the gemm crate.
     RowMajor(Vec<f32>),
 }
@@ -195,19 +201,20 @@ impl PackedF32 {
                 n,
             };
         }
-        let n_panels = n.div_ceil(NR);
-        let mut panels = Aligned::zeroed(n_panels * k * NR);
+        let halves = halves_tiles();
+        let mut panels = Aligned::zeroed(n.div_ceil(NR) * k * NR);
         for (p, panel) in panels.chunks_exact_mut(k * NR).enumerate() {
-            let cols = NR.min(n - p * NR);
-            for (row, dst) in panel.chunks_exact_mut(NR).enumerate() {
-                dst[..cols].copy_from_slice(&w_t[row * n + p * NR..][..cols]);
+            for row in 0..k {
+                for (j, col) in (p * NR..n.min((p + 1) * NR)).enumerate() {
+                    panel[panel_index(row, j, k, halves)] = w_t[row * n + col];
+                }
             }
         }
-        Self {
-            layout: F32Layout::Panels(panels),
-            k,
-            n,
-        }
+        let layout = match halves {
+            true => F32Layout::HalfPanels(panels),
+            false => F32Layout::Panels(panels),
+        };
+        Self { layout, k, n }
     }
 
     pub fn in_dim(&self) -> usize {
@@ -221,15 +228,17 @@ impl PackedF32 {
     /// The weights back as row-major `[k, n]`.
     pub fn unpack(&self) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
-        let panels = match &self.layout {
+        let (panels, halves) = match &self.layout {
             F32Layout::RowMajor(w_t) => return w_t.clone(),
-            F32Layout::Panels(p) => p,
+            F32Layout::Panels(p) => (p, false),
+            F32Layout::HalfPanels(p) => (p, true),
         };
         let mut w_t = vec![0f32; k * n];
         for (p, panel) in panels.chunks_exact(k * NR).enumerate() {
-            let cols = NR.min(n - p * NR);
-            for (row, src) in panel.chunks_exact(NR).enumerate() {
-                w_t[row * n + p * NR..][..cols].copy_from_slice(&src[..cols]);
+            for row in 0..k {
+                for (j, col) in (p * NR..n.min((p + 1) * NR)).enumerate() {
+                    w_t[row * n + col] = panel[panel_index(row, j, k, halves)];
+                }
             }
         }
         w_t
@@ -240,7 +249,7 @@ impl PackedF32 {
     pub fn matmul(&self, x: &[f32], bias: &[f32], y: &mut [f32], m: usize, act: Option<Act>) {
         let (k, n) = (self.k, self.n);
         check_shapes(x, bias, y, m, k, n);
-        let panels = match &self.layout {
+        let (panels, halves) = match &self.layout {
             F32Layout::RowMajor(w_t) => {
                 crate::fast::kernels::linear(x, w_t, bias, y, m, k, n);
                 if let Some(act) = act {
@@ -249,7 +258,8 @@ impl PackedF32 {
                 }
                 return;
             }
-            F32Layout::Panels(p) => p,
+            F32Layout::Panels(p) => (p, false),
+            F32Layout::HalfPanels(p) => (p, true),
         };
         let out = SharedOut(y.as_mut_ptr());
         for_each_task(m, n, std::mem::size_of_val(x), |p, rows| {
@@ -261,10 +271,36 @@ impl PackedF32 {
                 // Rows r0..r0+mr, columns p·NR..p·NR+cols of y lie inside
                 // y (shapes checked) and belong to this task only.
                 let c = out.at(r0 * n + p * NR);
-                // SAFETY: as just said.
-                unsafe { tile_f32(a, k, mr, panel, c, n, cols, bias, act) };
+                // SAFETY: as just said; a panel is in halves only where
+                // the AVX2 tile runs.
+                unsafe {
+                    match halves {
+                        true => tile_f32_halves(a, k, mr, panel, c, n, cols, bias, act),
+                        false => tile_f32(a, k, mr, panel, c, n, cols, bias, act),
+                    }
+                }
             }
         });
+    }
+}
+
+/// Whether [`PackedF32`]'s panels are in halves here: where the AVX2
+/// tile runs (x86-64 without AVX-512).
+fn halves_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if !features().avx512_bw && features().avx2_fma {
+        return true;
+    }
+    false
+}
+
+/// Where weight `(row, j)` of a panel (column `j` < [`NR`] of it) lies in
+/// the panel, in rows of `NR` or in halves.
+fn panel_index(row: usize, j: usize, k: usize, halves: bool) -> usize {
+    const HALF: usize = NR / 2;
+    match halves {
+        true => (j / HALF) * k * HALF + row * HALF + j % HALF,
+        false => row * NR + j,
     }
 }
 
@@ -462,6 +498,45 @@ pub(crate) unsafe fn tile_f32(
         if let Some(act) = act {
             activate_body(row, act);
         }
+    }
+}
+
+/// [`tile_f32`] on a panel in halves ([`F32Layout::HalfPanels`]).
+///
+/// # Safety
+/// As [`tile_f32`]; the CPU runs the AVX2 tiles ([`halves_tiles`]).
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_f32_halves(
+    a: &[f32],
+    k: usize,
+    mr: usize,
+    panel: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+    bias: &[f32],
+    act: Option<Act>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    for (r0, rows) in even_tiles(0..mr, avx2::MR) {
+        let (a, c) = (&a[r0 * k..(r0 + rows) * k], c.add(r0 * ldc));
+        macro_rules! dispatch {
+            ($($n:literal)*) => {
+                match rows {
+                    // SAFETY: the CPU has AVX2 and FMA (the caller's
+                    // promise); the slices hold `rows` rows of k and k
+                    // rows of NR; rows r0.. of the caller's tile.
+                    $($n => unsafe { avx2::tile_f32_halves::<$n>(a, k, panel, c, ldc, cols, bias, act) },)*
+                    _ => unreachable!("AVX2 tiles have 1..=6 rows"),
+                }
+            };
+        }
+        dispatch!(1 2 3 4 5 6);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, k, mr, panel, c, ldc, cols, bias, act);
+        unreachable!("panels in halves are laid out only for the AVX2 tile");
     }
 }
 

@@ -38,7 +38,8 @@ pub(super) fn reference(
 fn fp32_matches_the_definition_on_ragged_shapes() {
     for &(m, k, n) in &[(1, 3, 1), (7, 33, 45), (70, 64, 96), (9, 384, 40)] {
         let (x, w, b) = (data(m * k, 1), data(k * n, 2), data(n, 3));
-        // Both layouts: panels (AVX-512 CPUs) and row-major (others).
+        // Both layouts: panels (in halves where the AVX2 tile runs) and
+        // row-major (where no tile runs).
         for panels in [true, false] {
             let packed = PackedF32::with_panels(&w, k, n, panels);
             let mut y = vec![f32::NAN; m * n];
@@ -62,12 +63,20 @@ pub(super) type F32Tile<'a> =
 /// not a multiple of 4), with the activation applied, and nothing written
 /// past the tile.
 pub(super) fn assert_f32_tiles_equal_the_definition(max_rows: usize, tile: F32Tile) {
+    assert_f32_tiles_on_panels(max_rows, false, tile);
+}
+
+/// [`assert_f32_tiles_equal_the_definition`] on panels in rows of
+/// [`NR`] or in halves ([`panel_index`]).
+fn assert_f32_tiles_on_panels(max_rows: usize, halves: bool, tile: F32Tile) {
     for (k, cols) in [(1, 32), (7, 5), (33, 16), (64, 17), (130, 31)] {
         let (w, b) = (data(k * NR, k as u32), data(NR, 3));
-        let packed = PackedF32::with_panels(&w, k, NR, true);
-        let F32Layout::Panels(panel) = &packed.layout else {
-            unreachable!("asked for panels")
-        };
+        let mut panel = vec![0f32; k * NR];
+        for row in 0..k {
+            for j in 0..NR {
+                panel[panel_index(row, j, k, halves)] = w[row * NR + j];
+            }
+        }
         for rows in 1..=max_rows {
             let x = data(rows * k, 40 + rows as u32);
             let want = reference(&x, &w, &b, rows, k, NR);
@@ -80,7 +89,7 @@ pub(super) fn assert_f32_tiles_equal_the_definition(max_rows: usize, tile: F32Ti
                     rows,
                     &x,
                     k,
-                    panel,
+                    &panel,
                     c.as_mut_ptr(),
                     ldc,
                     cols,
@@ -124,6 +133,34 @@ fn avx2_f32_tiles_equal_the_definition() {
                     // SAFETY: AVX2 + FMA checked; c holds the rows × cols
                     // tile at stride ldc.
                     $($n => unsafe { avx2::tile_f32::<$n>(x, k, panel, c, ldc, cols, bias, act) },)*
+                    _ => unreachable!(),
+                }
+            };
+        }
+            run!(1 2 3 4 5 6);
+        },
+    );
+}
+
+/// The AVX2 tiles on panels in halves, as the weights are packed where
+/// they run, against the f64 definition.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_f32_tiles_on_halves_equal_the_definition() {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        eprintln!("no AVX2 on this CPU: nothing to compare");
+        return;
+    }
+    assert_f32_tiles_on_panels(
+        avx2::MR,
+        true,
+        &|rows, x, k, panel, c, ldc, cols, bias, act| {
+            macro_rules! run {
+            ($($n:literal)*) => {
+                match rows {
+                    // SAFETY: AVX2 + FMA checked; c holds the rows × cols
+                    // tile at stride ldc.
+                    $($n => unsafe { avx2::tile_f32_halves::<$n>(x, k, panel, c, ldc, cols, bias, act) },)*
                     _ => unreachable!(),
                 }
             };
