@@ -346,7 +346,8 @@ unsafe fn add_group<const R: usize>(
 
 /// `R` (≤ [`MR`]) rows × `cols` columns of an int8 product on 16-bit
 /// words: `wide` holds the panel's weights as pairs of i16 (inputs 2p,
-/// 2p + 1 of each column adjacent, [`NR`] columns a pair row), `words` the
+/// 2p + 1 of each column adjacent) in halves (the first 16 columns, 16 a
+/// pair row, then the last 16: [`super::int8::wide_panels`]), `words` the
 /// rows' activation bytes as u16 (`k4` a row). Per channel group the exact
 /// i32 sums are scaled into floats as the VNNI kernel does:
 /// `Σ_g (step · w_scale · Σ_i q_a · q_w + min · group_sum) + bias`.
@@ -369,7 +370,7 @@ pub(super) unsafe fn tile_i16<const R: usize>(
     debug_assert!(R <= MR && words.len() >= R * k4 && wide.len() >= k4 / 2 * 2 * NR);
     let rows: [*const u16; R] = std::array::from_fn(|r| words.as_ptr().add(r * k4));
     for h0 in (0..cols).step_by(HALF) {
-        let bp = wide.as_ptr().add(2 * h0);
+        let bp = wide.as_ptr().add(h0 * k4);
         // Float sums stay in memory: with twelve i32 accumulators, two
         // weight vectors and a broadcast, no register is left for them
         // (they are touched once a group).
@@ -380,14 +381,16 @@ pub(super) unsafe fn tile_i16<const R: usize>(
             // quads, so an even count of pairs).
             let quads = group_quads(g, t.group, k4);
             for q in quads {
-                let row = bp.add(q * 4 * NR);
+                // The quad's two pair rows, 64 bytes each, one after
+                // the other.
+                let row = bp.add(q * 4 * HALF);
                 let (w0, w1) = (
                     _mm256_load_si256(row as *const __m256i),
                     _mm256_load_si256(row.add(16) as *const __m256i),
                 );
                 let (w2, w3) = (
-                    _mm256_load_si256(row.add(2 * NR) as *const __m256i),
-                    _mm256_load_si256(row.add(2 * NR + 16) as *const __m256i),
+                    _mm256_load_si256(row.add(2 * HALF) as *const __m256i),
+                    _mm256_load_si256(row.add(2 * HALF + 16) as *const __m256i),
                 );
                 for (r, iacc) in iacc.iter_mut().enumerate() {
                     let a = rows[r].add(4 * q) as *const i32;

@@ -438,10 +438,13 @@ pub(super) fn column_sums(panels: &[i8], k: usize, k4: usize, group: usize) -> V
 }
 
 /// The weights of int8 `panels` (each `k4` inputs × [`NR`] columns in
-/// quads: a column's four inputs adjacent) as i16 pairs: per panel, per
-/// pair of inputs, `NR` columns of two words, the operand layout of
-/// `vpmaddwd` (each i32 lane sums a column's two products).
+/// quads: a column's four inputs adjacent) as i16 pairs, the operand
+/// layout of `vpmaddwd` (each i32 lane sums a column's two products): per
+/// panel, its first `NR / 2` columns, then the rest (the AVX2 tile's
+/// halves, each read in sequence, as fp32's half panels); per half, per
+/// pair of inputs, `NR / 2` columns of two words.
 pub(super) fn wide_panels(panels: &[i8], k4: usize) -> Aligned<i16> {
+    const HALF: usize = NR / 2;
     let mut wide = Aligned::zeroed(panels.len());
     for (src, dst) in panels
         .chunks_exact(k4 * NR)
@@ -449,9 +452,10 @@ pub(super) fn wide_panels(panels: &[i8], k4: usize) -> Aligned<i16> {
     {
         for (q, quad) in src.chunks_exact(4 * NR).enumerate() {
             for (col, w) in quad.chunks_exact(4).enumerate() {
+                let half = &mut dst[(col / HALF) * k4 * HALF..];
                 for (i, &w) in w.iter().enumerate() {
                     let pair = 2 * q + i / 2;
-                    dst[pair * 2 * NR + 2 * col + i % 2] = i16::from(w);
+                    half[pair * 2 * HALF + 2 * (col % HALF) + i % 2] = i16::from(w);
                 }
             }
         }
