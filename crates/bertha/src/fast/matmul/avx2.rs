@@ -29,11 +29,11 @@ pub(super) const MR: usize = 6;
 const HALF: usize = NR / 2;
 /// How far ahead (panel rows) the kernels prefetch: 64 rows are ~400
 /// cycles of a 6-row tile, about a memory latency (8 KB ahead in rows of
-/// 32, 4 KB in a panel's halves, where 128 rows measured the same). At batch 1 a panel's
-/// first tile reads it from memory (all-MiniLM-L6-v2's fp32 weights, 42
-/// MB, outgrow a 32 MB L3), and 16 rows ahead covered only an L3 hit:
-/// 64 took batch-1 p50 from 11.0 to 10.0 ms on Zen 3 (three A/B runs),
-/// level at batch 32.
+/// 32, 4 KB in a panel's halves, where 128 rows measured the same). At
+/// batch 1 a panel's first tile reads it from memory (all-MiniLM-L6-v2's
+/// fp32 weights, 42 MB, outgrow a 32 MB L3), and 16 rows ahead covered
+/// only an L3 hit: 64 took batch-1 p50 from 11.0 to 10.0 ms on Zen 3
+/// (three A/B runs), level at batch 32.
 const PREFETCH_ROWS: usize = 64;
 
 /// Writes `R` rows of one half tile's sums (`acc`, 16 columns of which
@@ -80,9 +80,14 @@ unsafe fn store_half<const R: usize>(
 }
 
 /// `R` (≤ [`MR`]) rows × `cols` (≤ 32) columns of fp32 products:
-/// `c[r, j] = act(Σ_i a[r, i] · panel[i, j] + bias[j])`, on a panel of
-/// `k` rows of [`NR`] (attention's; the weights' are in halves, for
-/// [`tile_f32_halves`]).
+/// `c[r, j] = act(Σ_i a[r, i] · panel[i, j] + bias[j])`, on a panel of `k`
+/// rows of [`NR`] (attention's), or in halves (`halves`: the first 16
+/// columns, `k` rows of 16, then the last 16), as [`super::PackedF32`]
+/// lays out the weights where this tile runs. In halves a half tile reads
+/// its weights in sequence, 64 bytes a step, where in rows of 32 it read
+/// every other 64 bytes, 128 apart: the batch-32 and batch-1 shapes of
+/// all-MiniLM-L6-v2's linears ran 8 % and 9-12 % faster so (Zen 4,
+/// alternating in one process).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` holds `R` rows of `k`, `panel` `k` rows
@@ -93,7 +98,7 @@ unsafe fn store_half<const R: usize>(
 pub(super) unsafe fn tile_f32<const R: usize>(
     a: &[f32],
     k: usize,
-    panel: &[f32],
+    (panel, halves): (&[f32], bool),
     c: *mut f32,
     ldc: usize,
     cols: usize,
@@ -102,36 +107,11 @@ pub(super) unsafe fn tile_f32<const R: usize>(
 ) {
     debug_assert!(R <= MR && a.len() >= R * k && panel.len() >= k * NR && cols <= NR);
     for h0 in (0..cols).step_by(HALF) {
-        let acc = half_sums::<R>(a.as_ptr(), k, panel.as_ptr().add(h0), NR);
-        let hc = HALF.min(cols - h0);
-        store_half(&acc, c.add(h0), ldc, &bias[h0..h0 + hc], act);
-    }
-}
-
-/// [`tile_f32`] on a panel in halves, as [`super::PackedF32`] lays out
-/// the weights where this tile runs: the panel's first 16 columns (`k`
-/// rows of 16), then its last 16. A half tile then reads its weights in
-/// sequence, 64 bytes a step, where in rows of 32 it read every other 64
-/// bytes, 128 apart; the batch-32 and batch-1 shapes of all-MiniLM-L6-v2's
-/// linears ran 8 % and 9-12 % faster so (Zen 4, in-process alternation).
-///
-/// # Safety
-/// As [`tile_f32`], with `panel` in halves.
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_f32_halves<const R: usize>(
-    a: &[f32],
-    k: usize,
-    panel: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    cols: usize,
-    bias: &[f32],
-    act: Option<Act>,
-) {
-    debug_assert!(R <= MR && a.len() >= R * k && panel.len() >= k * NR && cols <= NR);
-    for h0 in (0..cols).step_by(HALF) {
-        let acc = half_sums::<R>(a.as_ptr(), k, panel.as_ptr().add(h0 * k), HALF);
+        let (b, ldb) = match halves {
+            true => (panel.as_ptr().add(h0 * k), HALF),
+            false => (panel.as_ptr().add(h0), NR),
+        };
+        let acc = half_sums::<R>(a.as_ptr(), k, b, ldb);
         let hc = HALF.min(cols - h0);
         store_half(&acc, c.add(h0), ldc, &bias[h0..h0 + hc], act);
     }

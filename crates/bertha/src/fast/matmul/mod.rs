@@ -180,7 +180,7 @@ enum F32Layout {
     Panels(Aligned<f32>),
     /// As `Panels`, each panel in halves: its first `NR / 2` columns (`k`
     /// rows of `NR / 2`), then the rest. The AVX2 tile takes a half at a
-    /// time and so reads it in sequence ([`avx2::tile_f32_halves`]).
+    /// time and so reads it in sequence ([`avx2::tile_f32`]).
     HalfPanels(Aligned<f32>),
     /// Row-major `[k, n]`, multiplied by the gemm crate.
     RowMajor(Vec<f32>),
@@ -448,21 +448,8 @@ pub(crate) unsafe fn tile_f32(
     }
     #[cfg(target_arch = "x86_64")]
     if features().avx2_fma {
-        for (r0, rows) in even_tiles(0..mr, avx2::MR) {
-            let (a, c) = (&a[r0 * k..(r0 + rows) * k], c.add(r0 * ldc));
-            macro_rules! dispatch {
-                ($($n:literal)*) => {
-                    match rows {
-                        // SAFETY: the CPU has AVX2 and FMA (checked); the
-                        // slices hold `rows` rows of k and k rows of NR;
-                        // rows r0.. of the caller's tile.
-                        $($n => unsafe { avx2::tile_f32::<$n>(a, k, panel, c, ldc, cols, bias, act) },)*
-                        _ => unreachable!("AVX2 tiles have 1..=6 rows"),
-                    }
-                };
-            }
-            dispatch!(1 2 3 4 5 6);
-        }
+        // SAFETY: the CPU has AVX2 and FMA (checked); the caller's promise.
+        unsafe { avx2_tiles(a, k, mr, (panel, false), c, ldc, cols, bias, act) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
@@ -518,6 +505,35 @@ unsafe fn tile_f32_halves(
     act: Option<Act>,
 ) {
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller's promise.
+    unsafe {
+        avx2_tiles(a, k, mr, (panel, true), c, ldc, cols, bias, act)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, k, mr, panel, c, ldc, cols, bias, act);
+        unreachable!("panels in halves are laid out only for the AVX2 tile");
+    }
+}
+
+/// `mr` rows of [`tile_f32`] on the AVX2 tiles, on a panel in rows of
+/// [`NR`] or in halves (`panel.1`).
+///
+/// # Safety
+/// As [`tile_f32`]; the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_tiles(
+    a: &[f32],
+    k: usize,
+    mr: usize,
+    (panel, halves): (&[f32], bool),
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+    bias: &[f32],
+    act: Option<Act>,
+) {
     for (r0, rows) in even_tiles(0..mr, avx2::MR) {
         let (a, c) = (&a[r0 * k..(r0 + rows) * k], c.add(r0 * ldc));
         macro_rules! dispatch {
@@ -526,17 +542,12 @@ unsafe fn tile_f32_halves(
                     // SAFETY: the CPU has AVX2 and FMA (the caller's
                     // promise); the slices hold `rows` rows of k and k
                     // rows of NR; rows r0.. of the caller's tile.
-                    $($n => unsafe { avx2::tile_f32_halves::<$n>(a, k, panel, c, ldc, cols, bias, act) },)*
+                    $($n => unsafe { avx2::tile_f32::<$n>(a, k, (panel, halves), c, ldc, cols, bias, act) },)*
                     _ => unreachable!("AVX2 tiles have 1..=6 rows"),
                 }
             };
         }
         dispatch!(1 2 3 4 5 6);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (a, k, mr, panel, c, ldc, cols, bias, act);
-        unreachable!("panels in halves are laid out only for the AVX2 tile");
     }
 }
 

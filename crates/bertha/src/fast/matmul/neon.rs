@@ -398,6 +398,7 @@ mod tests {
     fn neon_f32_tiles_equal_the_definition() {
         assert_f32_tiles_equal_the_definition(
             super::MR,
+            false,
             &|rows, x, k, panel, c, ldc, cols, bias, act| {
                 // SAFETY: every aarch64 CPU has NEON; c holds the rows × cols
                 // tile at stride ldc.

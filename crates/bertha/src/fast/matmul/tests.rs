@@ -61,14 +61,9 @@ pub(super) type F32Tile<'a> =
 /// A register tile kernel against the f64 definition: every tile height
 /// to `max_rows`, partial halves and panels, k from 1 to past a group (and
 /// not a multiple of 4), with the activation applied, and nothing written
-/// past the tile.
-pub(super) fn assert_f32_tiles_equal_the_definition(max_rows: usize, tile: F32Tile) {
-    assert_f32_tiles_on_panels(max_rows, false, tile);
-}
-
-/// [`assert_f32_tiles_equal_the_definition`] on panels in rows of
-/// [`NR`] or in halves ([`panel_index`]).
-fn assert_f32_tiles_on_panels(max_rows: usize, halves: bool, tile: F32Tile) {
+/// past the tile; on a panel in rows of [`NR`], or in halves
+/// ([`panel_index`]).
+pub(super) fn assert_f32_tiles_equal_the_definition(max_rows: usize, halves: bool, tile: F32Tile) {
     for (k, cols) in [(1, 32), (7, 5), (33, 16), (64, 17), (130, 31)] {
         let (w, b) = (data(k * NR, k as u32), data(NR, 3));
         let mut panel = vec![0f32; k * NR];
@@ -116,7 +111,8 @@ fn assert_f32_tiles_on_panels(max_rows: usize, halves: bool, tile: F32Tile) {
 }
 
 /// The AVX2 tiles (where the CPU has AVX2, whatever BERTHA_ISA picks)
-/// against the f64 definition.
+/// against the f64 definition, on panels in rows of 32 (attention's) and
+/// in halves (the weights', where these tiles run).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_f32_tiles_equal_the_definition() {
@@ -124,50 +120,25 @@ fn avx2_f32_tiles_equal_the_definition() {
         eprintln!("no AVX2 on this CPU: nothing to compare");
         return;
     }
-    assert_f32_tiles_equal_the_definition(
-        avx2::MR,
-        &|rows, x, k, panel, c, ldc, cols, bias, act| {
-            macro_rules! run {
-            ($($n:literal)*) => {
-                match rows {
-                    // SAFETY: AVX2 + FMA checked; c holds the rows × cols
-                    // tile at stride ldc.
-                    $($n => unsafe { avx2::tile_f32::<$n>(x, k, panel, c, ldc, cols, bias, act) },)*
-                    _ => unreachable!(),
-                }
-            };
-        }
-            run!(1 2 3 4 5 6);
-        },
-    );
-}
-
-/// The AVX2 tiles on panels in halves, as the weights are packed where
-/// they run, against the f64 definition.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn avx2_f32_tiles_on_halves_equal_the_definition() {
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-        eprintln!("no AVX2 on this CPU: nothing to compare");
-        return;
+    for halves in [false, true] {
+        assert_f32_tiles_equal_the_definition(
+            avx2::MR,
+            halves,
+            &|rows, x, k, panel, c, ldc, cols, bias, act| {
+                macro_rules! run {
+                ($($n:literal)*) => {
+                    match rows {
+                        // SAFETY: AVX2 + FMA checked; c holds the rows ×
+                        // cols tile at stride ldc.
+                        $($n => unsafe { avx2::tile_f32::<$n>(x, k, (panel, halves), c, ldc, cols, bias, act) },)*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+                run!(1 2 3 4 5 6);
+            },
+        );
     }
-    assert_f32_tiles_on_panels(
-        avx2::MR,
-        true,
-        &|rows, x, k, panel, c, ldc, cols, bias, act| {
-            macro_rules! run {
-            ($($n:literal)*) => {
-                match rows {
-                    // SAFETY: AVX2 + FMA checked; c holds the rows × cols
-                    // tile at stride ldc.
-                    $($n => unsafe { avx2::tile_f32_halves::<$n>(x, k, panel, c, ldc, cols, bias, act) },)*
-                    _ => unreachable!(),
-                }
-            };
-        }
-            run!(1 2 3 4 5 6);
-        },
-    );
 }
 
 #[test]
