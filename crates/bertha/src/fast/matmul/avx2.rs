@@ -81,8 +81,9 @@ unsafe fn store_half<const R: usize>(
 
 /// `R` (≤ [`MR`]) rows × `cols` (≤ 32) columns of fp32 products:
 /// `c[r, j] = act(Σ_i a[r, i] · panel[i, j] + bias[j])`, on a panel of `k`
-/// rows of [`NR`] (attention's), or in halves (`halves`: the first 16
-/// columns, `k` rows of 16, then the last 16), as [`super::PackedF32`]
+/// rows of [`NR`] (attention's), or in halves (the first 16
+/// columns, `k` rows of 16, then the last 16: `HALVES`, a constant so
+/// that a half's addresses are constant offsets), as [`super::PackedF32`]
 /// lays out the weights where this tile runs. In halves a half tile reads
 /// its weights in sequence, 64 bytes a step, where in rows of 32 it read
 /// every other 64 bytes, 128 apart: the batch-32 and batch-1 shapes of
@@ -95,10 +96,10 @@ unsafe fn store_half<const R: usize>(
 /// else reads or writes meanwhile.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_f32<const R: usize>(
+pub(super) unsafe fn tile_f32<const R: usize, const HALVES: bool>(
     a: &[f32],
     k: usize,
-    (panel, halves): (&[f32], bool),
+    panel: &[f32],
     c: *mut f32,
     ldc: usize,
     cols: usize,
@@ -107,7 +108,7 @@ pub(super) unsafe fn tile_f32<const R: usize>(
 ) {
     debug_assert!(R <= MR && a.len() >= R * k && panel.len() >= k * NR && cols <= NR);
     for h0 in (0..cols).step_by(HALF) {
-        let (b, ldb) = match halves {
+        let (b, ldb) = match HALVES {
             true => (panel.as_ptr().add(h0 * k), HALF),
             false => (panel.as_ptr().add(h0), NR),
         };

@@ -538,11 +538,12 @@ unsafe fn avx2_tiles(
         let (a, c) = (&a[r0 * k..(r0 + rows) * k], c.add(r0 * ldc));
         macro_rules! dispatch {
             ($($n:literal)*) => {
-                match rows {
+                match (rows, halves) {
                     // SAFETY: the CPU has AVX2 and FMA (the caller's
                     // promise); the slices hold `rows` rows of k and k
                     // rows of NR; rows r0.. of the caller's tile.
-                    $($n => unsafe { avx2::tile_f32::<$n>(a, k, (panel, halves), c, ldc, cols, bias, act) },)*
+                    $(($n, false) => unsafe { avx2::tile_f32::<$n, false>(a, k, panel, c, ldc, cols, bias, act) },
+                    ($n, true) => unsafe { avx2::tile_f32::<$n, true>(a, k, panel, c, ldc, cols, bias, act) },)*
                     _ => unreachable!("AVX2 tiles have 1..=6 rows"),
                 }
             };

@@ -130,7 +130,8 @@ fn avx2_f32_tiles_equal_the_definition() {
                     match rows {
                         // SAFETY: AVX2 + FMA checked; c holds the rows ×
                         // cols tile at stride ldc.
-                        $($n => unsafe { avx2::tile_f32::<$n>(x, k, (panel, halves), c, ldc, cols, bias, act) },)*
+                        $($n if halves => unsafe { avx2::tile_f32::<$n, true>(x, k, panel, c, ldc, cols, bias, act) },
+                        $n => unsafe { avx2::tile_f32::<$n, false>(x, k, panel, c, ldc, cols, bias, act) },)*
                         _ => unreachable!(),
                     }
                 };
