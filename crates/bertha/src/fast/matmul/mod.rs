@@ -272,11 +272,12 @@ impl PackedF32 {
                 // y (shapes checked) and belong to this task only.
                 let c = out.at(r0 * n + p * NR);
                 // SAFETY: as just said; a panel is in halves only where
-                // the AVX2 tile runs.
+                // the AVX2 tile runs (AVX2 and FMA).
                 unsafe {
                     match halves {
-                        true => tile_f32_halves(a, k, mr, panel, c, n, cols, bias, act),
-                        false => tile_f32(a, k, mr, panel, c, n, cols, bias, act),
+                        #[cfg(target_arch = "x86_64")]
+                        true => avx2_tiles(a, k, mr, (panel, true), c, n, cols, bias, act),
+                        _ => tile_f32(a, k, mr, panel, c, n, cols, bias, act),
                     }
                 }
             }
@@ -485,34 +486,6 @@ pub(crate) unsafe fn tile_f32(
         if let Some(act) = act {
             activate_body(row, act);
         }
-    }
-}
-
-/// [`tile_f32`] on a panel in halves ([`F32Layout::HalfPanels`]).
-///
-/// # Safety
-/// As [`tile_f32`]; the CPU runs the AVX2 tiles ([`halves_tiles`]).
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_f32_halves(
-    a: &[f32],
-    k: usize,
-    mr: usize,
-    panel: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    cols: usize,
-    bias: &[f32],
-    act: Option<Act>,
-) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller's promise.
-    unsafe {
-        avx2_tiles(a, k, mr, (panel, true), c, ldc, cols, bias, act)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (a, k, mr, panel, c, ldc, cols, bias, act);
-        unreachable!("panels in halves are laid out only for the AVX2 tile");
     }
 }
 
