@@ -178,10 +178,13 @@ fn plan((m, n, k): (usize, usize, usize), threads: usize, transposed_a: bool) ->
         }
     }
     let nc_max = (B_BLOCK_FLOATS / k.max(1)).max(MIN_NC) / NR * NR;
-    let mc = m.div_ceil(m.div_ceil(MC)).next_multiple_of(MR);
+    let mc = m
+        .div_ceil(m.div_ceil(MC).max(1))
+        .next_multiple_of(MR)
+        .max(MR);
     let chunks = if threads > 1 {
         (TASKS_PER_THREAD * threads)
-            .div_ceil(m.div_ceil(mc))
+            .div_ceil(m.div_ceil(mc).max(1))
             .clamp(1, nc_max.min(n).div_ceil(NR))
     } else {
         1
@@ -593,6 +596,9 @@ mod tests {
         assert_eq!(p(614, 30522, 512, false), want);
         assert_eq!(p(4096, 512, 512, false).mc, 192);
         assert_eq!(p(5, 17, 3, false).mc, 6);
+        // No rows: a plan all the same (no division by zero).
+        assert_eq!(p(0, 17, 3, false).mc, MR);
+        assert_eq!(p(0, 17, 3, true).mc, MR);
         // small's qkv weight gradient: 8 tasks of 192 rows over one block
         // of all 512 columns (8 MiB of b).
         let want = Plan {
