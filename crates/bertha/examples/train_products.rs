@@ -10,7 +10,8 @@
 //! ```
 //! (best of `reps`, default 5; `SHAPE` picks one of qkv, out, ffn-in,
 //! ffn-out, decoder, or `mini`'s decoder-mini, ffn-in-mini, qkv-mini;
-//! `COMPUTE=f32` times the fp32 products instead, beside the fp32 peak).
+//! `COMPUTE=f32` times the fp32 products instead, beside the fp32 peak, as
+//! it does by default where `--precision bf16` would run fp32).
 use bertha::fast::instruction_peak_gops;
 use bertha::fast::train::Compute;
 use bertha::fast::Precision;
@@ -27,10 +28,17 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(5);
-    let c: Compute = std::env::var("COMPUTE")
-        .unwrap_or_else(|_| "bf16".into())
-        .parse()
-        .expect("COMPUTE is f32 or bf16");
+    // Unset, COMPUTE is bf16 where `--precision bf16` runs bf16 products,
+    // else fp32: bf16 on a CPU without them would time a scalar loop.
+    let c: Compute = match std::env::var("COMPUTE") {
+        Ok(c) => c.parse().expect("COMPUTE is f32 or bf16"),
+        Err(_) if bertha::fast::cpu::has_bf16() => Compute::Bf16,
+        Err(_) => {
+            let why = bertha::fast::cpu::no_bf16_reason();
+            println!("fp32 products ({why}; COMPUTE=bf16 times them anyway)");
+            Compute::F32
+        }
+    };
     let precision = match c {
         Compute::F32 => Precision::F32,
         Compute::Bf16 => Precision::Bf16,

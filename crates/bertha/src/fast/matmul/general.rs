@@ -244,7 +244,6 @@ pub(crate) unsafe fn product(
         rs: dst_rs,
     };
     let p = plan((m, n, k), threads, a.cs != 1);
-    let (nc_max, chunks) = (p.nc_max, p.chunks);
     // Row-major rows of a are read where they lie; a transposed a is
     // packed by the task that reads it, block by block.
     let source = if a.cs == 1 {
@@ -252,8 +251,8 @@ pub(crate) unsafe fn product(
     } else {
         ASource::Block
     };
-    for jc in (0..n).step_by(nc_max) {
-        let nc = nc_max.min(n - jc);
+    for jc in (0..n).step_by(p.nc_max) {
+        let nc = p.nc_max.min(n - jc);
         // SAFETY: the caller's contract.
         unsafe {
             column_block(
@@ -263,7 +262,7 @@ pub(crate) unsafe fn product(
                 (m, k),
                 (jc, nc),
                 (out, accumulate, scale),
-                (threads, chunks, p.mc),
+                (threads, p),
             )
         };
     }
@@ -282,7 +281,7 @@ unsafe fn column_block(
     (m, k): (usize, usize),
     (jc, nc): (usize, usize),
     (out, accumulate, scale): (Out, bool, f32),
-    (threads, chunks, mc): (usize, usize, usize),
+    (threads, p): (usize, Plan),
 ) {
     let strips = nc.div_ceil(NR);
     // b's block packed whole, strip by strip (all k rows of each), then
@@ -307,7 +306,7 @@ unsafe fn column_block(
             mode: (accumulate, scale),
         };
         // SAFETY: the caller's contract.
-        unsafe { tiles.run((m, k), (jc, nc), (threads, chunks, mc)) };
+        unsafe { tiles.run((m, k), (jc, nc), (threads, p)) };
     });
 }
 
@@ -346,10 +345,10 @@ impl Tiles<'_> {
         self,
         (m, k): (usize, usize),
         (jc, nc): (usize, usize),
-        (threads, chunks, mc): (usize, usize, usize),
+        (threads, p): (usize, Plan),
     ) {
-        let strips = nc.div_ceil(NR);
-        let chunks = chunks.min(strips);
+        let (strips, mc) = (nc.div_ceil(NR), p.mc);
+        let chunks = p.chunks.min(strips);
         let strips_per_chunk = strips.div_ceil(chunks);
         run(threads, m.div_ceil(mc) * chunks, |t| {
             let (block, chunk) = (t / chunks, t % chunks);
