@@ -169,7 +169,7 @@ fn plan((m, n, k): (usize, usize, usize), threads: usize, transposed_a: bool) ->
             .next_multiple_of(MR)
             .clamp(MIN_PACKED_ROWS, MC);
         if m.div_ceil(mc) >= threads {
-            let nc_max = (PACKED_A_B_BLOCK_FLOATS / k.max(1)).max(MIN_NC) / NR * NR;
+            let nc_max = columns_per_block(PACKED_A_B_BLOCK_FLOATS, k);
             return Plan {
                 nc_max,
                 chunks: 1,
@@ -177,7 +177,7 @@ fn plan((m, n, k): (usize, usize, usize), threads: usize, transposed_a: bool) ->
             };
         }
     }
-    let nc_max = (B_BLOCK_FLOATS / k.max(1)).max(MIN_NC) / NR * NR;
+    let nc_max = columns_per_block(B_BLOCK_FLOATS, k);
     let mc = m
         .div_ceil(m.div_ceil(MC).max(1))
         .next_multiple_of(MR)
@@ -190,6 +190,12 @@ fn plan((m, n, k): (usize, usize, usize), threads: usize, transposed_a: bool) ->
         1
     };
     Plan { nc_max, chunks, mc }
+}
+
+/// Columns of `b` (whole strips, at least [`MIN_NC`]) whose `k` rows fit
+/// in a packed block of `block_floats`.
+fn columns_per_block(block_floats: usize, k: usize) -> usize {
+    (block_floats / k.max(1)).max(MIN_NC) / NR * NR
 }
 
 fn threads(parallel: bool) -> usize {
