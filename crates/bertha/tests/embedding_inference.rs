@@ -273,3 +273,42 @@ fn one_row_poolings_on_the_fast_path_equal_the_candle_path() {
         }
     }
 }
+
+#[test]
+fn batches_side_by_side_give_the_vectors_of_batches_in_turn() {
+    // Called from outside the thread pool, the fast path runs batches
+    // side by side; inside a one-thread pool, one after another. A batch's
+    // rows do not depend on which runs it, so the bits are the same, in
+    // input order, and progress counts every text once.
+    let words: Vec<String> = anchors()
+        .iter()
+        .flat_map(|a| a.split(' ').map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    let texts: Vec<String> = (0..40)
+        .map(|i| {
+            let n = 1 + (i * 7) % 19;
+            (0..n)
+                .map(|j| words[(i + j * 3) % words.len()].as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let e = embedder();
+    assert!(e.uses_fast_path());
+    let mut seen = Vec::new();
+    let side_by_side = e.embed(&texts, 3, &mut |done| seen.push(done)).unwrap();
+    assert_eq!(seen.len(), texts.len().div_ceil(3));
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    assert_eq!(seen.last(), Some(&texts.len()));
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let in_turn = one.install(|| e.embed(&texts, 3, &mut |_| {}).unwrap());
+    assert_eq!(side_by_side, in_turn);
+    let tokens = e.embed_tokens(&texts, 3, &mut |_| {}).unwrap();
+    let tokens_in_turn = one.install(|| e.embed_tokens(&texts, 3, &mut |_| {}).unwrap());
+    for (a, b) in tokens.iter().zip(&tokens_in_turn) {
+        assert_eq!(a.embeddings, b.embeddings);
+    }
+}

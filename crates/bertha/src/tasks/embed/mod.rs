@@ -421,13 +421,13 @@ impl Embedder {
 
     /// [`Embedder::in_batches`] of texts pooled from their token
     /// `pool_start[i]` on: `run` gets each batch's encodings and starts.
-    fn in_pooled_batches<T>(
+    fn in_pooled_batches<T: Send>(
         &self,
         encodings: &[Encoded],
         pool_start: &[usize],
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
-        run: impl Fn(&[&Encoded], &[usize]) -> Result<Vec<T>>,
+        run: impl Fn(&[&Encoded], &[usize]) -> Result<Vec<T>> + Sync,
     ) -> Result<Vec<T>> {
         if pool_start.len() != encodings.len() {
             return Err(Error::Input(format!(
@@ -445,25 +445,33 @@ impl Embedder {
 
     /// Runs `run` on length-sorted batches of `encodings` and returns its
     /// rows in input order; `progress` sees the texts done after each batch.
-    fn in_batches<T>(
+    /// On the packed path, called from outside the thread pool, batches
+    /// run side by side ([`batches::run_batches`]): the same rows, sooner.
+    fn in_batches<T: Send>(
         &self,
         encodings: &[Encoded],
         batch_size: usize,
         progress: &mut dyn FnMut(usize),
-        mut run: impl FnMut(&[usize]) -> Result<Vec<T>>,
+        run: impl Fn(&[usize]) -> Result<Vec<T>> + Sync,
     ) -> Result<Vec<T>> {
         let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None)
             .take(encodings.len())
             .collect();
         let mut done = 0;
-        for batch in length_sorted_batches(encodings, batch_size, self.max_batch_tokens) {
-            let rows = run(&batch)?;
-            for (row, i) in rows.into_iter().zip(batch.iter()) {
+        let batches = length_sorted_batches(encodings, batch_size, self.max_batch_tokens);
+        let concurrent = self.packed.is_some()
+            && batches.len() > 1
+            && rayon::current_num_threads() > 1
+            // Inside the pool (a caller's own par_iter), one at a time:
+            // the calling worker must not wait on the pool it is part of.
+            && rayon::current_thread_index().is_none();
+        batches::run_batches(&batches, concurrent, run, |batch, rows| {
+            for (row, i) in rows.into_iter().zip(batch) {
                 out[*i] = Some(row);
             }
             done += batch.len();
             progress(done);
-        }
+        })?;
         Ok(out
             .into_iter()
             .map(|o| o.expect("every index is in one batch"))
