@@ -1,7 +1,8 @@
 //! Dynamic batching: requests queue their tokenized inputs; one worker
 //! thread (off the async runtime) takes everything queued, up to
 //! `max_batch_tokens`, runs it as one batch, and answers each request
-//! with its own rows, in its own order.
+//! with its own rows, in its own order. (On the CPU fast path the embedder
+//! runs a batch of several texts as one part per core, side by side.)
 //!
 //! One request must never fail another: inputs are checked against the
 //! model's vocabulary before they join the queue, and should a shared batch

@@ -306,6 +306,28 @@ fn batches_side_by_side_give_the_vectors_of_batches_in_turn() {
         .unwrap();
     let in_turn = one.install(|| e.embed(&texts, 3, &mut |_| {}).unwrap());
     assert_eq!(side_by_side, in_turn);
+    // One batch's worth of texts (of 300 tokens and more) is cut into up
+    // to one part a thread: the same rows again.
+    let long: Vec<String> = texts.iter().map(|t| format!("{t} {t} {t}")).collect();
+    let mut calls = 0;
+    let whole = e.embed(&long, 40, &mut |_| calls += 1).unwrap();
+    assert_eq!(
+        whole,
+        one.install(|| e.embed(&long, 40, &mut |_| {}).unwrap())
+    );
+    let tokens: usize = e
+        .encode_texts(&long, &EncodeOptions::default())
+        .unwrap()
+        .iter()
+        .map(|t| t.len())
+        .sum();
+    assert!(tokens >= 600, "{tokens} tokens");
+    let parts = (tokens / 300).clamp(1, rayon::current_num_threads());
+    assert_eq!(
+        calls,
+        40usize.div_ceil(40usize.div_ceil(parts)),
+        "progress calls"
+    );
     let tokens = e.embed_tokens(&texts, 3, &mut |_| {}).unwrap();
     let tokens_in_turn = one.install(|| e.embed_tokens(&texts, 3, &mut |_| {}).unwrap());
     for (a, b) in tokens.iter().zip(&tokens_in_turn) {
