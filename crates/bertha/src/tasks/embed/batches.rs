@@ -44,7 +44,7 @@ pub fn length_sorted_batches(
 /// Why: one batch at a time over two cores leaves each core at ~0.59 of
 /// its FMA peak on all-MiniLM-L6-v2, against 0.63–0.68 for one core on its
 /// own (Zen 4, `BERTHA_ISA=avx2`): batches side by side embedded SST-2
-/// dev 5–20 % faster (AVX-512: up to 15 %). A batch's rows do not depend on
+/// dev 8–34 % faster (AVX-512: 5–12 %). A batch's rows do not depend on
 /// the thread that runs it or on the pool's size (the products' sums run
 /// in one order on any thread count), so the vectors are bit for bit the
 /// same.
