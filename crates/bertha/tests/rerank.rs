@@ -272,3 +272,43 @@ fn the_folders_activation_is_found_where_sentence_transformers_looks() {
     }
     assert_eq!(Activation::Identity.score_function(), ScoreFunction::None);
 }
+
+#[test]
+fn pairs_side_by_side_score_as_pairs_in_turn() {
+    // On the fast path, called from outside the thread pool, batches of
+    // pairs run side by side (one batch of pairs in parts); inside a
+    // one-thread pool, one after another. The same bits either way.
+    let inputs = read_json(&dir().join("inputs.json"));
+    let (a, b) = (strings(&inputs["pairs"][0]), strings(&inputs["pairs"][1]));
+    let pairs: Vec<(String, String)> = (0..30)
+        .map(|i| {
+            let doc = (0..1 + i % 5)
+                .map(|j| b[(i + j) % b.len()].as_str())
+                .collect::<Vec<_>>()
+                .join(" ");
+            (a[i % a.len()].clone(), doc)
+        })
+        .collect();
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for batch_size in [3, 30] {
+        let opts = CrossEncoderOptions {
+            batch_size,
+            ..CrossEncoderOptions::default()
+        };
+        let ce = CrossEncoder::from_dir(&dir(), &Device::Cpu, &opts).unwrap();
+        let side_by_side = ce.logits(&pairs).unwrap();
+        let in_turn = one.install(|| ce.logits(&pairs).unwrap());
+        assert_eq!(side_by_side.len(), 30);
+        assert_eq!(side_by_side, in_turn, "batch size {batch_size}");
+        // Each pair alone (a batch of one) scores within rounding.
+        for (i, pair) in pairs.iter().enumerate().step_by(7) {
+            let alone = ce.logits(std::slice::from_ref(pair)).unwrap();
+            for (x, y) in alone[0].iter().zip(&side_by_side[i]) {
+                assert!((x - y).abs() <= 1e-5, "pair {i}: {x} vs {y}");
+            }
+        }
+    }
+}

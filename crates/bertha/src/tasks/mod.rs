@@ -12,6 +12,7 @@ mod pipeline;
 mod precision;
 pub mod qa;
 pub mod rerank;
+mod side_by_side;
 
 pub use attention::{AttentionMaps, AttentionModel};
 pub use classify::{Classifier, LabelScore, ScoreFunction};

@@ -48,6 +48,11 @@ impl<H: BertHead> PipelineHead<H> {
         self.encoder.precision()
     }
 
+    /// Whether the encoder runs on the packed CPU fast path.
+    pub(crate) fn is_packed(&self) -> bool {
+        self.encoder.is_packed()
+    }
+
     /// The head's outputs on unpadded sequences (`ids`, `type_ids`),
     /// padded with `pad_id` into one batch.
     pub(crate) fn forward(

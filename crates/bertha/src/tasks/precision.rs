@@ -152,6 +152,11 @@ impl HeadEncoder {
     }
 
     /// The precision that runs.
+    /// Whether the encoder runs on the packed CPU fast path.
+    pub(crate) fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
     pub(crate) fn precision(&self) -> Precision {
         self.precision
     }

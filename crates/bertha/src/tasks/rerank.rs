@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::classify::ScoreFunction;
 use super::pipeline::{self, sigmoid, softmax, PipelineHead};
 use super::precision::HeadEncoder;
+use super::side_by_side;
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
 use crate::fast::Precision;
@@ -261,8 +262,18 @@ impl CrossEncoder {
         order.sort_by_key(|&i| std::cmp::Reverse(encs[i].input_ids.len()));
         let pad = self.tokenizer.pad_id();
         let c = self.num_labels();
+        // On the packed path, batches side by side, one per core.
+        let concurrent = side_by_side::side_by_side(self.model.is_packed());
+        let batch_size = match concurrent {
+            true => {
+                let tokens = encs.iter().map(|e| e.input_ids.len()).sum();
+                side_by_side::part_size(self.batch_size, encs.len(), tokens)
+            }
+            false => self.batch_size,
+        };
+        let batches: Vec<Vec<usize>> = order.chunks(batch_size).map(<[usize]>::to_vec).collect();
         let mut out = vec![Vec::new(); encs.len()];
-        for chunk in order.chunks(self.batch_size) {
+        let run = |chunk: &[usize]| -> Result<Vec<Vec<f32>>> {
             let ids: Vec<Vec<u32>> = chunk.iter().map(|&i| encs[i].input_ids.clone()).collect();
             let types: Vec<Vec<u32>> = chunk
                 .iter()
@@ -270,10 +281,14 @@ impl CrossEncoder {
                 .collect();
             let logits = self.model.forward(&ids, &types, pad)?.logits;
             let flat = logits.flatten_all()?.to_vec1::<f32>()?;
-            for (&i, row) in chunk.iter().zip(flat.chunks_exact(c)) {
-                out[i] = row.to_vec();
+            Ok(flat.chunks_exact(c).map(<[f32]>::to_vec).collect())
+        };
+        let concurrent = concurrent && batches.len() > 1;
+        side_by_side::run_batches(&batches, concurrent, run, |chunk, rows| {
+            for (&i, row) in chunk.iter().zip(rows) {
+                out[i] = row;
             }
-        }
+        })?;
         Ok(out)
     }
 

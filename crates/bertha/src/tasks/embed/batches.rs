@@ -1,10 +1,7 @@
 //! How texts are cut into batches, and the arithmetic one encoder pass
 //! over them costs (`bertha bench`'s fraction of the peak).
 
-use rayon::prelude::*;
-
 use crate::config::BertConfig;
-use crate::error::Result;
 use crate::io::tokenizer::Encoded;
 
 /// Indices of `encodings`, longest first, cut into batches of at most
@@ -35,64 +32,6 @@ pub fn length_sorted_batches(
     batches
 }
 
-/// Runs `run` on every batch and hands each batch with its rows to
-/// `done`, on the calling thread, in the order the batches finish; stops
-/// at the first error. `concurrent` runs batches at once, one per rayon
-/// worker, each batch's own products still split over the pool (a worker
-/// that runs out of batches helps the others finish theirs).
-///
-/// Why: one batch at a time over two cores leaves each core at ~0.59 of
-/// its FMA peak on all-MiniLM-L6-v2, against 0.63–0.68 for one core on its
-/// own (Zen 4, `BERTHA_ISA=avx2`): batches side by side embedded SST-2
-/// dev 8–34 % faster (AVX-512: 5–12 %). A batch's rows do not depend on
-/// the thread that runs it or on the pool's size (the products' sums run
-/// in one order on any thread count), so the vectors are bit for bit the
-/// same.
-pub(crate) fn run_batches<T: Send>(
-    batches: &[Vec<usize>],
-    concurrent: bool,
-    run: impl Fn(&[usize]) -> Result<Vec<T>> + Sync,
-    mut done: impl FnMut(&[usize], Vec<T>),
-) -> Result<()> {
-    if !concurrent {
-        for batch in batches {
-            done(batch, run(batch)?);
-        }
-        return Ok(());
-    }
-    let (results, finished) = std::sync::mpsc::channel();
-    let mut outcome = Ok(());
-    rayon::in_place_scope(|scope| {
-        scope.spawn(|_| {
-            // A failed batch (or a caller gone after one) stops the rest.
-            let _ = batches
-                .par_iter()
-                .enumerate()
-                .with_max_len(1)
-                .try_for_each_with(results, |results, (b, batch)| {
-                    let rows = run(batch);
-                    let failed = rows.is_err();
-                    match results.send((b, rows)).is_ok() && !failed {
-                        true => Ok(()),
-                        false => Err(()),
-                    }
-                });
-        });
-        // The sender lives in the spawned task: the loop ends when it has
-        // run every batch or stopped.
-        for (b, rows) in finished {
-            match rows {
-                Ok(rows) => done(&batches[b], rows),
-                Err(e) => {
-                    outcome = Err(e);
-                    break;
-                }
-            }
-        }
-    });
-    outcome
-}
-
 /// Floating-point operations of one encoder pass over texts of these
 /// token counts (multiply-adds count 2): the projections and FFN per
 /// token, and attention's two products per text, on real tokens only.
@@ -119,59 +58,6 @@ pub fn encoder_flops(config: &BertConfig, lengths: &[usize], one_row: bool) -> f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
-
-    #[test]
-    fn batches_run_side_by_side_reach_the_caller_once_each() {
-        let batches: Vec<Vec<usize>> = (0..23).map(|b| vec![2 * b, 2 * b + 1]).collect();
-        for concurrent in [false, true] {
-            let mut got = vec![None; 46];
-            let mut calls = 0;
-            run_batches(
-                &batches,
-                concurrent,
-                |batch| Ok(batch.iter().map(|i| i * 10).collect()),
-                |batch, rows| {
-                    calls += 1;
-                    for (i, row) in batch.iter().zip(rows) {
-                        assert!(got[*i].replace(row).is_none(), "row {i} twice");
-                    }
-                },
-            )
-            .unwrap();
-            assert_eq!(calls, 23);
-            let want: Vec<Option<usize>> = (0..46).map(|i| Some(i * 10)).collect();
-            assert_eq!(got, want, "concurrent {concurrent}");
-        }
-    }
-
-    #[test]
-    fn a_failed_batch_is_the_error_and_stops_the_rest() {
-        let batches: Vec<Vec<usize>> = (0..200).map(|b| vec![b]).collect();
-        for concurrent in [false, true] {
-            let ran = std::sync::atomic::AtomicUsize::new(0);
-            let mut delivered = 0;
-            let err = run_batches(
-                &batches,
-                concurrent,
-                |batch| {
-                    ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    match batch[0] {
-                        3 => Err(Error::Input("batch 3 is bad".into())),
-                        b => Ok(vec![b]),
-                    }
-                },
-                |_, _| delivered += 1,
-            )
-            .unwrap_err();
-            assert!(err.to_string().contains("batch 3 is bad"), "{err}");
-            let ran = ran.into_inner();
-            assert!(
-                delivered < 200 && ran < 200,
-                "{delivered} delivered, {ran} run"
-            );
-        }
-    }
 
     #[test]
     fn one_row_work_counts_the_last_layer_at_one_row_per_text() {

@@ -16,6 +16,7 @@ use crate::io::tokenizer::{Encoded, Tokenizer};
 use crate::model::{BertInput, BertModel, ForwardOptions};
 use crate::pooling::{self, Pooling};
 use crate::splade::SpladeHead;
+use crate::tasks::side_by_side;
 
 mod batches;
 mod load;
@@ -89,10 +90,6 @@ pub struct Embedder {
     /// loaded instead of packing when the precision asked is the file's.
     packed_file: Option<(PathBuf, String)>,
 }
-
-/// Fewest tokens a part of one batch cut for the cores to run side by
-/// side holds (`Embedder::in_batches`).
-const MIN_PART_TOKENS: usize = 300;
 
 /// Default cap on the tokens of one batch: bounds memory for long texts
 /// (the FFN buffer is tokens × intermediate_size floats).
@@ -450,7 +447,7 @@ impl Embedder {
     /// Runs `run` on length-sorted batches of `encodings` and returns its
     /// rows in input order; `progress` sees the texts done after each batch.
     /// On the packed path, called from outside the thread pool, batches
-    /// run side by side ([`batches::run_batches`]): the same rows, sooner.
+    /// run side by side ([`side_by_side::run_batches`]): the same rows, sooner.
     fn in_batches<T: Send>(
         &self,
         encodings: &[Encoded],
@@ -462,26 +459,15 @@ impl Embedder {
             .take(encodings.len())
             .collect();
         let mut done = 0;
-        let threads = rayon::current_num_threads();
-        let side_by_side = self.packed.is_some()
-            && threads > 1
-            // Inside the pool (a caller's own par_iter), one at a time:
-            // the calling worker must not wait on the pool it is part of.
-            && rayon::current_thread_index().is_none();
-        // Fewer texts than a batch a thread (a server's dynamic batch, a
-        // short file) are cut into up to one part a thread of at least
-        // MIN_PART_TOKENS each: the same rows, sooner (AVX2 on Zen 4: 32
-        // sentences of SST-2 in two parts 9 % sooner, 64 3 %, 28 2.5 %,
-        // while 16 or 24, under 600 tokens, were level or 1-3 % slower).
+        let concurrent = side_by_side::side_by_side(self.packed.is_some());
         let tokens: usize = encodings.iter().map(Encoded::len).sum();
-        let parts = (tokens / MIN_PART_TOKENS).clamp(1, threads);
-        let batch_size = match side_by_side {
-            true => batch_size.min(encodings.len().div_ceil(parts)),
+        let batch_size = match concurrent {
+            true => side_by_side::part_size(batch_size, encodings.len(), tokens),
             false => batch_size,
         };
         let batches = length_sorted_batches(encodings, batch_size, self.max_batch_tokens);
-        let concurrent = side_by_side && batches.len() > 1;
-        batches::run_batches(&batches, concurrent, run, |batch, rows| {
+        let concurrent = concurrent && batches.len() > 1;
+        side_by_side::run_batches(&batches, concurrent, run, |batch, rows| {
             for (row, i) in rows.into_iter().zip(batch) {
                 out[*i] = Some(row);
             }
