@@ -151,12 +151,12 @@ impl HeadEncoder {
         })
     }
 
-    /// The precision that runs.
     /// Whether the encoder runs on the packed CPU fast path.
     pub(crate) fn is_packed(&self) -> bool {
         self.packed.is_some()
     }
 
+    /// The precision that runs.
     pub(crate) fn precision(&self) -> Precision {
         self.precision
     }

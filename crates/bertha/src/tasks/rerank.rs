@@ -263,14 +263,9 @@ impl CrossEncoder {
         let pad = self.tokenizer.pad_id();
         let c = self.num_labels();
         // On the packed path, batches side by side, one per core.
-        let concurrent = side_by_side::side_by_side(self.model.is_packed());
-        let batch_size = match concurrent {
-            true => {
-                let tokens = encs.iter().map(|e| e.input_ids.len()).sum();
-                side_by_side::part_size(self.batch_size, encs.len(), tokens)
-            }
-            false => self.batch_size,
-        };
+        let tokens = encs.iter().map(|e| e.input_ids.len()).sum();
+        let (concurrent, batch_size) =
+            side_by_side::plan(self.model.is_packed(), self.batch_size, encs.len(), tokens);
         let batches: Vec<Vec<usize>> = order.chunks(batch_size).map(<[usize]>::to_vec).collect();
         let mut out = vec![Vec::new(); encs.len()];
         let run = |chunk: &[usize]| -> Result<Vec<Vec<f32>>> {
@@ -283,7 +278,6 @@ impl CrossEncoder {
             let flat = logits.flatten_all()?.to_vec1::<f32>()?;
             Ok(flat.chunks_exact(c).map(<[f32]>::to_vec).collect())
         };
-        let concurrent = concurrent && batches.len() > 1;
         side_by_side::run_batches(&batches, concurrent, run, |chunk, rows| {
             for (&i, row) in chunk.iter().zip(rows) {
                 out[i] = row;

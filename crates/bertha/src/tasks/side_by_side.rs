@@ -14,11 +14,18 @@ use rayon::prelude::*;
 use crate::error::Result;
 
 /// Whether a caller with the packed fast path (`packed`) runs its batches
-/// side by side: with more than one thread, and only from outside the
-/// pool (inside, as in a caller's own `par_iter`, the calling worker must
-/// not wait on the pool it is part of).
-pub(crate) fn side_by_side(packed: bool) -> bool {
-    packed && rayon::current_num_threads() > 1 && rayon::current_thread_index().is_none()
+/// side by side, and the batch size to cut `texts` texts of `tokens`
+/// tokens at ([`part_size`] when side by side, else `batch_size`). Side by
+/// side needs more than one thread, and a caller outside the pool (inside,
+/// as in a caller's own `par_iter`, the calling worker must not wait on
+/// the pool it is part of).
+pub(crate) fn plan(packed: bool, batch_size: usize, texts: usize, tokens: usize) -> (bool, usize) {
+    let side_by_side =
+        packed && rayon::current_num_threads() > 1 && rayon::current_thread_index().is_none();
+    match side_by_side {
+        true => (true, part_size(batch_size, texts, tokens)),
+        false => (false, batch_size),
+    }
 }
 
 /// Fewest tokens in a part of one batch cut for the cores ([`part_size`]).
@@ -31,14 +38,14 @@ const MIN_PART_TOKENS: usize = 300;
 /// sooner: AVX2 on Zen 4, 32 sentences of SST-2 in two parts 9 % sooner,
 /// 64 3 %, 28 2.5 %, while 16 or 24, under 600 tokens, were level or 1–3 %
 /// slower.
-pub(crate) fn part_size(batch_size: usize, texts: usize, tokens: usize) -> usize {
+fn part_size(batch_size: usize, texts: usize, tokens: usize) -> usize {
     let parts = (tokens / MIN_PART_TOKENS).clamp(1, rayon::current_num_threads());
     batch_size.min(texts.div_ceil(parts)).max(1)
 }
 
 /// Runs `run` on every batch and hands each batch with its rows to
 /// `done`, on the calling thread, in the order the batches finish; stops
-/// at the first error. `concurrent` (see [`side_by_side`]) runs batches at
+/// at the first error. `concurrent` (see [`plan`]) runs more than one batch at
 /// once, one per rayon worker, each batch's own products still split over
 /// the pool (a worker that runs out of batches helps the others finish
 /// theirs).
@@ -48,7 +55,7 @@ pub(crate) fn run_batches<T: Send>(
     run: impl Fn(&[usize]) -> Result<Vec<T>> + Sync,
     mut done: impl FnMut(&[usize], Vec<T>),
 ) -> Result<()> {
-    if !concurrent {
+    if !concurrent || batches.len() < 2 {
         for batch in batches {
             done(batch, run(batch)?);
         }

@@ -459,14 +459,10 @@ impl Embedder {
             .take(encodings.len())
             .collect();
         let mut done = 0;
-        let concurrent = side_by_side::side_by_side(self.packed.is_some());
         let tokens: usize = encodings.iter().map(Encoded::len).sum();
-        let batch_size = match concurrent {
-            true => side_by_side::part_size(batch_size, encodings.len(), tokens),
-            false => batch_size,
-        };
+        let (concurrent, batch_size) =
+            side_by_side::plan(self.packed.is_some(), batch_size, encodings.len(), tokens);
         let batches = length_sorted_batches(encodings, batch_size, self.max_batch_tokens);
-        let concurrent = concurrent && batches.len() > 1;
         side_by_side::run_batches(&batches, concurrent, run, |batch, rows| {
             for (row, i) in rows.into_iter().zip(batch) {
                 out[*i] = Some(row);
