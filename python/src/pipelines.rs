@@ -20,6 +20,7 @@ fn load_pipeline<T: Send>(
     let dir = open_dir(path)?;
     let opts = PipelineOptions {
         precision: precision(precision_name)?,
+        ..Default::default()
     };
     py.allow_threads(|| load(&dir, &Device::Cpu, &opts)).py()
 }

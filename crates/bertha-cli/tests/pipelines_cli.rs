@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_mentions, failure, ok_lines, repo, run, run_model, tiny, tiny_dir};
+use common::{assert_mentions, failure, ok_lines, repo, run, run_model, run_stdin, tiny, tiny_dir};
 
 use std::process::Output;
 
@@ -161,6 +161,51 @@ fn classify_top_k_all_scores_and_pairs() {
         &err,
         &["BertForSequenceClassification", "classifier.weight"],
     );
+}
+
+/// A file of texts runs in batches (of 2 here, texts of similar length
+/// together, batches side by side where the fast path has more than one
+/// core) and comes out one line a text in the file's order, each
+/// transformers' scores.
+#[test]
+fn classify_a_file_in_batches_keeps_its_order() {
+    let fx = pipelines();
+    let cases: Vec<&Value> = (0..4)
+        .flat_map(|_| fx["classify"]["cases"].as_array().unwrap())
+        .collect();
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let mut input = texts.join("\n");
+    input.push('\n');
+    let model = tiny("bert-seqcls");
+    for batch in ["1", "2", "64"] {
+        let args = [
+            "classify",
+            "--model",
+            &model,
+            "--all-scores",
+            "--batch-size",
+            batch,
+            "--input",
+            "-",
+        ];
+        let lines = ok_lines(&run_stdin(&args, input.as_bytes()));
+        assert_eq!(lines.len(), cases.len(), "batch {batch}");
+        for (line, case) in lines.iter().zip(&cases) {
+            let want = case["expected"].as_array().unwrap();
+            for (g, w) in line.as_array().unwrap().iter().zip(want) {
+                assert_prediction(g, w, &["label"]);
+            }
+        }
+    }
+    let err = failure(&run(&[
+        "classify",
+        "--model",
+        &model,
+        "--batch-size",
+        "0",
+        "x",
+    ]));
+    assert_mentions(&err, &["--batch-size", "at least 1"]);
 }
 
 #[test]

@@ -248,6 +248,7 @@ impl AppState {
     ) -> Result<Arc<T>, String> {
         let opts = PipelineOptions {
             precision: self.config.precision,
+            ..Default::default()
         };
         cell.get_or_init(|| {
             f(&self.config.model_dir, &Device::Cpu, &opts)

@@ -171,6 +171,7 @@ async fn task_pipelines_run_at_the_server_precision() {
     let server = Server::start(config).await;
     let opts = PipelineOptions {
         precision: bertha::fast::Precision::Int8,
+        ..Default::default()
     };
     let lib = FillMask::from_dir_with(&tiny_dir("bert-mlm"), &Device::Cpu, &opts).unwrap();
     let want = lib.fill("the [MASK] sat", 3).unwrap();

@@ -264,6 +264,7 @@ fn modernbert_infers_and_trains_on_the_fast_paths() {
     }
     let opts = PipelineOptions {
         precision: Precision::Int8,
+        ..Default::default()
     };
     let fm = FillMask::from_dir_with(&dir_of("modernbert-mlm"), &Device::Cpu, &opts).unwrap();
     assert_eq!(fm.precision(), Precision::Int8);
@@ -569,8 +570,10 @@ fn modernbert_pipelines_answer_from_the_model() {
     for p in &got[0] {
         assert!((p.score - probs[p.token as usize]).abs() < 1e-6, "{p:?}");
     }
-    let best = probs.iter().copied().fold(0f32, f32::max);
-    assert_eq!(got[0][0].score, best);
+    // The first candidate is the model's most probable token (the
+    // pipeline's fp32 fast path and the candle modules differ by rounding).
+    let best = (0..probs.len()).fold(0, |b, i| if probs[i] > probs[b] { i } else { b });
+    assert_eq!(got[0][0].token as usize, best);
 
     let text = "a charming and often affecting journey";
     let cls = Classifier::from_dir(&dir_of("modernbert-seqcls"), &Device::Cpu).unwrap();

@@ -178,6 +178,63 @@ fn classify_matches_transformers() {
     assert!(err.contains("top_k"), "{err}");
 }
 
+/// Many texts at once (pairs and single texts mixed, in batches of 3 so
+/// that a batch holds several lengths, and batches side by side where the
+/// fast path has more than one core) score as transformers scores each,
+/// and as each alone.
+#[test]
+fn classify_many_scores_each_text_as_alone_and_as_transformers() {
+    let fx = pipelines();
+    let cl = Classifier::from_dir(&tiny("bert-seqcls"), &Device::Cpu)
+        .unwrap()
+        .with_batch_size(3);
+    let mut inputs: Vec<(&str, Option<&str>)> = Vec::new();
+    let mut want: Vec<&Value> = Vec::new();
+    for _ in 0..3 {
+        for key in ["classify", "classify_pair"] {
+            for case in fx[key]["cases"].as_array().unwrap() {
+                let pair = case.get("pair").and_then(Value::as_str);
+                inputs.push((case["text"].as_str().unwrap(), pair));
+                want.push(&case["expected"]);
+            }
+        }
+    }
+    assert!(inputs.len() > 6, "{} cases", inputs.len());
+    let got = cl.classify_many(&inputs, None, cl.function()).unwrap();
+    assert_eq!(got.len(), inputs.len());
+    for (((text, pair), got), want) in inputs.iter().zip(&got).zip(&want) {
+        let want = want.as_array().unwrap();
+        assert_eq!(got.len(), want.len(), "{text}");
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(g.label, w["label"].as_str().unwrap(), "{text}");
+            close(text, g.score as f64, &w["score"]);
+        }
+        let alone = cl.classify(text, *pair, None).unwrap();
+        for (g, a) in got.iter().zip(&alone) {
+            assert_eq!(g.label, a.label, "{text}");
+            assert!(
+                (g.score - a.score).abs() <= 1e-6,
+                "{text}: {} vs {}",
+                g.score,
+                a.score
+            );
+        }
+    }
+    let top = cl.classify_many(&inputs, Some(1), cl.function()).unwrap();
+    assert!(top
+        .iter()
+        .zip(&got)
+        .all(|(t, g)| t.len() == 1 && t[0] == g[0]));
+    assert!(cl
+        .classify_many::<&str>(&[], None, cl.function())
+        .unwrap()
+        .is_empty());
+    let err = cl
+        .classify_many(&inputs, Some(0), cl.function())
+        .unwrap_err();
+    assert!(err.to_string().contains("top_k"), "{err}");
+}
+
 #[test]
 fn classify_multi_label_uses_sigmoid() {
     let dir = tiny("bert-seqcls");
@@ -506,7 +563,10 @@ const INT8_PROB_TOL: f64 = 1e-2;
 const REDUCED: [Precision; 2] = [Precision::Bf16, Precision::Int8];
 
 fn at(p: Precision) -> PipelineOptions {
-    PipelineOptions { precision: p }
+    PipelineOptions {
+        precision: p,
+        ..Default::default()
+    }
 }
 
 /// What runs when `p` is asked: bf16 without fast bf16 products is fp32.

@@ -62,6 +62,41 @@ impl PerTextArgs {
         }
         out.finish()
     }
+
+    /// As [`PerTextArgs::for_each_text`], for a model that runs many texts
+    /// at once: `many` gets the texts in chunks, the first of `first` texts
+    /// and each next twice the last up to `most` (the first lines come out
+    /// soon), and gives one line a text, in order. A chunk that fails is
+    /// run again a text at a time (`one`), so the error still names its
+    /// text.
+    pub fn for_each_chunk<T: serde::Serialize>(
+        &self,
+        (first, most): (usize, usize),
+        mut many: impl FnMut(&[String]) -> bertha::Result<Vec<T>>,
+        mut one: impl FnMut(&str) -> bertha::Result<T>,
+    ) -> Result<()> {
+        let texts = self.texts.read()?;
+        let mut out = JsonLines::open(self.output.as_deref())?;
+        let (mut start, mut size) = (0, first.max(1));
+        while start < texts.len() {
+            let chunk = &texts[start..texts.len().min(start + size)];
+            let lines = match many(chunk) {
+                Ok(lines) => lines,
+                Err(e) => {
+                    for (i, text) in chunk.iter().enumerate() {
+                        one(text).map_err(|e| anyhow::anyhow!("text {}: {e}", start + i + 1))?;
+                    }
+                    anyhow::bail!("texts {}-{}: {e}", start + 1, start + chunk.len());
+                }
+            };
+            for line in &lines {
+                out.write(line)?;
+            }
+            start += chunk.len();
+            size = (size * 2).min(most.max(first));
+        }
+        out.finish()
+    }
 }
 
 /// Options shared by every command that runs the model.
@@ -124,6 +159,7 @@ impl PrecisionArgs {
     pub fn pipeline(&self) -> bertha::tasks::PipelineOptions {
         bertha::tasks::PipelineOptions {
             precision: self.precision,
+            ..Default::default()
         }
     }
 }

@@ -97,9 +97,12 @@ pub(crate) async fn classify(
             let inputs = seqs.iter().map(|(a, b)| (a.as_str(), b.as_deref()));
             fits(&classifier, inputs, truncation)?;
         }
-        seqs.iter()
-            .map(|(a, b)| classifier.classify_with(a, b.as_deref(), top_k, function))
-            .collect::<bertha::Result<Vec<_>>>()
+        let inputs: Vec<(&str, Option<&str>)> = seqs
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_deref()))
+            .collect();
+        classifier
+            .classify_many(&inputs, top_k, function)
             .map_err(ApiError::from)
     })
     .await
@@ -241,9 +244,13 @@ pub(crate) async fn rank(
         }
         let labels = classifier.labels();
         let relevant = labels.last().cloned().unwrap_or_default();
+        let inputs: Vec<(&str, Option<&str>)> = pairs
+            .iter()
+            .map(|(q, t)| (q.as_str(), Some(t.as_str())))
+            .collect();
+        let all_scores = classifier.classify_many(&inputs, None, function)?;
         let mut ranked = Vec::with_capacity(pairs.len());
-        for (i, (query, t)) in pairs.into_iter().enumerate() {
-            let scores = classifier.classify_with(&query, Some(&t), None, function)?;
+        for (i, ((_, t), scores)) in pairs.into_iter().zip(all_scores).enumerate() {
             let score = scores
                 .iter()
                 .find(|s| s.label == relevant)

@@ -71,7 +71,12 @@ pub struct Classifier {
     model: PipelineHead<BertForSequenceClassification>,
     tokenizer: Tokenizer,
     function: ScoreFunction,
+    batch_size: usize,
 }
+
+/// Texts a forward pass of [`Classifier::classify_many`] takes by default
+/// (transformers' pipelines take a `batch_size`, TEI batches by tokens).
+const CLASSIFY_BATCH_SIZE: usize = 32;
 
 impl Classifier {
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
@@ -102,7 +107,14 @@ impl Classifier {
             model,
             tokenizer,
             function,
+            batch_size: CLASSIFY_BATCH_SIZE,
         }
+    }
+
+    /// Texts per forward pass of [`Classifier::classify_many`] (at least 1).
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size.max(1);
+        self
     }
 
     pub fn with_function(mut self, function: ScoreFunction) -> Self {
@@ -147,19 +159,51 @@ impl Classifier {
         top_k: Option<usize>,
         function: ScoreFunction,
     ) -> Result<Vec<LabelScore>> {
+        let mut one = self.classify_many(&[(text, pair)], top_k, function)?;
+        Ok(one.pop().unwrap_or_default())
+    }
+
+    /// [`Classifier::classify_with`] of many texts (each with its optional
+    /// pair) at once, in their order: texts of similar length share a
+    /// forward pass of up to [`Classifier::with_batch_size`] texts, and on
+    /// the packed CPU path these batches run side by side, one per core.
+    /// Each text's scores are its scores alone, to fp32 rounding.
+    pub fn classify_many<S: AsRef<str>>(
+        &self,
+        inputs: &[(S, Option<S>)],
+        top_k: Option<usize>,
+        function: ScoreFunction,
+    ) -> Result<Vec<Vec<LabelScore>>> {
         if top_k == Some(0) {
             return Err(Error::Input("top_k must be at least 1".into()));
         }
-        let enc = match pair {
-            Some(p) => self.tokenizer.encode_pair(text, p)?,
-            None => self.tokenizer.encode(text)?,
-        };
-        pipeline::warn_truncated(&enc, self.tokenizer.max_length());
+        let encs = inputs
+            .iter()
+            .map(|(text, pair)| {
+                let enc = match pair {
+                    Some(p) => self.tokenizer.encode_pair(text.as_ref(), p.as_ref())?,
+                    None => self.tokenizer.encode(text.as_ref())?,
+                };
+                pipeline::warn_truncated(&enc, self.tokenizer.max_length());
+                Ok(enc)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let pad = self.tokenizer.pad_id();
-        let logits = self
-            .model
-            .single_logits(&enc.input_ids, &enc.token_type_ids, pad)?
-            .to_vec1::<f32>()?;
+        let logits = self.model.many_logits(&encs, self.batch_size, pad)?;
+        Ok(logits
+            .into_iter()
+            .map(|l| self.scores(l, top_k, function))
+            .collect())
+    }
+
+    /// The labels' scores of one text's `logits`, best first (the `top_k`
+    /// best when given).
+    fn scores(
+        &self,
+        logits: Vec<f32>,
+        top_k: Option<usize>,
+        function: ScoreFunction,
+    ) -> Vec<LabelScore> {
         let scores = match function {
             ScoreFunction::Softmax => softmax(&logits),
             ScoreFunction::Sigmoid => logits.iter().map(|&x| sigmoid(x)).collect(),
@@ -168,12 +212,12 @@ impl Classifier {
         };
         let k = top_k.unwrap_or(scores.len()).min(scores.len());
         let config = self.model.head().config();
-        Ok(pipeline::top_k(&scores, k)
+        pipeline::top_k(&scores, k)
             .into_iter()
             .map(|i| LabelScore {
                 label: config.label_name(i),
                 score: scores[i],
             })
-            .collect())
+            .collect()
     }
 }

@@ -7,6 +7,7 @@ use candle_core::{Device, Tensor};
 use tokenizers::Decoder;
 
 use super::precision::{HeadEncoder, PipelineOptions};
+use super::side_by_side;
 use crate::error::{Error, Result};
 use crate::fast::Precision;
 use crate::io::tokenizer::{default_max_length, Encoded, Tokenizer};
@@ -28,9 +29,10 @@ impl<H: BertHead> PipelineHead<H> {
         }
     }
 
-    /// `head` at `precision` (int8 calibrates with `tokenizer`).
-    pub(crate) fn new(head: H, tokenizer: &Tokenizer, precision: Precision) -> Result<Self> {
-        let encoder = HeadEncoder::new(head.bert(), tokenizer, precision)?;
+    /// `head` with the encoder `opts` ask for (int8 calibrates with
+    /// `tokenizer`).
+    pub(crate) fn new(head: H, tokenizer: &Tokenizer, opts: &PipelineOptions) -> Result<Self> {
+        let encoder = HeadEncoder::of_options(head.bert(), tokenizer, opts)?;
         Ok(Self { head, encoder })
     }
 
@@ -79,7 +81,45 @@ impl<H: BertHead> PipelineHead<H> {
     }
 }
 
-impl<H: BertHead<Output = HeadOutput>> PipelineHead<H> {
+impl<H: BertHead<Output = HeadOutput> + Sync> PipelineHead<H> {
+    /// The logits of many unpadded sequences through a head with one row
+    /// of logits a sequence (`[batch, labels]`), in the sequences' order.
+    /// Sequences of similar length share a batch of up to `batch_size`
+    /// (little padding), and on the packed path batches run side by side,
+    /// one per core ([`side_by_side`]). A sequence's logits do not depend
+    /// on the batch it lands in beyond fp32 rounding.
+    pub(crate) fn many_logits(
+        &self,
+        seqs: &[Encoded],
+        batch_size: usize,
+        pad_id: u32,
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].input_ids.len()));
+        let tokens = seqs.iter().map(|e| e.input_ids.len()).sum();
+        let (concurrent, batch_size) =
+            side_by_side::plan(self.is_packed(), batch_size.max(1), seqs.len(), tokens);
+        let batches: Vec<Vec<usize>> = order.chunks(batch_size).map(<[usize]>::to_vec).collect();
+        let run = |batch: &[usize]| -> Result<Vec<Vec<f32>>> {
+            let ids: Vec<Vec<u32>> = batch.iter().map(|&i| seqs[i].input_ids.clone()).collect();
+            let types: Vec<Vec<u32>> = batch
+                .iter()
+                .map(|&i| seqs[i].token_type_ids.clone())
+                .collect();
+            let logits = self.forward(&ids, &types, pad_id)?.logits;
+            let (_, labels) = logits.dims2()?;
+            let flat = logits.flatten_all()?.to_vec1::<f32>()?;
+            Ok(flat.chunks_exact(labels).map(<[f32]>::to_vec).collect())
+        };
+        let mut out = vec![Vec::new(); seqs.len()];
+        side_by_side::run_batches(&batches, concurrent, run, |batch, rows| {
+            for (&i, row) in batch.iter().zip(rows) {
+                out[i] = row;
+            }
+        })?;
+        Ok(out)
+    }
+
     /// The logits of one unpadded sequence (`ids`, `type_ids`) through a
     /// one-logits head, without the batch dimension.
     pub(crate) fn single_logits(
@@ -103,7 +143,7 @@ pub(crate) fn load<H: BertHead>(
     opts: &PipelineOptions,
 ) -> Result<(PipelineHead<H>, Tokenizer)> {
     let (head, tokenizer) = load_head::<H>(dir, device, max_length)?;
-    let head = PipelineHead::new(head, &tokenizer, opts.precision)?;
+    let head = PipelineHead::new(head, &tokenizer, opts)?;
     Ok((head, tokenizer))
 }
 

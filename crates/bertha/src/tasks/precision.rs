@@ -1,7 +1,8 @@
 //! The number format a task runs at, for the embedders and every head
-//! pipeline alike: f32 runs the candle modules (transformers parity);
-//! bf16 and int8 run the encoder on the packed fast path ([`PackedBert`])
-//! and the task head on its last hidden states in fp32.
+//! pipeline alike: the encoder runs on the packed CPU fast path
+//! ([`PackedBert`]) where it takes the model, at f32 (rounding apart, the
+//! candle modules' numbers, which run it elsewhere and on request), bf16
+//! or int8, and the task head on its last hidden states in fp32.
 
 use candle_core::Tensor;
 
@@ -17,15 +18,31 @@ const CALIBRATION_EN: &str = include_str!("calibration-en.txt");
 
 /// What the task pipelines (fill-mask, classify, NER, QA, NSP, and
 /// evaluate / predict of fine-tuned checkpoints) are built with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineOptions {
-    /// `F32`: today's exact path. `Bf16` / `Int8`: the encoder on the
+    /// `F32`: fp32 (see `fast_f32`). `Bf16` / `Int8`: the encoder on the
     /// packed CPU fast path at that precision, the head in fp32; on the
     /// CPU, for every family but DeBERTa-v2 (`fast::bert_layout`; other
     /// models and devices are refused with an error).
     /// bf16 on a CPU without fast bf16 products (no AVX512-BF16, or
     /// slower than fp32's: [`cpu::has_bf16`]) runs in fp32, with a notice.
     pub precision: Precision,
+    /// Run fp32 on the packed fast path where it takes the model (its
+    /// products differ from the candle modules' by rounding only; on
+    /// all-MiniLM-L6-v2 `bertha classify` of SST-2 dev ran 3.5-6x
+    /// faster), as the embedders and the cross-encoder do. `false`: the
+    /// candle modules, exactly. Fine-tuned checkpoints' evaluate /
+    /// predict keep the candle modules at fp32 either way.
+    pub fast_f32: bool,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        Self {
+            precision: Precision::F32,
+            fast_f32: true,
+        }
+    }
 }
 
 /// The precision that runs when `precision` is asked: bf16 without fast
@@ -149,6 +166,19 @@ impl HeadEncoder {
             },
             None => Self::f32(),
         })
+    }
+
+    /// The encoder `opts` ask for: [`HeadEncoder::fast`] with
+    /// `fast_f32`, else [`HeadEncoder::new`].
+    pub(crate) fn of_options(
+        model: &BertModel,
+        tokenizer: &Tokenizer,
+        opts: &PipelineOptions,
+    ) -> Result<Self> {
+        match opts.fast_f32 {
+            true => Self::fast(model, tokenizer, opts.precision),
+            false => Self::new(model, tokenizer, opts.precision),
+        }
     }
 
     /// Whether the encoder runs on the packed CPU fast path.

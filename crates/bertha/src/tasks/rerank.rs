@@ -17,7 +17,6 @@ use serde_json::Value;
 use super::classify::ScoreFunction;
 use super::pipeline::{self, sigmoid, softmax, PipelineHead};
 use super::precision::HeadEncoder;
-use super::side_by_side;
 use crate::config::BertConfig;
 use crate::error::{Error, Result};
 use crate::fast::Precision;
@@ -257,33 +256,8 @@ impl CrossEncoder {
             .map(|(q, d)| (q.as_ref(), d.as_ref()))
             .collect();
         let encs = self.tokenizer.encode_pair_batch(&texts)?;
-        // Similar lengths in one batch: little padding.
-        let mut order: Vec<usize> = (0..encs.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(encs[i].input_ids.len()));
         let pad = self.tokenizer.pad_id();
-        let c = self.num_labels();
-        // On the packed path, batches side by side, one per core.
-        let tokens = encs.iter().map(|e| e.input_ids.len()).sum();
-        let (concurrent, batch_size) =
-            side_by_side::plan(self.model.is_packed(), self.batch_size, encs.len(), tokens);
-        let batches: Vec<Vec<usize>> = order.chunks(batch_size).map(<[usize]>::to_vec).collect();
-        let mut out = vec![Vec::new(); encs.len()];
-        let run = |chunk: &[usize]| -> Result<Vec<Vec<f32>>> {
-            let ids: Vec<Vec<u32>> = chunk.iter().map(|&i| encs[i].input_ids.clone()).collect();
-            let types: Vec<Vec<u32>> = chunk
-                .iter()
-                .map(|&i| encs[i].token_type_ids.clone())
-                .collect();
-            let logits = self.model.forward(&ids, &types, pad)?.logits;
-            let flat = logits.flatten_all()?.to_vec1::<f32>()?;
-            Ok(flat.chunks_exact(c).map(<[f32]>::to_vec).collect())
-        };
-        side_by_side::run_batches(&batches, concurrent, run, |chunk, rows| {
-            for (&i, row) in chunk.iter().zip(rows) {
-                out[i] = row;
-            }
-        })?;
-        Ok(out)
+        self.model.many_logits(&encs, self.batch_size, pad)
     }
 
     /// Each pair's scores: its logits through the folder's activation
