@@ -57,7 +57,18 @@ fn one(enc: &bertha::Encoded) -> BertInput {
 #[test]
 fn fill_mask_matches_transformers() {
     let fx = pipelines();
-    let fm = FillMask::from_dir(&tiny("bert-mlm"), &Device::Cpu).unwrap();
+    // fp32 on the packed fast path (the default) and on the candle modules.
+    for fast_f32 in [true, false] {
+        let opts = PipelineOptions {
+            fast_f32,
+            ..Default::default()
+        };
+        let fm = FillMask::from_dir_with(&tiny("bert-mlm"), &Device::Cpu, &opts).unwrap();
+        fill_mask_cases(&fx, &fm);
+    }
+}
+
+fn fill_mask_cases(fx: &Value, fm: &FillMask) {
     let top_k = fx["fill_mask"]["top_k"].as_u64().unwrap() as usize;
     for case in fx["fill_mask"]["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();

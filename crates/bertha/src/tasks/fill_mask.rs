@@ -4,14 +4,14 @@
 
 use std::path::Path;
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 
 use super::pipeline::{self, softmax, PipelineHead};
 use super::PipelineOptions;
 use crate::error::{Error, Result};
 use crate::fast::Precision;
 use crate::io::tokenizer::Tokenizer;
-use crate::model::BertForMaskedLM;
+use crate::model::{BertForMaskedLM, BertHead, HeadLabels, IGNORE_INDEX};
 
 /// One candidate for one mask, with transformers' field names.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -83,6 +83,10 @@ impl FillMask {
         self.model.precision()
     }
 
+    fn device(&self) -> &Device {
+        self.model.head().bert().device()
+    }
+
     /// The `top_k` candidates for each mask of `text`, masks in order.
     pub fn fill(&self, text: &str, top_k: usize) -> Result<Vec<Vec<MaskPrediction>>> {
         if top_k == 0 {
@@ -128,13 +132,29 @@ impl FillMask {
             )));
         }
         let pad = self.tokenizer.pad_id();
+        // The vocabulary-sized decoder runs at the masks' rows alone
+        // (pre-training's `labelled_rows_only`: those rows of the full
+        // logits, in order). A label only marks its row; the loss that
+        // comes with them is not read.
+        let mut marks = vec![IGNORE_INDEX; enc.input_ids.len()];
+        for &pos in &masks {
+            marks[pos] = i64::from(enc.input_ids[pos]);
+        }
+        let marks = Tensor::from_vec(marks, (1, enc.input_ids.len()), self.device())?;
         let logits = self
             .model
-            .single_logits(&enc.input_ids, &enc.token_type_ids, pad)?;
+            .forward_labelled(
+                &[enc.input_ids.clone()],
+                &[enc.token_type_ids.clone()],
+                pad,
+                &HeadLabels::labels(Some(&marks)),
+                true,
+            )?
+            .logits;
         let single = masks.len() == 1;
         let mut out = Vec::with_capacity(masks.len());
-        for &pos in &masks {
-            let probs = softmax(&logits.get(pos)?.to_vec1::<f32>()?);
+        for (row, &pos) in masks.iter().enumerate() {
+            let probs = softmax(&logits.get(row)?.to_vec1::<f32>()?);
             let k = top_k.min(probs.len());
             let mut row = Vec::with_capacity(k);
             for id in pipeline::top_k(&probs, k) {

@@ -12,7 +12,9 @@ use crate::error::{Error, Result};
 use crate::fast::Precision;
 use crate::io::tokenizer::{default_max_length, Encoded, Tokenizer};
 use crate::io::ModelDir;
-use crate::model::{BertHead, ForwardOptions, HeadInit, HeadKind, HeadLabels, HeadOutput};
+use crate::model::{
+    BertHead, ForwardOptions, HeadInit, HeadKind, HeadLabels, HeadOptions, HeadOutput,
+};
 
 /// A task head with the encoder under it run at the pipeline's precision.
 pub(crate) struct PipelineHead<H> {
@@ -63,6 +65,20 @@ impl<H: BertHead> PipelineHead<H> {
         type_ids: &[Vec<u32>],
         pad_id: u32,
     ) -> Result<H::Output> {
+        self.forward_labelled(ids, type_ids, pad_id, &HeadLabels::default(), false)
+    }
+
+    /// As [`PipelineHead::forward`], with `labels`, and with an MLM head's
+    /// `labelled_rows_only` (its vocabulary-sized decoder at the labelled
+    /// rows alone).
+    pub(crate) fn forward_labelled(
+        &self,
+        ids: &[Vec<u32>],
+        type_ids: &[Vec<u32>],
+        pad_id: u32,
+        labels: &HeadLabels,
+        labelled_rows_only: bool,
+    ) -> Result<H::Output> {
         let opts = ForwardOptions::default();
         // The pooler's heads read each sequence's first row alone.
         let first_row_only = matches!(
@@ -76,8 +92,11 @@ impl<H: BertHead> PipelineHead<H> {
             opts,
             first_row_only,
         )?;
-        self.head
-            .forward_encoded(&input, &out, &HeadLabels::default(), opts.into())
+        let opts = HeadOptions {
+            forward: opts,
+            labelled_rows_only,
+        };
+        self.head.forward_encoded(&input, &out, labels, opts)
     }
 }
 
