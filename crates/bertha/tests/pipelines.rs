@@ -330,6 +330,63 @@ fn ner_matches_transformers_for_every_aggregation() {
     assert!(err.contains("biggest"), "{err}");
 }
 
+/// Many texts at once (in batches of up to 32 of similar length, side by
+/// side where the fast path has more than one core; more texts than a
+/// batch, of several lengths) give each text's entities alone, and
+/// transformers' for the fixture's texts.
+#[test]
+fn ner_of_many_texts_is_each_alone_and_transformers() {
+    let fx = pipelines();
+    let ner = TokenClassifier::from_dir(&tiny("bert-tokcls"), &Device::Cpu).unwrap();
+    for agg_name in ["none", "simple", "average"] {
+        let agg: Aggregation = agg_name.parse().unwrap();
+        let cases: Vec<&Value> = fx["ner"]["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["aggregation"] == agg_name)
+            .collect();
+        assert!(!cases.is_empty(), "{agg_name}");
+        let mut texts: Vec<String> = cases
+            .iter()
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect();
+        let fixture = texts.len();
+        // Sentences of growing length: more than one batch.
+        let words = "john smith flew from paris to the offices of acme corp in new york";
+        for i in 0..40 {
+            let n = 1 + i % 14;
+            texts.push(
+                words
+                    .split(' ')
+                    .cycle()
+                    .skip(i)
+                    .take(n)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+        }
+        let got = ner.entities_many(&texts, agg).unwrap();
+        assert_eq!(got.len(), texts.len());
+        for (i, (text, got)) in texts.iter().zip(&got).enumerate() {
+            let alone = ner.entities(text, agg).unwrap();
+            assert_eq!(got.len(), alone.len(), "{agg_name}: {text}");
+            for (g, a) in got.iter().zip(&alone) {
+                assert_eq!((&g.entity, &g.entity_group), (&a.entity, &a.entity_group));
+                assert_eq!((g.start, g.end, g.index), (a.start, a.end, a.index));
+                assert!((g.score - a.score).abs() <= 1e-6, "{text}");
+            }
+            if i < fixture {
+                let want = cases[i]["expected"].as_array().unwrap();
+                assert_eq!(got.len(), want.len(), "{agg_name}: {text}");
+                for (g, w) in got.iter().zip(want) {
+                    close(text, g.score as f64, &w["score"]);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn ner_groups_by_hand() {
     // Character offsets of a text with capitals, accents and punctuation

@@ -37,10 +37,6 @@ pub struct Args {
     batch_size: usize,
 }
 
-/// The most texts the command holds in flight: their lines are written
-/// once the whole chunk is scored.
-const MOST_TEXTS_AT_ONCE: usize = 4096;
-
 /// One line per text: `[{label, score}, ...]`, best first.
 pub fn run(a: Args) -> Result<()> {
     if a.batch_size == 0 {
@@ -57,7 +53,7 @@ pub fn run(a: Args) -> Result<()> {
     let function = a.function.unwrap_or(cl.function());
     let pair = a.pair.as_deref();
     a.io.for_each_chunk(
-        (a.batch_size, MOST_TEXTS_AT_ONCE),
+        a.batch_size,
         |texts| {
             let inputs: Vec<(&str, Option<&str>)> =
                 texts.iter().map(|t| (t.as_str(), pair)).collect();

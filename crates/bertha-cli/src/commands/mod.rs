@@ -32,6 +32,10 @@ use crate::model_dir::ModelArgs;
 use crate::output::JsonLines;
 use crate::texts::TextArgs;
 
+/// The most texts [`PerTextArgs::for_each_chunk`] holds in flight: their
+/// lines are written once the whole chunk is done.
+const MOST_TEXTS_AT_ONCE: usize = 4096;
+
 /// What every per-text command takes: the model, the texts and where the
 /// JSON lines go.
 #[derive(clap::Args, Debug)]
@@ -65,13 +69,13 @@ impl PerTextArgs {
 
     /// As [`PerTextArgs::for_each_text`], for a model that runs many texts
     /// at once: `many` gets the texts in chunks, the first of `first` texts
-    /// and each next twice the last up to `most` (the first lines come out
-    /// soon), and gives one line a text, in order. A chunk that fails is
-    /// run again a text at a time (`one`), so the error still names its
-    /// text.
+    /// and each next twice the last up to [`MOST_TEXTS_AT_ONCE`] (the first
+    /// lines come out soon), and gives one line a text, in order. A chunk
+    /// that fails is run again a text at a time (`one`), so the error still
+    /// names its text.
     pub fn for_each_chunk<T: serde::Serialize>(
         &self,
-        (first, most): (usize, usize),
+        first: usize,
         mut many: impl FnMut(&[String]) -> bertha::Result<Vec<T>>,
         mut one: impl FnMut(&str) -> bertha::Result<T>,
     ) -> Result<()> {
@@ -93,7 +97,7 @@ impl PerTextArgs {
                 out.write(line)?;
             }
             start += chunk.len();
-            size = (size * 2).min(most.max(first));
+            size = (size * 2).min(MOST_TEXTS_AT_ONCE.max(first));
         }
         out.finish()
     }

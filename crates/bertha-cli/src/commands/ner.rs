@@ -19,7 +19,8 @@ pub struct Args {
     aggregation: String,
 }
 
-/// One line per text: its entities, with character `start`/`end`.
+/// One line per text: its entities, with character `start`/`end`. Texts
+/// run many at a time (see [`TokenClassifier::entities_many`]).
 pub fn run(a: Args) -> Result<()> {
     let aggregation: Aggregation = a.aggregation.parse()?;
     let ner = TokenClassifier::from_dir_with(
@@ -27,5 +28,9 @@ pub fn run(a: Args) -> Result<()> {
         &device()?,
         &a.precision.pipeline(),
     )?;
-    a.io.for_each_text(|text| ner.entities(text, aggregation))
+    a.io.for_each_chunk(
+        32,
+        |texts| ner.entities_many(texts, aggregation),
+        |text| ner.entities(text, aggregation),
+    )
 }

@@ -189,7 +189,11 @@ impl Classifier {
             })
             .collect::<Result<Vec<_>>>()?;
         let pad = self.tokenizer.pad_id();
-        let logits = self.model.many_logits(&encs, self.batch_size, pad)?;
+        let seqs: Vec<(&[u32], &[u32])> = encs
+            .iter()
+            .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+            .collect();
+        let logits = self.model.many_logits(&seqs, self.batch_size, pad)?;
         Ok(logits
             .into_iter()
             .map(|l| self.scores(l, top_k, function))

@@ -101,34 +101,42 @@ impl<H: BertHead> PipelineHead<H> {
 }
 
 impl<H: BertHead<Output = HeadOutput> + Sync> PipelineHead<H> {
-    /// The logits of many unpadded sequences through a head with one row
-    /// of logits a sequence (`[batch, labels]`), in the sequences' order.
-    /// Sequences of similar length share a batch of up to `batch_size`
-    /// (little padding), and on the packed path batches run side by side,
-    /// one per core ([`side_by_side`]). A sequence's logits do not depend
-    /// on the batch it lands in beyond fp32 rounding.
+    /// The logits of many unpadded sequences (`ids`, `type_ids`), in their
+    /// order: a sequence head's one row (`[batch, labels]` logits), or a
+    /// token head's row per token (`[batch, tokens, labels]`, the padding's
+    /// rows left out), each sequence's rows one after the other. Sequences
+    /// of similar length share a batch of up to `batch_size` (little
+    /// padding), and on the packed path batches run side by side, one per
+    /// core ([`side_by_side`]). A sequence's logits do not depend on the
+    /// batch it lands in beyond fp32 rounding.
     pub(crate) fn many_logits(
         &self,
-        seqs: &[Encoded],
+        seqs: &[(&[u32], &[u32])],
         batch_size: usize,
         pad_id: u32,
     ) -> Result<Vec<Vec<f32>>> {
         let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].input_ids.len()));
-        let tokens = seqs.iter().map(|e| e.input_ids.len()).sum();
+        order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].0.len()));
+        let tokens = seqs.iter().map(|s| s.0.len()).sum();
         let (concurrent, batch_size) =
             side_by_side::plan(self.is_packed(), batch_size.max(1), seqs.len(), tokens);
         let batches: Vec<Vec<usize>> = order.chunks(batch_size).map(<[usize]>::to_vec).collect();
         let run = |batch: &[usize]| -> Result<Vec<Vec<f32>>> {
-            let ids: Vec<Vec<u32>> = batch.iter().map(|&i| seqs[i].input_ids.clone()).collect();
-            let types: Vec<Vec<u32>> = batch
-                .iter()
-                .map(|&i| seqs[i].token_type_ids.clone())
-                .collect();
+            let ids: Vec<Vec<u32>> = batch.iter().map(|&i| seqs[i].0.to_vec()).collect();
+            let types: Vec<Vec<u32>> = batch.iter().map(|&i| seqs[i].1.to_vec()).collect();
             let logits = self.forward(&ids, &types, pad_id)?.logits;
-            let (_, labels) = logits.dims2()?;
+            let per_seq = (logits.elem_count() / batch.len().max(1)).max(1);
+            let labels = logits.dims().last().copied().unwrap_or(1);
             let flat = logits.flatten_all()?.to_vec1::<f32>()?;
-            Ok(flat.chunks_exact(labels).map(<[f32]>::to_vec).collect())
+            Ok(batch
+                .iter()
+                .zip(flat.chunks_exact(per_seq))
+                .map(|(&i, seq)| match logits.rank() {
+                    2 => seq.to_vec(),
+                    // Right-padded: the sequence's own tokens come first.
+                    _ => seq[..seqs[i].0.len() * labels].to_vec(),
+                })
+                .collect())
         };
         let mut out = vec![Vec::new(); seqs.len()];
         side_by_side::run_batches(&batches, concurrent, run, |batch, rows| {

@@ -257,7 +257,11 @@ impl CrossEncoder {
             .collect();
         let encs = self.tokenizer.encode_pair_batch(&texts)?;
         let pad = self.tokenizer.pad_id();
-        self.model.many_logits(&encs, self.batch_size, pad)
+        let seqs: Vec<(&[u32], &[u32])> = encs
+            .iter()
+            .map(|e| (&e.input_ids[..], &e.token_type_ids[..]))
+            .collect();
+        self.model.many_logits(&seqs, self.batch_size, pad)
     }
 
     /// Each pair's scores: its logits through the folder's activation
