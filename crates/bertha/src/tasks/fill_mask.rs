@@ -144,8 +144,8 @@ impl FillMask {
         let logits = self
             .model
             .forward_labelled(
-                &[enc.input_ids.clone()],
-                &[enc.token_type_ids.clone()],
+                std::slice::from_ref(&enc.input_ids),
+                std::slice::from_ref(&enc.token_type_ids),
                 pad,
                 &HeadLabels::labels(Some(&marks)),
                 true,
