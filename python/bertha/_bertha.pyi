@@ -1,6 +1,6 @@
 """The Rust extension: thin classes over the bertha library (see __init__)."""
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -60,12 +60,21 @@ class TextClassifier:
         top_k: Optional[int] = None,
         function_to_apply: Optional[str] = None,
     ) -> List[Dict[str, Any]]: ...
+    def classify_many(
+        self,
+        inputs: List[Tuple[str, Optional[str]]],
+        top_k: Optional[int] = None,
+        function_to_apply: Optional[str] = None,
+    ) -> List[List[Dict[str, Any]]]: ...
     @property
     def labels(self) -> List[str]: ...
 
 class TokenClassifier:
     def __init__(self, path: str, precision: str = "float32") -> None: ...
     def entities(self, text: str, aggregation: str = "none") -> List[Dict[str, Any]]: ...
+    def entities_many(
+        self, texts: List[str], aggregation: str = "none"
+    ) -> List[List[Dict[str, Any]]]: ...
 
 class QuestionAnswerer:
     def __init__(self, path: str, precision: str = "float32") -> None: ...

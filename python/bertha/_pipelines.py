@@ -4,7 +4,7 @@ output shapes, over the library's task pipelines."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 
 
@@ -67,10 +67,21 @@ class TextClassificationPipeline(Pipeline):
     def __call__(self, inputs: Any, **kwargs: Any) -> Any:
         top_k = kwargs.get("top_k", self.top_k)
         if isinstance(inputs, list):
-            out = [self._one(x, **kwargs) for x in inputs]
+            # Many at once: batched, the batches side by side on the cores.
+            out = self._m.classify_many(
+                [self._text_and_pair(x) for x in inputs],
+                top_k=top_k,
+                function_to_apply=kwargs.get("function_to_apply") or self.function_to_apply,
+            )
             # transformers: with top_k=1 each input gives its best label.
             return [r[0] for r in out] if top_k == 1 else out
         return self._one(inputs, **kwargs)
+
+    @staticmethod
+    def _text_and_pair(inputs: Union[str, Dict[str, str]]) -> Tuple[str, Optional[str]]:
+        if isinstance(inputs, dict):
+            return inputs["text"], inputs.get("text_pair")
+        return inputs, None
 
     def _one(
         self,
@@ -78,10 +89,7 @@ class TextClassificationPipeline(Pipeline):
         top_k: Any = "default",
         function_to_apply: Optional[str] = None,
     ) -> List[Dict[str, Any]]:
-        if isinstance(inputs, dict):
-            text, pair = inputs["text"], inputs.get("text_pair")
-        else:
-            text, pair = inputs, None
+        text, pair = self._text_and_pair(inputs)
         k = self.top_k if top_k == "default" else top_k
         return self._m.classify(
             text,
@@ -99,6 +107,13 @@ class TokenClassificationPipeline(Pipeline):
     ) -> None:
         self._m = _bertha.TokenClassifier(model, precision=precision)
         self.aggregation_strategy = aggregation_strategy
+
+    def __call__(self, inputs: Any, **kwargs: Any) -> Any:
+        if isinstance(inputs, list):
+            # Many at once: batched, the batches side by side on the cores.
+            agg = kwargs.get("aggregation_strategy") or self.aggregation_strategy
+            return self._m.entities_many(inputs, aggregation=agg)
+        return self._one(inputs, **kwargs)
 
     def _one(self, text: str, aggregation_strategy: Optional[str] = None) -> List[Dict[str, Any]]:
         return self._m.entities(text, aggregation=aggregation_strategy or self.aggregation_strategy)

@@ -82,6 +82,26 @@ impl TextClassifier {
         to_object(py, &out)
     }
 
+    /// `classify` of each `(text, text_pair or None)`, in order: texts of
+    /// similar length batched, the batches side by side on the cores.
+    #[pyo3(signature = (inputs, top_k=None, function_to_apply=None))]
+    fn classify_many<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Vec<(String, Option<String>)>,
+        top_k: Option<usize>,
+        function_to_apply: Option<&str>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let function = match function_to_apply {
+            Some(f) => f.parse::<ScoreFunction>().py()?,
+            None => self.0.function(),
+        };
+        let out = py
+            .allow_threads(|| self.0.classify_many(&inputs, top_k, function))
+            .py()?;
+        to_object(py, &out)
+    }
+
     #[getter]
     fn labels(&self) -> Vec<String> {
         self.0.labels()
@@ -111,6 +131,22 @@ impl TokenClassifier {
         let aggregation: Aggregation = aggregation.parse().py()?;
         let out = py
             .allow_threads(|| self.0.entities(text, aggregation))
+            .py()?;
+        to_object(py, &out)
+    }
+
+    /// `entities` of each text, in order: texts of similar length batched,
+    /// the batches side by side on the cores.
+    #[pyo3(signature = (texts, aggregation="none"))]
+    fn entities_many<'py>(
+        &self,
+        py: Python<'py>,
+        texts: Vec<String>,
+        aggregation: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let aggregation: Aggregation = aggregation.parse().py()?;
+        let out = py
+            .allow_threads(|| self.0.entities_many(&texts, aggregation))
             .py()?;
         to_object(py, &out)
     }

@@ -62,6 +62,12 @@ def test_text_classification_pair(pipelines_fixture):
     for case in fx["cases"]:
         got = clf({"text": case["text"], "text_pair": case["pair"]})
         same(got, case["expected"])
+    # A list of pairs and texts: all at once, in order.
+    both = [{"text": c["text"], "text_pair": c["pair"]} for c in fx["cases"]]
+    both += [c["text"] for c in pipelines_fixture["classify"]["cases"]]
+    want = [c["expected"] for c in fx["cases"]]
+    want += [c["expected"] for c in pipelines_fixture["classify"]["cases"]]
+    same(clf(both), want)
 
 
 def test_token_classification(pipelines_fixture):
@@ -74,6 +80,11 @@ def test_token_classification(pipelines_fixture):
     plain = bertha.pipeline("ner", model=model(fx))
     case = fx["cases"][-1]
     same(plain(case["text"], aggregation_strategy=case["aggregation"]), case["expected"])
+    # A list: all at once, each text's entities in order.
+    for agg in ("none", "simple"):
+        cases = [c for c in fx["cases"] if c["aggregation"] == agg]
+        many = plain([c["text"] for c in cases], aggregation_strategy=agg)
+        same(many, [c["expected"] for c in cases], agg)
 
 
 def test_question_answering(pipelines_fixture):
