@@ -107,7 +107,13 @@ fn finetune_then_evaluate_and_predict_agree() {
     assert!(ev["eval_loss"].as_f64().unwrap().is_finite());
     // The final model is the last one: the training log's last dev score.
     assert_eq!(evals[1]["accuracy"].as_f64().unwrap(), acc);
-    assert_eq!(evals[1]["eval_loss"], ev["eval_loss"]);
+    // evaluate runs fp32 on the packed fast path, the run's evaluation on
+    // the candle modules: the same loss to rounding (1e-5 relative).
+    let (got, want) = (
+        ev["eval_loss"].as_f64().unwrap(),
+        evals[1]["eval_loss"].as_f64().unwrap(),
+    );
+    assert!((got - want).abs() <= 1e-5 * want.abs(), "{got} vs {want}");
 
     // predict: a label and a score per example; counted against the gold
     // labels, the same accuracy.

@@ -71,14 +71,27 @@ fn check_round_trip(task: Task, t: &Finetuner, fixture: &str, dev: &TaskData) {
     }
     assert!(out.join("vocab.txt").is_file());
     assert!(out.join(TRAINING_ARGS_FILE).is_file());
-    let model =
-        FinetunedModel::from_dir(task, &out, &InferenceOptions::default(), &Device::Cpu).unwrap();
+    // On the candle modules, as the run evaluated: bit for bit.
+    let exact = InferenceOptions {
+        fast_f32: false,
+        ..InferenceOptions::default()
+    };
+    let model = FinetunedModel::from_dir(task, &out, &exact, &Device::Cpu).unwrap();
     let again = model.evaluate(dev).unwrap();
     let before = t.evaluate_on(dev).unwrap();
     assert_eq!(again.predictions, before.predictions);
     assert_eq!(again.scores, before.scores);
     assert_eq!(again.loss, before.loss);
     assert_eq!(model.predict(dev).unwrap(), before.predictions);
+    // fp32 on the fast path (the default): the same loss to rounding.
+    let fast =
+        FinetunedModel::from_dir(task, &out, &InferenceOptions::default(), &Device::Cpu).unwrap();
+    let (got, want) = (fast.evaluate(dev).unwrap().loss, before.loss);
+    let (got, want) = (got.unwrap(), want.unwrap());
+    assert!(
+        (got - want).abs() <= 1e-5 * want.abs().max(1e-3),
+        "{got} vs {want}"
+    );
 }
 
 // ---------------------------------------------------------------- classification

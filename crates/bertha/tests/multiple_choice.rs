@@ -398,6 +398,7 @@ fn both_engines_finetune_the_same_run_and_it_round_trips() {
     // Batched as the run's evaluation was (padding changes the last bits).
     let inference = InferenceOptions {
         batch_size: Some(2),
+        fast_f32: false,
         ..InferenceOptions::default()
     };
     let saved =
@@ -456,6 +457,7 @@ fn electra_finetunes_on_both_engines_and_round_trips() {
     let before = fast.evaluate_on(&dev).unwrap();
     let inference = InferenceOptions {
         batch_size: Some(2),
+        fast_f32: false,
         ..InferenceOptions::default()
     };
     let saved =

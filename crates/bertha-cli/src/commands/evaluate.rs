@@ -68,6 +68,7 @@ impl CheckpointArgs {
             max_answer_length: self.max_answer_length,
             batch_size: Some(self.batch_size),
             precision: self.precision.precision,
+            ..Default::default()
         };
         Ok(FinetunedModel::from_dir(task, &dir, &opts, &device()?)?)
     }

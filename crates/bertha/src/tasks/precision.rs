@@ -31,8 +31,7 @@ pub struct PipelineOptions {
     /// products differ from the candle modules' by rounding only; on
     /// all-MiniLM-L6-v2 `bertha classify` of SST-2 dev ran 3.5-6x
     /// faster), as the embedders and the cross-encoder do. `false`: the
-    /// candle modules, exactly. Fine-tuned checkpoints' evaluate /
-    /// predict keep the candle modules at fp32 either way.
+    /// candle modules, exactly.
     pub fast_f32: bool,
 }
 

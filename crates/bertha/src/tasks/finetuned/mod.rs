@@ -130,26 +130,36 @@ impl TaskHead {
     }
 
     /// Runs the encoder at `precision` from now on (int8 calibrates with
-    /// `tokenizer`).
+    /// `tokenizer`), fp32 on the fast path too with `fast_f32`.
     pub(crate) fn set_precision(
         &mut self,
         tokenizer: &Tokenizer,
         precision: Precision,
+        fast_f32: bool,
     ) -> Result<()> {
         // The packed encoder leaves padding rows at zero.
-        if let BertForTask::MultipleChoice(m) = &self.model {
-            if precision != Precision::F32 && m.reads_padding_rows() {
-                return Err(Error::option(
-                    "precision",
-                    format!(
-                        "{} runs the encoder without padding rows, which ELECTRA's \
-                         `summary_type` `last` / `mean` reads: use f32",
-                        precision.name()
-                    ),
-                ));
-            }
+        let reads_padding =
+            matches!(&self.model, BertForTask::MultipleChoice(m) if m.reads_padding_rows());
+        if precision != Precision::F32 && reads_padding {
+            return Err(Error::option(
+                "precision",
+                format!(
+                    "{} runs the encoder without padding rows, which ELECTRA's \
+                     `summary_type` `last` / `mean` reads: use f32",
+                    precision.name()
+                ),
+            ));
         }
-        self.encoder = HeadEncoder::new(self.model.bert(), tokenizer, precision)?;
+        // fp32 runs on the packed fast path too where it takes the model
+        // (rounding apart, the candle modules' numbers), as the pipelines
+        // do, unless the head reads the padding rows, or the loss does:
+        // QA's (transformers') softmax runs over every position, padding
+        // included, whose rows the packed encoder leaves at zero.
+        let exact = reads_padding || self.task == Task::Qa;
+        self.encoder = match fast_f32 && !exact {
+            true => HeadEncoder::fast(self.model.bert(), tokenizer, precision)?,
+            false => HeadEncoder::new(self.model.bert(), tokenizer, precision)?,
+        };
         Ok(())
     }
 

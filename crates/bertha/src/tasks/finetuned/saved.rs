@@ -37,7 +37,7 @@ fn read_trained_shapes(dir: &Path) -> Result<Option<TrainedShapes>> {
 
 /// Options for scoring a saved model; `None` takes the value the model was
 /// trained with (its `training_args.json`), else the task's default.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct InferenceOptions {
     pub max_length: Option<usize>,
     pub doc_stride: Option<usize>,
@@ -47,6 +47,25 @@ pub struct InferenceOptions {
     /// (the head stays fp32; the loss at bf16 / int8 reads zeros at padded
     /// positions, which only QA's loss covers).
     pub precision: Precision,
+    /// fp32 on the packed fast path where it takes the model, as
+    /// [`super::PipelineOptions::fast_f32`] (default on), but for QA (whose
+    /// loss reads the padding rows) and a multiple-choice head that reads
+    /// them; `false`: the candle modules, bit for bit the numbers a
+    /// fine-tuning run's evaluation gives.
+    pub fast_f32: bool,
+}
+
+impl Default for InferenceOptions {
+    fn default() -> Self {
+        Self {
+            max_length: None,
+            doc_stride: None,
+            max_answer_length: None,
+            batch_size: None,
+            precision: Precision::F32,
+            fast_f32: true,
+        }
+    }
 }
 
 /// A fine-tuned checkpoint, for `evaluate` and `predict`.
@@ -91,7 +110,7 @@ impl FinetunedModel {
             .or(trained.as_ref().map(|t| t.max_answer_length))
             .unwrap_or(30);
         let tokenizer = Tokenizer::from_dir(dir, max_length)?;
-        head.set_precision(&tokenizer, opts.precision)?;
+        head.set_precision(&tokenizer, opts.precision, opts.fast_f32)?;
         let labels = match task.has_label_names() {
             false => None,
             true => LabelSet::from_config(&config)
